@@ -1,0 +1,3 @@
+from realbench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""The `realbench` command. Each subcommand lives in its own module and registers itself with
+`add_parser(subparsers)`; its handler returns an exit status. Bad input anywhere becomes one
+line on stderr and exit status 2; `--json` prints one JSON document on stdout, logs go to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+from realbench.errors import ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage block
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def emit_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def log(*parts: Any) -> None:
+    print(*parts, file=sys.stderr)
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from realbench.cli import bench, estimate, scenarios, search, validate
+
+    parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in (scenarios, validate, estimate, search, bench):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except ConfigError as e:
+        print(f"realbench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("realbench: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,28 @@
+"""`realbench bench NAME`: run a benchmark and print its JSON (or a short summary)."""
+
+from __future__ import annotations
+
+import importlib
+
+from realbench.cli import emit_json
+
+BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run a benchmark")
+    p.add_argument("name", choices=sorted(BENCHMARKS))
+    p.add_argument("--quick", action="store_true", help="a smaller, faster run (for smoke tests)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    module = importlib.import_module(BENCHMARKS[args.name])
+    result = module.run(**(module.QUICK if args.quick and hasattr(module, "QUICK") else {}))
+    if args.json:
+        emit_json(result)
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0

@@ -1,0 +1,69 @@
+"""`realbench estimate`: time, memory and the per-call timeline of one plan."""
+
+from __future__ import annotations
+
+from realbench.cli import emit_json, log
+from realbench.cost import Estimator
+from realbench.cost.baselines import BASELINES
+from realbench.errors import ConfigError
+from realbench.plan import Origin, load_plan, load_scenario, plan_from_options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate the cost of one plan")
+    p.add_argument("--scenario", required=True, help="built-in name or scenario file")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--plan", help="plan file")
+    how.add_argument("--baseline", choices=sorted(BASELINES), help="estimate a baseline plan")
+    p.add_argument("--out", help="also write the plan that was estimated (useful with --baseline)")
+    p.add_argument("--force", action="store_true", help="with --out: overwrite an existing file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    scenario = load_scenario(args.scenario)
+    est = Estimator(scenario)
+    if args.plan:
+        _, _, options = load_plan(args.plan, scenario)
+        choice = est.choice_of(options)
+        source = args.plan
+    else:
+        try:
+            choice = BASELINES[args.baseline](est)
+        except ValueError as e:
+            raise ConfigError(str(e), "--baseline") from None
+        source = f"{args.baseline} baseline"
+    result = est.estimate(choice)
+    if args.out:
+        origin = Origin(method=args.baseline or "file", time_per_iter_s=result.time_per_iter_s)
+        plan_from_options(scenario, est.options_of(choice), origin).save(args.out, overwrite=args.force)
+        log(f"wrote {args.out}")
+    if args.json:
+        emit_json({"scenario": scenario.name, "plan": source, **result.to_json(),
+                   "placements": {n: o.label(scenario.cluster.gpus_per_node)
+                                  for n, o in est.options_of(choice).items()}})
+        return 0
+    print_estimate(scenario, est, choice, result, source)
+    return 0
+
+
+def print_estimate(scenario, est, choice, result, source: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    G = scenario.cluster.gpus_per_node
+    gib = 1024**3
+    table = Table(title=f"{scenario.name}: {source}")
+    for col in ("call", "placement", "start s", "end s", "alone s", "realloc s", "peak GiB/device"):
+        table.add_column(col, justify="left" if col in ("call", "placement") else "right")
+    options = est.options_of(choice)
+    for name, c in result.calls.items():
+        table.add_row(name, options[name].label(G), f"{c.start_s:.3f}", f"{c.end_s:.3f}", f"{c.time_s:.3f}",
+                      f"{c.realloc_s:.3f}", f"{c.mem_bytes / gib:.1f}")
+    console = Console(width=140)
+    console.print(table)
+    status = "[red]OUT OF MEMORY[/red]" if result.oom else "fits"
+    console.print(f"time per iteration {result.time_per_iter_s:.3f} s, reallocation {result.realloc_s:.3f} s, "
+                  f"peak memory {result.peak_mem_bytes / gib:.1f} of {result.device_memory_bytes / gib:.0f} GiB "
+                  f"per device: {status}")

@@ -1,0 +1,5 @@
+"""`realbench search` (filled in by the search package)."""
+
+
+def add_parser(sub) -> None:
+    pass

@@ -1,0 +1,38 @@
+"""`realbench validate FILE`: check a scenario or plan file (exit 0 valid, 2 invalid)."""
+
+from __future__ import annotations
+
+from realbench.cli import emit_json
+from realbench.plan import load_plan, load_scenario
+from realbench.plan.schema import PLAN_SCHEMA, read_document
+from realbench.plan.scenario import scenario_from_document
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="check a scenario or plan file")
+    p.add_argument("file")
+    p.add_argument("--scenario", help="for a plan: check it against this scenario (name or file) "
+                                      "instead of the one it names")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    doc = read_document(args.file)
+    if doc["schema"] == PLAN_SCHEMA:
+        scenario = load_scenario(args.scenario) if args.scenario else None
+        plan, scenario, _ = load_plan(args.file, scenario)
+        result = {"file": args.file, "valid": True, "kind": "plan", "scenario": scenario.name,
+                  "calls": len(plan.calls)}
+        text = f"{args.file}: valid plan for scenario {scenario.name} ({len(plan.calls)} calls)"
+    else:
+        s = scenario_from_document(doc, args.file)
+        result = {"file": args.file, "valid": True, "kind": "scenario", "scenario": s.name,
+                  "calls": len(s.dataflow.calls), "plan_space": s.plan_space_size}
+        text = (f"{args.file}: valid scenario {s.name} ({len(s.dataflow.calls)} calls, "
+                f"plan space {s.plan_space_size:.3g})")
+    if args.json:
+        emit_json(result)
+    else:
+        print(text)
+    return 0

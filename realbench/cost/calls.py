@@ -1,0 +1,180 @@
+"""Time and memory of one call under one option (REAL.md section 5). Pure functions.
+
+Notation: L layers, hidden h, stage layers l = ceil(L / pp), a micro-batch of b sequences of
+length S (tokens t = b * S) on one device of a (dp, tp, pp) layout with m micro-batches.
+
+Compute of one layer on t tokens with context c (a roofline):
+    flops  = 2 t P_layer / tp + 4 t c h / tp          (projections; attention scores and sum)
+    time   = max(flops / (F * eff(t)), weight bytes / BW) + kernel overhead
+    eff(t) = E * t / (t + t_half)                      (small matmuls underuse the device)
+plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two more backward).
+
+  * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots.
+  * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
+    forward flops), activations and gradients sent between stages, then the data-parallel
+    ring all-reduce of the bf16 gradients over the slowest link of the dp group, then Adam.
+  * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
+    reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
+    small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
+    costs max(m, pp) stage slots: when m < pp the pipeline has bubbles on every decode step.
+
+Memory per device (bytes): weights 2 per parameter of the shard (tp x pp); a trained model's
+master copy 16 per parameter (bf16 weights and grads, fp32 master weights and two Adam
+moments); activations of the micro-batches in flight (min(m, pp) in 1F1B), taken as
+t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
+attention); fp32 logits of a micro-batch; and for generation the KV cache of the whole
+per-device batch, 2 x kv_heads x head_dim bf16 values per token per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from realbench.cost import comm
+from realbench.dataflow import CallDef, CallKind
+from realbench.hardware import ClusterSpec
+from realbench.models import ModelSpec
+from realbench.plan.mesh import Option
+
+BF16 = 2
+FP32 = 4
+TRAINED_BYTES_PER_PARAM = 16  # bf16 weights + bf16 grads + fp32 master + fp32 Adam m and v
+ADAM_BYTES_MOVED_PER_PARAM = 36  # read grads, master, m, v; write master, m, v, bf16 weights
+
+
+@dataclass(frozen=True, slots=True)
+class CallCost:
+    """Cost of one call under one option. Times in seconds, memory in bytes per device."""
+
+    time_s: float
+    compute_s: float  # pipelined compute including bubbles (no communication)
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    weights_bytes: int  # bf16 weights of the shard this option holds
+    master_bytes: int  # what the model keeps on this layout when it is its master copy
+    working_bytes: int  # activations / KV cache / logits during the call
+
+
+# -- the device ---------------------------------------------------------------------------------
+def matmul_time(cluster: ClusterSpec, flops: float, rows: float) -> float:
+    d = cluster.device
+    eff = d.matmul_efficiency * rows / (rows + d.half_efficiency_rows)
+    return flops / (d.flops * eff)
+
+
+def memory_time(cluster: ClusterSpec, nbytes: float) -> float:
+    d = cluster.device
+    return nbytes / (d.mem_bw * d.mem_bw_efficiency)
+
+
+# -- the layout -----------------------------------------------------------------------------------
+def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
+    """Parameters on the most loaded device: ceil(L/pp) layers, the embedding on the first
+    stage and the head on the last (both on the one stage when pp == 1), over tp."""
+    layers = math.ceil(model.n_layers / pp) * model.layer_params
+    ends = model.embedding_params + model.head_params if pp == 1 else max(model.embedding_params,
+                                                                           model.head_params)
+    return (layers + ends) / tp
+
+
+def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
+    """Ranks of one dp group are tp apart and cover dp*tp consecutive devices."""
+    return option.mesh.nodes > 1 and option.strategy.dp * option.strategy.tp > cluster.gpus_per_node
+
+
+def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
+    """Consecutive stages are dp*tp devices apart; they cross a node once dp*tp >= node size."""
+    return option.mesh.nodes > 1 and option.strategy.dp * option.strategy.tp >= cluster.gpus_per_node
+
+
+# -- one stage ------------------------------------------------------------------------------------
+def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, context: float,
+                   weight_passes: float = 1.0) -> float:
+    flops = 2 * tokens * model.layer_matmul_params / tp + 4 * tokens * context * model.hidden / tp
+    weights = weight_passes * model.layer_params * BF16 / tp
+    return max(matmul_time(cluster, flops, tokens), memory_time(cluster, weights)) + cluster.device.kernel_overhead_s
+
+
+def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float) -> float:
+    flops = 2 * tokens * model.hidden * model.head_out / tp
+    return max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
+
+
+def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, count: int) -> float:
+    return count * comm.all_reduce(cluster, tp, tokens * model.hidden * BF16, spans_nodes=False)
+
+
+def _activation_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
+    return tokens * model.hidden * (10 + 24 / tp)
+
+
+def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
+    return tokens * model.head_out * FP32 / tp
+
+
+# -- calls ----------------------------------------------------------------------------------------
+def call_cost(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> CallCost:
+    s = option.strategy
+    dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
+    layers = math.ceil(model.n_layers / pp)
+    weights = shard_params(model, tp, pp) * BF16
+    slots = m + pp - 1
+    p2p_cross = stage_boundary_spans_nodes(cluster, option)
+
+    if call.kind == CallKind.GENERATE:
+        b = call.seqs / dp / m  # sequences per micro-batch
+        # prefill: the prompt, pipelined like inference
+        t_pre = b * call.prompt_len
+        pre_stage = layers * _layer_forward(cluster, model, tp, t_pre, call.prompt_len / 2) \
+            + _head_forward(cluster, model, tp, b)  # only the last position's logits
+        pre_tp = layers * _tp_all_reduces(cluster, model, tp, t_pre, 2)
+        pre_pp = comm.p2p(cluster, t_pre * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
+        # decode: one token per sequence per step, attending to the growing context
+        ctx = call.prompt_len + call.gen_len / 2
+        kv = b * ctx * model.kv_bytes_per_token_layer() / tp
+        flops = 2 * b * model.layer_matmul_params / tp + 4 * b * ctx * model.hidden / tp
+        layer_step = max(matmul_time(cluster, flops, b), memory_time(cluster, model.layer_params * BF16 / tp + kv)) \
+            + cluster.device.kernel_overhead_s
+        dec_stage = layers * layer_step + _head_forward(cluster, model, tp, b)
+        dec_tp = layers * _tp_all_reduces(cluster, model, tp, b, 2)
+        dec_pp = comm.p2p(cluster, b * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
+        per_token = max(m, pp)
+        compute = slots * pre_stage + call.gen_len * per_token * dec_stage
+        tp_comm = slots * pre_tp + call.gen_len * per_token * dec_tp
+        pp_comm = (slots * pre_pp + call.gen_len * per_token * dec_pp) if pp > 1 else 0.0
+        kv_cache = call.seqs / dp * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
+        working = kv_cache + _activation_bytes(model, tp, t_pre) * 2 / 8 + _logits_bytes(model, tp, b)
+        return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
+                        int(weights), int(weights), int(working))
+
+    steps = call.optimizer_steps
+    b = call.seqs / steps / dp / m
+    tokens = b * call.seq_len
+    fwd = layers * _layer_forward(cluster, model, tp, tokens, call.seq_len / 2) + _head_forward(cluster, model, tp, tokens)
+    p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
+
+    if call.kind == CallKind.INFERENCE:
+        compute = slots * fwd
+        tp_comm = slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
+        pp_comm = slots * p2p_one
+        # one layer's activations at a time (no backward), plus the logits of a micro-batch
+        working = 2 * _activation_bytes(model, tp, tokens) / 8 + _logits_bytes(model, tp, tokens)
+        return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
+                        int(weights), int(weights), int(working))
+
+    # train: forward + backward (2x forward flops; weights read again in each)
+    fwd_bwd = 3 * fwd
+    compute = steps * slots * fwd_bwd
+    tp_comm = steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 4)
+    pp_comm = steps * slots * 2 * p2p_one
+    grads = shard_params(model, tp, pp) * BF16
+    dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option))
+    optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
+    in_flight = min(m, pp)
+    working = in_flight * layers * _activation_bytes(model, tp, tokens) + 2 * _logits_bytes(model, tp, tokens)
+    master = shard_params(model, tp, pp) * TRAINED_BYTES_PER_PARAM
+    return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
+                    optimizer, int(weights), int(master), int(working))

@@ -1,0 +1,381 @@
+"""The dataflow simulator: time per iteration and peak memory of plans, many at once.
+
+A plan is a choice of option per call. The simulator unrolls `iterations` iterations of the
+dataflow and list-schedules its tasks in a fixed order (iteration, then topological order):
+  * a task starts when its dependencies are done and every device of its mesh is free
+    (tasks on overlapping meshes serialize, tasks on disjoint meshes run at the same time);
+  * a call depends on its data producers (plus the transfer of their outputs when the meshes
+    differ), on the model's other calls of the iteration if it is a train call, and on the
+    model's train call of the previous iteration (the parameter version);
+  * where a call runs its model in a layout other than the model's master layout (the train
+    call's, or the first call's for a frozen model), a reallocation task moves the weights first;
+    it occupies the source and the destination meshes and can start as soon as the new version
+    of the weights exists.
+The objective is the steady-state time per iteration: (end of the last iteration - end of the
+first) / (iterations - 1). The list schedule is periodic from the second iteration on, so two
+iterations give the steady state exactly (a test checks it against longer unrolls).
+
+Peak memory per device = the master copies it holds (a trained model's 16 bytes/param, a
+frozen model's weights) + the largest working set (activations, KV cache, reallocated weights)
+of the calls it runs.
+
+Everything is vectorized over a batch of plans (numpy, one row per plan): per-option costs are
+computed once per Estimator and gathered by index, reallocation costs are cached per layout pair,
+so evaluating a plan is mostly scheduling arithmetic on arrays. A single plan is a batch of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from realbench.cost.calls import CallCost, call_cost
+from realbench.cost.realloc import (destination_stages, holds_same_shards, layout_key, realloc_time,
+                                    source_coverage, transfer_bytes)
+from realbench.dataflow import CallKind
+from realbench.plan.mesh import Option
+from realbench.plan.scenario import Scenario
+
+Choice = Sequence[int]  # an option index per call, in Estimator.call_names order
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # the call, or "realloc:<call>"
+    call: str
+    kind: str  # "call" | "realloc"
+    iteration: int
+    start_s: float
+    end_s: float
+    devices: tuple[tuple[int, int], ...]  # [start, stop) device ranges it occupies
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    start_s: float
+    end_s: float
+    mem_bytes: int  # peak bytes per device on this call's mesh
+    time_s: float  # the call alone (no waiting, no reallocation)
+    realloc_s: float  # the reallocation before it (0 when its layout is the master's)
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    time_per_iter_s: float
+    peak_mem_bytes: int
+    oom: bool
+    realloc_s: float  # reallocation time per iteration, summed over calls
+    calls: dict[str, CallTiming]
+    device_peak_bytes: tuple[int, ...]
+    device_memory_bytes: int
+    tasks: tuple[Task, ...] = field(repr=False)
+
+    def to_json(self) -> dict:
+        return {
+            "time_per_iter_s": self.time_per_iter_s,
+            "peak_mem_bytes": self.peak_mem_bytes,
+            "oom": self.oom,
+            "realloc_s": self.realloc_s,
+            "calls": {n: {"start_s": c.start_s, "end_s": c.end_s, "mem_bytes": c.mem_bytes,
+                          "time_s": c.time_s, "realloc_s": c.realloc_s} for n, c in self.calls.items()},
+            "device_peak_bytes": list(self.device_peak_bytes),
+            "device_memory_bytes": self.device_memory_bytes,
+        }
+
+
+@dataclass
+class _Schedule:
+    time: np.ndarray  # (B,) steady-state seconds per iteration
+    realloc: np.ndarray  # (B,) realloc seconds per iteration
+    start: Optional[np.ndarray] = None  # (K, B, T) when recorded
+    end: Optional[np.ndarray] = None
+
+
+class Estimator:
+    """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
+
+    def __init__(self, scenario: Scenario, iterations: int = 2):
+        if iterations < 2:
+            raise ValueError("the steady state needs at least 2 iterations")
+        self.scenario = scenario
+        self.cluster = scenario.cluster
+        self.iterations = iterations
+        df = scenario.dataflow
+        self.call_names: tuple[str, ...] = df.order
+        self.calls = [df.call(n) for n in self.call_names]
+        self.n = len(self.calls)
+        idx = {n: i for i, n in enumerate(self.call_names)}
+        self.options: list[list[Option]] = [scenario.options[n] for n in self.call_names]
+        self.capacity = self.cluster.device.memory_bytes
+
+        # dependency structure, by call index
+        self.data_preds: list[list[tuple[int, float]]] = []
+        self.param_preds: list[list[int]] = []
+        for c in self.calls:
+            data, param = [], []
+            for u, kind in df.predecessors(c.name, lag=0):
+                if kind == "data":
+                    n_keys = len(df.graph.edges[u, c.name]["keys"])
+                    data.append((idx[u], transfer_bytes(c.seqs, c.seq_len, n_keys)))
+                else:
+                    param.append(idx[u])
+            self.data_preds.append(data)
+            self.param_preds.append(param)
+        trains = {c.model: i for i, c in enumerate(self.calls) if c.kind == CallKind.TRAIN}
+        firsts: dict[str, int] = {}
+        for i, c in enumerate(self.calls):
+            firsts.setdefault(c.model, i)
+        self.master_of = [trains.get(c.model, firsts[c.model]) for c in self.calls]
+        self.train_of = [trains.get(c.model, -1) for c in self.calls]
+        self.masters = sorted(set(self.master_of))
+        # the tasks of one iteration: a reallocation slot before every call that is not its
+        # model's master (it costs nothing when the layouts agree), then the call
+        self.task_call: list[int] = []
+        self.task_is_realloc: list[bool] = []
+        for i in range(self.n):
+            if self.master_of[i] != i:
+                self.task_call.append(i)
+                self.task_is_realloc.append(True)
+            self.task_call.append(i)
+            self.task_is_realloc.append(False)
+
+        # per-option tables (numpy, gathered by option index)
+        G = self.cluster.gpus_per_node
+        mesh_ids: dict = {}  # scenario-wide, so that ids compare across calls
+        self.costs: list[list[CallCost]] = []
+        self.dur, self.lo, self.hi, self.node, self.mesh_id, self.layout_id = [], [], [], [], [], []
+        self.working, self.weights, self.master_bytes = [], [], []
+        for i, c in enumerate(self.calls):
+            model = scenario.models[c.model]
+            opts = self.options[i]
+            costs = [call_cost(c, model, self.cluster, o) for o in opts]
+            self.costs.append(costs)
+            self.dur.append(np.array([x.time_s for x in costs]))
+            self.lo.append(np.array([o.mesh.start(G) for o in opts], dtype=np.int64))
+            self.hi.append(self.lo[i] + np.array([o.mesh.size for o in opts], dtype=np.int64))
+            self.node.append(np.array([o.mesh.node if o.mesh.nodes == 1 else -1 for o in opts], dtype=np.int64))
+            self.mesh_id.append(np.array([mesh_ids.setdefault(o.mesh, len(mesh_ids)) for o in opts], dtype=np.int64))
+            layouts: dict = {}
+            self.layout_id.append(np.array([layouts.setdefault(layout_key(o), len(layouts)) for o in opts],
+                                           dtype=np.int64))
+            self.working.append(np.array([x.working_bytes for x in costs], dtype=np.float64))
+            self.weights.append(np.array([x.weights_bytes for x in costs], dtype=np.float64))
+            own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
+            self.master_bytes.append(np.array(own, dtype=np.float64))
+        self._pair_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}
+        self._coverage: dict = {}
+        self._stages: dict = {}
+        self._index: list[Optional[dict[Option, int]]] = [None] * self.n
+
+    # -- options ----------------------------------------------------------------------------------
+    def index_of(self, call: int, option: Option) -> int:
+        if self._index[call] is None:
+            self._index[call] = {o: k for k, o in enumerate(self.options[call])}
+        return self._index[call][option]
+
+    def choice_of(self, options: dict[str, Option]) -> tuple[int, ...]:
+        return tuple(self.index_of(i, options[n]) for i, n in enumerate(self.call_names))
+
+    def options_of(self, choice: Choice) -> dict[str, Option]:
+        return {n: self.options[i][int(choice[i])] for i, n in enumerate(self.call_names)}
+
+    def fits_alone(self, call: int, k: int) -> bool:
+        """Whether option k of a call fits in device memory with nothing else on the device
+        (its master copy or weights plus its working set). Others can never be in a valid plan."""
+        own = self.master_bytes[call][k] if self.master_of[call] == call else self.weights[call][k]
+        return bool(own + self.working[call][k] <= self.capacity)
+
+    def candidates(self, call: int) -> np.ndarray:
+        """Indices of the options of a call that fit alone (the search space)."""
+        own = self.master_bytes[call] if self.master_of[call] == call else self.weights[call]
+        return np.flatnonzero(own + self.working[call] <= self.capacity)
+
+    # -- reallocation -------------------------------------------------------------------------------
+    def _pair(self, call: int, src_layout: int, dst_layout: int, src_k: int, dst_k: int) -> tuple[float, bool]:
+        """(realloc seconds, whether the call needs its own copy of the weights) from the
+        master's layout to the call's; cached per layout pair."""
+        key = (call, src_layout, dst_layout)
+        hit = self._pair_cache.get(key)
+        if hit is None:
+            m = self.master_of[call]
+            src, dst = self.options[m][src_k], self.options[call][dst_k]
+            model = self.scenario.models[self.calls[call].model]
+            coverage = self._coverage.get((m, src_layout))
+            if coverage is None:
+                coverage = self._coverage[(m, src_layout)] = source_coverage(model, self.cluster, src)
+            stages = self._stages.get((call, dst_layout))
+            if stages is None:
+                stages = self._stages[(call, dst_layout)] = destination_stages(model, self.cluster, dst)
+            t = realloc_time(model, self.cluster, src, dst, coverage, stages)
+            hit = self._pair_cache[key] = (t, not holds_same_shards(src, dst, self.cluster.gpus_per_node))
+        return hit
+
+    def _realloc_columns(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, n) realloc seconds and (B, n) needs-a-copy flags; zero/False for master calls."""
+        B = C.shape[0]
+        R = np.zeros((B, self.n))
+        copy = np.zeros((B, self.n), dtype=bool)
+        for i in range(self.n):
+            m = self.master_of[i]
+            if m == i:
+                continue
+            width = len(self.options[i])
+            keys, first, inverse = np.unique(C[:, m] * width + C[:, i], return_index=True, return_inverse=True)
+            src_l = self.layout_id[m][C[first, m]].tolist()
+            dst_l = self.layout_id[i][C[first, i]].tolist()
+            src_k, dst_k = C[first, m].tolist(), C[first, i].tolist()
+            values = np.array([self._pair(i, a, b, x, y) for a, b, x, y in zip(src_l, dst_l, src_k, dst_k)])
+            R[:, i] = values[inverse.ravel(), 0]
+            copy[:, i] = values[inverse.ravel(), 1] > 0
+        return R, copy
+
+    # -- memory -----------------------------------------------------------------------------------
+    def _memory(self, C: np.ndarray, copy: np.ndarray, per_device: bool = False):
+        """Peak bytes per plan (B,), or per device (B, devices). Calls whose column is negative
+        (not chosen yet) are left out, which makes the result a lower bound for any completion."""
+        devices = np.arange(self.cluster.n_devices)
+        persist = np.zeros((C.shape[0], devices.size))
+        chosen = C[0] >= 0
+        inside = {}
+        for i in range(self.n):
+            if chosen[i]:
+                k = C[:, i]
+                inside[i] = (devices >= self.lo[i][k][:, None]) & (devices < self.hi[i][k][:, None])
+        for m in self.masters:
+            if chosen[m]:
+                persist += inside[m] * self.master_bytes[m][C[:, m]][:, None]
+        working = np.zeros_like(persist)
+        peak = np.zeros(C.shape[0])
+        for i in inside:
+            k = C[:, i]
+            t = self.working[i][k] + np.where(copy[:, i] & chosen[self.master_of[i]], self.weights[i][k], 0.0)
+            if per_device:
+                np.maximum(working, inside[i] * t[:, None], out=working)
+            else:
+                np.maximum(peak, t + (persist * inside[i]).max(axis=1), out=peak)
+        return persist + working if per_device else peak
+
+    # -- time ---------------------------------------------------------------------------------------
+    def _schedule(self, C: np.ndarray, R: np.ndarray, record: bool = False) -> _Schedule:
+        B, n = C.shape
+        T = len(self.task_call)
+        dur = np.empty((B, T))
+        lo1, hi1 = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
+        lo2, hi2 = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
+        for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
+            k = C[:, i]
+            if is_rl:
+                m = self.master_of[i]
+                busy = R[:, i] > 0  # a free reallocation occupies no device
+                dur[:, u] = R[:, i]
+                lo1[:, u] = np.where(busy, self.lo[m][C[:, m]], 0)
+                hi1[:, u] = np.where(busy, self.hi[m][C[:, m]], 0)
+                lo2[:, u] = np.where(busy, self.lo[i][k], 0)
+                hi2[:, u] = np.where(busy, self.hi[i][k], 0)
+            else:
+                dur[:, u] = self.dur[i][k]
+                lo1[:, u], hi1[:, u] = self.lo[i][k], self.hi[i][k]
+
+        def cross(a_lo, a_hi, b_lo, b_hi):
+            return (a_lo[:, :, None] < b_hi[:, None, :]) & (b_lo[:, None, :] < a_hi[:, :, None])
+
+        overlap = cross(lo1, hi1, lo1, hi1) | cross(lo1, hi1, lo2, hi2) | cross(lo2, hi2, lo1, hi1) \
+            | cross(lo2, hi2, lo2, hi2)
+
+        # data dependencies with their transfer times, per consumer call
+        intra, inter = self.cluster.intra_bw, self.cluster.inter_bw
+        lat_in, lat_out = self.cluster.intra_latency_s, self.cluster.inter_latency_s
+        deps: list[list[tuple[int, np.ndarray | float]]] = []
+        for i in range(n):
+            k = C[:, i]
+            row: list[tuple[int, np.ndarray | float]] = []
+            for j, nbytes in self.data_preds[i]:
+                kj = C[:, j]
+                same_node = (self.node[i][k] >= 0) & (self.node[i][k] == self.node[j][kj])
+                dt = np.where(self.mesh_id[i][k] == self.mesh_id[j][kj], 0.0,
+                              np.where(same_node, nbytes / intra + lat_in, nbytes / inter + lat_out))
+                row.append((j, dt))
+            row += [(j, 0.0) for j in self.param_preds[i]]
+            deps.append(row)
+
+        K = self.iterations
+        starts = np.zeros((K, B, T)) if record else None
+        ends = np.zeros((K, B, T)) if record else None
+        last_end = np.zeros((B, T))
+        prev_end = np.zeros((B, n))
+        iter_end = np.zeros((K, B))
+        zeros = np.zeros(B)
+        for it in range(K):
+            cur_end = np.zeros((B, n))
+            rl_end = np.zeros((B, n))
+            for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
+                tr = self.train_of[i]
+                ready = prev_end[:, tr] if (it and tr >= 0) else zeros
+                if not is_rl:
+                    for j, dt in deps[i]:
+                        ready = np.maximum(ready, cur_end[:, j] + dt)
+                    ready = np.maximum(ready, rl_end[:, i])
+                start = np.maximum(ready, (last_end * overlap[:, u, :]).max(axis=1))
+                end = start + dur[:, u]
+                last_end[:, u] = end
+                (rl_end if is_rl else cur_end)[:, i] = end
+                np.maximum(iter_end[it], end, out=iter_end[it])
+                if record:
+                    starts[it, :, u], ends[it, :, u] = start, end
+            prev_end = cur_end
+        time = (iter_end[-1] - iter_end[0]) / (K - 1)
+        return _Schedule(time, R.sum(axis=1), starts, ends)
+
+    # -- the public API -------------------------------------------------------------------------------
+    def evaluate_batch(self, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time per iteration (B,), peak memory bytes (B,)) of B plans, one per row."""
+        C = np.asarray(choices, dtype=np.int64).reshape(-1, self.n)
+        R, copy = self._realloc_columns(C)
+        return self._schedule(C, R).time, self._memory(C, copy)
+
+    def evaluate(self, choice: Choice) -> tuple[float, int]:
+        """(time per iteration in seconds, peak memory in bytes) of one plan."""
+        t, m = self.evaluate_batch(np.asarray([choice]))
+        return float(t[0]), int(m[0])
+
+    def peak_memory_batch(self, choices: np.ndarray) -> np.ndarray:
+        """Peak bytes of B plans (B,). A column of -1 means that call is not chosen yet (the
+        same calls in every row): the result is then a lower bound for every completion."""
+        C = np.asarray(choices, dtype=np.int64).reshape(-1, self.n)
+        _, copy = self._realloc_columns(np.where(C < 0, 0, C))
+        return self._memory(C, copy)
+
+    def peak_memory(self, choice: Sequence[Optional[int]]) -> int:
+        """Peak bytes of one plan; entries may be None (not chosen yet) for a lower bound."""
+        return int(self.peak_memory_batch(np.array([[-1 if k is None else k for k in choice]]))[0])
+
+    def estimate(self, choice: Choice) -> PlanEstimate:
+        """The full estimate of one plan: timeline, per-call timings, memory per device."""
+        C = np.asarray([choice], dtype=np.int64)
+        R, copy = self._realloc_columns(C)
+        s = self._schedule(C, R, record=True)
+        peaks = [int(x) for x in self._memory(C, copy, per_device=True)[0]]
+        steady = 1  # report the second iteration, relative to its first start
+        base = float(s.start[steady, 0].min())
+        calls, tasks = {}, []
+        for it in range(self.iterations):
+            for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
+                start, end = float(s.start[it, 0, u]), float(s.end[it, 0, u])
+                k, name = int(C[0, i]), self.call_names[i]
+                if is_rl and end == start:
+                    continue
+                ranges = [(int(self.lo[i][k]), int(self.hi[i][k]))]
+                if is_rl:
+                    m = self.master_of[i]
+                    ranges.insert(0, (int(self.lo[m][C[0, m]]), int(self.hi[m][C[0, m]])))
+                tasks.append(Task(("realloc:" if is_rl else "") + name, name, "realloc" if is_rl else "call",
+                                  it, start, end, tuple(ranges)))
+                if it == steady and not is_rl:
+                    a, b = ranges[0]
+                    calls[name] = CallTiming(start - base, end - base, max(peaks[a:b]),
+                                             float(self.dur[i][k]), float(R[0, i]))
+        peak = max(peaks)
+        return PlanEstimate(float(s.time[0]), peak, peak > self.capacity, float(s.realloc[0]),
+                            {n: calls[n] for n in self.call_names}, tuple(peaks), self.capacity, tuple(tasks))

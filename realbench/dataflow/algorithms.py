@@ -1,0 +1,103 @@
+"""The algorithm library: PPO, GRPO, RLOO, ReMax, DPO and SFT as dataflows.
+
+Each builder takes the batch (prompts, or pairs for DPO), the token lengths and model role
+names, and returns a validated Dataflow. Keys follow one vocabulary: `prompts` (dataset),
+`seqs` (prompt + response ids), `logprobs`, `ref_logprobs`, `values`, `rewards`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from realbench.dataflow.core import CallDef, CallKind, Dataflow
+from realbench.errors import ConfigError
+
+GEN, INF, TRAIN = CallKind.GENERATE, CallKind.INFERENCE, CallKind.TRAIN
+
+
+def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1) -> CallDef:
+    return CallDef(name=name, model=model, kind=kind, inputs=tuple(inputs), outputs=tuple(outputs),
+                   seqs=seqs, seq_len=seq_len, gen_len=gen_len, optimizer_steps=optimizer_steps)
+
+
+def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatches: int = 4) -> Dataflow:
+    """Actor generates; reward, reference and critic score; actor and critic train (GAE,
+    clipped policy and value losses, KL penalty to the reference)."""
+    s, L = prompts, prompt_len + gen_len
+    scored = ["seqs", "logprobs", "ref_logprobs", "rewards", "values"]
+    return Dataflow(name="ppo", dataset_keys=("prompts",), calls=(
+        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len),
+        _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
+        _call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L),
+        _call("critic_inf", "critic", INF, ["seqs"], ["values"], s, L),
+        _call("actor_train", "actor", TRAIN, scored, [], s, L, optimizer_steps=minibatches),
+        _call("critic_train", "critic", TRAIN, scored, [], s, L, optimizer_steps=minibatches),
+    ))
+
+
+def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches) -> Dataflow:
+    s, L = prompts * group_size, prompt_len + gen_len
+    return Dataflow(name=name, dataset_keys=("prompts",), calls=(
+        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len),
+        _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
+        _call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L),
+        _call("actor_train", "actor", TRAIN, ["seqs", "logprobs", "ref_logprobs", "rewards"], [], s, L,
+              optimizer_steps=minibatches),
+    ))
+
+
+def grpo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
+         minibatches: int = 4) -> Dataflow:
+    """`group_size` samples per prompt; advantages normalized within each group (no critic)."""
+    return _group_policy_gradient("grpo", prompts, prompt_len, gen_len, group_size, minibatches)
+
+
+def rloo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
+         minibatches: int = 4) -> Dataflow:
+    """Like GRPO, with the leave-one-out mean of the group as the baseline."""
+    return _group_policy_gradient("rloo", prompts, prompt_len, gen_len, group_size, minibatches)
+
+
+def remax(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, with_ref: bool = True,
+          minibatches: int = 1) -> Dataflow:
+    """A sampled and a greedy response per prompt; the greedy reward is the baseline."""
+    s, L = prompts, prompt_len + gen_len
+    train_in = ["seqs", "logprobs", "rewards", "greedy_rewards"] + (["ref_logprobs"] if with_ref else [])
+    calls = [
+        _call("sample_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len),
+        _call("greedy_gen", "actor", GEN, ["prompts"], ["greedy_seqs"], s, L, gen_len),
+        _call("sample_reward", "reward", INF, ["seqs"], ["rewards"], s, L),
+        _call("greedy_reward", "reward", INF, ["greedy_seqs"], ["greedy_rewards"], s, L),
+    ]
+    if with_ref:
+        calls.append(_call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L))
+    calls.append(_call("actor_train", "actor", TRAIN, train_in, [], s, L, optimizer_steps=minibatches))
+    return Dataflow(name="remax", dataset_keys=("prompts",), calls=tuple(calls))
+
+
+def dpo(pairs: int = 256, seq_len: int = 1024) -> Dataflow:
+    """The reference scores chosen and rejected responses; the actor trains on the pairs."""
+    s = 2 * pairs
+    return Dataflow(name="dpo", dataset_keys=("pairs",), calls=(
+        _call("ref_inf", "ref", INF, ["pairs"], ["ref_logprobs"], s, seq_len),
+        _call("actor_train", "actor", TRAIN, ["pairs", "ref_logprobs"], [], s, seq_len),
+    ))
+
+
+def sft(seqs: int = 512, seq_len: int = 1024) -> Dataflow:
+    return Dataflow(name="sft", dataset_keys=("sequences",), calls=(
+        _call("actor_train", "actor", TRAIN, ["sequences"], [], seqs, seq_len),
+    ))
+
+
+ALGORITHMS: dict[str, Callable[..., Dataflow]] = {
+    "ppo": ppo, "grpo": grpo, "rloo": rloo, "remax": remax, "dpo": dpo, "sft": sft,
+}
+
+
+def build_algorithm(name: str, **kwargs) -> Dataflow:
+    try:
+        builder = ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})") from None
+    return builder(**kwargs)

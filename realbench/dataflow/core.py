@@ -1,0 +1,184 @@
+"""Call definitions and the dataflow graph (see the package docstring for the semantics)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from functools import cached_property
+from typing import Optional
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from realbench.errors import ConfigError
+
+
+class CallKind(str, Enum):
+    GENERATE = "generate"
+    INFERENCE = "inference"
+    TRAIN = "train"
+
+
+class CallDef(BaseModel):
+    """One model function call.
+
+    `seqs` sequences of `seq_len` tokens each; a generate call produces the last `gen_len`
+    of them from a prompt of `seq_len - gen_len`. A train call makes `optimizer_steps`
+    updates (PPO mini-batches) over its batch.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    kind: CallKind
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    seqs: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    gen_len: int = Field(default=0, ge=0)
+    optimizer_steps: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "CallDef":
+        if self.kind == CallKind.GENERATE:
+            if not 0 < self.gen_len < self.seq_len:
+                raise ValueError(f"gen_len must be in 1..seq_len-1 for a generate call "
+                                 f"(got gen_len={self.gen_len}, seq_len={self.seq_len})")
+        elif self.gen_len:
+            raise ValueError(f"gen_len is only for generate calls (this is a {self.kind.value} call)")
+        if self.optimizer_steps != 1 and self.kind != CallKind.TRAIN:
+            raise ValueError("optimizer_steps is only for train calls")
+        if self.kind == CallKind.TRAIN and self.seqs % self.optimizer_steps:
+            raise ValueError(f"seqs {self.seqs} do not split into {self.optimizer_steps} optimizer steps")
+        if len(set(self.inputs)) != len(self.inputs) or len(set(self.outputs)) != len(self.outputs):
+            raise ValueError("a key is listed twice")
+        own = set(self.inputs) & set(self.outputs)
+        if own:
+            raise ValueError(f"call consumes its own output {sorted(own)[0]!r}")
+        return self
+
+    @property
+    def prompt_len(self) -> int:
+        return self.seq_len - self.gen_len
+
+    @property
+    def tokens(self) -> int:
+        return self.seqs * self.seq_len
+
+
+class Dataflow(BaseModel):
+    """A list of calls and the graph they form. Validated on construction:
+    unique names, one producer per key, no cycles, and (when `dataset_keys` is given) every
+    consumed key is produced by a call or provided by the dataset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    calls: tuple[CallDef, ...] = Field(min_length=1)
+    dataset_keys: Optional[tuple[str, ...]] = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Dataflow":
+        names = [c.name for c in self.calls]
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ConfigError(f"duplicate call name {n!r}", f"calls.{i}.name")
+        producers: dict[str, str] = {}
+        for i, c in enumerate(self.calls):
+            for k in c.outputs:
+                if k in producers:
+                    raise ConfigError(f"key {k!r} is produced by both {producers[k]!r} and {c.name!r}",
+                                      f"calls.{i}.outputs")
+                if self.dataset_keys is not None and k in self.dataset_keys:
+                    raise ConfigError(f"key {k!r} is a dataset key and cannot be produced", f"calls.{i}.outputs")
+                producers[k] = c.name
+        if self.dataset_keys is not None:
+            for i, c in enumerate(self.calls):
+                for k in c.inputs:
+                    if k not in producers and k not in self.dataset_keys:
+                        raise ConfigError(f"key {k!r} is produced by no call and is not a dataset key "
+                                          f"(dataset keys: {', '.join(self.dataset_keys) or 'none'})",
+                                          f"calls.{i}.inputs")
+        g = self.graph
+        dag = nx.DiGraph((u, v) for u, v, d in g.edges(data=True) if d["lag"] == 0)
+        dag.add_nodes_from(g.nodes)
+        try:
+            cycle = nx.find_cycle(dag)
+        except nx.NetworkXNoCycle:
+            return self
+        raise ConfigError("the calls form a cycle: " + " -> ".join([u for u, _ in cycle] + [cycle[0][0]]),
+                          "calls")
+
+    # -- the graph ---------------------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """Nodes: call names (attribute `call`). Edges: `kind` = "data" (attribute `keys`) or
+        "param"; `lag` = 0 (same iteration) or 1 (next iteration)."""
+        g = nx.DiGraph()
+        for c in self.calls:
+            g.add_node(c.name, call=c)
+        producer = {k: c.name for c in self.calls for k in c.outputs}
+        for c in self.calls:
+            for k in c.inputs:
+                if k in producer:
+                    src = producer[k]
+                    if g.has_edge(src, c.name):
+                        g.edges[src, c.name]["keys"].append(k)
+                    else:
+                        g.add_edge(src, c.name, kind="data", keys=[k], lag=0)
+        for t in self.calls:
+            if t.kind != CallKind.TRAIN:
+                continue
+            for c in self.calls:
+                if c.model != t.model:
+                    continue
+                if c.name != t.name and not g.has_edge(c.name, t.name):
+                    # write-after-read: train overwrites the version c reads
+                    g.add_edge(c.name, t.name, kind="param", keys=[], lag=0)
+                if not g.has_edge(t.name, c.name):
+                    # read-after-write across iterations (a self-loop for the train call itself)
+                    g.add_edge(t.name, c.name, kind="param", keys=[], lag=1)
+        return g
+
+    @cached_property
+    def order(self) -> tuple[str, ...]:
+        """A deterministic topological order of the calls (lag-0 edges), ties by listing order."""
+        index = {c.name: i for i, c in enumerate(self.calls)}
+        dag = nx.DiGraph((u, v) for u, v, d in self.graph.edges(data=True) if d["lag"] == 0)
+        dag.add_nodes_from(index)
+        return tuple(nx.lexicographical_topological_sort(dag, key=index.__getitem__))
+
+    def call(self, name: str) -> CallDef:
+        for c in self.calls:
+            if c.name == name:
+                return c
+        raise ConfigError(f"unknown call {name!r} (calls: {', '.join(self.call_names)})")
+
+    @property
+    def call_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.calls)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.model for c in self.calls))
+
+    @property
+    def trained_models(self) -> frozenset[str]:
+        return frozenset(c.model for c in self.calls if c.kind == CallKind.TRAIN)
+
+    @property
+    def input_keys(self) -> tuple[str, ...]:
+        """Keys consumed but produced by no call: they come from the dataset."""
+        produced = {k for c in self.calls for k in c.outputs}
+        return tuple(dict.fromkeys(k for c in self.calls for k in c.inputs if k not in produced))
+
+    def predecessors(self, name: str, lag: int = 0) -> list[tuple[str, str]]:
+        """(predecessor call, edge kind) pairs of `name` at the given lag."""
+        return [(u, d["kind"]) for u, _, d in self.graph.in_edges(name, data=True) if d["lag"] == lag]
+
+
+def load_dataflow(data: dict) -> Dataflow:
+    """A Dataflow from parsed YAML/JSON; errors name the field."""
+    from realbench.plan.schema import validate_model
+
+    return validate_model(Dataflow, data)

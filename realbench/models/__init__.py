@@ -1,0 +1,115 @@
+"""Model specs: the LLaMA family (real sizes) and tiny models that run on a CPU.
+
+Parameter count of a LLaMA decoder with hidden size h, L layers, head dim d = h / heads,
+kv heads k, FFN size f and vocabulary V:
+
+    per layer   = h*h (q) + 2*h*k*d (k, v) + h*h (o) + 3*h*f (gate, up, down) + 2*h (two RMSNorms)
+    total       = V*h (embedding) + L * per layer + h (final norm) + head
+
+where the head is V*h for a language model and h (one output) for a value/reward model.
+
+Forward FLOPs per token per layer: 2 * (matmul params of the layer) for the projections,
+plus 2 * 2 * context * h for the attention scores and the weighted sum (causal masking
+halves the average context, which the cost model applies).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from realbench.errors import ConfigError
+
+
+class ModelSpec(BaseModel):
+    """Architecture of one LLaMA-family decoder. Frozen: specs are values."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    n_layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    ffn: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    value_head: bool = False  # critic / reward models end in a scalar head instead of the LM head
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> "ModelSpec":
+        if self.hidden % self.n_heads:
+            raise ValueError(f"hidden {self.hidden} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    @property
+    def layer_params(self) -> int:
+        h, kvd = self.hidden, self.n_kv_heads * self.head_dim
+        return 2 * h * h + 2 * h * kvd + 3 * h * self.ffn + 2 * h
+
+    @property
+    def layer_matmul_params(self) -> int:
+        return self.layer_params - 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        return self.hidden + (self.hidden if self.value_head else self.vocab * self.hidden)
+
+    @property
+    def head_out(self) -> int:
+        """Width of the output layer (vocabulary, or 1 for a value head)."""
+        return 1 if self.value_head else self.vocab
+
+    @property
+    def n_params(self) -> int:
+        return self.embedding_params + self.n_layers * self.layer_params + self.head_params
+
+    def kv_bytes_per_token_layer(self, bytes_per_value: int = 2) -> int:
+        """KV-cache bytes one token adds in one layer (keys and values)."""
+        return 2 * self.n_kv_heads * self.head_dim * bytes_per_value
+
+    def with_value_head(self, value_head: bool = True) -> "ModelSpec":
+        return self.model_copy(update={"value_head": value_head})
+
+
+def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000) -> ModelSpec:
+    return ModelSpec(name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads, ffn=ffn, vocab=vocab)
+
+
+# Published configurations: LLaMA-2 7B/13B/70B and CodeLLaMA 34B (the LLaMA-2 34B shape).
+PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        _llama("llama-7b", 32, 4096, 32, 32, 11008),
+        _llama("llama-13b", 40, 5120, 40, 40, 13824),
+        _llama("llama-34b", 48, 8192, 64, 8, 22016),
+        _llama("llama-70b", 80, 8192, 64, 8, 28672),
+        # Tiny models: small enough to train on a laptop CPU in seconds.
+        _llama("llama-tiny", 4, 64, 4, 2, 176, vocab=128),
+        _llama("llama-small", 8, 128, 8, 4, 344, vocab=256),
+    ]
+}
+
+# Parameter counts published with the checkpoints (for the tests).
+PUBLISHED_PARAMS = {
+    "llama-7b": 6_738_415_616,
+    "llama-13b": 13_015_864_320,
+    "llama-34b": 33_743_970_304,
+    "llama-70b": 68_976_648_192,
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r} (known: {', '.join(PRESETS)})") from None

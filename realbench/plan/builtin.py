@@ -1,0 +1,75 @@
+"""Built-in scenarios: paper-like PPO runs on H100 nodes of 8, one per algorithm at 7B, a
+long-context variant, and tiny CPU scenarios that `realbench run` executes on local processes."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from realbench.errors import ConfigError
+from realbench.plan.scenario import Scenario
+
+_TINY_LENGTHS = dict(prompt_len=8, gen_len=8)
+
+
+def _spec(name, algorithm, nodes, gpus, device, models, dataflow, description) -> dict:
+    return dict(name=name, algorithm=algorithm, description=description,
+                cluster=dict(nodes=nodes, gpus_per_node=gpus, device=device),
+                models=models, dataflow={"algorithm": algorithm, **dataflow})
+
+
+def _ppo_models(actor: str, critic: str) -> dict:
+    return {"actor": actor, "ref": actor, "critic": {"arch": critic, "value_head": True},
+            "reward": {"arch": critic, "value_head": True}}
+
+
+_PG_MODELS = {"actor": "llama-7b", "ref": "llama-7b", "reward": {"arch": "llama-7b", "value_head": True}}
+_TINY_PG = {"actor": "llama-tiny", "ref": "llama-tiny", "reward": {"arch": "llama-tiny", "value_head": True}}
+
+_SPECS = [
+    _spec("ppo-7b-7b-16gpu", "ppo", 2, 8, "h100", _ppo_models("llama-7b", "llama-7b"),
+          dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 7B actor/ref, 7B critic/reward, 2x8 H100"),
+    _spec("ppo-13b-7b-32gpu", "ppo", 4, 8, "h100", _ppo_models("llama-13b", "llama-7b"),
+          dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 13B actor/ref, 7B critic/reward, 4x8 H100"),
+    _spec("ppo-34b-7b-64gpu", "ppo", 8, 8, "h100", _ppo_models("llama-34b", "llama-7b"),
+          dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 34B actor/ref, 7B critic/reward, 8x8 H100"),
+    _spec("ppo-70b-7b-128gpu", "ppo", 16, 8, "h100", _ppo_models("llama-70b", "llama-7b"),
+          dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 70B actor/ref, 7B critic/reward, 16x8 H100"),
+    _spec("ppo-7b-7b-16gpu-long", "ppo", 2, 8, "h100", _ppo_models("llama-7b", "llama-7b"),
+          dict(prompts=128, prompt_len=2048, gen_len=6144), "PPO with 8k-token sequences, 2x8 H100"),
+    _spec("grpo-7b-16gpu", "grpo", 2, 8, "h100", _PG_MODELS,
+          dict(prompts=64, prompt_len=256, gen_len=768, group_size=8), "GRPO, 8 samples per prompt, 2x8 H100"),
+    _spec("remax-7b-16gpu", "remax", 2, 8, "h100", _PG_MODELS,
+          dict(prompts=512, prompt_len=256, gen_len=768), "ReMax, sampled + greedy responses, 2x8 H100"),
+    _spec("dpo-7b-8gpu", "dpo", 1, 8, "h100", {"actor": "llama-7b", "ref": "llama-7b"},
+          dict(pairs=256, seq_len=1024), "DPO on 256 preference pairs, 1x8 H100"),
+    _spec("sft-7b-8gpu", "sft", 1, 8, "h100", {"actor": "llama-7b"},
+          dict(seqs=512, seq_len=1024), "SFT, 1x8 H100"),
+    # Tiny scenarios: 4 CPU processes on one "node"; runnable with `realbench run`.
+    _spec("ppo-tiny-cpu", "ppo", 1, 4, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
+          dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 4 CPU processes"),
+    _spec("grpo-tiny-cpu", "grpo", 1, 4, "cpu", _TINY_PG,
+          dict(prompts=4, group_size=4, minibatches=2, **_TINY_LENGTHS), "GRPO with tiny models on 4 CPU processes"),
+    _spec("rloo-tiny-cpu", "rloo", 1, 4, "cpu", _TINY_PG,
+          dict(prompts=4, group_size=4, minibatches=2, **_TINY_LENGTHS), "RLOO with tiny models on 4 CPU processes"),
+    _spec("remax-tiny-cpu", "remax", 1, 4, "cpu", _TINY_PG,
+          dict(prompts=8, **_TINY_LENGTHS), "ReMax with tiny models on 4 CPU processes"),
+    _spec("dpo-tiny-cpu", "dpo", 1, 4, "cpu", {"actor": "llama-tiny", "ref": "llama-tiny"},
+          dict(pairs=8, seq_len=16), "DPO with tiny models on 4 CPU processes"),
+    _spec("sft-tiny-cpu", "sft", 1, 4, "cpu", {"actor": "llama-tiny"},
+          dict(seqs=16, seq_len=16), "SFT with a tiny model on 4 CPU processes"),
+    # Small enough to enumerate every plan: the ground truth for the search tests.
+    _spec("ppo-tiny-2cpu", "ppo", 1, 2, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
+          dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 2 CPU processes"),
+]
+
+BUILTIN: dict[str, dict] = {s["name"]: s for s in _SPECS}
+PAPER_LIKE = ("ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-34b-7b-64gpu", "ppo-70b-7b-128gpu")
+
+
+@lru_cache(maxsize=None)
+def get_builtin(name: str) -> Scenario:
+    try:
+        spec = BUILTIN[name]
+    except KeyError:
+        raise ConfigError(f"unknown scenario {name!r} (built-in: {', '.join(BUILTIN)})") from None
+    return Scenario.model_validate(spec)

@@ -1,0 +1,145 @@
+"""Device meshes and 3D strategies.
+
+A mesh is a contiguous range of devices of the cluster in one of two shapes (REAL.md section 4):
+  * inside one node: an aligned power-of-two block, `gpus` devices at local offset `gpu`,
+    with `gpu % gpus == 0`;
+  * across nodes: `nodes` whole consecutive nodes starting at `node`.
+Both shapes are contiguous in device ids (node-major numbering), so a mesh is also the range
+[start, end) and two meshes overlap iff their ranges do.
+
+A strategy (dp, tp, pp, micro_batches) places mesh rank r as
+    tp_rank = r % tp,  dp_rank = (r // tp) % dp,  pp_rank = r // (tp * dp)
+(tp innermost, on consecutive devices, then dp, then pp). Since tp divides the node size and
+meshes are aligned, a tensor-parallel group never leaves a node.
+
+Labels: "n3:4-7" (node 3, devices 4..7), "n3:5" (one device), "n3" (all of node 3),
+"n2-5" (whole nodes 2..5).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from realbench.errors import ConfigError
+from realbench.hardware import ClusterSpec
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    node: int
+    nodes: int
+    gpu: int
+    gpus: int  # devices used per node (all of them when nodes > 1)
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.gpus
+
+    def start(self, gpus_per_node: int) -> int:
+        return self.node * gpus_per_node + self.gpu
+
+    def devices(self, gpus_per_node: int) -> range:
+        s = self.start(gpus_per_node)
+        return range(s, s + self.size)
+
+    def label(self, gpus_per_node: int) -> str:
+        if self.nodes > 1:
+            return f"n{self.node}-{self.node + self.nodes - 1}"
+        if self.gpus == gpus_per_node:
+            return f"n{self.node}"
+        if self.gpus == 1:
+            return f"n{self.node}:{self.gpu}"
+        return f"n{self.node}:{self.gpu}-{self.gpu + self.gpus - 1}"
+
+
+_LABEL = re.compile(r"^n(\d+)(?:-(\d+)|:(\d+)(?:-(\d+))?)?$")
+
+
+def parse_mesh(label: str, cluster: ClusterSpec) -> Mesh:
+    """Mesh from its label; raises ConfigError when malformed or invalid on `cluster`."""
+    m = _LABEL.match(label.strip()) if isinstance(label, str) else None
+    if not m:
+        raise ConfigError(f"{label!r} is not a mesh label (forms: n0, n0-3, n0:2, n0:4-7)")
+    node = int(m.group(1))
+    G = cluster.gpus_per_node
+    if m.group(2) is not None:
+        last = int(m.group(2))
+        if last < node:
+            raise ConfigError(f"mesh {label!r} ends before it starts")
+        mesh = Mesh(node, last - node + 1, 0, G)
+    elif m.group(3) is not None:
+        first = int(m.group(3))
+        last = int(m.group(4)) if m.group(4) is not None else first
+        if last < first:
+            raise ConfigError(f"mesh {label!r} ends before it starts")
+        mesh = Mesh(node, 1, first, last - first + 1)
+    else:
+        mesh = Mesh(node, 1, 0, G)
+    problem = mesh_problem(mesh, cluster)
+    if problem:
+        raise ConfigError(f"mesh {label!r}: {problem}")
+    return mesh
+
+
+def mesh_problem(mesh: Mesh, cluster: ClusterSpec) -> Optional[str]:
+    """Why `mesh` is not a valid mesh of `cluster`, or None."""
+    G, N = cluster.gpus_per_node, cluster.nodes
+    if mesh.node < 0 or mesh.nodes < 1 or mesh.node + mesh.nodes > N:
+        return f"nodes {mesh.node}..{mesh.node + mesh.nodes - 1} are outside the cluster's {N} node(s)"
+    if mesh.nodes > 1:
+        if (mesh.gpu, mesh.gpus) != (0, G):
+            return "a mesh over several nodes must use whole nodes"
+        return None
+    if mesh.gpu < 0 or mesh.gpus < 1 or mesh.gpu + mesh.gpus > G:
+        return f"devices {mesh.gpu}..{mesh.gpu + mesh.gpus - 1} are outside the node's {G} device(s)"
+    if not is_pow2(mesh.gpus):
+        return f"{mesh.gpus} devices is not a power of two"
+    if mesh.gpu % mesh.gpus:
+        return f"a block of {mesh.gpus} devices must start at a multiple of {mesh.gpus} (starts at {mesh.gpu})"
+    return None
+
+
+def all_meshes(cluster: ClusterSpec) -> Iterator[Mesh]:
+    """Every valid mesh, smallest first, then by position."""
+    G, N = cluster.gpus_per_node, cluster.nodes
+    size = 1
+    while size <= G:
+        for node in range(N):
+            for gpu in range(0, G, size):
+                yield Mesh(node, 1, gpu, size)
+        size *= 2
+    for nodes in range(2, N + 1):
+        for node in range(N - nodes + 1):
+            yield Mesh(node, nodes, 0, G)
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    dp: int
+    tp: int
+    pp: int
+    micro_batches: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def label(self) -> str:
+        return f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}"
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One placement of a call: where (mesh) and how (strategy)."""
+
+    mesh: Mesh
+    strategy: Strategy
+
+    def label(self, gpus_per_node: int) -> str:
+        return f"{self.mesh.label(gpus_per_node)}/{self.strategy.label()}"

@@ -1,0 +1,120 @@
+"""Execution plans (`realbench.plan/1`): for every call of a scenario, its mesh and strategy.
+
+    schema: realbench.plan/1
+    scenario: ppo-7b-7b-16gpu          # a built-in name or a scenario file (relative to the plan)
+    calls:
+      actor_gen:   {mesh: n0-1, dp: 8, tp: 2, pp: 1, micro_batches: 1}
+      actor_train: {mesh: n0-1, dp: 2, tp: 4, pp: 2, micro_batches: 8}
+      ...
+    origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from realbench.errors import ConfigError
+from realbench.plan.mesh import Option, Strategy, parse_mesh
+from realbench.plan.options import option_problem
+from realbench.plan.scenario import Scenario, load_scenario
+from realbench.plan.schema import PLAN_SCHEMA, read_document, validate_model, write_document
+
+
+class Placement(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mesh: str = Field(min_length=1)
+    dp: int = Field(ge=1)
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    micro_batches: int = Field(default=1, ge=1)
+
+
+class Origin(BaseModel):
+    """How a plan was made: the search method and what it measured along the way."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    seed: Optional[int] = None
+    evaluations: int = 0
+    seconds: float = 0.0
+    time_per_iter_s: Optional[float] = None
+    curve: tuple[tuple[float, float], ...] = ()
+    baselines: dict[str, float] = {}
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scenario: str = Field(min_length=1)
+    calls: dict[str, Placement]
+    origin: Optional[Origin] = None
+
+    def to_document(self) -> dict:
+        return {"schema": PLAN_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        return write_document(self.to_document(), path, overwrite)
+
+
+def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Optional[Origin] = None,
+                      scenario_ref: Optional[str] = None) -> Plan:
+    G = scenario.cluster.gpus_per_node
+    calls = {name: Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
+                             micro_batches=o.strategy.micro_batches)
+             for name, o in options.items()}
+    return Plan(scenario=scenario_ref or scenario.name, calls=calls, origin=origin)
+
+
+def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
+    """The option of every call, checked against the scenario; errors name the field."""
+    names = scenario.dataflow.call_names
+    for name in plan.calls:
+        if name not in names:
+            raise ConfigError(f"unknown call {name!r} (the scenario has: {', '.join(names)})", f"calls.{name}")
+    for name in names:
+        if name not in plan.calls:
+            raise ConfigError(f"call {name!r} of the scenario has no placement", "calls")
+    out = {}
+    for name in names:
+        p = plan.calls[name]
+        call = scenario.dataflow.call(name)
+        try:
+            mesh = parse_mesh(p.mesh, scenario.cluster)
+        except ConfigError as e:
+            raise ConfigError(e.message, f"calls.{name}.mesh") from None
+        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches))
+        problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
+        if problem:
+            raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
+        out[name] = option
+    return out
+
+
+def plan_from_document(data: dict, source: str = "") -> Plan:
+    if data.get("schema", PLAN_SCHEMA) != PLAN_SCHEMA:
+        raise ConfigError(f"expected schema {PLAN_SCHEMA}, got {data.get('schema')!r}", "schema", source)
+    try:
+        return validate_model(Plan, {k: v for k, v in data.items() if k != "schema"})
+    except ConfigError as e:
+        raise e.in_file(source) from None
+
+
+def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Scenario, dict[str, Option]]:
+    """Read and check a plan file. Without `scenario`, the one the plan names is loaded
+    (a built-in name, or a file path relative to the plan's folder)."""
+    plan = plan_from_document(read_document(path), path)
+    try:
+        if scenario is None:
+            ref = plan.scenario
+            candidate = Path(path).parent / ref
+            scenario = load_scenario(str(candidate) if candidate.is_file() else ref)
+        elif plan.scenario != scenario.name and Path(plan.scenario).stem != scenario.name:
+            raise ConfigError(f"the plan is for scenario {plan.scenario!r}, not {scenario.name!r}", "scenario")
+        return plan, scenario, resolve_plan(plan, scenario)
+    except ConfigError as e:
+        raise (e if e.source else e.in_file(path)) from None

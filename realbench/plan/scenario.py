@@ -1,0 +1,144 @@
+"""Scenarios: a dataflow, the models its calls run, the cluster, batch and lengths.
+
+File form (`realbench.scenario/1`):
+
+    schema: realbench.scenario/1
+    name: my-ppo
+    algorithm: ppo
+    cluster: {nodes: 2, gpus_per_node: 8, device: h100}     # or device: {name: ..., ...}
+    models:
+      actor: llama-7b                                        # a preset ...
+      critic: {arch: llama-7b, value_head: true}             # ... with overrides
+      tiny: {name: t, n_layers: 2, hidden: 64, ...}          # ... or a full spec
+    dataflow: {algorithm: ppo, prompts: 512, prompt_len: 256, gen_len: 768}
+    # or: dataflow: {calls: [{name: ..., model: ..., kind: ..., ...}], dataset_keys: [prompts]}
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from realbench.dataflow import ALGORITHMS, CallDef, Dataflow, build_algorithm
+from realbench.errors import ConfigError
+from realbench.hardware import LINKS, ClusterSpec, get_device
+from realbench.models import PRESETS, ModelSpec, get_model
+from realbench.plan.mesh import Option
+from realbench.plan.options import enumerate_options
+from realbench.plan.schema import SCENARIO_SCHEMA, read_document, validate_model
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    algorithm: str = "custom"
+    description: str = ""
+    cluster: ClusterSpec
+    models: dict[str, ModelSpec] = Field(min_length=1)
+    dataflow: Dataflow
+
+    @field_validator("cluster", mode="before")
+    @classmethod
+    def _cluster(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("device"), str):
+            v = {**LINKS.get(v["device"], {}), **v, "device": get_device(v["device"])}
+        return v
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for role, spec in v.items():
+            try:
+                if isinstance(spec, str):
+                    spec = get_model(spec)
+                elif isinstance(spec, dict) and "arch" in spec:
+                    base = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
+                    if base is None:
+                        raise ConfigError(f"arch must be a preset name ({', '.join(PRESETS)})", "arch")
+                    rest = {k: x for k, x in spec.items() if k != "arch"}
+                    spec = validate_model(ModelSpec, {**base.model_dump(), **rest})
+            except ConfigError as e:
+                raise e.within(str(role)) from None
+            out[role] = spec
+        return out
+
+    @field_validator("dataflow", mode="before")
+    @classmethod
+    def _dataflow(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "algorithm" in v:
+            args = {k: x for k, x in v.items() if k != "algorithm"}
+            if v["algorithm"] not in ALGORITHMS:
+                raise ConfigError(f"unknown algorithm {v['algorithm']!r} (known: {', '.join(ALGORITHMS)})",
+                                  "algorithm")
+            try:
+                return build_algorithm(v["algorithm"], **args)
+            except TypeError as e:  # an argument the builder does not take
+                raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "Scenario":
+        for i, c in enumerate(self.dataflow.calls):
+            if c.model not in self.models:
+                raise ConfigError(f"call {c.name!r} runs unknown model {c.model!r} "
+                                  f"(models: {', '.join(self.models)})", f"dataflow.calls.{i}.model")
+        used = set(self.dataflow.models)
+        for role in self.models:
+            if role not in used:
+                raise ConfigError(f"model {role!r} is used by no call", f"models.{role}")
+        return self
+
+    # -- derived --------------------------------------------------------------------------------
+    def model_of(self, call: CallDef | str) -> ModelSpec:
+        c = self.dataflow.call(call) if isinstance(call, str) else call
+        return self.models[c.model]
+
+    @cached_property
+    def options(self) -> dict[str, list[Option]]:
+        """Feasible options per call (shape rules only; memory is the cost model's business)."""
+        return {c.name: enumerate_options(c, self.models[c.model], self.cluster) for c in self.dataflow.calls}
+
+    @property
+    def plan_space_size(self) -> int:
+        return math.prod(len(o) for o in self.options.values())
+
+    def to_document(self) -> dict:
+        return {"schema": SCENARIO_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}
+
+    def summary(self) -> dict:
+        return {"name": self.name, "algorithm": self.algorithm,
+                "models": {r: m.name + (" (value head)" if m.value_head else "") for r, m in self.models.items()},
+                "gpus": self.cluster.n_devices, "nodes": self.cluster.nodes,
+                "device": self.cluster.device.name, "calls": list(self.dataflow.call_names),
+                "plan_space": self.plan_space_size,
+                "plan_space_log10": round(math.log10(self.plan_space_size), 2),
+                "description": self.description}
+
+
+def scenario_from_document(data: dict, source: str = "") -> Scenario:
+    body = {k: v for k, v in data.items() if k != "schema"}
+    if data.get("schema", SCENARIO_SCHEMA) != SCENARIO_SCHEMA:
+        raise ConfigError(f"expected schema {SCENARIO_SCHEMA}, got {data.get('schema')!r}", "schema", source)
+    try:
+        return validate_model(Scenario, body)
+    except ConfigError as e:
+        raise e.in_file(source) from None
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a scenario file."""
+    from realbench.plan.builtin import BUILTIN, get_builtin
+
+    if name_or_path in BUILTIN:
+        return get_builtin(name_or_path)
+    if not any(name_or_path.endswith(s) for s in (".yaml", ".yml", ".json")):
+        raise ConfigError(f"unknown scenario {name_or_path!r}: not a built-in name (see `realbench scenarios`) "
+                          "nor a .yaml/.json file")
+    return scenario_from_document(read_document(name_or_path), name_or_path)

@@ -1,0 +1,90 @@
+"""Reading and writing the versioned files: scenarios (`realbench.scenario/1`) and plans
+(`realbench.plan/1`), as YAML or JSON. Every problem becomes one ConfigError naming the file
+and the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from realbench.errors import ConfigError
+
+SCENARIO_SCHEMA = "realbench.scenario/1"
+PLAN_SCHEMA = "realbench.plan/1"
+SCHEMAS = (SCENARIO_SCHEMA, PLAN_SCHEMA)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _first_error(e: ValidationError) -> ConfigError:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause.within(loc) if loc else cause
+    msg = str(cause) if isinstance(cause, Exception) else err["msg"]
+    if err["type"] not in ("missing", "value_error") and "input" in err:
+        shown = repr(err["input"])
+        msg += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    return ConfigError(msg, loc)
+
+
+def validate_model(cls: type[M], data: Any, context: Any = None) -> M:
+    """`cls` validated from plain data; a ValidationError becomes a ConfigError with the field."""
+    try:
+        return cls.model_validate(data, context=context)
+    except ValidationError as e:
+        raise _first_error(e) from None
+
+
+def read_document(path: str | os.PathLike) -> dict:
+    """Parse a YAML or JSON file into a mapping; clear errors for missing/empty/garbled files."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("no such file" if not p.exists() else "not a regular file", source=str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read: {e.__class__.__name__}", source=str(p)) from None
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
+        raise ConfigError(f"not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}{where}",
+                          source=str(p)) from None
+    except RecursionError:
+        raise ConfigError("document nested too deeply", source=str(p)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=str(p))
+    schema = data.get("schema")
+    if schema not in SCHEMAS:
+        raise ConfigError(f"unknown schema {schema!r} (expected one of {', '.join(SCHEMAS)})", "schema", str(p))
+    return data
+
+
+def write_document(data: dict, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write YAML (or JSON by suffix) atomically; refuse to replace an existing file unless asked."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    if not p.parent.exists():
+        raise ConfigError("its folder does not exist", source=str(p))
+    text = (json.dumps(data, indent=2) + "\n" if p.suffix.lower() == ".json"
+            else yaml.safe_dump(data, sort_keys=False, width=100))
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, p)
+    return p

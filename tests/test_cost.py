@@ -1,0 +1,189 @@
+"""Textbook checks of the cost model and the simulator; each can fail."""
+
+import numpy as np
+import pytest
+
+from realbench.cost import Estimator, call_cost, realloc_time
+from realbench.cost.baselines import BASELINES
+from realbench.cost.calls import TRAINED_BYTES_PER_PARAM, shard_params
+from realbench.dataflow import CallDef, Dataflow
+from realbench.hardware import cluster, get_device
+from realbench.models import get_model
+from realbench.plan import Mesh, Option, Strategy, get_builtin
+from realbench.plan.scenario import Scenario
+
+H100 = cluster(2, 8, "h100")
+FLAT = H100.model_copy(update={"device": get_device("h100").model_copy(
+    update={"half_efficiency_rows": 0.0, "kernel_overhead_s": 0.0})})  # no small-matmul or launch overheads
+M7 = get_model("llama-7b")
+
+
+def train_call(seqs=512, seq_len=1024, steps=1):
+    return CallDef(name="t", model="m", kind="train", seqs=seqs, seq_len=seq_len, optimizer_steps=steps)
+
+
+def test_doubling_dp_halves_train_compute():
+    call = train_call()
+    one = call_cost(call, M7, FLAT, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 4)))
+    two = call_cost(call, M7, FLAT, Option(Mesh(0, 2, 0, 8), Strategy(2, 8, 1, 4)))
+    assert two.compute_s == pytest.approx(one.compute_s / 2, rel=1e-9)
+    assert one.dp_comm_s == 0 and two.dp_comm_s > 0
+    # with the small-matmul efficiency curve, halving the batch costs a bit more than half
+    one_c = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 4)))
+    two_c = call_cost(call, M7, H100, Option(Mesh(0, 2, 0, 8), Strategy(2, 8, 1, 4)))
+    assert 0.5 < two_c.compute_s / one_c.compute_s < 0.55
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_pipeline_bubble(m):
+    """pp stages with m micro-batches take (m + pp - 1) / m times the ideal pp-fold speedup."""
+    model = M7.with_value_head()  # no big LM head to unbalance the last stage
+    call = train_call(seqs=64)
+    base = call_cost(call, model, FLAT, Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, m)))
+    for pp in (2, 4, 8):
+        piped = call_cost(call, model, FLAT, Option(Mesh(0, 1, 0, pp), Strategy(1, 1, pp, m)))
+        ideal = base.compute_s / pp
+        assert piped.compute_s / ideal == pytest.approx((m + pp - 1) / m, rel=0.02)
+
+
+def test_adam_memory_follows_16_bytes_per_param():
+    call = train_call()
+    c = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 8)))
+    assert c.master_bytes == pytest.approx(16 * M7.n_params / 8, rel=0.01)
+    assert TRAINED_BYTES_PER_PARAM == 16
+    # on 8 pipeline stages the most loaded device is a stage of 4 layers plus the embedding
+    p = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 1, 8, 8)))
+    assert p.master_bytes == pytest.approx(16 * (4 * M7.layer_params + M7.embedding_params), rel=1e-6)
+
+
+def test_decode_is_bandwidth_bound_at_small_batch():
+    c1 = cluster(1, 1, "h100")
+    gen = CallDef(name="g", model="m", kind="generate", seqs=1, seq_len=129, gen_len=1)
+    pre = CallDef(name="i", model="m", kind="inference", seqs=1, seq_len=128)
+    opt = Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1))
+    decode = call_cost(gen, M7, c1, opt).time_s - call_cost(pre, M7, c1, opt).time_s
+    weights_over_bw = M7.n_params * 2 / c1.device.mem_bw
+    assert 1.0 < decode / weights_over_bw < 1.4
+
+
+def test_train_mfu_in_plausible_band():
+    c8 = cluster(1, 8, "h100")
+    call = train_call(seqs=256, seq_len=2048)
+    best = min((call_cost(call, M7, c8, o) for o in
+                __import__("realbench.plan.options", fromlist=["x"]).enumerate_options(call, M7, c8)
+                if o.mesh.size == 8), key=lambda c: c.time_s)
+    mfu = 6 * M7.n_params * call.tokens / (best.time_s * 8 * c8.device.flops)
+    assert 0.3 <= mfu <= 0.6
+
+
+def test_realloc_costs():
+    model = M7
+    a = Option(Mesh(0, 2, 0, 8), Strategy(2, 4, 2, 4))
+    assert realloc_time(model, H100, a, a) == 0
+    # dp or micro-batches alone do not move weights
+    assert realloc_time(model, H100, a, Option(a.mesh, Strategy(1, 4, 4, 1))) > 0
+    assert realloc_time(model, H100, Option(Mesh(0, 2, 0, 8), Strategy(4, 4, 1)),
+                        Option(Mesh(0, 1, 0, 8), Strategy(2, 4, 1))) == 0
+    # moving inside a node is cheaper than moving to another node
+    src = Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1))
+    near = realloc_time(model, H100, src, Option(Mesh(0, 1, 0, 4), Strategy(1, 4, 1)))
+    far = realloc_time(model, H100, src, Option(Mesh(1, 1, 0, 4), Strategy(1, 4, 1)))
+    assert 0 < near < far
+    assert far == pytest.approx(model.n_params * 2 / 4 / H100.inter_bw, rel=0.01)
+
+
+def two_independent_calls():
+    calls = tuple(CallDef(name=n, model=n, kind="inference", inputs=("x",), outputs=(f"y{n}",), seqs=64,
+                          seq_len=512) for n in ("a", "b"))
+    return Scenario(name="pair", cluster=H100, models={"a": M7, "b": M7}, dataflow=Dataflow(calls=calls))
+
+
+def test_disjoint_meshes_overlap_and_shared_meshes_serialize():
+    s = two_independent_calls()
+    est = Estimator(s)
+    left, right = Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1)), Option(Mesh(1, 1, 0, 8), Strategy(8, 1, 1))
+    apart = est.estimate(est.choice_of({"a": left, "b": right}))
+    together = est.estimate(est.choice_of({"a": left, "b": left}))
+    one = apart.calls["a"].time_s
+    assert apart.time_per_iter_s == pytest.approx(one, rel=1e-9)
+    assert together.time_per_iter_s == pytest.approx(2 * one, rel=1e-9)
+    assert apart.calls["a"].start_s == apart.calls["b"].start_s
+
+
+def test_two_iterations_give_the_steady_state():
+    s = get_builtin("ppo-7b-7b-16gpu")
+    short, long_ = Estimator(s, iterations=2), Estimator(s, iterations=5)
+    rng = np.random.default_rng(0)
+    C = np.stack([rng.choice(short.candidates(i), size=500) for i in range(short.n)], axis=1)
+    np.testing.assert_allclose(short.evaluate_batch(C)[0], long_.evaluate_batch(C)[0], rtol=1e-9)
+
+
+def test_batch_and_single_evaluation_agree():
+    s = get_builtin("ppo-13b-7b-32gpu")
+    est = Estimator(s)
+    rng = np.random.default_rng(1)
+    C = np.stack([rng.choice(est.candidates(i), size=50) for i in range(est.n)], axis=1)
+    t, m = est.evaluate_batch(C)
+    for row, ti, mi in zip(C, t, m):
+        e = est.estimate(row)
+        assert e.time_per_iter_s == pytest.approx(ti) and e.peak_mem_bytes == int(mi)
+        assert est.evaluate(row) == (pytest.approx(ti), int(mi))
+
+
+def test_oom_is_flagged():
+    s = get_builtin("ppo-70b-7b-128gpu")
+    est = Estimator(s)
+    single = {n: next(o for o in opts if o.mesh.size == 1) for n, opts in s.options.items()}
+    assert est.estimate(est.choice_of(single)).oom
+
+
+def test_realloc_inserted_only_where_layout_changes():
+    s = get_builtin("ppo-7b-7b-16gpu")
+    est = Estimator(s)
+    sym = BASELINES["symmetric"](est)
+    e = est.estimate(sym)
+    assert e.realloc_s == 0 and not any(t.kind == "realloc" for t in e.tasks)
+    heur = est.estimate(BASELINES["heuristic"](est))
+    assert heur.realloc_s > 0 and any(t.kind == "realloc" for t in heur.tasks)
+
+
+def test_peak_memory_lower_bound_for_partial_plans():
+    s = get_builtin("ppo-7b-7b-16gpu")
+    est = Estimator(s)
+    full = BASELINES["heuristic"](est)
+    partial = list(full)
+    partial[0] = None
+    assert est.peak_memory(partial) <= est.peak_memory(full)
+
+
+def test_estimate_cli_every_builtin(cli):
+    import json
+
+    from realbench.plan import BUILTIN
+
+    for name in BUILTIN:
+        for baseline in ("symmetric", "heuristic"):
+            code, out, err = cli("estimate", "--scenario", name, "--baseline", baseline, "--json")
+            assert code == 0, err
+            r = json.loads(out)
+            assert {"time_per_iter_s", "peak_mem_bytes", "oom", "calls", "realloc_s"} <= set(r)
+            assert r["time_per_iter_s"] > 0
+            for c in r["calls"].values():
+                assert {"start_s", "end_s", "mem_bytes"} <= set(c) and c["end_s"] > c["start_s"]
+
+
+def test_estimate_cli_plan_file(cli, tmp_path):
+    p = tmp_path / "p.yaml"
+    assert cli("estimate", "--scenario", "ppo-tiny-cpu", "--baseline", "heuristic", "--out", p)[0] == 0
+    code, out, _ = cli("estimate", "--scenario", "ppo-tiny-cpu", "--plan", p)
+    assert code == 0 and "time per iteration" in out
+    code, _, err = cli("estimate", "--scenario", "grpo-tiny-cpu", "--plan", p)
+    assert code == 2 and "not 'grpo-tiny-cpu'" in err
+
+
+def test_bench_estimator_quick(cli):
+    import json
+
+    code, out, _ = cli("bench", "estimator", "--quick", "--json")
+    r = json.loads(out)
+    assert code == 0 and r["plans_per_s"] > 0 and r["deterministic"]

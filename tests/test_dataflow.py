@@ -1,0 +1,128 @@
+import networkx as nx
+import pytest
+import yaml
+
+from realbench.dataflow import ALGORITHMS, CallDef, Dataflow, build_algorithm
+from realbench.dataflow.core import load_dataflow
+from realbench.errors import ConfigError
+from realbench.plan.scenario import scenario_from_document
+
+
+def data_edges(df):
+    return {(u, v) for u, v, d in df.graph.edges(data=True) if d["kind"] == "data"}
+
+
+def lag1_edges(df):
+    return {(u, v) for u, v, d in df.graph.edges(data=True) if d["lag"] == 1}
+
+
+def test_ppo_graph():
+    df = build_algorithm("ppo")
+    assert set(df.call_names) == {"actor_gen", "reward_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"}
+    scorers = {"reward_inf", "ref_inf", "critic_inf"}
+    assert {("actor_gen", s) for s in scorers} <= data_edges(df)
+    assert {(s, t) for s in scorers for t in ("actor_train", "critic_train")} <= data_edges(df)
+    # parameter versions: next iteration's actor calls wait for this iteration's actor_train
+    assert lag1_edges(df) == {("actor_train", "actor_gen"), ("actor_train", "actor_train"),
+                              ("critic_train", "critic_inf"), ("critic_train", "critic_train")}
+    assert df.order[0] == "actor_gen" and set(df.order[-2:]) == {"actor_train", "critic_train"}
+    assert df.input_keys == ("prompts",)
+    assert df.trained_models == {"actor", "critic"}
+
+
+def test_grpo_and_rloo_have_no_critic_and_group_samples():
+    for name in ("grpo", "rloo"):
+        df = build_algorithm(name, prompts=16, group_size=4)
+        assert "critic" not in df.models
+        assert df.call("actor_gen").seqs == 64
+        assert set(df.call_names) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
+
+
+def test_remax_two_generations_and_optional_ref():
+    df = build_algorithm("remax")
+    assert {("sample_gen", "sample_reward"), ("greedy_gen", "greedy_reward"),
+            ("greedy_reward", "actor_train")} <= data_edges(df)
+    assert "ref_inf" in df.call_names
+    assert "ref_inf" not in build_algorithm("remax", with_ref=False).call_names
+    # both generations read the version actor_train wrote
+    assert {("actor_train", "sample_gen"), ("actor_train", "greedy_gen")} <= lag1_edges(df)
+
+
+def test_dpo_and_sft():
+    dpo = build_algorithm("dpo", pairs=4)
+    assert data_edges(dpo) == {("ref_inf", "actor_train")}
+    assert dpo.call("ref_inf").seqs == 8
+    sft = build_algorithm("sft")
+    assert sft.call_names == ("actor_train",) and not data_edges(sft)
+
+
+def test_every_algorithm_is_a_dag():
+    for name in ALGORITHMS:
+        df = build_algorithm(name)
+        dag = nx.DiGraph((u, v) for u, v, d in df.graph.edges(data=True) if d["lag"] == 0)
+        assert nx.is_directed_acyclic_graph(dag)
+
+
+def _call(name, model="m", kind="inference", inputs=(), outputs=(), **kw):
+    return CallDef(name=name, model=model, kind=kind, inputs=inputs, outputs=outputs, seqs=4, seq_len=8, **kw)
+
+
+def test_cycle_is_an_error():
+    with pytest.raises(ValueError, match="cycle"):
+        Dataflow(calls=(_call("a", inputs=("y",), outputs=("x",)), _call("b", inputs=("x",), outputs=("y",))))
+
+
+def test_duplicate_names_and_double_producers():
+    with pytest.raises(ValueError, match="duplicate call name"):
+        Dataflow(calls=(_call("a"), _call("a")))
+    with pytest.raises(ValueError, match="produced by both"):
+        Dataflow(calls=(_call("a", outputs=("x",)), _call("b", outputs=("x",))))
+
+
+def test_dangling_key_with_declared_dataset():
+    with pytest.raises(ValueError, match="produced by no call"):
+        Dataflow(dataset_keys=("prompts",), calls=(_call("a", inputs=("promts",)),))
+    # without a declared dataset, unproduced keys come from the dataset
+    assert Dataflow(calls=(_call("a", inputs=("promts",)),)).input_keys == ("promts",)
+
+
+def test_kind_specific_fields():
+    with pytest.raises(ValueError, match="gen_len"):
+        _call("g", kind="generate")
+    with pytest.raises(ValueError, match="gen_len is only"):
+        _call("g", kind="inference", gen_len=2)
+    with pytest.raises(ValueError, match="consumes its own output"):
+        _call("g", inputs=("x",), outputs=("x",))
+
+
+def test_user_defined_dataflow_from_yaml(tmp_path):
+    text = """
+schema: realbench.scenario/1
+name: my-flow
+cluster: {nodes: 1, gpus_per_node: 4, device: cpu}
+models: {policy: llama-tiny, judge: {arch: llama-tiny, value_head: true}}
+dataflow:
+  dataset_keys: [prompts]
+  calls:
+    - {name: rollout, model: policy, kind: generate, inputs: [prompts], outputs: [seqs], seqs: 8, seq_len: 16, gen_len: 8}
+    - {name: judge, model: judge, kind: inference, inputs: [seqs], outputs: [scores], seqs: 8, seq_len: 16}
+    - {name: update, model: policy, kind: train, inputs: [seqs, scores], seqs: 8, seq_len: 16}
+"""
+    s = scenario_from_document(yaml.safe_load(text))
+    assert s.dataflow.order == ("rollout", "judge", "update")
+    assert s.models["judge"].value_head
+
+
+def test_call_on_unknown_model_names_the_field():
+    doc = {"name": "x", "cluster": {"nodes": 1, "gpus_per_node": 2, "device": "cpu"},
+           "models": {"actor": "llama-tiny"},
+           "dataflow": {"calls": [{"name": "t", "model": "critic", "kind": "train", "seqs": 2, "seq_len": 4}]}}
+    with pytest.raises(ConfigError) as e:
+        scenario_from_document(doc, "x.yaml")
+    assert e.value.field == "dataflow.calls.0.model" and "unknown model 'critic'" in str(e.value)
+
+
+def test_load_dataflow_names_fields():
+    with pytest.raises(ConfigError) as e:
+        load_dataflow({"calls": [{"name": "a", "model": "m", "kind": "fly", "seqs": 1, "seq_len": 2}]})
+    assert e.value.field == "calls.0.kind"

@@ -1,0 +1,125 @@
+import itertools
+import math
+
+import pytest
+
+from realbench.dataflow import build_algorithm
+from realbench.errors import ConfigError
+from realbench.hardware import cluster
+from realbench.models import get_model
+from realbench.plan import (BUILTIN, Mesh, Option, Strategy, all_meshes, enumerate_options, get_builtin,
+                            mesh_problem, option_problem, parse_mesh, plan_from_options, resolve_plan)
+from realbench.plan.options import MAX_MICRO_BATCHES
+from realbench.plan.plan import plan_from_document
+from realbench.plan.scenario import scenario_from_document
+
+
+def test_mesh_rules():
+    c = cluster(2, 8)
+    assert mesh_problem(Mesh(0, 1, 4, 4), c) is None
+    assert "multiple of 4" in mesh_problem(Mesh(0, 1, 2, 4), c)
+    assert "power of two" in mesh_problem(Mesh(0, 1, 0, 3), c)
+    assert "whole nodes" in mesh_problem(Mesh(0, 2, 0, 4), c)
+    assert "outside" in mesh_problem(Mesh(1, 2, 0, 8), c)
+    assert "outside" in mesh_problem(Mesh(0, 1, 6, 4), c)
+
+
+def test_mesh_labels_round_trip():
+    c = cluster(4, 8)
+    for m in all_meshes(c):
+        assert parse_mesh(m.label(8), c) == m
+    assert parse_mesh("n1:4-7", c).devices(8) == range(12, 16)
+    assert parse_mesh("n1-2", c).devices(8) == range(8, 24)
+    for bad in ("n9", "n0:3-4", "n0:0-2", "x0", "n2-1", "n0:7-6"):
+        with pytest.raises(ConfigError):
+            parse_mesh(bad, c)
+
+
+def test_mesh_count():
+    # per node 8 + 4 + 2 + 1 blocks, plus every run of >= 2 consecutive nodes
+    assert len(list(all_meshes(cluster(3, 8)))) == 3 * 15 + 3
+
+
+def brute_force_options(call, model, c):
+    """Every (mesh, strategy) tuple in generous ranges, kept when the rules accept it."""
+    G, N = c.gpus_per_node, c.nodes
+    count = 0
+    for node, nodes, gpu, gpus in itertools.product(range(N), range(1, N + 1), range(G), range(1, G + 1)):
+        mesh = Mesh(node, nodes, gpu, gpus)
+        if mesh_problem(mesh, c):
+            continue
+        size = mesh.size
+        for dp, tp, pp in itertools.product(range(1, size + 1), repeat=3):
+            for m in range(1, MAX_MICRO_BATCHES + 1):
+                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m))) is None:
+                    count += 1
+    return count
+
+
+@pytest.mark.parametrize("nodes,gpus", [(1, 4), (2, 2), (3, 2)])
+def test_enumeration_matches_brute_force(nodes, gpus):
+    c = cluster(nodes, gpus, "cpu")
+    model = get_model("llama-tiny")
+    df = build_algorithm("ppo", prompts=8, prompt_len=4, gen_len=4, minibatches=2)
+    for call in (df.call("actor_gen"), df.call("actor_train")):
+        opts = enumerate_options(call, model, c)
+        assert len(opts) == len(set(opts)) == brute_force_options(call, model, c)
+        assert all(option_problem(call, model, c, o) is None for o in opts)
+
+
+def test_strategy_rules():
+    c = cluster(2, 8)
+    model = get_model("llama-70b")
+    call = build_algorithm("ppo").call("actor_train")  # 512 seqs, 4 optimizer steps
+    mesh = Mesh(0, 2, 0, 8)
+    assert option_problem(call, model, c, Option(mesh, Strategy(2, 8, 1, 4))) is None
+    assert option_problem(call, model, c, Option(mesh, Strategy(1, 16, 1)))[0] == "tp"  # leaves the node
+    assert option_problem(call, model, c, Option(mesh, Strategy(4, 2, 1)))[0] == "dp"  # 8 != 16
+    assert option_problem(call, model, c, Option(mesh, Strategy(16, 1, 1, 16)))[0] == "micro_batches"  # 128/256
+    small = get_model("llama-tiny")
+    assert option_problem(call, small, c, Option(mesh, Strategy(2, 8, 1)))[0] == "tp"  # 4 heads
+    assert option_problem(call, small, c, Option(mesh, Strategy(1, 2, 8)))[0] == "pp"  # 4 layers
+
+
+def test_plan_space_is_product_of_option_counts():
+    s = get_builtin("ppo-7b-7b-16gpu")
+    assert s.plan_space_size == math.prod(len(v) for v in s.options.values())
+    assert s.plan_space_size > 1e15  # the paper's order of magnitude for PPO on a few nodes
+
+
+def test_every_builtin_scenario_loads():
+    for name in BUILTIN:
+        s = get_builtin(name)
+        assert s.name == name and s.plan_space_size >= 1
+    assert get_builtin("ppo-70b-7b-128gpu").cluster.n_devices == 128
+
+
+def test_scenario_round_trip():
+    for name in BUILTIN:
+        s = get_builtin(name)
+        assert scenario_from_document(s.to_document()) == s
+
+
+def test_plan_round_trip_and_checks():
+    s = get_builtin("ppo-tiny-cpu")
+    options = {n: opts[-1] for n, opts in s.options.items()}
+    plan = plan_from_options(s, options)
+    again = plan_from_document(plan.to_document())
+    assert again == plan and resolve_plan(again, s) == options
+    doc = plan.to_document()
+    doc["calls"]["actor_gen"]["tp"] = 3
+    with pytest.raises(ConfigError) as e:
+        resolve_plan(plan_from_document(doc), s)
+    assert e.value.field.startswith("calls.actor_gen.")
+    doc = plan.to_document()
+    doc["calls"]["bogus"] = doc["calls"]["actor_gen"]
+    with pytest.raises(ConfigError, match="unknown call 'bogus'"):
+        resolve_plan(plan_from_document(doc), s)
+    doc = plan.to_document()
+    del doc["calls"]["ref_inf"]
+    with pytest.raises(ConfigError, match="no placement"):
+        resolve_plan(plan_from_document(doc), s)
+    doc = plan.to_document()
+    doc["calls"]["ref_inf"]["mesh"] = "n1"
+    with pytest.raises(ConfigError, match="outside the cluster"):
+        resolve_plan(plan_from_document(doc), s)
