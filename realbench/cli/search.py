@@ -1,5 +1,107 @@
-"""`realbench search` (filled in by the search package)."""
+"""`realbench search`: find a plan; progress bar on stderr, plan file out."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from realbench.cli import emit_json, log, non_negative_int, positive_float
+from realbench.cost import Estimator
+from realbench.errors import ConfigError
+from realbench.plan import Origin, load_scenario, plan_from_options
+from realbench.plan.schema import write_document
+from realbench.search import METHODS, SearchEvent, run_search
 
 
 def add_parser(sub) -> None:
-    pass
+    p = sub.add_parser("search", help="search an execution plan")
+    p.add_argument("--scenario", required=True, help="built-in name or scenario file")
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--time-budget", type=positive_float, required=True, metavar="SEC")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--max-evals", type=non_negative_int, default=None,
+                   help="also stop after this many plan evaluations (makes seeded runs reproducible)")
+    p.add_argument("--out", help="write the best plan here (.yaml or .json)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--storage", help="Optuna storage URL, e.g. sqlite:///plans.db (Optuna methods)")
+    p.add_argument("--study-name", help="name of the Optuna study in --storage")
+    p.add_argument("--multi-objective", action="store_true",
+                   help="Optuna methods: minimize time and peak memory, report the Pareto front")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    scenario = load_scenario(args.scenario)
+    if args.out and not args.force:
+        from pathlib import Path
+
+        if Path(args.out).exists():  # refuse before spending the budget, not after
+            raise ConfigError("exists; pass --force to overwrite it", source=args.out)
+    if args.storage and args.method in ("mcmc", "exhaustive"):
+        raise ConfigError("--storage keeps Optuna studies; it needs an Optuna method (tpe, cmaes, gp, random)")
+    est = Estimator(scenario)
+    study_name = args.study_name or f"{scenario.name}-{args.method}-seed{args.seed}"
+    with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
+        result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,
+                            max_evaluations=args.max_evals, storage=args.storage, study_name=study_name,
+                            multi_objective=args.multi_objective)
+    if result.best_choice is None:
+        raise ConfigError("no plan that fits in memory was found within the budget", "--time-budget")
+    out = result.to_json()
+    out["scenario"] = scenario.name
+    out["speedup"] = {k: (v / result.best_time_s if math.isfinite(v) else None) for k, v in result.baselines.items()}
+    G = scenario.cluster.gpus_per_node
+    out["plan"] = {n: o.label(G) for n, o in est.options_of(result.best_choice).items()}
+    for p in out.get("pareto", []):
+        p["plan"] = {n: o.label(G) for n, o in est.options_of(p.pop("choice")).items()}
+    if args.out:
+        origin = Origin(method=args.method, seed=args.seed, evaluations=result.evaluations, seconds=result.seconds,
+                        time_per_iter_s=result.best_time_s, curve=result.curve,
+                        baselines={k: v for k, v in result.baselines.items() if math.isfinite(v)})
+        doc = plan_from_options(scenario, est.options_of(result.best_choice), origin,
+                                scenario_ref=args.scenario).to_document()
+        write_document(doc, args.out, overwrite=args.force)
+        log(f"wrote {args.out}")
+    if args.json:
+        emit_json(out)
+    else:
+        base = ", ".join(f"{k} {v:.3f} s ({out['speedup'][k]:.2f}x)" for k, v in result.baselines.items()
+                         if math.isfinite(v))
+        print(f"{args.method}: best {result.best_time_s:.4f} s per iteration after {result.evaluations} plans "
+              f"in {result.seconds:.1f} s; baselines: {base}")
+        for name, label in out["plan"].items():
+            print(f"  {name:14s} {label}")
+    return 0
+
+
+class _ProgressBar:
+    """A rich progress bar over the time budget, fed by the search's event stream. It appears
+    with the first event, so input errors found before the search starts print one line only."""
+
+    def __init__(self, method: str, budget: float, enabled: bool = True):
+        self.method, self.budget, self.enabled = method, budget, enabled
+        self.progress = None
+
+    def __enter__(self):
+        return self
+
+    def update(self, e: SearchEvent) -> None:
+        if not self.enabled:
+            return
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                     TextColumn("{task.fields[status]}"), console=Console(stderr=True))
+            self.progress.start()
+            self.task = self.progress.add_task(self.method, total=self.budget, status="")
+        best = f"{e.best_time_s:.4f} s" if math.isfinite(e.best_time_s) else "none yet"
+        self.progress.update(self.task, completed=self.budget if e.done else min(e.seconds, self.budget),
+                             status=f"{e.evaluations} plans, best {best}")
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+        return False

@@ -1,0 +1,82 @@
+"""MCMC plan search (REAL.md section 6), done right.
+
+Each of `chains` Markov chains holds a plan. A step proposes, for every chain at once, changing
+one call's option (uniformly among its feasible options, or to a neighbour: the same mesh with
+another strategy, or the same strategy on another mesh). A chain at inverse temperature beta
+accepts a proposal that is faster always, and a slower one with probability
+    exp(-beta * (t_new - t_cur) / t_cur)
+computed in floating point (the reference code's integer division accepted every move).
+Plans that do not fit in memory are rejected. The chains form a temperature ladder (beta from
+`beta_min` to `beta_max`, geometric) and neighbours swap states with the replica-exchange rule
+min(1, exp((beta_i - beta_j)(e_i - e_j))) on relative times, so hot chains explore and cold
+chains refine. All chains start from the best baseline plan. The proposals of all chains are
+evaluated as one batch, which is where the speed comes from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from realbench.search.events import Tracker
+from realbench.search.space import SearchSpace
+
+
+def _neighbours(space: SearchSpace) -> list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]:
+    """Per call: candidate array, and for each candidate the candidates sharing its mesh and
+    those sharing its (dp, tp, pp, micro_batches)."""
+    out = []
+    est = space.est
+    for i, cands in enumerate(space.candidates):
+        by_mesh: dict = {}
+        by_strategy: dict = {}
+        for pos, k in enumerate(cands):
+            o = est.options[i][k]
+            by_mesh.setdefault(o.mesh, []).append(pos)
+            by_strategy.setdefault(o.strategy, []).append(pos)
+        mesh_groups = [np.array(by_mesh[est.options[i][k].mesh]) for k in cands]
+        strategy_groups = [np.array(by_strategy[est.options[i][k].strategy]) for k in cands]
+        out.append((cands, mesh_groups, strategy_groups))
+    return out
+
+
+def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0, chains: int = 16,
+         beta_min: float = 5.0, beta_max: float = 400.0, swap_every: int = 10) -> None:
+    rng = np.random.default_rng(seed)
+    n = space.n
+    neigh = _neighbours(space)
+    position = [{int(k): p for p, k in enumerate(c)} for c, _, _ in neigh]
+    betas = np.geomspace(beta_min, beta_max, chains)
+    state = np.tile(np.asarray(start, dtype=np.int64), (chains, 1))
+    cur_t, cur_m, feasible = space.objective(state)
+    tracker.observe(state, cur_t, cur_m, feasible)
+    cur_t = np.where(feasible, cur_t, np.inf)  # an infeasible start accepts its first feasible move
+    step = 0
+    while not tracker.should_stop():
+        proposal = state.copy()
+        calls = rng.integers(0, n, size=chains)
+        kinds = rng.integers(0, 3, size=chains)
+        for c in range(chains):
+            i = calls[c]
+            cands, by_mesh, by_strategy = neigh[i]
+            if kinds[c] == 0:
+                proposal[c, i] = cands[rng.integers(len(cands))]
+            else:
+                group = (by_mesh if kinds[c] == 1 else by_strategy)[position[i][int(state[c, i])]]
+                proposal[c, i] = cands[group[rng.integers(len(group))]]
+        t, mem, ok = space.objective(proposal)
+        tracker.observe(proposal, t, mem, ok)
+        rel = np.where(np.isfinite(cur_t), (t - cur_t) / np.where(np.isfinite(cur_t), cur_t, 1.0), -np.inf)
+        accept = ok & ((rel <= 0) | (rng.random(chains) < np.exp(-betas * np.maximum(rel, 0.0))))
+        state[accept] = proposal[accept]
+        cur_t = np.where(accept, t, cur_t)
+        step += 1
+        if step % swap_every == 0 and chains > 1:
+            ref = np.min(cur_t[np.isfinite(cur_t)]) if np.isfinite(cur_t).any() else 1.0
+            energy = np.where(np.isfinite(cur_t), cur_t / ref, 1e9)
+            for a in range(step // swap_every % 2, chains - 1, 2):
+                b = a + 1
+                if rng.random() < np.exp(min(0.0, (betas[a] - betas[b]) * (energy[a] - energy[b]))):
+                    state[[a, b]] = state[[b, a]]
+                    cur_t[[a, b]] = cur_t[[b, a]]
+                    energy[[a, b]] = energy[[b, a]]
+    del position

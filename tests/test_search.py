@@ -1,0 +1,189 @@
+"""Search: correctness against exhaustive enumeration, feasibility, reproducibility, stopping."""
+
+import itertools
+import json
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from realbench.cost import Estimator
+from realbench.plan import get_builtin, load_plan
+from realbench.search import SearchSpace, run_search
+from realbench.search.exhaustive import space_size
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Estimator(get_builtin("ppo-tiny-2cpu"))
+
+
+@pytest.fixture(scope="module")
+def optimum(tiny):
+    r = run_search(tiny, "exhaustive", 600)
+    assert r.complete and r.evaluations == space_size(SearchSpace(tiny))
+    return r
+
+
+@pytest.mark.parametrize("name", ["dpo-tiny-cpu", "dpo-7b-8gpu"])
+def test_pruned_exhaustive_equals_full_enumeration(name):
+    est = Estimator(get_builtin(name))
+    space = SearchSpace(est)
+    C = np.array(list(itertools.product(*space.candidates)))
+    t, _, ok = space.objective(C)
+    r = run_search(est, "exhaustive", 600)
+    assert r.complete and space_size(space) < len(C)
+    assert r.best_time_s == pytest.approx(t[ok].min(), rel=1e-12)
+
+
+def test_exhaustive_beats_random_sample_of_full_space(tiny, optimum):
+    space = SearchSpace(tiny)
+    rng = np.random.default_rng(0)
+    C = np.stack([rng.choice(c, size=50_000) for c in space.candidates], axis=1)
+    t, _, ok = space.objective(C)
+    assert optimum.best_time_s <= t[ok].min() * (1 + 1e-12)
+
+
+def test_mcmc_finds_the_exhaustive_optimum(tiny, optimum):
+    r = run_search(tiny, "mcmc", 30, seed=0, max_evaluations=60_000)
+    assert r.best_time_s == pytest.approx(optimum.best_time_s, rel=1e-9)
+
+
+def test_search_never_returns_an_oom_plan():
+    est = Estimator(get_builtin("ppo-7b-7b-16gpu-long"))  # memory is tight: long KV caches
+    for method in ("mcmc", "random"):
+        r = run_search(est, method, 3, seed=1)
+        assert r.best_choice is not None
+        e = est.estimate(r.best_choice)
+        assert not e.oom and e.peak_mem_bytes <= est.capacity
+        assert r.best_time_s == pytest.approx(e.time_per_iter_s)
+
+
+def test_mcmc_is_reproducible_with_a_seed(tiny):
+    a = run_search(tiny, "mcmc", 60, seed=7, max_evaluations=5_000)
+    b = run_search(tiny, "mcmc", 60, seed=7, max_evaluations=5_000)
+    assert a.best_choice == b.best_choice and [t for _, t in a.curve] == [t for _, t in b.curve]
+    assert a.evaluations == b.evaluations
+
+
+def test_tpe_is_reproducible_with_a_seed(tiny):
+    a = run_search(tiny, "tpe", 60, seed=3, max_evaluations=40)
+    b = run_search(tiny, "tpe", 60, seed=3, max_evaluations=40)
+    assert a.best_choice == b.best_choice
+
+
+def test_search_starts_from_the_best_baseline_and_never_gets_worse(tiny):
+    r = run_search(tiny, "random", 1.0, seed=0)
+    assert r.best_time_s <= min(r.baselines.values()) * (1 + 1e-12)
+    times = [t for _, t in r.curve]
+    assert times == sorted(times, reverse=True)
+
+
+def test_time_budget_and_stop_return_the_best_so_far():
+    est = Estimator(get_builtin("ppo-13b-7b-32gpu"))
+    t0 = time.perf_counter()
+    r = run_search(est, "mcmc", 1.0, seed=0)
+    assert time.perf_counter() - t0 < 10 and r.best_choice is not None
+    flag = threading.Event()
+    events = []
+
+    def on_event(e):
+        events.append(e)
+        if e.evaluations > 200:
+            flag.set()
+
+    r = run_search(est, "mcmc", 600, seed=0, on_event=on_event, stop=flag.is_set)
+    assert r.seconds < 60 and r.best_choice is not None
+    assert events[-1].done and events[-1].best_time_s == r.best_time_s
+    assert all(a.evaluations <= b.evaluations for a, b in zip(events, events[1:]))
+
+
+def test_ctrl_c_returns_the_best_so_far(tiny):
+    raised = []
+
+    def on_event(e):  # Ctrl-C arrives once, in the middle of the search
+        if e.evaluations > 500 and not raised:
+            raised.append(e)
+            raise KeyboardInterrupt
+
+    r = run_search(tiny, "mcmc", 600, seed=0, on_event=on_event)
+    assert raised and r.best_choice is not None and r.seconds < 60
+
+
+@pytest.mark.parametrize("method", ["cmaes", "gp"])
+def test_numeric_samplers_run_on_the_encoding(tiny, method):
+    r = run_search(tiny, method, 60, seed=0, max_evaluations=12)
+    assert r.evaluations >= 12 and r.best_choice is not None
+
+
+def test_multi_objective_pareto_front(tiny):
+    r = run_search(tiny, "tpe", 60, seed=0, max_evaluations=60, multi_objective=True)
+    front = r.pareto
+    assert front
+    times = [p["time_per_iter_s"] for p in front]
+    mems = [p["peak_mem_bytes"] for p in front]
+    assert times == sorted(times) and mems == sorted(mems, reverse=True)  # a real trade-off curve
+
+
+def test_search_cli_writes_a_plan_that_validates(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    code, stdout, err = cli("search", "--scenario", "ppo-tiny-cpu", "--method", "mcmc", "--time-budget", "2",
+                            "--seed", "0", "--out", out, "--json")
+    assert code == 0, err
+    r = json.loads(stdout)
+    assert {"method", "best_time_s", "evaluations", "seconds", "baselines", "curve"} <= set(r)
+    assert {"symmetric", "heuristic"} <= set(r["baselines"])
+    assert all(len(p) == 2 for p in r["curve"])
+    assert cli("validate", out)[0] == 0
+    code, stdout, _ = cli("estimate", "--scenario", "ppo-tiny-cpu", "--plan", out, "--json")
+    assert code == 0 and json.loads(stdout)["time_per_iter_s"] == pytest.approx(r["best_time_s"])
+    plan, _, _ = load_plan(str(out))
+    assert plan.origin.method == "mcmc" and plan.origin.curve
+    # the existing plan is not overwritten silently
+    code, _, err = cli("search", "--scenario", "ppo-tiny-cpu", "--method", "mcmc", "--time-budget", "1",
+                       "--out", out)
+    assert code == 2 and "exists" in err
+
+
+def test_search_cli_storage_keeps_the_study(cli, tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    args = ("search", "--scenario", "ppo-tiny-2cpu", "--method", "tpe", "--time-budget", "30", "--max-evals", "15",
+            "--storage", url, "--study-name", "s1", "--json")
+    code, _, err = cli(*args)
+    assert code == 0, err
+    study = optuna.load_study(study_name="s1", storage=url)
+    assert len(study.trials) >= 15
+    code, _, err = cli(*args)  # same name again: refused, the study is kept
+    assert code == 2 and "already exists" in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--method", "annealing"], "invalid choice"),
+    (["--method", "mcmc", "--time-budget", "-1"], "positive"),
+    (["--method", "mcmc", "--time-budget", "nan"], "positive"),
+    (["--method", "mcmc", "--time-budget", "1", "--seed", "x"], "whole number"),
+    (["--method", "mcmc", "--time-budget", "1", "--storage", "sqlite:///x.db"], "Optuna method"),
+    (["--method", "exhaustive", "--time-budget", "1", "--scenario-x"], "unrecognized"),
+])
+def test_search_cli_bad_input(cli, argv, needle):
+    code, _, err = cli("search", "--scenario", "ppo-tiny-2cpu", *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1
+
+
+def test_exhaustive_refuses_huge_spaces(cli):
+    code, _, err = cli("search", "--scenario", "ppo-70b-7b-128gpu", "--method", "exhaustive", "--time-budget", "5")
+    assert code == 2 and "exhaustive" in err and err.count("\n") == 1
+
+
+def test_bench_search_quick(cli):
+    code, out, err = cli("bench", "search", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    row = r["scenarios"]["ppo-7b-7b-16gpu"]
+    assert row["mcmc"]["best_time_s"] <= row["baselines"]["symmetric"]
+    assert r["exact"]["dpo-7b-8gpu"]["complete"]
+    assert math.isfinite(r["encodings"]["cmaes"]["median_best_time_s"])
