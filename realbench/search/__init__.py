@@ -71,7 +71,7 @@ def run_search(est: Estimator, method: str, time_budget: float, seed: int = 0,
     baselines = baseline_plans(est)
     tracker = Tracker(method, time_budget, max_evaluations, on_event, stop)
     feasible = [(t, c) for c, t in baselines.values() if math.isfinite(t)]
-    start = np.asarray(min(feasible)[1] if feasible else [int(c[0]) for c in space.candidates])
+    start = space.start_plan(min(feasible)[1] if feasible else [int(c[0]) for c in space.candidates])
     complete, pareto = None, []
     try:
         if method == "mcmc":

@@ -1,7 +1,7 @@
 """MCMC plan search (REAL.md section 6), done right.
 
 Each of `chains` Markov chains holds a plan. A step proposes, for every chain at once, changing
-one call's option (uniformly among its feasible options, or to a neighbour: the same mesh with
+one call's option (uniformly among its non-dominated options (SearchSpace.pruned), or to a neighbour: the same mesh with
 another strategy, or the same strategy on another mesh). A chain at inverse temperature beta
 accepts a proposal that is faster always, and a slower one with probability
     exp(-beta * (t_new - t_cur) / t_cur)
@@ -26,7 +26,7 @@ def _neighbours(space: SearchSpace) -> list[tuple[np.ndarray, list[np.ndarray], 
     those sharing its (dp, tp, pp, micro_batches)."""
     out = []
     est = space.est
-    for i, cands in enumerate(space.candidates):
+    for i, cands in enumerate(space.pruned):
         by_mesh: dict = {}
         by_strategy: dict = {}
         for pos, k in enumerate(cands):

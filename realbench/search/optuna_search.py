@@ -29,13 +29,16 @@ NUMERIC = ("cmaes", "gp")
 METHODS = CATEGORICAL + NUMERIC
 
 
-def make_sampler(method: str, seed: int, multi_objective: bool) -> optuna.samplers.BaseSampler:
+def make_sampler(method: str, seed: int, multi_objective: bool, x0: Optional[dict] = None
+                 ) -> optuna.samplers.BaseSampler:
     if method == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=not multi_objective)
     if method == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if method == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        # start the search distribution at the start plan, not at the centre of the box
+        return optuna.samplers.CmaEsSampler(seed=seed, x0=x0, sigma0=0.1 if x0 else None,
+                                            warn_independent_sampling=False)
     if method == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise ConfigError(f"unknown Optuna method {method!r} (known: {', '.join(METHODS)})")
@@ -49,7 +52,7 @@ class _Encoder:
         est = space.est
         G = est.cluster.gpus_per_node
         self.mesh_labels, self.by_mesh = [], []
-        for i, cands in enumerate(space.candidates):
+        for i, cands in enumerate(space.pruned):
             groups: dict[str, dict[str, int]] = {}
             for k in cands:
                 o = est.options[i][k]
@@ -82,7 +85,7 @@ class _Encoder:
         for i, k in enumerate(choice):
             name, o = self._name(i), est.options[i][int(k)]
             if self.numeric:
-                pos = int(np.flatnonzero(self.space.candidates[i] == k)[0])
+                pos = int(np.flatnonzero(self.space.pruned[i] == k)[0])
                 out.update({f"{name}.{f}": float(v) for f, v in zip(FEATURES, self.space.features[i][pos])})
             else:
                 out[f"{name}.mesh"] = o.mesh.label(G)
@@ -94,8 +97,7 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
                   storage: Optional[str] = None, study_name: Optional[str] = None,
                   multi_objective: bool = False) -> list[dict]:
     """Runs the study until the tracker says stop; returns the Pareto front when multi-objective."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     if method not in METHODS:
         raise ConfigError(f"unknown Optuna method {method!r} (known: {', '.join(METHODS)})")
     if multi_objective and method == "cmaes":
@@ -126,8 +128,12 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
             study.stop()
 
     try:
+        with warnings.catch_warnings():  # CmaEsSampler's x0/sigma0 are deprecated but still the way to warm-start
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = make_sampler(method, seed, multi_objective, encoder.params(start) if method == "cmaes" else None)
         study = optuna.create_study(
-            storage=storage, study_name=study_name, sampler=make_sampler(method, seed, multi_objective),
+            storage=storage, study_name=study_name, sampler=sampler,
             directions=["minimize", "minimize"] if multi_objective else ["minimize"], load_if_exists=False)
     except optuna.exceptions.DuplicatedStudyError:
         raise ConfigError(f"a study named {study_name!r} already exists there; pick another --study-name",

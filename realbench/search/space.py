@@ -3,7 +3,9 @@
 Also the two views the samplers need:
   * `pruned` per call: the options not dominated by another option with the same mesh, tp and
     pp (those share reallocation, transfer and master-copy costs, so an option that is no faster
-    and needs no less working memory can be dropped without losing the optimum);
+    and needs no less working memory can be dropped without losing the optimum). Every sampler
+    draws from these: dominated micro-batch variants otherwise dilute the space (on
+    ppo-tiny-2cpu, 0.2% of random plans beat the best baseline, 7% of random pruned plans do);
   * `features` per call: a numeric encoding for samplers that do not model categories
     (CMA-ES, GP): log2 mesh size, mesh position, log2 tp, log2 pp, log2 micro-batches, each
     scaled to [0, 1]; a point maps to the nearest feasible option.
@@ -70,12 +72,27 @@ class SearchSpace:
             out.append(np.array(sorted(keep), dtype=np.int64))
         return out
 
+    def dominating(self, call: int, k: int) -> int:
+        """A pruned option at least as good as option k in any plan (k itself if kept): same
+        layout, no slower, and either no more working memory or memory-safe."""
+        est = self.est
+        kept = self.pruned[call]
+        if k in set(kept.tolist()):
+            return int(k)
+        same = [int(j) for j in kept if est.layout_id[call][j] == est.layout_id[call][k]
+                and est.dur[call][j] <= est.dur[call][k]]
+        leaner = [j for j in same if est.working[call][j] <= est.working[call][k]]
+        return min(leaner or same, key=lambda j: (est.dur[call][j], j))
+
+    def start_plan(self, choice) -> np.ndarray:
+        return np.array([self.dominating(i, int(k)) for i, k in enumerate(choice)], dtype=np.int64)
+
     # -- numeric samplers' view --------------------------------------------------------------------------
     @cached_property
     def features(self) -> list[np.ndarray]:
         est, c = self.est, self.est.cluster
         out = []
-        for i, cands in enumerate(self.candidates):
+        for i, cands in enumerate(self.pruned):
             model = est.scenario.models[est.calls[i].model]
             rows = []
             for k in cands:
@@ -93,4 +110,4 @@ class SearchSpace:
 
     def nearest(self, call: int, point: np.ndarray) -> int:
         f = self.features[call]
-        return int(self.candidates[call][int(np.argmin(((f - point) ** 2).sum(axis=1)))])
+        return int(self.pruned[call][int(np.argmin(((f - point) ** 2).sum(axis=1)))])

@@ -1,0 +1,153 @@
+"""A model placed on one layout, seen from one rank: forward and backward through the pipeline,
+gradient averaging over data parallelism, and the weights as a dict of named shards.
+
+Pipeline schedule: GPipe (all micro-batches forward, then all backward). Between stages,
+activations go forward and their gradients backward with point-to-point messages to the rank of
+the same (dp, tp) coordinates in the neighbouring stage. Every rank of the layout is given the
+token ids of its data-parallel share (so each stage knows the shapes it will receive); the last
+stage returns the outputs (logits or values) and owns the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from realbench.models import ModelSpec
+from realbench.runtime.layout import Coord, Groups, Layout
+from realbench.runtime.model import LlamaStage
+
+
+class PlacedModel:
+    def __init__(self, spec: ModelSpec, layout: Layout, rank: int, groups: Groups):
+        c = layout.coord(rank)
+        if c is None:
+            raise ValueError(f"rank {rank} is not in the layout")
+        self.spec, self.layout, self.rank, self.coord = spec, layout, rank, c
+        d = layout.dims
+        self.tp_group = groups.get(layout.tp_group(c))
+        self.dp_ranks = layout.dp_group(c)
+        self.dp_group = groups.get(self.dp_ranks)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group)
+        self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
+        self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
+
+    @property
+    def is_last(self) -> bool:
+        return self.next is None
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def shards(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.stage.state_dict().items()}
+
+    @torch.no_grad()
+    def load_shards(self, shards: dict[str, torch.Tensor]) -> None:
+        for k, v in self.stage.state_dict().items():
+            v.copy_(shards[k])
+
+    # -- compute ----------------------------------------------------------------------------------------
+    def _stage_forward(self, tokens: torch.Tensor, grad: bool):
+        """One micro-batch through this stage: (input that may need a gradient, output)."""
+        if self.prev is None:
+            x = tokens
+        else:
+            x = torch.empty(*tokens.shape, self.spec.hidden)
+            dist.recv(x, self.prev)
+            x.requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            y = self.stage(x)
+        if self.next is not None:
+            dist.send(y.detach().contiguous(), self.next)
+        return x, y
+
+    @torch.no_grad()
+    def forward(self, micro_batches: list[torch.Tensor]) -> Optional[list[torch.Tensor]]:
+        """Outputs per micro-batch on the last stage, None on the others."""
+        outs = [self._stage_forward(mb, grad=False)[1] for mb in micro_batches]
+        return outs if self.is_last else None
+
+    def forward_backward(self, micro_batches: list[torch.Tensor],
+                         loss_fn: Callable[[int, torch.Tensor], torch.Tensor]) -> Optional[float]:
+        """GPipe forward and backward. loss_fn(index, output) gives each micro-batch's loss on the
+        last stage (already scaled: the gradients are summed over micro-batches and averaged
+        over dp). Returns the summed loss on the last stage."""
+        saved = [self._stage_forward(mb, grad=True) for mb in micro_batches]
+        total = 0.0
+        for i in reversed(range(len(saved))):
+            x, y = saved[i]
+            if self.next is None:
+                loss = loss_fn(i, y)
+                total += float(loss.detach())
+                loss.backward()
+            else:
+                g = torch.empty_like(y)
+                dist.recv(g, self.next)
+                y.backward(g)
+            if self.prev is not None:
+                dist.send(x.grad.contiguous(), self.prev)
+        self.average_gradients()
+        return total if self.next is None else None
+
+    def average_gradients(self) -> None:
+        if len(self.dp_ranks) == 1:
+            return
+        for p in self.stage.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.dp_group)
+                p.grad /= len(self.dp_ranks)
+
+
+@torch.no_grad()
+def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator: torch.Generator,
+             greedy: bool = False, temperature: float = 1.0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache.
+
+    Every stage keeps the cache of its layers. A step sends the new positions' hidden states
+    down the pipeline; the last stage samples (every tp rank draws the same token, as all share
+    the generator's seed and the gathered logits) and sends the tokens back to the first stage.
+    Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline."""
+    B, P = prompts.shape
+    caches = model.stage.new_caches()
+    seqs = torch.empty(B, P + gen_len, dtype=torch.long)
+    seqs[:, :P] = prompts
+    logprobs = torch.empty(B, gen_len)
+    step_input = prompts
+    for t in range(gen_len):
+        start = P + t - step_input.shape[1]
+        positions = torch.arange(start, P + t)
+        if model.prev is None:
+            x = step_input
+        else:
+            x = torch.empty(B, step_input.shape[1], model.spec.hidden)
+            dist.recv(x, model.prev)
+        y = model.stage(x, positions, caches)
+        if model.next is not None:
+            dist.send(y.contiguous(), model.next)
+        token = torch.empty(B, dtype=torch.long)
+        lp = torch.empty(B)
+        if model.is_last:
+            logits = y[:, -1].float() / (1.0 if greedy else temperature)
+            logp = torch.log_softmax(logits, dim=-1)
+            token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            lp = logp.gather(-1, token[:, None]).squeeze(-1)
+        _share_from_last(model, token, lp)
+        seqs[:, P + t] = token
+        logprobs[:, t] = lp
+        step_input = token[:, None]
+    return seqs, logprobs
+
+
+def _share_from_last(model: PlacedModel, *tensors: torch.Tensor) -> None:
+    """Send tensors from the last stage to every other stage of this pipeline."""
+    pipeline = model.layout.pp_group(model.coord)
+    if len(pipeline) == 1:
+        return
+    last = pipeline[-1]
+    for t in tensors:
+        if model.is_last:
+            for r in pipeline[:-1]:
+                dist.send(t, r)
+        else:
+            dist.recv(t, last)

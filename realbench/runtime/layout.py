@@ -1,0 +1,115 @@
+"""Layouts: where a model lives and how it is split, as explicit values.
+
+A worker takes part in several layouts at once (the actor's generation layout and its training
+layout, say), so nothing here is global: a `Layout` names the global ranks of its mesh and its
+`ParallelDims`, and the process groups it needs are looked up in a `Groups` registry that is
+passed to whoever communicates.
+
+Rank placement inside a layout (REAL.md section 4): mesh index r = pp * (dp * tp) + dp * tp + tp,
+i.e. tp innermost (consecutive devices), then dp, then pp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Optional
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp: int
+    tp: int
+    pp: int
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+class Coord(NamedTuple):
+    dp: int
+    tp: int
+    pp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    ranks: tuple[int, ...]  # global ranks of the mesh, in mesh order
+    dims: ParallelDims
+
+    def __post_init__(self):
+        if len(self.ranks) != self.dims.size:
+            raise ValueError(f"{len(self.ranks)} ranks for dp*tp*pp = {self.dims.size}")
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError("a rank appears twice in the layout")
+
+    @classmethod
+    def on(cls, ranks, dp: int, tp: int, pp: int) -> "Layout":
+        return cls(tuple(ranks), ParallelDims(dp, tp, pp))
+
+    def rank_of(self, c: Coord) -> int:
+        d = self.dims
+        return self.ranks[c.pp * d.dp * d.tp + c.dp * d.tp + c.tp]
+
+    def coord(self, rank: int) -> Optional[Coord]:
+        """This rank's (dp, tp, pp) coordinates, or None if it is not in the layout."""
+        try:
+            r = self.ranks.index(rank)
+        except ValueError:
+            return None
+        d = self.dims
+        return Coord(dp=(r // d.tp) % d.dp, tp=r % d.tp, pp=r // (d.tp * d.dp))
+
+    def coords(self) -> Iterator[Coord]:
+        d = self.dims
+        for pp in range(d.pp):
+            for dp in range(d.dp):
+                for tp in range(d.tp):
+                    yield Coord(dp, tp, pp)
+
+    def tp_group(self, c: Coord) -> tuple[int, ...]:
+        return tuple(self.rank_of(Coord(c.dp, t, c.pp)) for t in range(self.dims.tp))
+
+    def dp_group(self, c: Coord) -> tuple[int, ...]:
+        return tuple(self.rank_of(Coord(d, c.tp, c.pp)) for d in range(self.dims.dp))
+
+    def pp_group(self, c: Coord) -> tuple[int, ...]:
+        return tuple(self.rank_of(Coord(c.dp, c.tp, p)) for p in range(self.dims.pp))
+
+    def all_groups(self) -> list[tuple[int, ...]]:
+        """Every tp, dp and pp group of the layout, in a fixed order (for group creation)."""
+        out: list[tuple[int, ...]] = []
+        for c in self.coords():
+            for g in (self.tp_group(c), self.dp_group(c), self.pp_group(c)):
+                if len(g) > 1 and g not in out:
+                    out.append(g)
+        return out
+
+
+class Groups:
+    """Process groups by member ranks. torch.distributed.new_group must be called by every
+    process in the same order, so `prepare` is called with the same layouts on every rank
+    before any communication; `get` then only looks groups up."""
+
+    def __init__(self, timeout=None):
+        self._groups: dict[tuple[int, ...], object] = {}
+        self._timeout = timeout
+
+    def prepare(self, layouts) -> None:
+        import torch.distributed as dist
+
+        for layout in layouts:
+            for ranks in layout.all_groups():
+                if ranks not in self._groups:
+                    kwargs = {"timeout": self._timeout} if self._timeout is not None else {}
+                    self._groups[ranks] = dist.new_group(list(ranks), **kwargs)
+
+    def get(self, ranks: tuple[int, ...]):
+        if len(ranks) == 1:
+            return None
+        return self._groups[tuple(ranks)]

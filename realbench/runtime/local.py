@@ -1,0 +1,70 @@
+"""Start N local worker processes joined in one torch.distributed group (gloo on CPU, NCCL on
+CUDA), run a function on each, and collect what each returns. Used by the tests and benchmarks;
+`realbench run` launches through Accelerate instead.
+
+A worker that raises makes the others stop: every collective has a timeout, and the parent
+reports the first failure with its rank."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results, timeout_s: float) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        results.put((rank, True, fn(rank, world, *args)))
+    except BaseException as e:  # report, then let the parent decide
+        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def spawn(fn: Callable, world: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """Run fn(rank, world, *args) on `world` processes; returns the results by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results, timeout_s), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, ok, value = results.get(timeout=timeout_s + 30)
+            if not ok:
+                raise WorkerError(f"rank {rank} failed: {value}")
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return [out[r] for r in range(world)]

@@ -1,0 +1,216 @@
+"""A LLaMA decoder in plain torch, one pipeline stage and one tensor-parallel shard at a time.
+
+    x = embed(tokens)                                   # stage 0; hidden split over tp, gathered
+    for each layer of the stage:
+        x = x + Wo . attention(rope(Wq . rms(x)), rope(Wk . rms(x)), Wv . rms(x))   # GQA, causal
+        x = x + W_down . (silu(W_gate . rms(x)) * (W_up . rms(x)))                  # SwiGLU
+    out = head(rms(x))                                   # last stage: LM logits or a value
+
+Tensor parallelism (Megatron): q/k/v/gate/up are column-parallel (each rank holds a block of
+heads or FFN units and computes its part from the full input), wo and w_down row-parallel (each
+rank multiplies its slice of the input, then an all-reduce sums the parts). Autograd needs the
+conjugate collectives: `_copy_to_tp` is the identity forward and an all-reduce of the gradient
+backward; `_reduce_from_tp` the reverse. With tp = 1 and one stage this is the plain model.
+RoPE follows the rotate-half convention of Hugging Face's LLaMA, so its checkpoints load as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from realbench.models import ModelSpec
+from realbench.runtime.shards import param_specs, shard_shape, stage_layers, tp_range
+
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    """Concatenate the ranks' slices along the last dimension; backward keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        n = dist.get_world_size(group)
+        ctx.rank, ctx.width = dist.get_rank(group), x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)).type_as(x) * self.weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half form. x: (batch, heads, seq, head_dim); positions: (seq,)."""
+    d = x.shape[-1]
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, tp: int, group):
+        super().__init__()
+        h, hd = spec.hidden, spec.head_dim
+        self.heads, self.kv_heads, self.head_dim = spec.n_heads // tp, spec.n_kv_heads // tp, hd
+        self.group, self.tp = group, tp
+        self.attn_norm, self.ffn_norm = RMSNorm(h), RMSNorm(h)
+        self.wq = nn.Linear(h, self.heads * hd, bias=False)
+        self.wk = nn.Linear(h, self.kv_heads * hd, bias=False)
+        self.wv = nn.Linear(h, self.kv_heads * hd, bias=False)
+        self.wo = nn.Linear(self.heads * hd, h, bias=False)
+        self.w_gate = nn.Linear(h, spec.ffn // tp, bias=False)
+        self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
+        self.w_down = nn.Linear(spec.ffn // tp, h, bias=False)
+
+    def _enter(self, x):
+        return _CopyToTP.apply(x, self.group) if self.tp > 1 else x
+
+    def _leave(self, x):
+        return _ReduceFromTP.apply(x, self.group) if self.tp > 1 else x
+
+    def forward(self, x, positions, cache: Optional[dict] = None):
+        B, S, _ = x.shape
+        a = self._enter(self.attn_norm(x))
+        q = self.wq(a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rope(q, positions), rope(k, positions)
+        if cache is not None:  # decoding: attend to the cached keys and values too
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        T = k.shape[2]
+        # causal over absolute positions: query i sees keys 0..(T - S + i)
+        mask = torch.ones(S, T, dtype=torch.bool, device=x.device).tril(diagonal=T - S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self._leave(self.wo(y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim)))
+        f = self._enter(self.ffn_norm(x))
+        return x + self._leave(self.w_down(F.silu(self.w_gate(f)) * self.w_up(f)))
+
+
+class LlamaStage(nn.Module):
+    """Pipeline stage `stage` of `pp`, tensor-parallel shard `tp_rank` of `tp`.
+
+    forward(tokens or hidden, positions, caches) -> hidden states, or on the last stage the
+    logits (batch, seq, vocab) or values (batch, seq)."""
+
+    def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
+                 tp_group=None):
+        super().__init__()
+        self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
+        self.first, self.last = stage == 0, stage == pp - 1
+        lo, hi = stage_layers(spec.n_layers, pp, stage)
+        if self.first:
+            self.embed = nn.Embedding(spec.vocab, spec.hidden // tp)
+        self.layers = nn.ModuleDict({str(i): Block(spec, tp, tp_group) for i in range(lo, hi)})
+        if self.last:
+            self.norm = RMSNorm(spec.hidden)
+            out = 1 if spec.value_head else spec.vocab // tp
+            self.head = nn.Linear(spec.hidden, out, bias=False)
+
+    def new_caches(self) -> dict:
+        return {name: {} for name in self.layers}
+
+    def forward(self, x, positions=None, caches: Optional[dict] = None):
+        if self.first:
+            x = self.embed(x)
+            if self.tp > 1:
+                x = _GatherFromTP.apply(x, self.group)
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)
+        for name, block in self.layers.items():
+            x = block(x, positions, None if caches is None else caches[name])
+        if not self.last:
+            return x
+        h = self.norm(x)
+        if self.spec.value_head:
+            return self.head(h).squeeze(-1)
+        logits = self.head(self._enter_head(h))
+        return _GatherFromTP.apply(logits, self.group) if self.tp > 1 else logits
+
+    def _enter_head(self, h):
+        return _CopyToTP.apply(h, self.group) if self.tp > 1 else h
+
+    # -- weights --------------------------------------------------------------------------------------
+    def shard_names(self) -> list[str]:
+        return list(self.state_dict().keys())
+
+    @torch.no_grad()
+    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+        """Take this shard's slices of full (unsharded) tensors."""
+        specs = {s.name: s for s in param_specs(self.spec)}
+        own = self.state_dict()
+        for name, target in own.items():
+            s = specs[name]
+            src = full[name]
+            if s.split is not None:
+                a, b = tp_range(s, self.tp, self.tp_rank)
+                src = src.narrow(s.split, a, b - a)
+            target.copy_(src)
+
+
+def init_full_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Deterministic full weights (fp32): normal(0, std) matrices, unit norms. Every rank can
+    build the same tensors from the seed."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for s in param_specs(spec):
+        if s.name.endswith("norm.weight"):
+            out[s.name] = torch.ones(s.shape)
+        else:
+            scale = std / math.sqrt(2 * spec.n_layers) if s.name.endswith(("wo.weight", "w_down.weight")) else std
+            out[s.name] = torch.randn(s.shape, generator=g) * scale
+    return out
+
+
+__all__ = ["LlamaStage", "init_full_weights", "rope", "shard_shape"]

@@ -1,0 +1,84 @@
+"""Which parameters exist, which pipeline stage holds them, and how tensor parallelism splits them.
+
+Parameter names follow the full (unsharded) model, so a shard is always "a slice of a named
+full tensor". Column-parallel weights (q, k, v, gate, up, the embedding's hidden dimension, the
+LM head) split their output dimension; row-parallel weights (attention output, down projection)
+their input dimension; norms and the value head are replicated. nn.Linear stores weights as
+(out, in), so column-parallel means dim 0 and row-parallel dim 1; the embedding (vocab, hidden)
+splits dim 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from realbench.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    split: Optional[int]  # tensor-parallel dimension, None when replicated
+    layer: int  # transformer layer index; -1 for the embedding, n_layers for the final norm/head
+
+
+def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """Layer range [lo, hi) of a pipeline stage; the first stages take the extra layers
+    (the same split as the cost model's)."""
+    per, extra = divmod(n_layers, pp)
+    lo = stage * per + min(stage, extra)
+    return lo, lo + per + (1 if stage < extra else 0)
+
+
+def param_specs(model: ModelSpec) -> list[ParamSpec]:
+    h, hd, L = model.hidden, model.head_dim, model.n_layers
+    q, kv = model.n_heads * hd, model.n_kv_heads * hd
+    specs = [ParamSpec("embed.weight", (model.vocab, h), 1, -1)]
+    for i in range(L):
+        p = f"layers.{i}."
+        specs += [
+            ParamSpec(p + "attn_norm.weight", (h,), None, i),
+            ParamSpec(p + "wq.weight", (q, h), 0, i),
+            ParamSpec(p + "wk.weight", (kv, h), 0, i),
+            ParamSpec(p + "wv.weight", (kv, h), 0, i),
+            ParamSpec(p + "wo.weight", (h, q), 1, i),
+            ParamSpec(p + "ffn_norm.weight", (h,), None, i),
+            ParamSpec(p + "w_gate.weight", (model.ffn, h), 0, i),
+            ParamSpec(p + "w_up.weight", (model.ffn, h), 0, i),
+            ParamSpec(p + "w_down.weight", (h, model.ffn), 1, i),
+        ]
+    specs.append(ParamSpec("norm.weight", (h,), None, L))
+    if model.value_head:
+        specs.append(ParamSpec("head.weight", (1, h), None, L))
+    else:
+        specs.append(ParamSpec("head.weight", (model.vocab, h), 0, L))
+    return specs
+
+
+def in_stage(spec: ParamSpec, n_layers: int, pp: int, stage: int) -> bool:
+    lo, hi = stage_layers(n_layers, pp, stage)
+    if spec.layer < 0:
+        return stage == 0
+    if spec.layer >= n_layers:
+        return stage == pp - 1
+    return lo <= spec.layer < hi
+
+
+def tp_range(spec: ParamSpec, tp: int, tp_rank: int) -> tuple[int, int]:
+    """[start, stop) along spec.split held by tp rank `tp_rank` (the whole dim if replicated)."""
+    if spec.split is None:
+        return 0, spec.shape[0]
+    n = spec.shape[spec.split]
+    if n % tp:
+        raise ValueError(f"{spec.name}: dimension {n} does not split over tp={tp}")
+    return tp_rank * n // tp, (tp_rank + 1) * n // tp
+
+
+def shard_shape(spec: ParamSpec, tp: int) -> tuple[int, ...]:
+    if spec.split is None:
+        return spec.shape
+    shape = list(spec.shape)
+    shape[spec.split] //= tp
+    return tuple(shape)
