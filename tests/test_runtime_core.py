@@ -93,7 +93,8 @@ def _parity_worker(rank, world, layouts):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_layout_parity_with_unsharded_model(world):
-    dims = [(1, 1, world), (1, world, 1), (world, 1, 1), (1, 2, world // 2), (world // 2, 1, 2), (world // 2, 2, 1)]
+    # llama-tiny has 2 KV heads, so tp is at most 2
+    dims = [(1, 1, world), (world, 1, 1), (1, 2, world // 2), (world // 2, 1, 2), (world // 2, 2, 1)]
     layouts = list(dict.fromkeys(Layout.on(range(world), *d) for d in dims))
     if world == 4:
         layouts.append(Layout.on([2, 3], 1, 2, 1))  # a mesh that is a part of the world

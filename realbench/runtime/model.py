@@ -147,6 +147,10 @@ class LlamaStage(nn.Module):
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
                  tp_group=None):
         super().__init__()
+        if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
+            raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
+        if not 0 <= stage < pp <= spec.n_layers:
+            raise ValueError(f"stage {stage} of pp={pp} for {spec.n_layers} layers")
         self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
         self.first, self.last = stage == 0, stage == pp - 1
         lo, hi = stage_layers(spec.n_layers, pp, stage)

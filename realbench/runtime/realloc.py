@@ -49,6 +49,11 @@ def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]
             if not in_stage(p, L, dst.dims.pp, c.pp):
                 continue
             r = dst.rank_of(c)
+            if p.split is None:  # replicated: one copy from any source rank of the stage
+                holders = [src.rank_of(Coord(d, t, s_stage)) for d in range(src.dims.dp) for t in range(src.dims.tp)]
+                sender = r if r in holders else holders[(c.dp * dst.dims.tp + c.tp) % len(holders)]
+                out.append(Transfer(p.name, sender, r, None, 0, p.shape[0], 0, 0))
+                continue
             need_lo, need_hi = tp_range(p, dst.dims.tp, c.tp)
             for t in range(src.dims.tp):
                 have_lo, have_hi = tp_range(p, src.dims.tp, t)
