@@ -15,9 +15,10 @@ from realbench.errors import ConfigError
 GEN, INF, TRAIN = CallKind.GENERATE, CallKind.INFERENCE, CallKind.TRAIN
 
 
-def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1) -> CallDef:
+def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1, group_size=1) -> CallDef:
     return CallDef(name=name, model=model, kind=kind, inputs=tuple(inputs), outputs=tuple(outputs),
-                   seqs=seqs, seq_len=seq_len, gen_len=gen_len, optimizer_steps=optimizer_steps)
+                   seqs=seqs, seq_len=seq_len, gen_len=gen_len, optimizer_steps=optimizer_steps,
+                   group_size=group_size)
 
 
 def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatches: int = 4) -> Dataflow:
@@ -38,7 +39,7 @@ def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatch
 def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches) -> Dataflow:
     s, L = prompts * group_size, prompt_len + gen_len
     return Dataflow(name=name, dataset_keys=("prompts",), calls=(
-        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len),
+        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),
         _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
         _call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L),
         _call("actor_train", "actor", TRAIN, ["seqs", "logprobs", "ref_logprobs", "rewards"], [], s, L,

@@ -37,6 +37,7 @@ class CallDef(BaseModel):
     seq_len: int = Field(gt=0)
     gen_len: int = Field(default=0, ge=0)
     optimizer_steps: int = Field(default=1, gt=0)
+    group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
 
     @model_validator(mode="after")
     def _check(self) -> "CallDef":
@@ -48,6 +49,8 @@ class CallDef(BaseModel):
             raise ValueError(f"gen_len is only for generate calls (this is a {self.kind.value} call)")
         if self.optimizer_steps != 1 and self.kind != CallKind.TRAIN:
             raise ValueError("optimizer_steps is only for train calls")
+        if self.group_size != 1 and (self.kind != CallKind.GENERATE or self.seqs % self.group_size):
+            raise ValueError("group_size is for generate calls and must divide seqs")
         if self.kind == CallKind.TRAIN and self.seqs % self.optimizer_steps:
             raise ValueError(f"seqs {self.seqs} do not split into {self.optimizer_steps} optimizer steps")
         if len(set(self.inputs)) != len(self.inputs) or len(set(self.outputs)) != len(self.outputs):

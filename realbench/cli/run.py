@@ -1,0 +1,44 @@
+"""`realbench run`: execute a plan on local processes (launched through Accelerate)."""
+
+from __future__ import annotations
+
+import sys
+
+from realbench.cli import emit_json, non_negative_int
+from realbench.plan import load_plan, load_scenario
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a plan on local processes")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--nproc", type=non_negative_int, required=True)
+    p.add_argument("--steps", type=non_negative_int, required=True)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from realbench.runtime.launch import RunError, run_plan
+
+    scenario = load_scenario(args.scenario)
+    _, _, options = load_plan(args.plan, scenario)
+    try:
+        result = run_plan(scenario, options, args.nproc, args.steps, args.seed)
+    except RunError as e:
+        print(f"realbench: run failed: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        emit_json(result)
+        return 0
+    print(f"{result['steps']} steps of {scenario.name} on {args.nproc} processes; "
+          f"reallocated {result['realloc_bytes']} bytes per step")
+    print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
+    for name, c in result["calls"].items():
+        print(f"{name:14s} {c['measured_s']:11.4f} {c['estimated_s']:12.4f}")
+    for m in result["metrics"]:
+        reward = "" if m["reward"] is None else f" reward {m['reward']:+.4f}"
+        loss = "" if m["loss"] is None else f" loss {m['loss']:.4f}"
+        print(f"step {m['step']}:{reward}{loss}")
+    return 0

@@ -1,0 +1,353 @@
+"""The worker: one process per device, walking the plan (REAL.md section 8).
+
+Every rank builds the same list of events from the scenario and the plan, in the dataflow's
+topological order:
+  * `realloc`  before a call whose layout differs from its model's master layout (the train
+               call's, or a frozen model's first call's): the master's ranks send, the call's
+               ranks receive (realbench.runtime.realloc);
+  * `transfer` before a call, for each producer it reads from: the producer's data-parallel
+               heads (last stage, tp rank 0) send their shards of the keys to every rank of the
+               consumer's mesh;
+  * `call`     the call itself on its layout: generate, inference or a train step.
+A rank runs only the events it takes part in. All communication happens inside events and every
+rank meets the events in the same order, so the earliest unfinished event can always complete:
+no deadlock, and calls on disjoint meshes run at the same time without any threads.
+
+The toy task: prompts are random tokens; the reward model is a real model forward whose weights
+are set by hand so that its score is the mean over the sequence of +1 for tokens in the upper
+half of the vocabulary and -1 for the others (one uniform-attention layer averages the per-token
+score into a spare hidden dimension that the value head reads). RLHF makes the policy emit more
+upper-half tokens, so the mean reward rises.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from realbench.dataflow import CallDef, CallKind
+from realbench.models import ModelSpec
+from realbench.plan.mesh import Option
+from realbench.plan.scenario import Scenario
+from realbench.runtime import losses
+from realbench.runtime.engine import PlacedModel, generate
+from realbench.runtime.layout import Coord, Groups, Layout
+from realbench.runtime.model import init_full_weights
+from realbench.runtime.realloc import bytes_received, plan_transfers, reallocate
+from realbench.runtime.shards import param_specs
+
+KL_COEF = 0.05
+DPO_BETA = 0.1
+
+
+# -- the toy task -------------------------------------------------------------------------------------
+def token_scores(vocab: int) -> torch.Tensor:
+    return torch.where(torch.arange(vocab) >= vocab // 2, 1.0, -1.0)
+
+
+def toy_reward_weights(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Full weights of a value-head model whose output increases with the sequence's mean score."""
+    w = {s.name: torch.zeros(s.shape) for s in param_specs(spec)}
+    h = spec.hidden
+    for name in w:
+        if name.endswith("norm.weight"):
+            w[name] = torch.ones(h)
+    emb = torch.zeros(spec.vocab, h)
+    emb[:, 0] = 1.0  # a constant dimension keeps the norms stable
+    emb[:, 1] = token_scores(spec.vocab)
+    w["embed.weight"] = emb
+    hd = spec.head_dim
+    # layer 0: q = k = 0 gives uniform causal attention; v copies dim 1 into head 0's first
+    # value channel, o writes the average into dim 2
+    w["layers.0.wv.weight"][0, 1] = 1.0
+    w["layers.0.wo.weight"][2, 0] = 1.0
+    assert hd >= 1
+    w["head.weight"][0, 2] = 1.0
+    return w
+
+
+def make_dataset(call: CallDef, key: str, vocab: int, seed: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 7919 + sum(map(ord, key)))
+    good = torch.randint(vocab // 2, vocab, (call.seqs, call.seq_len), generator=g)
+    if key == "prompts":
+        n = call.seqs // call.group_size
+        return torch.randint(0, vocab, (n, call.prompt_len), generator=g).repeat_interleave(call.group_size, 0)
+    if key == "pairs":  # rows 2i (chosen: upper-half tokens) and 2i+1 (rejected: lower half)
+        bad = torch.randint(0, vocab // 2, (call.seqs, call.seq_len), generator=g)
+        pairs = good.clone()
+        pairs[1::2] = bad[1::2]
+        prefix = torch.randint(0, vocab, (call.seqs // 2, call.seq_len // 2), generator=g)
+        pairs[:, : call.seq_len // 2] = prefix.repeat_interleave(2, 0)
+        return pairs
+    return good  # "sequences" for SFT
+
+
+# -- events ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Event:
+    kind: str  # realloc | transfer | call
+    call: int
+    ranks: frozenset
+    producer: int = -1
+    keys: tuple[str, ...] = ()
+
+
+def layout_of(option: Option, gpus_per_node: int) -> Layout:
+    s = option.strategy
+    return Layout.on(option.mesh.devices(gpus_per_node), s.dp, s.tp, s.pp)
+
+
+def dp_heads(layout: Layout) -> list[int]:
+    return [layout.rank_of(Coord(d, 0, layout.dims.pp - 1)) for d in range(layout.dims.dp)]
+
+
+@dataclass
+class StepRecord:
+    call_s: dict[str, float] = field(default_factory=dict)
+    realloc_s: dict[str, float] = field(default_factory=dict)
+    realloc_bytes: int = 0
+    reward: Optional[float] = None
+    loss: Optional[float] = None
+
+
+class Worker:
+    def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0, lr: float = 1e-3):
+        self.rank, self.scenario, self.seed = rank, scenario, seed
+        df = scenario.dataflow
+        G = scenario.cluster.gpus_per_node
+        self.calls = [df.call(n) for n in df.order]
+        self.layouts = [layout_of(options[c.name], G) for c in self.calls]
+        self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]
+        index = {c.name: i for i, c in enumerate(self.calls)}
+        trains = {c.model: i for i, c in enumerate(self.calls) if c.kind == CallKind.TRAIN}
+        self.master_of = []
+        for i, c in enumerate(self.calls):
+            self.master_of.append(trains.get(c.model, next(j for j, d in enumerate(self.calls) if d.model == c.model)))
+        self.groups = Groups()
+        self.groups.prepare(self.layouts)
+        self.transfers = {}  # realloc plans by call
+        self.events: list[Event] = []
+        producer = {k: index[c.name] for c in self.calls for k in c.outputs}
+        for i, c in enumerate(self.calls):
+            m = self.master_of[i]
+            if m != i and self.layouts[m] != self.layouts[i]:
+                self.transfers[i] = plan_transfers(scenario.models[c.model], self.layouts[m], self.layouts[i])
+                self.events.append(Event("realloc", i, frozenset(self.layouts[m].ranks) | frozenset(self.layouts[i].ranks)))
+            by_producer: dict[int, list[str]] = {}
+            for k in c.inputs:
+                if k in producer:
+                    by_producer.setdefault(producer[k], []).append(k)
+            for p, keys in by_producer.items():
+                ranks = frozenset(dp_heads(self.layouts[p])) | frozenset(self.layouts[i].ranks)
+                self.events.append(Event("transfer", i, ranks, p, tuple(keys)))
+            self.events.append(Event("call", i, frozenset(self.layouts[i].ranks)))
+        # master copies (and optimizers) of the models whose master layout holds this rank
+        self.masters: dict[int, PlacedModel] = {}
+        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        for m in sorted(set(self.master_of)):
+            lay = self.layouts[m]
+            if lay.coord(rank) is None:
+                continue
+            c = self.calls[m]
+            spec = scenario.models[c.model]
+            model = PlacedModel(spec, lay, rank, self.groups)
+            model.stage.load_full(self.initial_weights(c.model, spec))
+            self.masters[m] = model
+            if c.kind == CallKind.TRAIN:
+                self.optimizers[m] = torch.optim.Adam(model.stage.parameters(), lr=lr)
+
+    def initial_weights(self, role: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
+        if role == "reward":
+            return toy_reward_weights(spec)
+        # the reference starts as the actor; the critic from its own seed
+        return init_full_weights(spec, seed=self.seed * 31 + (1 if spec.value_head else 0))
+
+    # -- one RLHF step ----------------------------------------------------------------------------------
+    def step(self, step: int) -> StepRecord:
+        rec = StepRecord()
+        self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
+        self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
+        self.placed: dict[int, PlacedModel] = {}
+        for e in self.events:
+            if self.rank not in e.ranks:
+                continue
+            t0 = time.perf_counter()
+            if e.kind == "realloc":
+                self._realloc(e.call, rec)
+                rec.realloc_s[self.calls[e.call].name] = time.perf_counter() - t0
+            elif e.kind == "transfer":
+                self._transfer(e)
+            else:
+                self._call(e.call, step, rec)
+                rec.call_s[self.calls[e.call].name] = time.perf_counter() - t0
+        return rec
+
+    def _model(self, i: int) -> PlacedModel:
+        m = self.master_of[i]
+        return self.masters[m] if self.layouts[m] == self.layouts[i] else self.placed[i]
+
+    def _realloc(self, i: int, rec: StepRecord) -> None:
+        c, m = self.calls[i], self.master_of[i]
+        spec = self.scenario.models[c.model]
+        src = self.masters[m].shards() if m in self.masters else {}
+        shards = reallocate(spec, self.layouts[m], self.layouts[i], src, self.rank, transfers=self.transfers[i])
+        rec.realloc_bytes += bytes_received(self.transfers[i], spec).get(self.rank, 0)
+        if self.layouts[i].coord(self.rank) is not None:
+            model = PlacedModel(spec, self.layouts[i], self.rank, self.groups)
+            model.load_shards(shards)
+            self.placed[i] = model
+
+    def _transfer(self, e: Event) -> None:
+        src_layout, dst_layout = self.layouts[e.producer], self.layouts[e.call]
+        heads = dp_heads(src_layout)
+        received: dict[str, list] = {k: [None] * len(heads) for k in e.keys}
+        sends, pending = [], []  # sends are posted first, waited last: peers may send to each other
+        for key in e.keys:
+            for d, head in enumerate(heads):
+                for r in dst_layout.ranks:
+                    if head == r == self.rank:
+                        received[key][d] = self.outputs[e.producer][key]
+                    elif head == self.rank:
+                        t = self.outputs[e.producer][key].contiguous()
+                        header = torch.tensor([t.dim(), int(t.dtype == torch.long), *t.shape] + [0] * (6 - t.dim()))
+                        sends += [(dist.isend(header, r), header), (dist.isend(t, r), t)]
+                    elif r == self.rank:
+                        pending.append((key, d, head))
+        for key, d, head in pending:  # headers first: they give the shapes
+            header = torch.empty(8, dtype=torch.long)
+            dist.recv(header, head)
+            ndim, is_long = int(header[0]), bool(header[1])
+            buf = torch.empty(*header[2:2 + ndim].tolist(), dtype=torch.long if is_long else torch.float32)
+            dist.recv(buf, head)
+            received[key][d] = buf
+        for req, _ in sends:
+            req.wait()
+        if dst_layout.coord(self.rank) is not None:
+            store = self.data.setdefault(e.call, {})
+            for key, parts in received.items():
+                store[key] = torch.cat(parts)
+
+    def _inputs(self, i: int, step: int) -> dict[str, torch.Tensor]:
+        c = self.calls[i]
+        data = dict(self.data.get(i, {}))
+        for k in c.inputs:
+            if k not in data:  # a dataset key
+                data[k] = make_dataset(c, k, self.scenario.models[c.model].vocab, self.seed, step)
+        return data
+
+    def _call(self, i: int, step: int, rec: StepRecord) -> None:
+        c = self.calls[i]
+        model = self._model(i)
+        data = self._inputs(i, step)
+        lay = self.layouts[i]
+        coord = lay.coord(self.rank)
+        dp, m = lay.dims.dp, self.micro_batches[i]
+        if c.kind == CallKind.GENERATE:
+            prompts = data["prompts"].chunk(dp)[coord.dp]
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
+            greedy = "greedy" in c.name
+            seqs, lps = zip(*(generate(model, mb, c.gen_len, g, greedy=greedy) for mb in prompts.chunk(m)))
+            seqs, lps = torch.cat(seqs), torch.cat(lps)
+            if model.is_last:
+                names = list(c.outputs)
+                self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
+        elif c.kind == CallKind.INFERENCE:
+            batch = data[next(k for k in c.inputs)].chunk(dp)[coord.dp]
+            outs = model.forward(list(batch.chunk(m)))
+            if outs is not None:
+                y = torch.cat(outs)
+                self.outputs[i] = {k: self._inference_output(c, k, y, batch) for k in c.outputs}
+                if "rewards" in c.outputs:
+                    rec.reward = float(self.outputs[i]["rewards"].mean())
+        else:
+            rec.loss = self._train(i, model, data, coord)
+
+    def _inference_output(self, c: CallDef, key: str, y: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        gen = self._gen_len(c)
+        if key.endswith("rewards"):
+            return y[:, -1].float()
+        if key == "values":
+            return y[:, -gen - 1:-1].float()
+        lp = losses.token_logprobs(y, batch, gen)
+        return lp.sum(-1) if self.scenario.algorithm == "dpo" else lp
+
+    def _gen_len(self, c: CallDef) -> int:
+        gens = [d.gen_len for d in self.calls if d.kind == CallKind.GENERATE]
+        return gens[0] if gens else c.seq_len // 2
+
+    def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord) -> Optional[float]:
+        c = self.calls[i]
+        lay = self.layouts[i]
+        dp, m = lay.dims.dp, self.micro_batches[i]
+        spec = self.scenario.models[c.model]
+        gen = self._gen_len(c)
+        targets = self._targets(c, spec, data, gen)
+        seqs = targets.pop("seqs")
+        n = seqs.shape[0]
+        per_step = n // c.optimizer_steps
+        opt = self.optimizers[i]
+        total, count = 0.0, 0
+        for s in range(c.optimizer_steps):
+            rows = torch.arange(s * per_step, (s + 1) * per_step).chunk(dp)[coord.dp]
+            mbs = list(rows.chunk(m))
+
+            def loss_fn(j, y, mbs=mbs):
+                idx = mbs[j]
+                return self._loss(c, spec, y, seqs[idx], {k: v[idx] for k, v in targets.items()}, gen) / len(mbs)
+
+            opt.zero_grad(set_to_none=True)
+            loss = model.forward_backward([seqs[idx] for idx in mbs], loss_fn)
+            opt.step()
+            if loss is not None:
+                total, count = total + loss, count + 1
+        return total / count if count else None
+
+    def _targets(self, c: CallDef, spec: ModelSpec, data: dict, gen: int) -> dict[str, torch.Tensor]:
+        algo = self.scenario.algorithm
+        if algo == "sft":
+            return {"seqs": data["sequences"]}
+        if algo == "dpo":
+            return {"seqs": data["pairs"], "ref": data["ref_logprobs"]}
+        seqs, lp, score = data["seqs"], data["logprobs"], data["rewards"]
+        out = {"seqs": seqs, "old_logp": lp}
+        if spec.value_head or algo == "ppo":  # PPO: GAE on KL-shaped rewards with the critic's values
+            rewards = losses.kl_shaped_rewards(score, lp, data["ref_logprobs"], KL_COEF)
+            adv, ret = losses.gae(rewards, data["values"])
+            out.update(adv=losses.whiten(adv), ret=ret, old_values=data["values"])
+            return out
+        group = next(d.group_size for d in self.calls if d.kind == CallKind.GENERATE)
+        if algo == "grpo":
+            a = losses.grpo_advantages(score, group)
+        elif algo == "rloo":
+            a = losses.rloo_advantages(score, group)
+        else:  # remax
+            a = losses.whiten(score - data["greedy_rewards"])
+        out["adv"] = a[:, None].expand_as(lp).contiguous()
+        if "ref_logprobs" in data:
+            out["ref_logp"] = data["ref_logprobs"]
+        return out
+
+    def _loss(self, c: CallDef, spec: ModelSpec, y, seqs, t: dict, gen: int) -> torch.Tensor:
+        algo = self.scenario.algorithm
+        if algo == "sft":
+            return losses.sft_loss(y, seqs)
+        if algo == "dpo":
+            seq_lp = losses.token_logprobs(y, seqs, seqs.shape[1] // 2).sum(-1)
+            return losses.dpo_loss(seq_lp[0::2], seq_lp[1::2], t["ref"][0::2], t["ref"][1::2], DPO_BETA)
+        if spec.value_head:
+            return losses.value_loss(y[:, -gen - 1:-1].float(), t["old_values"], t["ret"])
+        lp = losses.token_logprobs(y, seqs, gen)
+        loss = losses.policy_loss(lp, t["old_logp"], t["adv"])
+        if algo != "ppo" and "ref_logp" in t:
+            loss = loss + KL_COEF * losses.k3_kl(lp, t["ref_logp"])
+        return loss
+
+
+def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0
+              ) -> list[StepRecord]:
+    worker = Worker(rank, scenario, options, seed)
+    return [worker.step(s) for s in range(steps)]
