@@ -27,6 +27,8 @@ demo: $(STAMP)
 	$(RB) validate $(OUT)/ppo-7b-symmetric.yaml
 	$(RB) search --scenario ppo-7b-7b-16gpu --method mcmc --time-budget 20 --seed 0 --out $(OUT)/ppo-7b-mcmc.yaml --force
 	$(RB) estimate --scenario ppo-7b-7b-16gpu --plan $(OUT)/ppo-7b-mcmc.yaml
+	$(RB) search --scenario ppo-tiny-cpu --method mcmc --time-budget 5 --seed 0 --out $(OUT)/ppo-tiny.yaml --force
+	$(RB) run --scenario ppo-tiny-cpu --plan $(OUT)/ppo-tiny.yaml --nproc 4 --steps 3
 
 clean:
 	rm -rf $(VENV) $(OUT)

@@ -151,3 +151,14 @@ def test_realloc_round_trip_is_bit_identical(world):
     results = spawn(_realloc_worker, world, pairs)
     for rank in range(world):
         assert all(results[rank]), [p for p, ok in zip(pairs, results[rank]) if not ok]
+
+
+def test_bench_realloc_quick(cli):
+    import json
+
+    code, out, err = cli("bench", "realloc", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    moving = [p for p in r["pairs"] if p["bytes"] > 0]
+    assert len(moving) >= 3 and all(p["seconds"] > 0 and p["broadcast_seconds"] > 0 for p in moving)
+    assert r["median_ratio"] > 0 and "meets_target" in r

@@ -99,3 +99,43 @@ def test_run_cli_through_accelerate(cli, tmp_path):
     assert "realloc_bytes" in r
     code, _, err = cli("run", "--scenario", "ppo-tiny-cpu", "--plan", plan_path, "--nproc", 3, "--steps", 1)
     assert code == 2 and "--nproc" in err
+
+
+def _tiny_plan(tmp_path):
+    est = Estimator(get_builtin("ppo-tiny-2cpu"))
+    plan_path = tmp_path / "plan.yaml"
+    plan_from_options(est.scenario, est.options_of(heuristic_plan(est))).save(plan_path)
+    return plan_path
+
+
+def test_resumed_run_equals_uninterrupted_run(cli, tmp_path):
+    plan = _tiny_plan(tmp_path)
+    base = ("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--json")
+    code, out, err = cli(*base, "--steps", 4)
+    assert code == 0, err
+    whole = json.loads(out)["metrics"]
+    ck = tmp_path / "ck"
+    code, _, err = cli(*base, "--steps", 2, "--save-every", 2, "--checkpoint-dir", ck)
+    assert code == 0, err
+    assert (ck / "step2" / "rank0.safetensors").is_file() and (ck / "step2" / "rank1.safetensors").is_file()
+    code, out, err = cli(*base, "--steps", 4, "--checkpoint-dir", ck, "--resume")
+    assert code == 0, err
+    resumed = json.loads(out)["metrics"]
+    assert [m["step"] for m in resumed] == [2, 3]
+    assert resumed == whole[2:]
+    # a non-empty checkpoint folder is not overwritten by a fresh run
+    code, _, err = cli(*base, "--steps", 2, "--save-every", 1, "--checkpoint-dir", ck)
+    assert code == 2 and "not empty" in err
+
+
+def test_a_dead_worker_stops_the_run_with_one_clear_line(cli, tmp_path, monkeypatch):
+    import time
+
+    plan = _tiny_plan(tmp_path)
+    monkeypatch.setenv("REALBENCH_FAULT", "1:critic_train")
+    t0 = time.perf_counter()
+    code, out, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--steps", 2)
+    assert time.perf_counter() - t0 < 90
+    assert code == 1
+    lines = [l for l in err.splitlines() if l.startswith("realbench:")]
+    assert len(lines) == 1 and "rank 1" in lines[0] and "critic_train" in lines[0], err

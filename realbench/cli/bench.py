@@ -6,7 +6,8 @@ import importlib
 
 from realbench.cli import emit_json
 
-BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search"}
+BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
+              "realloc": "realbench.bench.realloc"}
 
 
 def add_parser(sub) -> None:

@@ -15,6 +15,10 @@ def add_parser(sub) -> None:
     p.add_argument("--nproc", type=non_negative_int, required=True)
     p.add_argument("--steps", type=non_negative_int, required=True)
     p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
+                   help="write safetensors checkpoints every N steps into --checkpoint-dir")
+    p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -25,7 +29,8 @@ def run(args) -> int:
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
     try:
-        result = run_plan(scenario, options, args.nproc, args.steps, args.seed)
+        result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
+                          args.checkpoint_dir, args.resume)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1

@@ -29,7 +29,8 @@ class RunError(RuntimeError):
     """A run that started but failed (not bad input): one line naming the rank and the call."""
 
 
-def _worker_main(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str) -> None:
+def _worker_main(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
+                 save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -41,17 +42,24 @@ def _worker_main(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    where = "start-up"
+    worker = None
     try:
         dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         scenario = scenario_from_document(scenario_doc)
         options = resolve_plan(plan_from_document(plan_doc), scenario)
         worker = Worker(rank, scenario, options, seed)
+        if resume_step:
+            worker.load(os.path.join(checkpoint_dir, f"step{resume_step}"))
         records = []
-        for s in range(steps):
-            where = f"step {s}"
+        for s in range(resume_step, steps):
+            worker.current = f"step {s}"
             records.append(dataclasses.asdict(worker.step(s)))
-        where = "gathering results"
+            if save_every and (s + 1) % save_every == 0:
+                folder = os.path.join(checkpoint_dir, f"step{s + 1}")
+                os.makedirs(folder, exist_ok=True)
+                worker.save(folder, s + 1)
+        if worker is not None:
+            worker.current = "gathering results"
         everyone = [None] * world
         dist.all_gather_object(everyone, records)
         if rank == 0:
@@ -59,8 +67,9 @@ def _worker_main(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:
+        where = worker.current if worker is not None else "start-up"
         Path(out_dir, f"error.{rank}").write_text(
-            f"rank {rank} failed during {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+            f"rank {rank} failed in {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
             + traceback.format_exc())
         raise
 
@@ -85,8 +94,17 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
             "estimated_realloc_s": estimated_realloc, "metrics": metrics}
 
 
-def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0) -> dict:
-    """Run `steps` RLHF steps of a plan on `nproc` local processes; returns the summary."""
+def latest_checkpoint(checkpoint_dir: str) -> int:
+    steps = [int(p.name[4:]) for p in Path(checkpoint_dir).glob("step*") if p.name[4:].isdigit()]
+    if not steps:
+        raise ConfigError("holds no checkpoint (step<N> folders)", "--resume", checkpoint_dir)
+    return max(steps)
+
+
+def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
+             checkpoint_dir: str = "", resume: bool = False) -> dict:
+    """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
+    checkpoint when `resume`); returns the summary."""
     import accelerate
 
     from realbench.cost import Estimator
@@ -98,6 +116,12 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0) -> 
         raise ConfigError(f"the plan uses {needed} device(s); run it with --nproc {needed}", "--nproc")
     if steps < 1:
         raise ConfigError("must be at least 1", "--steps")
+    resume_step = latest_checkpoint(checkpoint_dir) if resume else 0
+    if resume_step >= steps:
+        raise ConfigError(f"the checkpoint is at step {resume_step}; ask for more --steps", "--steps")
+    if save_every and not resume and Path(checkpoint_dir).exists() and any(Path(checkpoint_dir).iterdir()):
+        raise ConfigError("exists and is not empty; use --resume to continue, or another folder",
+                          "--checkpoint-dir", checkpoint_dir)
     est = Estimator(scenario)
     choice = est.choice_of(options)
     estimate = est.estimate(choice)
@@ -109,7 +133,8 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0) -> 
         elastic_log.setLevel(logging.CRITICAL)  # we report the failing rank ourselves, in one line
         try:
             with contextlib.redirect_stdout(sys.stderr):  # the launcher's banner must not spoil --json
-                accelerate.notebook_launcher(_worker_main, (scenario.to_document(), plan_doc, steps, seed, out_dir),
+                accelerate.notebook_launcher(_worker_main, (scenario.to_document(), plan_doc, steps, seed, out_dir,
+                                                            save_every, checkpoint_dir, resume_step),
                                              num_processes=nproc, use_port=str(free_port()))
         except Exception as e:
             # the first error written is the cause; the others are peers losing their connection
@@ -119,4 +144,8 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0) -> 
         finally:
             elastic_log.setLevel(level)
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return summarize(records, estimated, estimate.realloc_s)
+    result = summarize(records, estimated, estimate.realloc_s)
+    for m in result["metrics"]:
+        m["step"] += resume_step
+    result["first_step"] = resume_step
+    return result

@@ -22,6 +22,7 @@ upper-half tokens, so the mean reward rises.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -40,6 +41,7 @@ from realbench.runtime.model import init_full_weights
 from realbench.runtime.realloc import bytes_received, plan_transfers, reallocate
 from realbench.runtime.shards import param_specs
 
+FAULT_ENV = "REALBENCH_FAULT"
 KL_COEF = 0.05
 DPO_BETA = 0.1
 
@@ -117,6 +119,7 @@ class StepRecord:
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0, lr: float = 1e-3):
         self.rank, self.scenario, self.seed = rank, scenario, seed
+        self.current = "start-up"
         df = scenario.dataflow
         G = scenario.cluster.gpus_per_node
         self.calls = [df.call(n) for n in df.order]
@@ -169,12 +172,16 @@ class Worker:
     # -- one RLHF step ----------------------------------------------------------------------------------
     def step(self, step: int) -> StepRecord:
         rec = StepRecord()
+        fault = os.environ.get(FAULT_ENV, "")  # "rank:call": fail there, to test failure handling
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
         self.placed: dict[int, PlacedModel] = {}
         for e in self.events:
             if self.rank not in e.ranks:
                 continue
+            self.current = f"{e.kind} {self.calls[e.call].name}"
+            if fault == f"{self.rank}:{self.calls[e.call].name}" and e.kind == "call":
+                raise RuntimeError(f"injected fault ({FAULT_ENV})")
             t0 = time.perf_counter()
             if e.kind == "realloc":
                 self._realloc(e.call, rec)
@@ -345,6 +352,45 @@ class Worker:
         if algo != "ppo" and "ref_logp" in t:
             loss = loss + KL_COEF * losses.k3_kl(lp, t["ref_logp"])
         return loss
+
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save(self, folder: str, step: int) -> None:
+        """This rank's master shards and Adam state after `step` steps, as safetensors."""
+        from realbench.runtime.checkpoint import save_weights
+
+        tensors, meta = {}, {"step": step}
+        for m, model in self.masters.items():
+            role = self.calls[m].model
+            for k, v in model.shards().items():
+                tensors[f"model/{role}/{k}"] = v
+            if m in self.optimizers:
+                opt = self.optimizers[m]
+                for k, p in model.stage.named_parameters():
+                    st = opt.state.get(p)
+                    if st:
+                        tensors[f"adam/{role}/{k}/exp_avg"] = st["exp_avg"]
+                        tensors[f"adam/{role}/{k}/exp_avg_sq"] = st["exp_avg_sq"]
+                        meta[f"adam_step/{role}"] = int(st["step"])
+        save_weights(os.path.join(folder, f"rank{self.rank}.safetensors"), tensors, meta)
+
+    def load(self, folder: str) -> None:
+        from safetensors import safe_open
+
+        path = os.path.join(folder, f"rank{self.rank}.safetensors")
+        with safe_open(path, "pt") as f:
+            meta = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        for m, model in self.masters.items():
+            role = self.calls[m].model
+            model.load_shards({k[len(f"model/{role}/"):]: v for k, v in tensors.items()
+                               if k.startswith(f"model/{role}/")})
+            if m in self.optimizers and f"adam_step/{role}" in meta:
+                opt = self.optimizers[m]
+                for k, p in model.stage.named_parameters():
+                    opt.state[p] = {"step": torch.tensor(float(meta[f"adam_step/{role}"])),
+                                    "exp_avg": tensors[f"adam/{role}/{k}/exp_avg"].clone(),
+                                    "exp_avg_sq": tensors[f"adam/{role}/{k}/exp_avg_sq"].clone()}
 
 
 def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0

@@ -1,0 +1,83 @@
+"""Reallocation throughput (`realbench bench realloc --json`).
+
+On `nproc` local processes, a model is moved between pairs of layouts (training-like to
+generation-like and back, across disjoint meshes, between pipeline and tensor parallelism).
+For each pair: the bytes moved (received from other ranks), the seconds (slowest rank, median of
+repeats), and a plain `dist.broadcast` of the same number of bytes per destination from one rank,
+measured in the same run. `ratio` = broadcast seconds / reallocation seconds (target >= 0.5: the
+reallocation moves its bytes at least half as fast as the simplest collective would)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from realbench.models import ModelSpec
+
+TARGET_RATIO = 0.5
+MODEL = ModelSpec(name="bench-7m", n_layers=8, hidden=256, n_heads=8, n_kv_heads=4, ffn=688, vocab=512)
+
+
+def _pairs(nproc: int):
+    from realbench.runtime.layout import Layout
+
+    half = nproc // 2
+    return [
+        ("train tp2pp2 -> gen dp4", Layout.on(range(nproc), nproc // 4, 2, 2), Layout.on(range(nproc), nproc, 1, 1)),
+        ("gen dp4 -> train tp2pp2", Layout.on(range(nproc), nproc, 1, 1), Layout.on(range(nproc), nproc // 4, 2, 2)),
+        ("pp4 -> tp4", Layout.on(range(nproc), 1, 1, nproc), Layout.on(range(nproc), 1, nproc, 1)),
+        ("disjoint meshes tp2 -> tp2", Layout.on(range(half), 1, half, 1), Layout.on(range(half, nproc), 1, half, 1)),
+    ]
+
+
+def _worker(rank, world, repeats):
+    import torch
+    import torch.distributed as dist
+
+    from realbench.runtime.model import LlamaStage, init_full_weights
+    from realbench.runtime.realloc import bytes_received, plan_transfers, reallocate
+
+    full = init_full_weights(MODEL, seed=0)
+    plans = [plan_transfers(MODEL, a, b) for _, a, b in _pairs(world)]
+    out = []
+    for label, a, b in _pairs(world):
+        c = a.coord(rank)
+        shards = {}
+        if c is not None:
+            st = LlamaStage(MODEL, a.dims.tp, c.tp, a.dims.pp, c.pp)
+            st.load_full(full)
+            shards = {k: v.clone() for k, v in st.state_dict().items()}
+        transfers = plans[len(out)]
+        received = bytes_received(transfers, MODEL)
+        per_dest = max(received.values()) if received else 0
+        times, bcast = [], []
+        buf = torch.zeros(per_dest // 4)
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            reallocate(MODEL, a, b, shards, rank, transfers=transfers)
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.broadcast(buf, 0)
+            dist.barrier()
+            bcast.append(time.perf_counter() - t0)
+        out.append({"pair": label, "bytes": sum(received.values()), "bytes_per_destination": per_dest,
+                    "seconds": statistics.median(times), "broadcast_seconds": statistics.median(bcast)})
+    return out
+
+
+def run(nproc: int = 4, repeats: int = 5) -> dict:
+    from realbench.runtime.local import spawn
+
+    rows = spawn(_worker, nproc, repeats)[0]
+    for r in rows:
+        r["ratio"] = r["broadcast_seconds"] / r["seconds"] if r["seconds"] > 0 else None
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None and r["bytes"] > 0]  # moving nothing says nothing
+    return {"benchmark": "realloc", "nproc": nproc, "model": MODEL.name, "params": MODEL.n_params,
+            "pairs": rows, "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
+            "target_ratio": TARGET_RATIO, "meets_target": statistics.median(ratios) >= TARGET_RATIO}
+
+
+QUICK = {"nproc": 4, "repeats": 2}
