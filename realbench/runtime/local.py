@@ -1,5 +1,5 @@
-"""Start N local worker processes joined in one torch.distributed group (gloo on CPU, NCCL on
-CUDA), run a function on each, and collect what each returns. Used by the tests and benchmarks;
+"""Start N local worker processes joined in one torch.distributed group, run a function on
+each, and collect what each returns. Used by the tests and benchmarks;
 `realbench run` launches through Accelerate instead.
 
 A worker that raises makes the others stop: every collective has a timeout, and the parent
@@ -25,7 +25,9 @@ def free_port() -> int:
 
 
 def backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    # The runtime keeps its tensors on the CPU for now, which NCCL cannot carry: gloo everywhere
+    # until models and buffers are placed on CUDA devices.
+    return "gloo"
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results, timeout_s: float) -> None:
