@@ -6,7 +6,7 @@ RB     := $(VENV)/bin/realbench
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: install demo test clean
+.PHONY: install browser demo test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$REALBENCH_CHROMIUM" ] || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	    else echo "note: no chromium: browser tests will be skipped (apt-get install chromium)"; fi; }
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -27,8 +34,11 @@ demo: $(STAMP)
 	$(RB) validate $(OUT)/ppo-7b-symmetric.yaml
 	$(RB) search --scenario ppo-7b-7b-16gpu --method mcmc --time-budget 20 --seed 0 --out $(OUT)/ppo-7b-mcmc.yaml --force
 	$(RB) estimate --scenario ppo-7b-7b-16gpu --plan $(OUT)/ppo-7b-mcmc.yaml
+	$(RB) export --plan $(OUT)/ppo-7b-mcmc.yaml --format html --out $(OUT)/ppo-7b-report.html --force
 	$(RB) search --scenario ppo-tiny-cpu --method mcmc --time-budget 5 --seed 0 --out $(OUT)/ppo-tiny.yaml --force
 	$(RB) run --scenario ppo-tiny-cpu --plan $(OUT)/ppo-tiny.yaml --nproc 4 --steps 3
+	$(RB) export --plan $(OUT)/ppo-tiny.yaml --format torchrun --out $(OUT)/ppo-tiny-torchrun.sh --force
+	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser)"
 
 clean:
 	rm -rf $(VENV) $(OUT)

@@ -49,11 +49,11 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import bench, estimate, run, scenarios, search, validate
+    from realbench.cli import bench, estimate, export, run, scenarios, search, validate, worker
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (scenarios, validate, estimate, search, run, bench):
+    for module in (scenarios, validate, estimate, search, run, worker, export, bench):
         module.add_parser(sub)
     return parser
 

@@ -37,7 +37,12 @@ def run(args) -> int:
     if args.json:
         emit_json(result)
         return 0
-    print(f"{result['steps']} steps of {scenario.name} on {args.nproc} processes; "
+    print_summary(result, scenario.name, args.nproc)
+    return 0
+
+
+def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
+    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes; "
           f"reallocated {result['realloc_bytes']} bytes per step")
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():
@@ -46,4 +51,3 @@ def run(args) -> int:
         reward = "" if m["reward"] is None else f" reward {m['reward']:+.4f}"
         loss = "" if m["loss"] is None else f" loss {m['loss']:.4f}"
         print(f"step {m['step']}:{reward}{loss}")
-    return 0

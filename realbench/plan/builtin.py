@@ -57,6 +57,9 @@ _SPECS = [
           dict(pairs=8, seq_len=16), "DPO with tiny models on 4 CPU processes"),
     _spec("sft-tiny-cpu", "sft", 1, 4, "cpu", {"actor": "llama-tiny"},
           dict(seqs=16, seq_len=16), "SFT with a tiny model on 4 CPU processes"),
+    # Two "nodes" of 2 CPU processes: multi-node launch (torchrun, Slurm) on one machine.
+    _spec("ppo-tiny-2x2cpu", "ppo", 2, 2, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
+          dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 2 nodes of 2 CPU processes"),
     # Small enough to enumerate every plan: the ground truth for the search tests.
     _spec("ppo-tiny-2cpu", "ppo", 1, 2, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
           dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 2 CPU processes"),

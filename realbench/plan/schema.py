@@ -76,15 +76,24 @@ def read_document(path: str | os.PathLike) -> dict:
 
 def write_document(data: dict, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write YAML (or JSON by suffix) atomically; refuse to replace an existing file unless asked."""
+    text = (json.dumps(data, indent=2) + "\n" if Path(path).suffix.lower() == ".json"
+            else yaml.safe_dump(data, sort_keys=False, width=100))
+    return write_text(text, path, overwrite)
+
+
+def write_text(text: str, path: str | os.PathLike, overwrite: bool = False, mode: int = 0o644) -> Path:
+    """Write a file atomically (a temporary file renamed over it); refuse to replace an existing
+    file unless asked, so that nothing the user had is lost silently."""
     p = Path(path)
     if p.exists() and not overwrite:
         raise ConfigError("exists; pass --force to overwrite it", source=str(p))
     if not p.parent.exists():
         raise ConfigError("its folder does not exist", source=str(p))
-    text = (json.dumps(data, indent=2) + "\n" if p.suffix.lower() == ".json"
-            else yaml.safe_dump(data, sort_keys=False, width=100))
+    if p.is_dir():
+        raise ConfigError("is a folder, not a file", source=str(p))
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    os.chmod(tmp, mode)
     os.replace(tmp, p)
     return p

@@ -1,9 +1,10 @@
 """Launch a plan on local processes through Accelerate (`accelerate.notebook_launcher`, which
-starts the workers with torch's elastic launcher: gloo on CPU, NCCL when GPUs are present).
+starts the workers with torch's elastic launcher), or serve as the body of every process that
+an outside launcher starts (`realbench worker`, under torchrun, `accelerate launch` or srun).
 
 The same call serves the CLI (`realbench run`) and notebooks. Each worker reads its rank from
 the environment the launcher sets, joins the process group with a timeout (so that a dead peer
-makes the others fail instead of hang), runs the steps, and rank 0 writes the summary as JSON.
+makes the others fail instead of hang), runs the steps, and rank 0 writes the records as JSON.
 A failing worker writes one line naming its rank and the call it was in.
 """
 
@@ -29,7 +30,7 @@ class RunError(RuntimeError):
     """A run that started but failed (not bad input): one line naming the rank and the call."""
 
 
-def _worker_main(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
+def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
                  save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0) -> None:
     import torch
     import torch.distributed as dist
@@ -101,19 +102,17 @@ def latest_checkpoint(checkpoint_dir: str) -> int:
     return max(steps)
 
 
-def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
-             checkpoint_dir: str = "", resume: bool = False) -> dict:
-    """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
-    checkpoint when `resume`); returns the summary."""
-    import accelerate
+def needed_processes(scenario, options: dict) -> int:
+    """Processes a plan needs: device i of the plan is global rank i, up to its last used device."""
+    return max(o.mesh.start(scenario.cluster.gpus_per_node) + o.mesh.size for o in options.values())
 
-    from realbench.cost import Estimator
-    from realbench.plan.plan import plan_from_options
-    from realbench.runtime.local import free_port
 
-    needed = max(o.mesh.start(scenario.cluster.gpus_per_node) + o.mesh.size for o in options.values())
+def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, checkpoint_dir: str,
+              resume: bool, flag: str = "--nproc") -> int:
+    """Check the run's arguments against the plan; returns the step to resume from."""
+    needed = needed_processes(scenario, options)
     if nproc != needed and nproc != scenario.cluster.n_devices:
-        raise ConfigError(f"the plan uses {needed} device(s); run it with --nproc {needed}", "--nproc")
+        raise ConfigError(f"the plan uses {needed} device(s); run it with {needed} processes, not {nproc}", flag)
     if steps < 1:
         raise ConfigError("must be at least 1", "--steps")
     resume_step = latest_checkpoint(checkpoint_dir) if resume else 0
@@ -122,10 +121,32 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
     if save_every and not resume and Path(checkpoint_dir).exists() and any(Path(checkpoint_dir).iterdir()):
         raise ConfigError("exists and is not empty; use --resume to continue, or another folder",
                           "--checkpoint-dir", checkpoint_dir)
+    return resume_step
+
+
+def summarize_run(scenario, options: dict, records: list[list[dict]], resume_step: int) -> dict:
+    """The summary of a finished run: measured beside estimated times, metrics per step."""
+    from realbench.cost import Estimator
+
     est = Estimator(scenario)
-    choice = est.choice_of(options)
-    estimate = est.estimate(choice)
-    estimated = {n: c.time_s for n, c in estimate.calls.items()}
+    estimate = est.estimate(est.choice_of(options))
+    result = summarize(records, {n: c.time_s for n, c in estimate.calls.items()}, estimate.realloc_s)
+    for m in result["metrics"]:
+        m["step"] += resume_step
+    result["first_step"] = resume_step
+    return result
+
+
+def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
+             checkpoint_dir: str = "", resume: bool = False) -> dict:
+    """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
+    checkpoint when `resume`); returns the summary."""
+    import accelerate
+
+    from realbench.plan.plan import plan_from_options
+    from realbench.runtime.local import free_port
+
+    resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume)
     plan_doc = plan_from_options(scenario, options).to_document()
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
         elastic_log = logging.getLogger("torch.distributed.elastic")
@@ -133,7 +154,7 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         elastic_log.setLevel(logging.CRITICAL)  # we report the failing rank ourselves, in one line
         try:
             with contextlib.redirect_stdout(sys.stderr):  # the launcher's banner must not spoil --json
-                accelerate.notebook_launcher(_worker_main, (scenario.to_document(), plan_doc, steps, seed, out_dir,
+                accelerate.notebook_launcher(worker_process, (scenario.to_document(), plan_doc, steps, seed, out_dir,
                                                             save_every, checkpoint_dir, resume_step),
                                              num_processes=nproc, use_port=str(free_port()))
         except Exception as e:
@@ -144,8 +165,4 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         finally:
             elastic_log.setLevel(level)
         records = json.loads(Path(out_dir, "records.json").read_text())
-    result = summarize(records, estimated, estimate.realloc_s)
-    for m in result["metrics"]:
-        m["step"] += resume_step
-    result["first_step"] = resume_step
-    return result
+    return summarize_run(scenario, options, records, resume_step)

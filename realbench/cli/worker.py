@@ -1,0 +1,70 @@
+"""`realbench worker`: the body of one process of a run started by an outside launcher.
+
+torchrun, `accelerate launch` and srun + torchrun (the forms `realbench export` writes) start
+this command on every process of every node; it reads its rank and the rendezvous from the
+environment they set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), runs the plan's steps, and
+rank 0 writes `summary.json` (the contract of `realbench run --json`) into `--out`. Device i of
+the plan is global rank i, so node k of the plan must be node rank k of the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from realbench.cli import emit_json, non_negative_int
+from realbench.errors import ConfigError
+from realbench.plan import load_plan, load_scenario
+
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("worker", help="one process of a run started by torchrun, accelerate launch or srun")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--steps", type=non_negative_int, required=True)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--out", required=True, help="folder for summary.json (written by rank 0) and error reports")
+    p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N")
+    p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from realbench.plan.plan import plan_from_options
+    from realbench.runtime.launch import check_run, summarize_run, worker_process
+
+    missing = [k for k in LAUNCHER_ENV if k not in os.environ]
+    if missing:
+        raise ConfigError(f"is not set: start `realbench worker` with torchrun, accelerate launch or srun "
+                          f"(or use `realbench run`)", ", ".join(missing))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    scenario = load_scenario(args.scenario)
+    _, _, options = load_plan(args.plan, scenario)
+    resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
+                            args.resume, flag="WORLD_SIZE")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
+                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step)
+    except BaseException:
+        first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
+        print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
+        return 1
+    if rank != 0:
+        return 0
+    result = summarize_run(scenario, options, json.loads((out / "records.json").read_text()), resume_step)
+    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        emit_json(result)
+    else:
+        from realbench.cli.run import print_summary
+
+        print_summary(result, scenario.name, world)
+    return 0

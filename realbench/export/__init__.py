@@ -1,0 +1,65 @@
+"""Plans leave realbench for a cluster: an Accelerate config and launch command, torchrun command
+lines per node, a Slurm batch script, or a standalone HTML report (`realbench export`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from realbench.errors import ConfigError
+from realbench.export.launchers import (DEFAULT_PORT, LaunchSpec, accelerate_config, accelerate_script,
+                                        slurm_script, torchrun_script)
+from realbench.plan import load_plan, load_scenario
+from realbench.plan.schema import write_text
+
+FORMATS = ("accelerate", "torchrun", "slurm", "html")
+
+
+def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optional[int] = None,
+                gpus_per_node: Optional[int] = None, steps: int = 100, port: int = DEFAULT_PORT) -> LaunchSpec:
+    """The launch of a plan file; `nodes`/`gpus_per_node`, when given, must match the plan's cluster."""
+    scenario = load_scenario(scenario_arg) if scenario_arg else None
+    plan, scenario, _ = load_plan(plan_path, scenario)
+    c = scenario.cluster
+    if nodes is not None and nodes != c.nodes:
+        raise ConfigError(f"the plan is for a cluster of {c.nodes} node(s), not {nodes}", "--nodes")
+    if gpus_per_node is not None and gpus_per_node != c.gpus_per_node:
+        raise ConfigError(f"the plan is for {c.gpus_per_node} device(s) per node, not {gpus_per_node}",
+                          "--gpus-per-node")
+    if steps < 1:
+        raise ConfigError("must be at least 1", "--steps")
+    if scenario_arg:
+        ref = scenario_arg
+    else:  # what the plan names: a built-in name, or a file relative to the plan's folder
+        beside = Path(plan_path).parent / plan.scenario
+        ref = os.path.normpath(beside) if beside.is_file() else plan.scenario
+    return LaunchSpec(scenario_name=scenario.name, scenario_ref=ref, plan_path=plan_path, nodes=c.nodes,
+                      procs_per_node=c.gpus_per_node, steps=steps, port=port)
+
+
+def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,
+                nodes: Optional[int] = None, gpus_per_node: Optional[int] = None, steps: int = 100,
+                port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False) -> list[Path]:
+    """Write the plan in format `fmt` to `out` (the Accelerate form also writes its launch script
+    beside the config, as <out stem>-launch.sh); returns the files written."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
+    spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port)
+    if fmt == "html":
+        from realbench.export.html import plan_report_html
+
+        plan, scenario, options = load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)
+        return [write_text(plan_report_html(scenario, options, plan, plan_name=Path(plan_path).name), out, overwrite)]
+    if fmt == "torchrun":
+        return [write_text(torchrun_script(spec), out, overwrite, mode=0o755)]
+    if fmt == "slurm":
+        return [write_text(slurm_script(spec), out, overwrite, mode=0o755)]
+    import yaml
+
+    script = Path(out).with_name(Path(out).stem + "-launch.sh")
+    for p in (Path(out), script):  # check both before writing either
+        if p.exists() and not overwrite:
+            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    return [write_text(yaml.safe_dump(accelerate_config(spec, master_addr), sort_keys=False), out, overwrite),
+            write_text(accelerate_script(spec, out), script, overwrite, mode=0o755)]

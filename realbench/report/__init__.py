@@ -1,0 +1,2 @@
+"""Figures of scenarios, plans, estimates and searches (bokeh), shared by the HTML report
+(`realbench.export`) and the widgets."""

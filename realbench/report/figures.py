@@ -1,0 +1,184 @@
+"""Bokeh figures of a scenario and a plan, shared by the HTML report and the widgets.
+
+Each builder takes plain values (a scenario, a plan's options, an estimate, search curves) and
+returns a bokeh model; none of them computes costs itself, so what a figure shows is exactly
+what the estimator or the search reported.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import networkx as nx
+from bokeh.models import (ColumnDataSource, HoverTool, Label, LabelSet, Range1d, Span)
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+
+from realbench.cost.simulate import PlanEstimate
+from realbench.plan.mesh import Option
+from realbench.plan.scenario import Scenario
+
+GIB = 1024**3
+KIND_COLORS = {"generate": "#1f77b4", "inference": "#2ca02c", "train": "#d62728"}
+REALLOC_COLOR = "#ff7f0e"
+TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+
+
+def model_colors(scenario: Scenario) -> dict[str, str]:
+    return {m: Category10_10[i % 10] for i, m in enumerate(scenario.models)}
+
+
+def dataflow_figure(scenario: Scenario, width: int = 640, height: int = 320):
+    """The calls as nodes in dependency layers; data edges solid (labelled with their keys),
+    parameter-version edges dashed (grey: same iteration, orange: next iteration)."""
+    flow = scenario.dataflow
+    g = flow.graph
+    dag = nx.DiGraph((u, v) for u, v, d in g.edges(data=True) if d["lag"] == 0)
+    dag.add_nodes_from(flow.call_names)
+    layer = {}
+    for depth, names in enumerate(nx.topological_generations(dag)):
+        for n in names:
+            layer[n] = depth
+    rows: dict[int, list[str]] = {}
+    for n in flow.order:
+        rows.setdefault(layer[n], []).append(n)
+    pos = {n: (float(d), float(len(names) - 1) / 2 - i) for d, names in rows.items() for i, n in enumerate(names)}
+    p = figure(width=width, height=height, title=f"dataflow: {scenario.name}", tools=TOOLS,
+               x_range=Range1d(-0.6, max(layer.values()) + 0.6),
+               y_range=Range1d(min(y for _, y in pos.values()) - 0.8, max(y for _, y in pos.values()) + 0.8))
+    p.axis.visible = False
+    p.grid.visible = False
+    for style, dash, color in (("data", "solid", "#444444"), ("param0", "dashed", "#999999"),
+                               ("param1", "dotted", REALLOC_COLOR)):
+        xs, ys, keys = [], [], []
+        for u, v, d in g.edges(data=True):
+            kind = "data" if d["kind"] == "data" else f"param{d['lag']}"
+            if kind != style or u == v:
+                continue
+            xs.append([pos[u][0], pos[v][0]])
+            ys.append([pos[u][1], pos[v][1]])
+            keys.append(", ".join(d["keys"]) or ("next iteration" if d["lag"] else "weights"))
+        if xs:
+            src = ColumnDataSource(dict(xs=xs, ys=ys, keys=keys))
+            p.multi_line("xs", "ys", source=src, line_dash=dash, line_color=color, line_width=2,
+                         legend_label={"data": "data", "param0": "weights (same iteration)",
+                                       "param1": "weights (next iteration)"}[style])
+    colors = model_colors(scenario)
+    calls = [flow.call(n) for n in flow.call_names]
+    src = ColumnDataSource(dict(
+        x=[pos[c.name][0] for c in calls], y=[pos[c.name][1] for c in calls], name=[c.name for c in calls],
+        model=[c.model for c in calls], kind=[c.kind.value for c in calls],
+        color=[colors[c.model] for c in calls], line=[KIND_COLORS[c.kind.value] for c in calls],
+        inputs=[", ".join(c.inputs) for c in calls], outputs=[", ".join(c.outputs) for c in calls]))
+    nodes = p.scatter("x", "y", source=src, size=28, fill_color="color", line_color="line", line_width=3)
+    p.add_layout(LabelSet(x="x", y="y", text="name", source=src, y_offset=16, text_align="center",
+                          text_font_size="9pt"))
+    p.add_tools(HoverTool(renderers=[nodes], tooltips=[("call", "@name"), ("model", "@model"), ("kind", "@kind"),
+                                                        ("in", "@inputs"), ("out", "@outputs")]))
+    p.legend.location = "bottom_right"
+    p.legend.label_text_font_size = "8pt"
+    return p
+
+
+def mesh_map_figure(scenario: Scenario, options: Mapping[str, Option], width: int = 640):
+    """Which devices each call uses, with its strategy; node boundaries as vertical lines."""
+    G = scenario.cluster.gpus_per_node
+    names = list(scenario.dataflow.call_names)
+    colors = model_colors(scenario)
+    rows = []
+    for name in names:
+        o, call = options[name], scenario.dataflow.call(name)
+        s = o.strategy
+        rows.append(dict(call=name, left=o.mesh.start(G), right=o.mesh.start(G) + o.mesh.size,
+                         model=call.model, color=colors[call.model], mesh=o.mesh.label(G),
+                         strategy=f"dp{s.dp} tp{s.tp} pp{s.pp} m{s.micro_batches}"))
+    src = ColumnDataSource({k: [r[k] for r in rows] for k in rows[0]})
+    n = scenario.cluster.n_devices
+    p = figure(width=width, height=60 + 34 * len(names), title="mesh map: devices of each call",
+               y_range=list(reversed(names)), x_range=Range1d(0, n), tools=TOOLS, x_axis_label="device (rank)")
+    bars = p.hbar(y="call", left="left", right="right", height=0.7, source=src, fill_color="color",
+                  line_color="black", fill_alpha=0.8)
+    p.add_layout(LabelSet(x="left", y="call", text="strategy", source=src, x_offset=4, y_offset=-6,
+                          text_font_size="8pt"))
+    for node in range(1, scenario.cluster.nodes):
+        p.add_layout(Span(location=node * G, dimension="height", line_color="#888888", line_dash="dashed"))
+    p.add_tools(HoverTool(renderers=[bars], tooltips=[("call", "@call"), ("model", "@model"), ("mesh", "@mesh"),
+                                                       ("strategy", "@strategy")]))
+    return p
+
+
+def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640):
+    """The simulated Gantt chart of one steady-state iteration: a bar per call, reallocations
+    (weights moving to the call's layout) in orange before it."""
+    names = list(scenario.dataflow.call_names)
+    steady = max(t.iteration for t in estimate.tasks)
+    base = min(t.start_s for t in estimate.tasks if t.iteration == steady)
+    rows = [dict(call=t.call, start=t.start_s - base, end=t.end_s - base, seconds=t.end_s - t.start_s,
+                 what="reallocation" if t.kind == "realloc" else scenario.dataflow.call(t.call).kind.value,
+                 color=REALLOC_COLOR if t.kind == "realloc" else KIND_COLORS[scenario.dataflow.call(t.call).kind.value])
+            for t in estimate.tasks if t.iteration == steady]
+    src = ColumnDataSource({k: [r[k] for r in rows] for k in rows[0]})
+    p = figure(width=width, height=60 + 34 * len(names), y_range=list(reversed(names)), tools=TOOLS,
+               title=f"simulated timeline of one iteration: {estimate.time_per_iter_s:.4g} s "
+                     f"(reallocation {estimate.realloc_s:.3g} s)", x_axis_label="seconds")
+    bars = p.hbar(y="call", left="start", right="end", height=0.6, source=src, fill_color="color",
+                  line_color="black")
+    p.add_tools(HoverTool(renderers=[bars], tooltips=[("call", "@call"), ("what", "@what"),
+                                                       ("start s", "@start{0.000}"), ("seconds", "@seconds{0.000}")]))
+    p.add_layout(Span(location=estimate.time_per_iter_s, dimension="height", line_color="black", line_dash="dotted"))
+    return p
+
+
+def memory_figure(estimate: PlanEstimate, width: int = 640, height: int = 260):
+    """Peak memory of every device against the device's capacity."""
+    peaks = [b / GIB for b in estimate.device_peak_bytes]
+    cap = estimate.device_memory_bytes / GIB
+    src = ColumnDataSource(dict(device=list(range(len(peaks))), gib=peaks,
+                                color=["#d62728" if x > cap else "#1f77b4" for x in peaks]))
+    p = figure(width=width, height=height, tools=TOOLS, x_axis_label="device (rank)", y_axis_label="GiB",
+               title=f"peak memory per device (capacity {cap:.3g} GiB{', OUT OF MEMORY' if estimate.oom else ''})",
+               y_range=Range1d(0, max(cap, max(peaks)) * 1.1))
+    bars = p.vbar(x="device", top="gib", width=0.8, source=src, fill_color="color")
+    p.add_layout(Span(location=cap, dimension="width", line_color="black", line_dash="dashed"))
+    p.add_tools(HoverTool(renderers=[bars], tooltips=[("device", "@device"), ("GiB", "@gib{0.00}")]))
+    return p
+
+
+def curve_source(curve: Sequence[Sequence[float]] = ()) -> ColumnDataSource:
+    return ColumnDataSource(dict(seconds=[float(s) for s, _ in curve], best=[float(b) for _, b in curve]))
+
+
+def curves_figure(curves: Mapping[str, ColumnDataSource | Sequence[Sequence[float]]],
+                  baselines: Optional[Mapping[str, float]] = None, width: int = 640, height: int = 300):
+    """Best time per iteration against search seconds, one stepped line per method, the
+    baselines as horizontal reference lines. Sources may be updated live (widgets stream into
+    them); plain curves are wrapped."""
+    p = figure(width=width, height=height, tools=TOOLS, title="search: best time per iteration",
+               x_axis_label="search seconds", y_axis_label="s / iteration")
+    for i, (method, data) in enumerate(curves.items()):
+        src = data if isinstance(data, ColumnDataSource) else curve_source(data)
+        color = Category10_10[i % 10]
+        p.step("seconds", "best", source=src, mode="after", line_width=2, color=color, legend_label=method)
+        p.scatter("seconds", "best", source=src, size=4, color=color, legend_label=method)
+    for j, (name, t) in enumerate((baselines or {}).items()):
+        p.add_layout(Span(location=t, dimension="width", line_dash="dashed", line_color="#666666"))
+        p.add_layout(Label(x=5, y=t, x_units="screen", text=f"{name} {t:.4g} s", text_font_size="8pt",
+                           y_offset=2 + 10 * j))
+    p.legend.location = "top_right"
+    p.legend.label_text_font_size = "8pt"
+    return p
+
+
+def comparison_figure(times: Mapping[str, float], width: int = 640, height: int = 240):
+    """Time per iteration of several plans side by side (this plan, the baselines, ...)."""
+    names = list(times)
+    src = ColumnDataSource(dict(plan=names, seconds=[times[n] for n in names],
+                                text=[f"{times[n]:.4g} s" for n in names],
+                                color=[Category10_10[i % 10] for i in range(len(names))]))
+    p = figure(width=width, height=height, y_range=list(reversed(names)), tools=TOOLS,
+               title="time per iteration", x_axis_label="seconds (simulated)",
+               x_range=Range1d(0, max(times.values()) * 1.25))
+    p.hbar(y="plan", right="seconds", height=0.6, source=src, fill_color="color")
+    p.add_layout(LabelSet(x="seconds", y="plan", text="text", source=src, x_offset=4, y_offset=-6,
+                          text_font_size="9pt"))
+    return p
