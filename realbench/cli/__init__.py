@@ -48,12 +48,30 @@ def non_negative_int(text: str) -> int:
     return v
 
 
+def add_profile_args(p) -> None:
+    p.add_argument("--profile", help="a profile file (realbench profile): measured call times where it "
+                                     "has them, the analytic model elsewhere")
+    p.add_argument("--force-profile", action="store_true",
+                   help="use a profile measured on another kind of device than the scenario's")
+
+
+def profile_for(args, scenario):
+    """The profile the arguments name, checked against the scenario's devices; None if none."""
+    if not getattr(args, "profile", None):
+        return None
+    from realbench.hardware.profile import check_profile_device, load_profile
+
+    profile = load_profile(args.profile)
+    check_profile_device(profile, scenario.cluster, args.profile, args.force_profile)
+    return profile
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import bench, estimate, export, run, scenarios, search, validate, worker
+    from realbench.cli import bench, estimate, export, profile, run, scenarios, search, validate, worker
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (scenarios, validate, estimate, search, run, worker, export, bench):
+    for module in (scenarios, validate, estimate, search, profile, run, worker, export, bench):
         module.add_parser(sub)
     return parser
 

@@ -7,20 +7,31 @@ import importlib
 from realbench.cli import emit_json
 
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
-              "realloc": "realbench.bench.realloc"}
+              "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration"}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark")
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("--quick", action="store_true", help="a smaller, faster run (for smoke tests)")
+    p.add_argument("--profile", help="calibration: use this profile file instead of profiling first")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     module = importlib.import_module(BENCHMARKS[args.name])
-    result = module.run(**(module.QUICK if args.quick and hasattr(module, "QUICK") else {}))
+    kwargs = dict(module.QUICK) if args.quick and hasattr(module, "QUICK") else {}
+    if args.profile:
+        if args.name != "calibration":
+            from realbench.errors import ConfigError
+
+            raise ConfigError("only the calibration benchmark takes a profile", "--profile")
+        from realbench.hardware.profile import load_profile
+
+        load_profile(args.profile)  # a bad file is a one-line error before any work starts
+        kwargs["profile_path"] = args.profile
+    result = module.run(**kwargs)
     if args.json:
         emit_json(result)
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from realbench.cli import emit_json, log
+from realbench.cli import add_profile_args, emit_json, log, profile_for
 from realbench.cost import Estimator
 from realbench.cost.baselines import BASELINES
 from realbench.errors import ConfigError
@@ -17,13 +17,14 @@ def add_parser(sub) -> None:
     how.add_argument("--baseline", choices=sorted(BASELINES), help="estimate a baseline plan")
     p.add_argument("--out", help="also write the plan that was estimated (useful with --baseline)")
     p.add_argument("--force", action="store_true", help="with --out: overwrite an existing file")
+    add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     scenario = load_scenario(args.scenario)
-    est = Estimator(scenario)
+    est = Estimator(scenario, profile=profile_for(args, scenario))
     if args.plan:
         _, _, options = load_plan(args.plan, scenario)
         choice = est.choice_of(options)
@@ -41,6 +42,7 @@ def run(args) -> int:
         log(f"wrote {args.out}")
     if args.json:
         emit_json({"scenario": scenario.name, "plan": source, **result.to_json(),
+                   "cost_source": dict(zip(est.call_names, est.cost_source)),
                    "placements": {n: o.label(scenario.cluster.gpus_per_node)
                                   for n, o in est.options_of(choice).items()}})
         return 0
@@ -64,6 +66,9 @@ def print_estimate(scenario, est, choice, result, source: str) -> None:
     console = Console(width=140)
     console.print(table)
     status = "[red]OUT OF MEMORY[/red]" if result.oom else "fits"
+    sources = sorted(set(est.cost_source))
+    console.print(f"call times from: {', '.join(sources)}"
+                  + (f" ({est.profile.device.name}, {est.profile.date})" if any("profile" in x for x in sources) else ""))
     console.print(f"time per iteration {result.time_per_iter_s:.3f} s, reallocation {result.realloc_s:.3f} s, "
                   f"peak memory {result.peak_mem_bytes / gib:.1f} of {result.device_memory_bytes / gib:.0f} GiB "
                   f"per device: {status}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from realbench.cli import emit_json, non_negative_int
+from realbench.cli import add_profile_args, emit_json, non_negative_int, profile_for
 from realbench.plan import load_plan, load_scenario
 
 
@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
                    help="write safetensors checkpoints every N steps into --checkpoint-dir")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     _, _, options = load_plan(args.plan, scenario)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
-                          args.checkpoint_dir, args.resume)
+                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario))
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 
-from realbench.cli import emit_json, log, non_negative_int, positive_float
+from realbench.cli import add_profile_args, emit_json, log, non_negative_int, positive_float, profile_for
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--study-name", help="name of the Optuna study in --storage")
     p.add_argument("--multi-objective", action="store_true",
                    help="Optuna methods: minimize time and peak memory, report the Pareto front")
+    add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -40,7 +41,7 @@ def run(args) -> int:
             raise ConfigError("exists; pass --force to overwrite it", source=args.out)
     if args.storage and args.method in ("mcmc", "exhaustive"):
         raise ConfigError("--storage keeps Optuna studies; it needs an Optuna method (tpe, cmaes, gp, random)")
-    est = Estimator(scenario)
+    est = Estimator(scenario, profile=profile_for(args, scenario))
     study_name = args.study_name or f"{scenario.name}-{args.method}-seed{args.seed}"
     with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
         result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,

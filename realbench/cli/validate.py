@@ -1,15 +1,15 @@
-"""`realbench validate FILE`: check a scenario or plan file (exit 0 valid, 2 invalid)."""
+"""`realbench validate FILE`: check a scenario, plan or profile file (exit 0 valid, 2 invalid)."""
 
 from __future__ import annotations
 
 from realbench.cli import emit_json
 from realbench.plan import load_plan, load_scenario
-from realbench.plan.schema import PLAN_SCHEMA, read_document
+from realbench.plan.schema import PLAN_SCHEMA, PROFILE_SCHEMA, read_document
 from realbench.plan.scenario import scenario_from_document
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="check a scenario or plan file")
+    p = sub.add_parser("validate", help="check a scenario, plan or profile file")
     p.add_argument("file")
     p.add_argument("--scenario", help="for a plan: check it against this scenario (name or file) "
                                       "instead of the one it names")
@@ -25,6 +25,13 @@ def run(args) -> int:
         result = {"file": args.file, "valid": True, "kind": "plan", "scenario": scenario.name,
                   "calls": len(plan.calls)}
         text = f"{args.file}: valid plan for scenario {scenario.name} ({len(plan.calls)} calls)"
+    elif doc["schema"] == PROFILE_SCHEMA:
+        from realbench.hardware.profile import profile_from_document
+
+        prof = profile_from_document(doc, args.file)
+        result = {"file": args.file, "valid": True, "kind": "profile", "device": prof.device.name,
+                  "models": list(prof.models)}
+        text = f"{args.file}: valid profile of {prof.device.name} ({', '.join(prof.models)}), made {prof.date}"
     else:
         s = scenario_from_document(doc, args.file)
         result = {"file": args.file, "valid": True, "kind": "scenario", "scenario": s.name,

@@ -22,17 +22,11 @@ from __future__ import annotations
 
 from realbench.hardware import ClusterSpec
 from realbench.models import ModelSpec
+from realbench.models import stage_layers
 from realbench.plan.mesh import Option
 
 BF16 = 2
 BYTES_PER_TOKEN_PER_KEY = 4
-
-
-def _stage_layers(n_layers: int, pp: int, j: int) -> tuple[int, int]:
-    """Layer range [lo, hi) of stage j: the first stages take the extra layer."""
-    per, extra = divmod(n_layers, pp)
-    lo = j * per + min(j, extra)
-    return lo, lo + per + (1 if j < extra else 0)
 
 
 def holds_same_shards(src: Option, dst: Option, gpus_per_node: int) -> bool:
@@ -54,8 +48,8 @@ def source_coverage(model: ModelSpec, cluster: ClusterSpec, src: Option) -> dict
     for node in range(src.mesh.node, src.mesh.node + src.mesh.nodes):
         first = max(node * G, start) - start
         last = min((node + 1) * G, start + src.mesh.size) - 1 - start
-        out[node] = (_stage_layers(model.n_layers, s.pp, first // width)[0],
-                     _stage_layers(model.n_layers, s.pp, last // width)[1])
+        out[node] = (stage_layers(model.n_layers, s.pp, first // width)[0],
+                     stage_layers(model.n_layers, s.pp, last // width)[1])
     return out
 
 
@@ -65,7 +59,7 @@ def destination_stages(model: ModelSpec, cluster: ClusterSpec, dst: Option) -> l
     start, width = dst.mesh.start(G), d.dp * d.tp
     out = []
     for j in range(d.pp):
-        lo, hi = _stage_layers(model.n_layers, d.pp, j)
+        lo, hi = stage_layers(model.n_layers, d.pp, j)
         nbytes = (hi - lo) * model.layer_params
         if j == 0:
             nbytes += model.embedding_params

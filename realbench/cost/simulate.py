@@ -26,12 +26,13 @@ so evaluating a plan is mostly scheduling arithmetic on arrays. A single plan is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
 from realbench.cost.calls import CallCost, call_cost
+from realbench.cost.profiled import profiled_call_time, profiled_links
 from realbench.cost.realloc import (destination_stages, holds_same_shards, layout_key, realloc_time,
                                     source_coverage, transfer_bytes)
 from realbench.dataflow import CallKind
@@ -96,11 +97,16 @@ class _Schedule:
 class Estimator:
     """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
 
-    def __init__(self, scenario: Scenario, iterations: int = 2):
+    def __init__(self, scenario: Scenario, iterations: int = 2, profile=None):
+        """`profile` (a realbench.hardware.profile.Profile) replaces the analytic call times
+        where it has measurements (see `cost_source`) and the links by its measured ones."""
         if iterations < 2:
             raise ValueError("the steady state needs at least 2 iterations")
         self.scenario = scenario
-        self.cluster = scenario.cluster
+        self.profile = profile
+        same_device = profile is not None and profile.device.preset == scenario.cluster.device.name
+        # measured links stand for the scenario's only when measured on its kind of device
+        self.cluster = profiled_links(scenario.cluster, profile) if same_device else scenario.cluster
         self.iterations = iterations
         df = scenario.dataflow
         self.call_names: tuple[str, ...] = df.order
@@ -145,12 +151,21 @@ class Estimator:
         G = self.cluster.gpus_per_node
         mesh_ids: dict = {}  # scenario-wide, so that ids compare across calls
         self.costs: list[list[CallCost]] = []
+        self.cost_source: list[str] = []  # per call: profile | analytic | profile+analytic
         self.dur, self.lo, self.hi, self.node, self.mesh_id, self.layout_id = [], [], [], [], [], []
         self.working, self.weights, self.master_bytes = [], [], []
         for i, c in enumerate(self.calls):
             model = scenario.models[c.model]
             opts = self.options[i]
             costs = [call_cost(c, model, self.cluster, o) for o in opts]
+            if profile is not None:
+                measured = [profiled_call_time(c, model, o, profile) for o in opts]
+                costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, measured)]
+                n_measured = sum(t is not None for t in measured)
+                self.cost_source.append("profile" if n_measured == len(opts) else
+                                        "analytic" if n_measured == 0 else "profile+analytic")
+            else:
+                self.cost_source.append("analytic")
             self.costs.append(costs)
             self.dur.append(np.array([x.time_s for x in costs]))
             self.lo.append(np.array([o.mesh.start(G) for o in opts], dtype=np.int64))

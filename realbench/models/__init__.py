@@ -80,6 +80,14 @@ class ModelSpec(BaseModel):
         return self.model_copy(update={"value_head": value_head})
 
 
+def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """Layer range [lo, hi) of pipeline stage `stage` of `pp`: the first stages take the extra
+    layers. The one split that the cost model and the runtime share."""
+    per, extra = divmod(n_layers, pp)
+    lo = stage * per + min(stage, extra)
+    return lo, lo + per + (1 if stage < extra else 0)
+
+
 def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000) -> ModelSpec:
     return ModelSpec(name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, ffn=ffn, vocab=vocab)

@@ -91,12 +91,20 @@ class PlacedModel:
         return total if self.next is None else None
 
     def average_gradients(self) -> None:
+        """Average the gradients over data parallelism with one all-reduce of all of them in a
+        flat buffer (as DDP's buckets do): a collective per tensor pays its latency ~40 times."""
         if len(self.dp_ranks) == 1:
             return
-        for p in self.stage.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=self.dp_group)
-                p.grad /= len(self.dp_ranks)
+        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= len(self.dp_ranks)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 @torch.no_grad()

@@ -91,8 +91,10 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
                         "loss": sum(losses_) / len(losses_) if losses_ else None})
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
+    step_s = [max(r[s]["step_s"] for r in records) for s in warm]
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
-            "estimated_realloc_s": estimated_realloc, "metrics": metrics}
+            "estimated_realloc_s": estimated_realloc, "measured_iter_s": sum(step_s) / len(step_s),
+            "metrics": metrics}
 
 
 def latest_checkpoint(checkpoint_dir: str) -> int:
@@ -124,13 +126,16 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
     return resume_step
 
 
-def summarize_run(scenario, options: dict, records: list[list[dict]], resume_step: int) -> dict:
-    """The summary of a finished run: measured beside estimated times, metrics per step."""
+def summarize_run(scenario, options: dict, records: list[list[dict]], resume_step: int, profile=None) -> dict:
+    """The summary of a finished run: measured beside estimated times (from `profile` when
+    given), metrics per step."""
     from realbench.cost import Estimator
 
-    est = Estimator(scenario)
+    est = Estimator(scenario, profile=profile)
     estimate = est.estimate(est.choice_of(options))
     result = summarize(records, {n: c.time_s for n, c in estimate.calls.items()}, estimate.realloc_s)
+    result["estimated_iter_s"] = estimate.time_per_iter_s
+    result["estimate_source"] = dict(zip(est.call_names, est.cost_source))
     for m in result["metrics"]:
         m["step"] += resume_step
     result["first_step"] = resume_step
@@ -138,7 +143,7 @@ def summarize_run(scenario, options: dict, records: list[list[dict]], resume_ste
 
 
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
-             checkpoint_dir: str = "", resume: bool = False) -> dict:
+             checkpoint_dir: str = "", resume: bool = False, profile=None) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`); returns the summary."""
     import accelerate
@@ -165,4 +170,4 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         finally:
             elastic_log.setLevel(level)
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return summarize_run(scenario, options, records, resume_step)
+    return summarize_run(scenario, options, records, resume_step, profile)

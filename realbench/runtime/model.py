@@ -167,23 +167,25 @@ class LlamaStage(nn.Module):
 
     def forward(self, x, positions=None, caches: Optional[dict] = None):
         if self.first:
-            x = self.embed(x)
-            if self.tp > 1:
-                x = _GatherFromTP.apply(x, self.group)
+            x = self.embed_tokens(x)
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)
         for name, block in self.layers.items():
             x = block(x, positions, None if caches is None else caches[name])
-        if not self.last:
-            return x
+        return self.output(x) if self.last else x
+
+    def embed_tokens(self, tokens):
+        """First stage: token ids -> hidden states (the embedding is split over hidden)."""
+        x = self.embed(tokens)
+        return _GatherFromTP.apply(x, self.group) if self.tp > 1 else x
+
+    def output(self, x):
+        """Last stage: hidden states -> logits (split over the vocabulary) or values."""
         h = self.norm(x)
         if self.spec.value_head:
             return self.head(h).squeeze(-1)
-        logits = self.head(self._enter_head(h))
+        logits = self.head(_CopyToTP.apply(h, self.group) if self.tp > 1 else h)
         return _GatherFromTP.apply(logits, self.group) if self.tp > 1 else logits
-
-    def _enter_head(self, h):
-        return _CopyToTP.apply(h, self.group) if self.tp > 1 else h
 
     # -- weights --------------------------------------------------------------------------------------
     def shard_names(self) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from realbench.models import ModelSpec
+from realbench.models import ModelSpec, stage_layers  # noqa: F401 (re-exported for the runtime)
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,6 @@ class ParamSpec:
     split: Optional[int]  # tensor-parallel dimension, None when replicated
     layer: int  # transformer layer index; -1 for the embedding, n_layers for the final norm/head
 
-
-def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
-    """Layer range [lo, hi) of a pipeline stage; the first stages take the extra layers
-    (the same split as the cost model's)."""
-    per, extra = divmod(n_layers, pp)
-    lo = stage * per + min(stage, extra)
-    return lo, lo + per + (1 if stage < extra else 0)
 
 
 def param_specs(model: ModelSpec) -> list[ParamSpec]:

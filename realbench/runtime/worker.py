@@ -112,6 +112,7 @@ class StepRecord:
     call_s: dict[str, float] = field(default_factory=dict)
     realloc_s: dict[str, float] = field(default_factory=dict)
     realloc_bytes: int = 0
+    step_s: float = 0.0  # the whole step on this rank
     reward: Optional[float] = None
     loss: Optional[float] = None
 
@@ -176,6 +177,7 @@ class Worker:
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
         self.placed: dict[int, PlacedModel] = {}
+        start = time.perf_counter()
         for e in self.events:
             if self.rank not in e.ranks:
                 continue
@@ -191,6 +193,7 @@ class Worker:
             else:
                 self._call(e.call, step, rec)
                 rec.call_s[self.calls[e.call].name] = time.perf_counter() - t0
+        rec.step_s = time.perf_counter() - start
         return rec
 
     def _model(self, i: int) -> PlacedModel:

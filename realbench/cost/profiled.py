@@ -1,0 +1,146 @@
+"""Call times from a measured profile: the runtime's own schedule, composed from its measured
+layer operations (realbench.hardware.profile). Pure functions; None where the profile is silent
+(another model shape, a tp degree it did not measure), so that the caller falls back to the
+analytic model.
+
+Notation as in realbench.cost.calls; stage j of pp holds n_j layers, the first stage the
+embedding, the last the head; a micro-batch is b sequences of S tokens; X(b, S) is the profiled
+seconds of operation X; p2p(B) of B bytes.
+
+  stage forward   F_j = [embed.fwd] + n_j block.fwd + [head.fwd] + [p2p(activations) to j+1]
+  pipeline        sum_j F_j + (m - 1) max_j F_j              (GPipe: the first micro-batch fills it)
+  inference       the pipeline, then logprobs.fwd over the data-parallel shard (language models)
+  train, per optimizer step
+                  the pipeline of fwd_bwd (plus loss.fwd_bwd on the last stage, two p2p per
+                  boundary), then per stage: one all-reduce of all gradients (a flat buffer)
+                  over dp and Adam (fixed + per tensor + per parameter); the slowest stage decides
+  generate        micro-batches one after the other (as the runtime does); each: the prompt's
+                  prefill through all stages, then per generated token after the first one a
+                  decode step through all stages (block.decode against the growing cache), and
+                  per token the sampling and sharing the token with the other stages.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from realbench.dataflow import CallDef, CallKind
+from realbench.hardware.profile import Profile
+from realbench.models import ModelSpec, stage_layers
+from realbench.plan.mesh import Option
+
+TENSORS_PER_BLOCK = 9  # two norms, q, k, v, o, gate, up, down
+
+
+class _Silent(Exception):
+    """The profile has no measurement for something the call needs."""
+
+
+def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile: Profile) -> Optional[float]:
+    """Seconds of one call under one option from the profile, or None where it is silent."""
+    found = profile.model_for(model)
+    if found is None:
+        return None
+    name, _ = found
+    s = option.strategy
+    dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
+    value = bool(model.value_head)
+    head = "value_head" if value else "head"
+    act_value = profile.bytes_per_value
+
+    def op(what: str, b: float, length: float) -> float:
+        t = profile.op_time(name, tp, what, b, length)
+        if t is None:
+            raise _Silent(what)
+        return t
+
+    def p2p(nbytes: float) -> float:
+        t = profile.collective_time("p2p", 2, nbytes)
+        if t is None:
+            raise _Silent("p2p")
+        return t
+
+    def all_reduce(n: int, nbytes: float) -> float:
+        t = profile.collective_time("all_reduce", n, nbytes)
+        if t is None:
+            raise _Silent("all_reduce")
+        return t
+
+    layers = [hi - lo for lo, hi in (stage_layers(model.n_layers, pp, j) for j in range(pp))]
+
+    def pipeline(stage_time) -> float:
+        per = [stage_time(j) for j in range(pp)]
+        return sum(per) + (m - 1) * max(per)
+
+    try:
+        if call.kind == CallKind.GENERATE:
+            b = call.seqs / dp / m
+            P, G = call.prompt_len, call.gen_len
+            hidden_bytes = model.hidden * act_value
+
+            def prefill(j):
+                return ((op("embed.fwd", b, P) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, P)
+                        + (op(f"{head}.fwd", b, P) if j == pp - 1 else 0.0)
+                        + (p2p(b * P * hidden_bytes) if j < pp - 1 else 0.0))
+
+            def decode(j, ctx):
+                return ((op("embed.fwd", b, 1) if j == 0 else 0.0) + layers[j] * op("block.decode", b, ctx)
+                        + (op(f"{head}.fwd", b, 1) if j == pp - 1 else 0.0)
+                        + (p2p(b * hidden_bytes) if j < pp - 1 else 0.0))
+
+            share = 2 * (pp - 1) * p2p(b * 8)  # the sampled tokens and their log-probabilities
+            per_token = op("sample", b, 1) + share
+            one = sum(prefill(j) for j in range(pp)) + G * per_token
+            one += sum(decode(j, P + t) for t in range(1, G) for j in range(pp))
+            return m * one
+
+        steps = call.optimizer_steps if call.kind == CallKind.TRAIN else 1
+        b = call.seqs / steps / dp / m
+        S = call.seq_len
+        act = b * S * model.hidden * act_value
+        if call.kind == CallKind.INFERENCE:
+            def forward(j):
+                return ((op("embed.fwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, S)
+                        + (op(f"{head}.fwd", b, S) if j == pp - 1 else 0.0) + (p2p(act) if j < pp - 1 else 0.0))
+            post = 0.0 if value else op("logprobs.fwd", call.seqs / dp, S)
+            return pipeline(forward) + post
+
+        def forward_backward(j):
+            return ((op("embed.fwd_bwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd_bwd", b, S)
+                    + (op(f"{head}.fwd_bwd", b, S) if j == pp - 1 else 0.0)
+                    + (op("loss.fwd_bwd", b, S) if j == pp - 1 and not value else 0.0)
+                    + (2 * p2p(act) if j < pp - 1 else 0.0))
+
+        fit = profile.models[name].optimizer.get(str(tp))
+        if fit is None:
+            raise _Silent("optimizer")
+        value_bytes = profile.bytes_per_value
+
+        def update(j):
+            h, kvd, f = model.hidden, model.n_kv_heads * model.head_dim, model.ffn
+            block = [h, h, h * h // tp, h * kvd // tp, h * kvd // tp, h * h // tp, h * f // tp, h * f // tp,
+                     h * f // tp]
+            tensors = block * layers[j]
+            if j == 0:
+                tensors.append(model.vocab * h // tp)
+            if j == pp - 1:
+                tensors += [h, h * model.head_out // (1 if value else tp)]
+            reduce = all_reduce(dp, sum(tensors) * value_bytes) if dp > 1 else 0.0  # one flat buffer
+            return reduce + fit.time(len(tensors), sum(tensors))
+
+        return steps * (pipeline(forward_backward) + max(update(j) for j in range(pp)))
+    except _Silent:
+        return None
+
+
+def profiled_links(cluster, profile: Profile):
+    """The cluster with its links replaced by the profile's measured point-to-point bandwidth and
+    latency (in the cost model's bf16 bytes: the runtime moves values of `bytes_per_value`)."""
+    small = profile.collective_time("p2p", 2, 1)
+    sizes = [p.nbytes for p in profile.collectives.get("p2p", {}).get("2", [])]
+    if small is None or not sizes:
+        return cluster
+    big = max(sizes)
+    bw = big / max(profile.collective_time("p2p", 2, big) - small, 1e-9) * 2 / profile.bytes_per_value
+    return cluster.model_copy(update={"intra_bw": bw, "inter_bw": bw, "intra_latency_s": small,
+                                      "inter_latency_s": small})

@@ -1,0 +1,336 @@
+"""The profiler: measures the runtime's own layers and collectives on this machine.
+
+`profile_machine` starts N local processes (one thread each, like the runtime's workers) and
+measures, with warm-up runs and repeats, for every requested model architecture and every
+tensor-parallel degree that N processes allow, the layer operations listed in
+realbench.hardware.profile over a grid of batch sizes and lengths (tp > 1 runs on the first tp
+processes and includes their all-reduces), an Adam fit, and the collectives over message sizes
+and group sizes. A repeat's time is the slowest rank's. Rank 0 reports progress through a queue
+so that the caller can draw a bar; interrupting the caller stops the processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from realbench.errors import ConfigError
+from realbench.hardware.profile import COLLECTIVES, Profile, this_machine
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+DEFAULT_LENGTHS = (4, 8, 16, 32)
+DEFAULT_SIZES = tuple(4**k for k in range(5, 12))  # 1 KiB .. 4 MiB
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    models: tuple[str, ...] = ("llama-tiny",)
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    repeats: int = 25
+    warmup: int = 3
+    nproc: int = 2
+    device: str = "cpu"
+
+    def tp_degrees(self, spec) -> list[int]:
+        out, tp = [], 1
+        while tp <= self.nproc:
+            if spec.n_kv_heads % tp == 0 and spec.ffn % tp == 0 and spec.vocab % tp == 0:
+                out.append(tp)
+            tp *= 2
+        return out
+
+    def group_sizes(self) -> list[int]:
+        out, n = [], 2
+        while n <= self.nproc:
+            out.append(n)
+            n *= 2
+        return out
+
+
+def check_request(req: ProfileRequest) -> None:
+    from realbench.models import get_model
+
+    if req.device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {req.device!r} (cpu or cuda)", "--device")
+    if req.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("no CUDA device is available here", "--device")
+    if req.nproc < 1:
+        raise ConfigError("must be at least 1", "--nproc")
+    if req.repeats < 3:
+        raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
+    for name in req.models:
+        get_model(name)
+
+
+# -- measurement inside one process -------------------------------------------------------------------------
+class _Clock:
+    """Times fn: warm-up runs, then `repeats` back-to-back runs (as the runtime runs them) after
+    a barrier over `start_group` (None: all processes, for layer operations, so that every
+    process computes at once as the runtime's do; on a machine whose cores share caches, memory
+    bandwidth or a hypervisor, a process alone runs faster than the runtime's). A repeat's time
+    is the slowest of `max_group`'s processes."""
+
+    def __init__(self, req: ProfileRequest, max_group, start_group, sync: Callable[[], None]):
+        self.req, self.max_group, self.start_group, self.sync = req, max_group, start_group, sync
+
+    def __call__(self, fn: Callable[[], object]) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        for _ in range(self.req.warmup):
+            fn()
+        self.sync()
+        dist.barrier(group=self.start_group)
+        times = []
+        for _ in range(self.req.repeats):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            times.append(time.perf_counter() - t0)
+        t = torch.tensor(times, dtype=torch.float64)
+        if self.max_group is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.max_group)
+        q = np.quantile(t.numpy(), [0.1, 0.5, 0.9])
+        return {"median_s": float(q[1]), "p10_s": float(q[0]), "p90_s": float(q[2]), "repeats": len(times)}
+
+
+def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick,
+               device_index: int = 0) -> dict:
+    import torch
+
+    from realbench.runtime import losses
+    from realbench.runtime.model import LlamaStage
+
+    dev = torch.device("cuda", device_index) if req.device == "cuda" else torch.device("cpu")
+    one = spec.model_copy(update={"n_layers": 1, "value_head": False})
+    stage = LlamaStage(one, tp, rank, 1, 0, group).to(dev)
+    valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group).to(dev)
+    block = stage.layers["0"]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ops: dict[str, list] = {}
+
+    def record(op, b, s, fn):
+        ops.setdefault(op, []).append({"batch": b, "length": s, **clock(fn)})
+        tick()
+
+    def backward(fn_out):
+        def run():
+            y = fn_out()
+            y.backward(torch.ones_like(y))
+        return run
+
+    for b in req.batches:
+        for s in req.lengths:
+            tokens = torch.randint(0, spec.vocab, (b, s), generator=g).to(dev)
+            x = torch.randn(b, s, spec.hidden, generator=g).to(dev)
+            xg = x.clone().requires_grad_(True)
+            pos = torch.arange(s, device=dev)
+            with torch.no_grad():
+                record("embed.fwd", b, s, lambda: stage.embed_tokens(tokens))
+                record("block.fwd", b, s, lambda: block(x, pos))
+                record("head.fwd", b, s, lambda: stage.output(x))
+                record("value_head.fwd", b, s, lambda: valued.output(x))
+                logits = stage.output(x)
+                record("logprobs.fwd", b, s, lambda: losses.token_logprobs(logits, tokens, max(s // 2, 1)))
+                cache = {}
+                block(x, pos, cache)
+                x1, pos1 = x[:, :1].contiguous(), torch.tensor([s], device=dev)
+                record("block.decode", b, s, lambda: block(x1, pos1, dict(cache)))
+            record("embed.fwd_bwd", b, s, backward(lambda: stage.embed_tokens(tokens)))
+            record("block.fwd_bwd", b, s, backward(lambda: block(xg, pos)))
+            record("head.fwd_bwd", b, s, backward(lambda: stage.output(xg)))
+            record("value_head.fwd_bwd", b, s, backward(lambda: valued.output(xg)))
+            lg = logits.clone().requires_grad_(True)
+            record("loss.fwd_bwd", b, s,
+                   backward(lambda: losses.token_logprobs(lg, tokens, max(s // 2, 1)).mean()))
+        with torch.no_grad():
+            last = torch.randn(b, spec.vocab, generator=g).to(dev)
+
+            def sample():
+                logp = torch.log_softmax(last, dim=-1)
+                token = torch.multinomial(logp.exp(), 1).squeeze(-1)
+                return logp.gather(-1, token[:, None])
+            record("sample", b, 1, sample)
+    return ops
+
+
+def _optimizer_fit(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick) -> dict:
+    """Adam on stages of 1, 2 and 4 layers with and without the embedding and head: a least-squares
+    fit of seconds = fixed + per_tensor * tensors + per_param * parameters."""
+    import torch
+
+    from realbench.runtime.model import LlamaStage
+
+    rows, ys = [], []
+    for layers in (1, 2, 4):
+        for ends in (True, False):
+            if ends:  # embedding + layers + head on one stage
+                stage = LlamaStage(spec.model_copy(update={"n_layers": layers}), tp, rank, 1, 0, group)
+            else:  # the middle stage of three holds just the layers
+                stage = LlamaStage(spec.model_copy(update={"n_layers": 3 * layers}), tp, rank, 3, 1, group)
+            params = list(stage.parameters())
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = torch.optim.Adam(params, lr=1e-4)
+            t = clock(opt.step)["median_s"]
+            rows.append([1.0, len(params), sum(p.numel() for p in params)])
+            ys.append(t)
+            tick()
+    coef, *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
+    coef = np.maximum(coef, 0.0)
+    return {"fixed_s": float(coef[0]), "per_tensor_s": float(coef[1]), "per_param_s": float(coef[2])}
+
+
+def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    out: dict = {}
+    for n in req.group_sizes():
+        group = dist.new_group(list(range(n)))
+        for kind in COLLECTIVES:
+            if kind == "p2p" and n != 2:
+                continue
+            for nbytes in req.sizes:
+                if rank < n:
+                    count = max(nbytes // 4, n)
+                    buf = torch.zeros(count)
+                    if kind == "all_reduce":
+                        fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                    elif kind == "broadcast":
+                        fn = lambda: dist.broadcast(buf, 0, group=group)  # noqa: E731
+                    elif kind == "all_gather":
+                        part = torch.zeros(count // n)
+                        parts = [torch.empty_like(part) for _ in range(n)]
+                        fn = lambda: dist.all_gather(parts, part, group=group)  # noqa: E731
+                    else:
+                        fn = (lambda: dist.send(buf, 1)) if rank == 0 else (lambda: dist.recv(buf, 0))
+                    timing = _Clock(req, group, group, sync)(fn)
+                    out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
+                    tick()
+        dist.barrier()
+    return out
+
+
+def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optional[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from realbench.models import get_model
+
+    sync = torch.cuda.synchronize if req.device == "cuda" else (lambda: None)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if rank == 0 and progress is not None:
+            progress.put(done[0])
+
+    models: dict = {}
+    for name in req.models:
+        spec = get_model(name)
+        entry = {"hidden": spec.hidden, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+                 "ffn": spec.ffn, "vocab": spec.vocab, "ops": {}, "optimizer": {}}
+        for tp in req.tp_degrees(spec):
+            # world // tp groups of tp processes measure at once; rank 0's group is recorded
+            groups = [dist.new_group(list(range(k * tp, (k + 1) * tp))) for k in range(world // tp)] \
+                if tp > 1 else [None] * world
+            group = groups[rank // tp]
+            clock = _Clock(req, group, None, sync)
+            ops = _layer_ops(spec, tp, rank % tp, group, req, clock, tick, device_index=rank)
+            fit = _optimizer_fit(spec, tp, rank % tp, group, req, clock, tick)
+            if rank == 0:
+                entry["ops"][str(tp)], entry["optimizer"][str(tp)] = ops, fit
+            dist.barrier()
+        models[name] = entry
+    collectives = _collectives(rank, world, req, sync, tick)
+    return {"models": models, "collectives": collectives} if rank == 0 else None
+
+
+def planned_measurements(req: ProfileRequest) -> int:
+    from realbench.models import get_model
+
+    per_tp = len(req.batches) * (len(req.lengths) * 11 + 1) + 6
+    layers = sum(per_tp * len(req.tp_degrees(get_model(m))) for m in req.models)
+    colls = sum(len(req.sizes) * (len(COLLECTIVES) if n == 2 else len(COLLECTIVES) - 1) for n in req.group_sizes())
+    return layers + colls
+
+
+def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, int], None]] = None) -> Profile:
+    """Measure this machine; on_progress(done, total) is called as measurements finish."""
+    import multiprocessing as mp
+
+    import torch
+
+    from realbench.runtime.local import spawn
+
+    check_request(req)
+    total = planned_measurements(req)
+    progress = mp.get_context("spawn").Queue()
+    result: dict = {}
+
+    def work():
+        try:
+            result["ranks"] = spawn(_profile_rank, req.nproc, req, progress, timeout_s=1800.0)
+        except BaseException as e:  # handed to the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    done = 0
+    while thread.is_alive():
+        try:
+            done = progress.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if on_progress:
+            on_progress(done, total)
+    if "error" in result:
+        raise result["error"]
+    data = result["ranks"][0]
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        from importlib.metadata import version
+
+        versions["realbench"] = version("realbench")
+    except Exception:
+        pass
+    return Profile.model_validate({
+        "device": this_machine(req.device, req.nproc, 1).model_dump(),
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "models": data["models"], "collectives": data["collectives"]})
+
+
+def profile_summary(profile: Profile) -> list[str]:
+    """A few measured numbers to print after profiling."""
+    lines = []
+    for name, m in profile.models.items():
+        for tp, ops in m.ops.items():
+            for op in ("block.fwd", "block.fwd_bwd", "block.decode"):
+                pts = ops.get(op, [])
+                if pts:
+                    big = max(pts, key=lambda p: (p.batch * p.length))
+                    small = min(pts, key=lambda p: (p.batch * p.length))
+                    lines.append(f"{name} tp{tp} {op}: {small.median_s * 1e3:.3f} ms at {small.batch}x{small.length}, "
+                                 f"{big.median_s * 1e3:.3f} ms at {big.batch}x{big.length}")
+    for kind, groups in profile.collectives.items():
+        for n, pts in groups.items():
+            big = max(pts, key=lambda p: p.nbytes)
+            small = min(pts, key=lambda p: p.nbytes)
+            lines.append(f"{kind} over {n}: {small.median_s * 1e6:.0f} us at {small.nbytes} B, "
+                         f"{big.nbytes / big.median_s / 1e9:.2f} GB/s at {big.nbytes} B")
+    return lines

@@ -1,0 +1,192 @@
+"""Hardware profiles: the file, interpolation, the profiler on this machine, the estimator's use
+of measured costs, and the calibration benchmark."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from realbench.cost import Estimator
+from realbench.hardware.profile import Curve1D, Grid2D, LAYER_OPS, Profile, load_profile
+from realbench.models import get_model
+from realbench.plan import load_scenario
+
+BATCHES, LENGTHS = (1, 2, 4, 8), (4, 8, 16)
+
+
+def synthetic_profile(op_seconds=None, model="llama-tiny", preset="cpu", tps=(1, 2)) -> Profile:
+    """A profile whose every layer operation costs a fixed time per point (default 1 ms * tokens
+    ** 0.5), with fast links and no optimizer cost."""
+    spec = get_model(model)
+    cost = op_seconds or (lambda op, b, s: 1e-3 * math.sqrt(b * s))
+    point = lambda op, b, s: {"batch": b, "length": s, "median_s": cost(op, b, s), "p10_s": cost(op, b, s),  # noqa
+                              "p90_s": cost(op, b, s), "repeats": 3}
+    ops = {str(tp): {op: [point(op, b, s) for b in BATCHES for s in LENGTHS] for op in LAYER_OPS} for tp in tps}
+    coll = {k: {"2": [{"nbytes": n, "median_s": 1e-6 + n * 1e-12, "p10_s": 1e-6, "p90_s": 1e-6, "repeats": 3}
+                      for n in (1024, 1 << 20)]} for k in ("all_reduce", "all_gather", "broadcast", "p2p")}
+    return Profile.model_validate({
+        "device": {"kind": "cpu", "name": "test cpu", "preset": preset, "processes": 2, "threads_per_process": 1},
+        "versions": {"torch": "x"}, "date": "2026-11-22",
+        "models": {model: {"hidden": spec.hidden, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+                           "ffn": spec.ffn, "vocab": spec.vocab, "ops": ops,
+                           "optimizer": {str(tp): {"fixed_s": 0.0, "per_tensor_s": 0.0, "per_param_s": 0.0}
+                                         for tp in tps}}},
+        "collectives": coll})
+
+
+# -- interpolation ------------------------------------------------------------------------------------------
+monotone_grids = st.lists(st.lists(st.floats(1e-5, 1.0), min_size=3, max_size=3), min_size=4, max_size=4).map(
+    lambda rows: np.cumsum(np.cumsum(np.array(rows), axis=0), axis=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(monotone_grids)
+def test_grid_is_exact_at_points_and_monotone_between(table):
+    points = [(b, s, float(table[i][j])) for i, b in enumerate(BATCHES) for j, s in enumerate(LENGTHS)]
+    grid = Grid2D.from_points(points)
+    for b, s, t in points:
+        assert grid(b, s) == pytest.approx(t, rel=1e-9)
+    bs = np.geomspace(1, 8, 23)
+    ls = np.geomspace(4, 16, 17)
+    values = np.array([[grid(b, s) for s in ls] for b in bs])
+    assert (np.diff(values, axis=0) >= -1e-12).all() and (np.diff(values, axis=1) >= -1e-12).all()
+
+
+def test_grid_between_points_lies_between_them_and_extrapolates_by_power_law():
+    grid = Grid2D.from_points([(b, s, 1e-3 * b * s) for b in BATCHES for s in LENGTHS])  # t ~ tokens
+    assert grid(3, 8) == pytest.approx(24e-3, rel=1e-9)  # linear in log-log: exact for a power law
+    assert grid(16, 8) == pytest.approx(128e-3, rel=1e-9)  # beyond the grid, along the last segment
+    assert grid(0.5, 4) == pytest.approx(4e-3)  # below the grid: the first value (fixed costs dominate)
+
+
+def test_noise_spike_at_a_small_size_does_not_raise_larger_ones():
+    pts = [(b, s, 1e-3 * b * s) for b in BATCHES for s in LENGTHS]
+    pts[0] = (1, 4, 1.0)  # a spike
+    grid = Grid2D.from_points(pts)
+    assert grid(8, 16) == pytest.approx(0.128)
+    assert grid(1, 4) <= grid(1, 8)
+    curve = Curve1D.from_points([(1, 5.0), (10, 1.0), (100, 2.0)])
+    assert curve(1) == 1.0 and curve(100) == 2.0 and curve(1) <= curve(10) <= curve(50) <= curve(100)
+
+
+def test_incomplete_grid_is_a_clear_error():
+    from realbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not complete"):
+        Grid2D.from_points([(1, 4, 1.0), (2, 8, 2.0)])
+
+
+# -- files ----------------------------------------------------------------------------------------------------
+def test_profile_round_trip_and_validate(cli, tmp_path):
+    prof = synthetic_profile()
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert load_profile(str(path)) == prof
+    code, out, err = cli("validate", path)
+    assert code == 0 and "valid profile" in out
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["models"]["llama-tiny"]["ops"]["1"].update({"warp.fwd": []}), "warp.fwd"),
+    (lambda d: d["models"]["llama-tiny"]["ops"].update({"two": {}}), "two"),
+    (lambda d: d["models"]["llama-tiny"]["ops"]["1"]["block.fwd"][0].update({"median_s": -1}), "median_s"),
+    (lambda d: d.update({"schema": "realbench.profile/9"}), "schema"),
+    (lambda d: d["collectives"].update({"gossip": {}}), "gossip"),
+    (lambda d: d.pop("device"), "device"),
+])
+def test_bad_profiles_are_one_line_errors(cli, tmp_path, mutate, field):
+    doc = synthetic_profile().to_document()
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    for argv in (("validate", path), ("estimate", "--scenario", "ppo-tiny-2cpu", "--baseline", "symmetric",
+                                      "--profile", path)):
+        code, _, err = cli(*argv)
+        assert code == 2 and field in err and len(err.strip().splitlines()) == 1
+    path.write_text(json.dumps(synthetic_profile().to_document())[:200])  # truncated
+    code, _, err = cli("validate", path)
+    assert code == 2 and "JSON" in err
+
+
+def test_profile_of_another_device_is_refused_unless_forced(cli, tmp_path):
+    path = tmp_path / "cpu.json"
+    synthetic_profile().save(path)
+    base = ("estimate", "--scenario", "ppo-7b-7b-16gpu", "--baseline", "symmetric", "--profile", path, "--json")
+    code, _, err = cli(*base)
+    assert code == 2 and "--profile" in err and "h100" in err and "--force-profile" in err
+    code, out, _ = cli(*base, "--force-profile")
+    assert code == 0 and set(json.loads(out)["cost_source"].values()) == {"analytic"}  # other model shapes
+
+
+# -- the estimator on measured costs ---------------------------------------------------------------------------
+def test_estimator_composes_profiled_operations():
+    """Inference on one device, one micro-batch: embed + L blocks + head + logprobs, exactly."""
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    cost = {"embed.fwd": 1e-3, "block.fwd": 2e-3, "head.fwd": 3e-3, "value_head.fwd": 5e-4, "logprobs.fwd": 4e-4}
+    prof = synthetic_profile(lambda op, b, s: cost.get(op, 1e-3))
+    scenario = load_scenario("ppo-tiny-2cpu")
+    est = Estimator(scenario, profile=prof)
+    assert set(est.cost_source) == {"profile"}
+    L = scenario.models["ref"].n_layers
+    i = est.call_names.index("ref_inf")
+    k = est.index_of(i, Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1)))
+    assert est.dur[i][k] == pytest.approx(1e-3 + L * 2e-3 + 3e-3 + 4e-4)
+    # two micro-batches on two stages: sum of stage times + one more slot of the slowest stage
+    k2 = est.index_of(i, Option(Mesh(0, 1, 0, 2), Strategy(1, 1, 2, 2)))
+    call, h = scenario.dataflow.call("ref_inf"), scenario.models["ref"].hidden
+    p2p = prof.collective_time("p2p", 2, call.seqs // 2 * call.seq_len * h * 4)  # fp32 activations
+    first, last = 1e-3 + (L // 2) * 2e-3 + p2p, (L // 2) * 2e-3 + 3e-3
+    assert est.dur[i][k2] == pytest.approx(first + last + max(first, last) + 4e-4)
+
+
+def test_slower_measured_blocks_make_slower_estimates():
+    scenario = load_scenario("ppo-tiny-2cpu")
+    fast = Estimator(scenario, profile=synthetic_profile(lambda op, b, s: 1e-3))
+    slow = Estimator(scenario, profile=synthetic_profile(lambda op, b, s: 3e-3 if op.startswith("block") else 1e-3))
+    from realbench.cost.baselines import BASELINES
+
+    choice = BASELINES["symmetric"](fast)
+    assert slow.evaluate(choice)[0] > 2 * fast.evaluate(choice)[0]
+
+
+# -- the profiler on this machine, and calibration --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    from realbench.cli import main
+
+    path = tmp_path_factory.mktemp("profile") / "cpu.json"
+    assert main(["profile", "--nproc", "2", "--batches", "1,4", "--lengths", "4,16", "--repeats", "3",
+                 "--warmup", "1", "--out", str(path)]) == 0
+    return path
+
+
+def test_small_real_profile(measured, cli):
+    prof = load_profile(str(measured))
+    tiny = prof.models["llama-tiny"]
+    assert set(tiny.ops) == {"1", "2"} and set(tiny.ops["1"]) == set(LAYER_OPS)
+    assert prof.device.kind == "cpu" and prof.device.processes == 2 and "torch" in prof.versions
+    assert {p.nbytes for p in prof.collectives["p2p"]["2"]} and set(prof.collectives) == {
+        "all_reduce", "all_gather", "broadcast", "p2p"}
+    for p in tiny.ops["1"]["block.fwd"]:
+        assert 0 < p.p10_s <= p.median_s <= p.p90_s
+    code, out, _ = cli("estimate", "--scenario", "ppo-tiny-cpu", "--baseline", "symmetric", "--profile", measured,
+                       "--json")
+    assert code == 0 and set(json.loads(out)["cost_source"].values()) == {"profile"}
+    code, _, err = cli("profile", "--nproc", 2, "--out", measured)  # refuses before measuring anything
+    assert code == 2 and "--force" in err
+
+
+def test_calibration_benchmark_quick(measured, cli):
+    code, out, err = cli("bench", "calibration", "--quick", "--profile", measured, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["plans"] == 2 and set(r["per_kind"]) == {"generate", "inference", "train"}
+    for kind in r["per_kind"].values():
+        assert 0 <= kind["median_rel_err"] <= kind["p90_rel_err"] and kind["calls"] >= 2
+    assert -1 <= r["kendall_tau"] <= 1
+    for run in r["runs"]:
+        assert run["measured_iter_s"] > 0 and run["estimated_iter_s"] > 0
