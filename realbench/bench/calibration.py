@@ -52,7 +52,7 @@ def _stats(errors: list[float]) -> dict:
             "calls": len(errors)}
 
 
-def run(plans: int = 8, steps: int = 4, scenarios=SCENARIOS, profile_path: Optional[str] = None,
+def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optional[str] = None,
         seed: int = 0, quick: bool = False) -> dict:
     from scipy.stats import kendalltau
 
@@ -68,7 +68,7 @@ def run(plans: int = 8, steps: int = 4, scenarios=SCENARIOS, profile_path: Optio
     if profile_path:
         profile = load_profile(profile_path)
     else:
-        req = ProfileRequest(nproc=nproc, repeats=5 if quick else 15,
+        req = ProfileRequest(nproc=nproc, repeats=5 if quick else ProfileRequest().repeats, passes=1 if quick else 3,
                              batches=(1, 2, 4, 8) if quick else ProfileRequest().batches)
         print(f"profiling {nproc} processes...", file=sys.stderr)
         profile = profile_machine(req)

@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--lengths", type=_sizes, default=DEFAULT_LENGTHS, help="sequence lengths, e.g. 4,8,16,32")
     p.add_argument("--repeats", type=non_negative_int, default=d.repeats)
     p.add_argument("--warmup", type=non_negative_int, default=d.warmup)
+    p.add_argument("--passes", type=non_negative_int, default=d.passes,
+                   help=f"measure the grid this many times and keep the median (default {d.passes})")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(handler=run)
 
@@ -45,7 +47,7 @@ def run(args) -> int:
     from realbench.hardware.profiler import ProfileRequest, check_request, profile_machine, profile_summary
 
     req = ProfileRequest(models=tuple(args.models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
-                         repeats=args.repeats, warmup=args.warmup, nproc=args.nproc, device=args.device)
+                         repeats=args.repeats, warmup=args.warmup, passes=args.passes, nproc=args.nproc, device=args.device)
     check_request(req)
     out = Path(args.out)
     if out.exists() and not args.force:  # refuse before measuring, not after

@@ -1,7 +1,7 @@
 """The profiler: measures the runtime's own layers and collectives on this machine.
 
 `profile_machine` starts N local processes (one thread each, like the runtime's workers) and
-measures, with warm-up runs and repeats, for every requested model architecture and every
+measures, with warm-up runs and repeats in several passes, for every requested model architecture and every
 tensor-parallel degree that N processes allow, the layer operations listed in
 realbench.hardware.profile over a grid of batch sizes and lengths (tp > 1 runs on the first tp
 processes and includes their all-reduces), an Adam fit, and the collectives over message sizes
@@ -36,8 +36,9 @@ class ProfileRequest:
     batches: tuple[int, ...] = DEFAULT_BATCHES
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     sizes: tuple[int, ...] = DEFAULT_SIZES
-    repeats: int = 25
+    repeats: int = 10
     warmup: int = 3
+    passes: int = 3  # the grid is measured this many times, spread over the run
     nproc: int = 2
     device: str = "cpu"
 
@@ -71,6 +72,8 @@ def check_request(req: ProfileRequest) -> None:
         raise ConfigError("must be at least 1", "--nproc")
     if req.repeats < 3:
         raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
+    if req.passes < 1:
+        raise ConfigError("must be at least 1", "--passes")
     for name in req.models:
         get_model(name)
 
@@ -216,12 +219,35 @@ def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick) -> dict
                         part = torch.zeros(count // n)
                         parts = [torch.empty_like(part) for _ in range(n)]
                         fn = lambda: dist.all_gather(parts, part, group=group)  # noqa: E731
-                    else:
-                        fn = (lambda: dist.send(buf, 1)) if rank == 0 else (lambda: dist.recv(buf, 0))
+                    else:  # ping-pong, half the round trip: in the runtime a hop waits for the last
+                        def fn(buf=buf):
+                            if rank == 0:
+                                dist.send(buf, 1)
+                                dist.recv(buf, 1)
+                            else:
+                                dist.recv(buf, 0)
+                                dist.send(buf, 0)
                     timing = _Clock(req, group, group, sync)(fn)
+                    if kind == "p2p":
+                        timing = {k: v / 2 if k.endswith("_s") else v for k, v in timing.items()}
                     out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
                     tick()
         dist.barrier()
+    return out
+
+
+def _merge_passes(passes: list[dict]) -> dict:
+    """One point per (operation, batch, length): the median of the passes' medians (robust to a
+    pass that ran while the machine was busy), the widest p10..p90, the repeats summed."""
+    out: dict = {}
+    for op in passes[0]:
+        for i, first in enumerate(passes[0][op]):
+            same = [run[op][i] for run in passes]
+            out.setdefault(op, []).append({
+                "batch": first["batch"], "length": first["length"],
+                "median_s": float(np.median([p["median_s"] for p in same])),
+                "p10_s": min(p["p10_s"] for p in same), "p90_s": max(p["p90_s"] for p in same),
+                "repeats": sum(p["repeats"] for p in same)})
     return out
 
 
@@ -250,10 +276,11 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 if tp > 1 else [None] * world
             group = groups[rank // tp]
             clock = _Clock(req, group, None, sync)
-            ops = _layer_ops(spec, tp, rank % tp, group, req, clock, tick, device_index=rank)
-            fit = _optimizer_fit(spec, tp, rank % tp, group, req, clock, tick)
+            runs = [(_layer_ops(spec, tp, rank % tp, group, req, clock, tick, device_index=rank),
+                     _optimizer_fit(spec, tp, rank % tp, group, req, clock, tick)) for _ in range(req.passes)]
             if rank == 0:
-                entry["ops"][str(tp)], entry["optimizer"][str(tp)] = ops, fit
+                entry["ops"][str(tp)] = _merge_passes([ops for ops, _ in runs])
+                entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
         models[name] = entry
     collectives = _collectives(rank, world, req, sync, tick)
@@ -263,7 +290,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
 def planned_measurements(req: ProfileRequest) -> int:
     from realbench.models import get_model
 
-    per_tp = len(req.batches) * (len(req.lengths) * 11 + 1) + 6
+    per_tp = (len(req.batches) * (len(req.lengths) * 11 + 1) + 6) * req.passes
     layers = sum(per_tp * len(req.tp_degrees(get_model(m))) for m in req.models)
     colls = sum(len(req.sizes) * (len(COLLECTIVES) if n == 2 else len(COLLECTIVES) - 1) for n in req.group_sizes())
     return layers + colls

@@ -16,6 +16,7 @@ import datetime
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import traceback
@@ -76,14 +77,15 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
 
 
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
-    """Per call: measured seconds (slowest rank, mean over steps after the first) beside the
-    estimate; reallocated bytes per step; reward and loss per step."""
+    """Per call: measured seconds (slowest rank, median over the steps after the first: robust
+    to a step slowed by the machine) beside the estimate; reallocated bytes per step; reward and
+    loss per step."""
     steps = len(records[0])
     warm = range(1, steps) if steps > 1 else range(steps)
     calls = {}
     for name, est in estimated.items():
         per_step = [max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0) for s in warm]
-        calls[name] = {"measured_s": sum(per_step) / len(per_step), "estimated_s": est}
+        calls[name] = {"measured_s": statistics.median(per_step), "estimated_s": est}
     metrics = []
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]
@@ -93,7 +95,7 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
     step_s = [max(r[s]["step_s"] for r in records) for s in warm]
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
-            "estimated_realloc_s": estimated_realloc, "measured_iter_s": sum(step_s) / len(step_s),
+            "estimated_realloc_s": estimated_realloc, "measured_iter_s": statistics.median(step_s),
             "metrics": metrics}
 
 
