@@ -38,7 +38,7 @@ demo: $(STAMP)
 	$(RB) search --scenario ppo-tiny-cpu --method mcmc --time-budget 5 --seed 0 --out $(OUT)/ppo-tiny.yaml --force
 	$(RB) run --scenario ppo-tiny-cpu --plan $(OUT)/ppo-tiny.yaml --nproc 4 --steps 3
 	$(RB) export --plan $(OUT)/ppo-tiny.yaml --format torchrun --out $(OUT)/ppo-tiny-torchrun.sh --force
-	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser)"
+	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser); the workbench: $(RB) lab"
 
 clean:
 	rm -rf $(VENV) $(OUT)

@@ -67,11 +67,11 @@ def profile_for(args, scenario):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import bench, estimate, export, profile, run, scenarios, search, validate, worker
+    from realbench.cli import bench, estimate, export, lab, profile, run, scenarios, search, validate, worker
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (scenarios, validate, estimate, search, profile, run, worker, export, bench):
+    for module in (scenarios, validate, estimate, search, profile, run, worker, export, bench, lab):
         module.add_parser(sub)
     return parser
 

@@ -164,8 +164,9 @@ def curves_figure(curves: Mapping[str, ColumnDataSource | Sequence[Sequence[floa
         p.add_layout(Span(location=t, dimension="width", line_dash="dashed", line_color="#666666"))
         p.add_layout(Label(x=5, y=t, x_units="screen", text=f"{name} {t:.4g} s", text_font_size="8pt",
                            y_offset=2 + 10 * j))
-    p.legend.location = "top_right"
-    p.legend.label_text_font_size = "8pt"
+    if curves:
+        p.legend.location = "top_right"
+        p.legend.label_text_font_size = "8pt"
     return p
 
 

@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         for s in range(resume_step, steps):
             worker.current = f"step {s}"
             records.append(dataclasses.asdict(worker.step(s)))
+            with open(os.path.join(out_dir, f"steps.{rank}.jsonl"), "a") as f:  # for live monitors
+                f.write(json.dumps(records[-1]) + "\n")
             if save_every and (s + 1) % save_every == 0:
                 folder = os.path.join(checkpoint_dir, f"step{s + 1}")
                 os.makedirs(folder, exist_ok=True)
@@ -144,10 +147,29 @@ def summarize_run(scenario, options: dict, records: list[list[dict]], resume_ste
     return result
 
 
+def _watch_steps(out_dir: str, nproc: int, done: threading.Event, on_step, summarize_partial) -> None:
+    """Call on_step(summary of the steps every rank has finished) as the run goes."""
+    seen = 0
+    while True:
+        finished = done.wait(0.3)
+        records = []
+        for r in range(nproc):
+            path = Path(out_dir, f"steps.{r}.jsonl")
+            lines = path.read_text().splitlines() if path.exists() else []
+            records.append([json.loads(x) for x in lines if x.strip()])
+        complete = min(len(r) for r in records)
+        if complete > seen:
+            seen = complete
+            on_step(summarize_partial([r[:complete] for r in records]))
+        if finished:
+            return
+
+
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
-             checkpoint_dir: str = "", resume: bool = False, profile=None) -> dict:
+             checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
-    checkpoint when `resume`); returns the summary."""
+    checkpoint when `resume`); returns the summary. `on_step(summary so far)` is called from a
+    watcher thread as steps finish (the run monitor's live curves)."""
     import accelerate
 
     from realbench.plan.plan import plan_from_options
@@ -159,6 +181,13 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         elastic_log = logging.getLogger("torch.distributed.elastic")
         level = elastic_log.level
         elastic_log.setLevel(logging.CRITICAL)  # we report the failing rank ourselves, in one line
+        done = threading.Event()
+        watcher = None
+        if on_step is not None:
+            watcher = threading.Thread(target=_watch_steps, daemon=True, args=(
+                out_dir, nproc, done, on_step,
+                lambda recs: summarize_run(scenario, options, recs, resume_step, profile)))
+            watcher.start()
         try:
             with contextlib.redirect_stdout(sys.stderr):  # the launcher's banner must not spoil --json
                 accelerate.notebook_launcher(worker_process, (scenario.to_document(), plan_doc, steps, seed, out_dir,
@@ -171,5 +200,8 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             raise RunError(first) from None
         finally:
             elastic_log.setLevel(level)
+            done.set()
+            if watcher is not None:
+                watcher.join()
         records = json.loads(Path(out_dir, "records.json").read_text())
     return summarize_run(scenario, options, records, resume_step, profile)

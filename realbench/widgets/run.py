@@ -1,0 +1,122 @@
+"""Run monitor: run a plan on local processes (Accelerate's notebook launcher, in a background
+thread) with live reward and loss curves and measured beside estimated time per call."""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Mapping, Optional
+
+import ipywidgets as w
+from bokeh.layouts import row
+from bokeh.models import ColumnDataSource
+from bokeh.plotting import figure
+from jupyter_bokeh import BokehModel
+
+from realbench.errors import ConfigError
+from realbench.plan.mesh import Option
+from realbench.plan.scenario import Scenario
+from realbench.widgets.search import dispatcher, ensure_bokehjs
+
+
+class RunMonitor:
+    def __init__(self, nproc: int = 2, steps: int = 5, seed: int = 0):
+        ensure_bokehjs()
+        self.nproc_box = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
+        self.steps_box = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
+        self.seed_box = w.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed")
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play", disabled=True)
+        self.status = w.HTML("<i>no plan yet</i>")
+        self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
+        self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
+        self.plot = BokehModel(self._figures([]))
+        self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button]),
+                              self.status, self.plot])
+        self.run_button.on_click(lambda _: self.start())
+        self.scenario: Optional[Scenario] = None
+        self.options: Optional[dict[str, Option]] = None
+        self.result: Optional[dict] = None
+        self.error: Optional[str] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def _figures(self, names: list[str]):
+        curves = figure(width=420, height=260, title="reward and loss per step", x_axis_label="step", tools="save")
+        curves.line("step", "reward", source=self.metrics, color="#2ca02c", legend_label="mean reward", line_width=2)
+        curves.line("step", "loss", source=self.metrics, color="#d62728", legend_label="loss", line_width=2)
+        curves.legend.location = "top_left"
+        bars = figure(width=460, height=260, title="seconds per call: measured (bars) vs estimated (dots)",
+                      y_range=list(reversed(names)) or ["-"], tools="save")
+        bars.hbar(y="call", right="measured", height=0.6, source=self.calls, fill_color="#1f77b4")
+        bars.scatter(x="estimated", y="call", source=self.calls, size=9, color="#ff7f0e")
+        return row(curves, bars)
+
+    def set_plan(self, scenario: Scenario, options: Mapping[str, Option], method: str = "") -> None:
+        from realbench.runtime.launch import needed_processes
+
+        self.scenario, self.options = scenario, dict(options)
+        self.nproc_box.value = needed_processes(scenario, self.options)
+        self.run_button.disabled = False
+        self.status.value = f"ready: {html.escape(scenario.name)}" + (f" ({html.escape(method)})" if method else "")
+
+    def start(self) -> bool:
+        from realbench.runtime.launch import check_run
+
+        if self.options is None or self.running:
+            return False
+        try:
+            check_run(self.scenario, self.options, self.nproc_box.value, self.steps_box.value, 0, "", False,
+                      flag="processes")
+        except ConfigError as e:
+            self.status.value = f"<span style='color:#c00'>{html.escape(str(e))}</span>"
+            return False
+        # new sources: a bokeh model belongs to one document, and the old plot's document holds these
+        self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
+        self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
+        self.plot = BokehModel(self._figures(list(self.scenario.dataflow.call_names)))
+        self.widget.children = self.widget.children[:2] + (self.plot,)
+        self.result, self.error = None, None
+        self.run_button.disabled = True
+        self.status.value = f"running {self.steps_box.value} steps on {self.nproc_box.value} processes ..."
+        send = dispatcher()
+        self._thread = threading.Thread(target=self._run, args=(send,), daemon=True, name="realbench-run")
+        self._thread.start()
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[dict]:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.result
+
+    def _run(self, send) -> None:
+        from realbench.runtime.launch import run_plan
+
+        try:
+            result = run_plan(self.scenario, self.options, self.nproc_box.value, self.steps_box.value,
+                              self.seed_box.value, on_step=lambda summary: send(self._show, summary))
+            self.result = result  # at once: wait() returns it even while the kernel's loop is busy
+            send(self._finish, result, None)
+        except Exception as e:
+            self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            send(self._finish, None, self.error)
+
+    def _show(self, summary: dict) -> None:
+        m = summary["metrics"]
+        nan = float("nan")
+        self.metrics.data = dict(step=[x["step"] for x in m], reward=[nan if x["reward"] is None else x["reward"] for x in m],
+                                 loss=[nan if x["loss"] is None else x["loss"] for x in m])
+        calls = summary["calls"]
+        self.calls.data = dict(call=list(calls), measured=[c["measured_s"] for c in calls.values()],
+                               estimated=[c["estimated_s"] for c in calls.values()])
+
+    def _finish(self, result: Optional[dict], error: Optional[str]) -> None:
+        self.run_button.disabled = False
+        if error:
+            self.status.value = f"<span style='color:#c00'>run failed: {html.escape(error)}</span>"
+            return
+        self._show(result)
+        self.status.value = (f"done: {result['steps']} steps, measured {result['measured_iter_s']:.3f} s per iteration "
+                             f"(estimated {result['estimated_iter_s']:.3f} s)")

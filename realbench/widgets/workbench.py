@@ -1,0 +1,50 @@
+"""All the widgets in one dashboard: the dataflow editor feeds the cluster panel and the search,
+the search hands its best plan to the viewer and the run monitor."""
+
+from __future__ import annotations
+
+import ipywidgets as w
+
+from realbench.widgets.cluster import ClusterPanel
+from realbench.widgets.dataflow import DataflowEditor
+from realbench.widgets.plan import PlanViewer
+from realbench.widgets.run import RunMonitor
+from realbench.widgets.search import SearchDashboard
+
+
+class Workbench:
+    def __init__(self, scenario: str = "ppo-tiny-cpu", budget_s: float = 5.0):
+        self.editor = DataflowEditor(scenario)
+        self.cluster = ClusterPanel()
+        self.search = SearchDashboard(scenario=scenario, budget_s=budget_s)
+        self.viewer = PlanViewer()
+        self.monitor = RunMonitor()
+        self.editor.listeners.append(self._scenario_changed)
+        self.cluster.listeners.append(self._profile_changed)
+        self.search.listeners += [self.viewer.listen, self.monitor.set_plan]
+        self.use_cluster = w.Button(description="Use this cluster", icon="check",
+                                    tooltip="put the edited scenario on this cluster")
+        self.use_cluster.on_click(lambda _: self.apply_cluster())
+        self.tabs = w.Tab(children=[self.editor.widget, w.VBox([self.cluster.widget, self.use_cluster]),
+                                    self.search.widget, self.viewer.widget, self.monitor.widget])
+        for i, title in enumerate(("Dataflow", "Cluster", "Search", "Plan", "Run")):
+            self.tabs.set_title(i, title)
+        self.widget = self.tabs
+
+    def _scenario_changed(self, scenario) -> None:
+        self.search.scenario_override = scenario
+        self.search.scenario_box.value = scenario.name  # shown; the editor's scenario is what runs
+
+    def _profile_changed(self, profile) -> None:
+        self.search.profile = profile
+
+    def apply_cluster(self) -> bool:
+        """Put the edited scenario on the cluster panel's cluster (errors shown in the editor)."""
+        from realbench.errors import ConfigError
+
+        try:
+            moved = self.cluster.apply(self.editor.scenario)
+        except ConfigError as e:
+            self.cluster.status.value = f"<span style='color:#c00'>{e}</span>"
+            return False
+        return self.editor._apply(moved.to_document(), "moved to the cluster")

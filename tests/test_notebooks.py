@@ -1,0 +1,28 @@
+"""Every notebook and tutorial runs top to bottom on this CPU (headless, nbclient), and shows no
+error output."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "tutorials").glob("*.ipynb"))
+
+
+def test_there_are_notebooks_and_tutorials():
+    names = [p.name for p in NOTEBOOKS]
+    assert len([n for n in names if n in {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}]) == 6
+    assert len(names) == 11
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebook_runs_top_to_bottom(path, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", "".join(out.get("traceback", []))[-2000:]
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            assert "Traceback" not in text

@@ -1,0 +1,170 @@
+"""Widgets driven from Python: set values, click buttons, assert state and plots."""
+
+import math
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from realbench.widgets import PlanViewer, SearchDashboard  # noqa: E402
+
+
+def test_search_dashboard_races_methods_and_hands_the_best_plan_to_the_viewer():
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("mcmc", "random"), budget_s=1.5)
+    viewer = PlanViewer()
+    dash.listeners.append(viewer.listen)
+    dash.run_button.click()
+    assert dash.running and dash.stop_button.disabled is False and dash.run_button.disabled
+    results = dash.wait(60)
+    assert set(results) == {"mcmc", "random"} and not dash.running
+    for method, source in dash.sources.items():
+        best = source.data["best"]
+        assert len(best) >= 1 and all(a >= b for a, b in zip(best, best[1:]))  # best time never rises
+        assert best[-1] == pytest.approx(results[method].best_time_s)
+    assert set(dash.baselines) == {"symmetric", "heuristic"}
+    assert "done" in dash.status.value and "<table>" in dash.table.value
+    assert dash.run_button.disabled is False and dash.stop_button.disabled
+    best = min(r.best_time_s for r in results.values())
+    assert viewer.estimate is not None and viewer.estimate.time_per_iter_s == pytest.approx(best)
+    assert "best plan of" in viewer.title.value and len(viewer.body.children) == 1
+
+
+def test_stop_button_ends_the_searches_early_with_the_best_plan_so_far():
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("tpe",), budget_s=120)
+    assert dash.start()
+    import time
+
+    time.sleep(1.0)
+    dash.stop_button.click()
+    results = dash.wait(30)
+    assert results["tpe"].seconds < 30 and math.isfinite(results["tpe"].best_time_s)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("budget_box", -1.0, "budget"), ("scenario_box", "no-such-scenario", "unknown scenario"),
+    ("methods_box", (), "at least one"), ("seed_box", -3, "seed")])
+def test_bad_widget_values_are_shown_inline(field, value, words):
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", budget_s=1)
+    getattr(dash, field).value = value
+    assert dash.start() is False and not dash.running
+    assert words in dash.status.value and "Traceback" not in dash.status.value
+
+
+def test_plan_viewer_compares_two_plans():
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import BASELINES
+    from realbench.plan import load_scenario
+
+    scenario = load_scenario("ppo-7b-7b-16gpu")
+    est = Estimator(scenario)
+    sym, heur = (est.options_of(BASELINES[k](est)) for k in ("symmetric", "heuristic"))
+    viewer = PlanViewer()
+    viewer.show(scenario, sym, "symmetric")
+    assert "symmetric" in viewer.title.value and f"{viewer.estimate.time_per_iter_s:.4g}" in viewer.title.value
+    viewer.compare(heur, names=("symmetric", "heuristic"))
+    doc_model = viewer.body.children[0]
+    titles = [m.title.text for m in doc_model._model.references() if getattr(m, "title", None) is not None
+              and hasattr(m.title, "text")]
+    assert any(t.startswith("mesh map") for t in titles) and any(t.startswith("time per iteration") for t in titles)
+
+
+# -- dataflow editor -------------------------------------------------------------------------------------------
+def test_dataflow_editor_add_remove_save_load(tmp_path):
+    from realbench.widgets import DataflowEditor
+
+    ed = DataflowEditor("ppo-tiny-cpu")
+    seen = []
+    ed.listeners.append(seen.append)
+    assert len(ed.scenario.dataflow.calls) == 6 and len(ed.graph.children) == 1
+    ed.name_box.value, ed.model_box.value, ed.kind_box.value = "critic_score", "critic", "inference"
+    ed.inputs_box.value, ed.outputs_box.value = "seqs", "scores"
+    ed.seqs_box.value, ed.len_box.value = 8, 16
+    ed.add_button.click()
+    assert "critic_score" in ed.scenario.dataflow.call_names and seen[-1] is ed.scenario
+    assert ("actor_gen", "critic_score") in ed.scenario.dataflow.graph.edges  # a data edge on "seqs"
+    before = ed.scenario
+    ed.name_box.value, ed.model_box.value, ed.outputs_box.value = "orphan", "nobody", "other"  # unknown model
+    ed.add_button.click()
+    assert "unknown model" in ed.status.value and ed.scenario is before  # the valid one stays
+    ed.remove_box.value = "critic_score"
+    ed.remove_button.click()
+    assert "critic_score" not in ed.scenario.dataflow.call_names
+    path = tmp_path / "mine.yaml"
+    ed.path_box.value = str(path)
+    ed.save_button.click()
+    assert path.exists() and "saved" in ed.status.value
+    path.write_text(path.read_text())
+    ed.save_button.click()  # exists, overwrite not ticked: refused, file kept
+    assert "exists" in ed.status.value
+    other = DataflowEditor("grpo-tiny-cpu")
+    other.path_box.value = str(path)
+    other.load_button.click()
+    assert other.scenario.dataflow.call_names == ed.scenario.dataflow.call_names
+    other.path_box.value = str(tmp_path / "missing.yaml")
+    other.load_button.click()
+    assert "no such file" in other.status.value
+
+
+# -- cluster and profiler --------------------------------------------------------------------------------------
+def test_cluster_panel_profiles_in_the_background(tmp_path):
+    from realbench.hardware.profiler import ProfileRequest
+    from realbench.widgets import ClusterPanel
+
+    panel = ClusterPanel(nodes=2, gpus_per_node=8, device="h100")
+    from realbench.plan import load_scenario
+
+    moved = panel.apply(load_scenario("ppo-tiny-cpu"))
+    assert (moved.cluster.nodes, moved.cluster.gpus_per_node, moved.cluster.device.name) == (2, 8, "h100")
+    panel.out_box.value = str(tmp_path / "p.json")
+    got = []
+    panel.listeners.append(got.append)
+    req = ProfileRequest(nproc=2, batches=(1, 2), lengths=(4, 8), repeats=3, warmup=1, passes=1)
+    assert panel.start_profile(req)
+    assert panel.profile_button.disabled
+    panel.wait(300)
+    assert panel.profile is not None and got == [panel.profile] and (tmp_path / "p.json").exists()
+    assert panel.progress.value == panel.progress.max > 10 and len(panel.curves.children) == 1
+    assert panel.start_profile(req) is False and "exists" in panel.status.value  # never overwrites
+    fresh = ClusterPanel()
+    fresh.profile_path.value = str(tmp_path / "p.json")
+    assert fresh.profile is not None
+    fresh.profile_path.value = str(tmp_path / "nope.json")
+    assert "no such file" in fresh.status.value
+
+
+# -- run monitor -----------------------------------------------------------------------------------------------
+def test_run_monitor_shows_live_steps():
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import BASELINES
+    from realbench.plan import load_scenario
+    from realbench.widgets import RunMonitor
+
+    scenario = load_scenario("ppo-tiny-2cpu")
+    est = Estimator(scenario)
+    mon = RunMonitor(steps=3)
+    assert mon.start() is False  # no plan yet
+    mon.set_plan(scenario, est.options_of(BASELINES["symmetric"](est)), "symmetric")
+    assert mon.nproc_box.value == 2 and not mon.run_button.disabled
+    mon.nproc_box.value = 3
+    assert mon.start() is False and "processes" in mon.status.value
+    mon.nproc_box.value = 2
+    assert mon.start()
+    result = mon.wait(300)
+    assert result is not None and result["steps"] == 3, mon.error
+    assert mon.metrics.data["step"] == [0, 1, 2] and len(mon.metrics.data["reward"]) == 3
+    assert set(mon.calls.data["call"]) == set(scenario.dataflow.call_names)
+    assert all(m > 0 for m in mon.calls.data["measured"]) and "done" in mon.status.value
+
+
+def test_workbench_wires_the_widgets():
+    from realbench.widgets import Workbench
+
+    wb = Workbench("ppo-tiny-2cpu", budget_s=1)
+    assert [wb.tabs.get_title(i) for i in range(5)] == ["Dataflow", "Cluster", "Search", "Plan", "Run"]
+    wb.cluster.nodes_box.value, wb.cluster.gpus_box.value, wb.cluster.device_box.value = 1, 2, "cpu"
+    wb.use_cluster.click()
+    assert wb.search.scenario_override is wb.editor.scenario and wb.editor.scenario.cluster.n_devices == 2
+    wb.search.methods_box.value = ("mcmc",)
+    assert wb.search.start()
+    wb.search.wait(60)
+    assert wb.viewer.estimate is not None and wb.monitor.options is not None and not wb.monitor.run_button.disabled
