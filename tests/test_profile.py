@@ -143,6 +143,31 @@ def test_estimator_composes_profiled_operations():
     assert est.dur[i][k2] == pytest.approx(first + last + max(first, last) + 4e-4)
 
 
+def test_pipelined_generation_costs_max_of_busy_stages_and_token_loop():
+    """Decoding on pp stages with m micro-batches: per token, max(m slots of the slowest stage,
+    one trip of a token around the pipeline). With every op at 1 ms whatever its size and free
+    links: pp=2, m=1 pays the token's loop (bubbles), larger m is bound by the busy stages."""
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    prof = synthetic_profile(lambda op, b, s: 1e-3)
+    scenario = load_scenario("ppo-tiny-2cpu")
+    est = Estimator(scenario, profile=prof)
+    i = est.call_names.index("actor_gen")
+    call = scenario.dataflow.call("actor_gen")
+    L, G = scenario.models["actor"].n_layers, call.gen_len
+
+    def time(m):
+        return est.dur[i][est.index_of(i, Option(Mesh(0, 1, 0, 2), Strategy(1, 1, 2, m)))]
+
+    per_stage = [1e-3 + (L // 2) * 1e-3, (L // 2) * 1e-3 + 1e-3 + 1e-3]  # embed; head + sampling
+    loop = sum(per_stage)  # links cost ~0
+    for m in (1, 2, 4):
+        decode = (G - 1) * max(m * max(per_stage), loop)
+        prefill = sum(per_stage) - 1e-3 + (m - 1) * (max(per_stage) - 1e-3) + m * 1e-3
+        assert time(m) == pytest.approx(decode + prefill, rel=1e-3), m
+    assert (time(4) - time(2)) > 0.9 * (G - 1) * 2 * max(per_stage)
+
+
 def test_slower_measured_blocks_make_slower_estimates():
     scenario = load_scenario("ppo-tiny-2cpu")
     fast = Estimator(scenario, profile=synthetic_profile(lambda op, b, s: 1e-3))

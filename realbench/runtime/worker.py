@@ -38,7 +38,7 @@ from realbench.runtime import losses
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_full_weights
-from realbench.runtime.realloc import bytes_received, plan_transfers, reallocate
+from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
 from realbench.runtime.shards import param_specs
 
 FAULT_ENV = "REALBENCH_FAULT"
@@ -118,8 +118,10 @@ class StepRecord:
 
 
 class Worker:
-    def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0, lr: float = 1e-3):
+    def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0, lr: float = 1e-3,
+                 device: torch.device | str = "cpu"):
         self.rank, self.scenario, self.seed = rank, scenario, seed
+        self.device = torch.device(device)  # where this rank's models and messages live
         self.current = "start-up"
         df = scenario.dataflow
         G = scenario.cluster.gpus_per_node
@@ -134,12 +136,16 @@ class Worker:
         self.groups = Groups()
         self.groups.prepare(self.layouts)
         self.transfers = {}  # realloc plans by call
+        self.realloc_plans = {}  # and this rank's messages for them
+        self.reallocations: dict[int, BoundReallocation] = {}  # bound to the tensors, at first use
         self.events: list[Event] = []
         producer = {k: index[c.name] for c in self.calls for k in c.outputs}
         for i, c in enumerate(self.calls):
             m = self.master_of[i]
             if m != i and self.layouts[m] != self.layouts[i]:
                 self.transfers[i] = plan_transfers(scenario.models[c.model], self.layouts[m], self.layouts[i])
+                self.realloc_plans[i] = rank_plan(scenario.models[c.model], self.layouts[m], self.layouts[i], rank,
+                                                  self.transfers[i])
                 self.events.append(Event("realloc", i, frozenset(self.layouts[m].ranks) | frozenset(self.layouts[i].ranks)))
             by_producer: dict[int, list[str]] = {}
             for k in c.inputs:
@@ -151,6 +157,9 @@ class Worker:
             self.events.append(Event("call", i, frozenset(self.layouts[i].ranks)))
         # master copies (and optimizers) of the models whose master layout holds this rank
         self.masters: dict[int, PlacedModel] = {}
+        # copies of models on other calls' layouts, filled by reallocation and kept from step to
+        # step so that a reallocation writes into tensors that already exist
+        self.placed: dict[int, PlacedModel] = {}
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         for m in sorted(set(self.master_of)):
             lay = self.layouts[m]
@@ -158,7 +167,7 @@ class Worker:
                 continue
             c = self.calls[m]
             spec = scenario.models[c.model]
-            model = PlacedModel(spec, lay, rank, self.groups)
+            model = PlacedModel(spec, lay, rank, self.groups, self.device)
             model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
             if c.kind == CallKind.TRAIN:
@@ -176,7 +185,6 @@ class Worker:
         fault = os.environ.get(FAULT_ENV, "")  # "rank:call": fail there, to test failure handling
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
-        self.placed: dict[int, PlacedModel] = {}
         start = time.perf_counter()
         for e in self.events:
             if self.rank not in e.ranks:
@@ -203,13 +211,14 @@ class Worker:
     def _realloc(self, i: int, rec: StepRecord) -> None:
         c, m = self.calls[i], self.master_of[i]
         spec = self.scenario.models[c.model]
-        src = self.masters[m].shards() if m in self.masters else {}
-        shards = reallocate(spec, self.layouts[m], self.layouts[i], src, self.rank, transfers=self.transfers[i])
+        if i not in self.reallocations:
+            if self.layouts[i].coord(self.rank) is not None:
+                self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device)
+            self.reallocations[i] = BoundReallocation(
+                self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
+                self.placed[i].shards() if i in self.placed else {}, device=self.device)
+        self.reallocations[i]()
         rec.realloc_bytes += bytes_received(self.transfers[i], spec).get(self.rank, 0)
-        if self.layouts[i].coord(self.rank) is not None:
-            model = PlacedModel(spec, self.layouts[i], self.rank, self.groups)
-            model.load_shards(shards)
-            self.placed[i] = model
 
     def _transfer(self, e: Event) -> None:
         src_layout, dst_layout = self.layouts[e.producer], self.layouts[e.call]
@@ -223,15 +232,17 @@ class Worker:
                         received[key][d] = self.outputs[e.producer][key]
                     elif head == self.rank:
                         t = self.outputs[e.producer][key].contiguous()
-                        header = torch.tensor([t.dim(), int(t.dtype == torch.long), *t.shape] + [0] * (6 - t.dim()))
+                        header = torch.tensor([t.dim(), int(t.dtype == torch.long), *t.shape] + [0] * (6 - t.dim()),
+                                              device=self.device)
                         sends += [(dist.isend(header, r), header), (dist.isend(t, r), t)]
                     elif r == self.rank:
                         pending.append((key, d, head))
         for key, d, head in pending:  # headers first: they give the shapes
-            header = torch.empty(8, dtype=torch.long)
+            header = torch.empty(8, dtype=torch.long, device=self.device)
             dist.recv(header, head)
             ndim, is_long = int(header[0]), bool(header[1])
-            buf = torch.empty(*header[2:2 + ndim].tolist(), dtype=torch.long if is_long else torch.float32)
+            buf = torch.empty(*header[2:2 + ndim].tolist(), dtype=torch.long if is_long else torch.float32,
+                              device=self.device)
             dist.recv(buf, head)
             received[key][d] = buf
         for req, _ in sends:
@@ -246,7 +257,7 @@ class Worker:
         data = dict(self.data.get(i, {}))
         for k in c.inputs:
             if k not in data:  # a dataset key
-                data[k] = make_dataset(c, k, self.scenario.models[c.model].vocab, self.seed, step)
+                data[k] = make_dataset(c, k, self.scenario.models[c.model].vocab, self.seed, step).to(self.device)
         return data
 
     def _call(self, i: int, step: int, rec: StepRecord) -> None:
@@ -258,10 +269,9 @@ class Worker:
         dp, m = lay.dims.dp, self.micro_batches[i]
         if c.kind == CallKind.GENERATE:
             prompts = data["prompts"].chunk(dp)[coord.dp]
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
+            g = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
             greedy = "greedy" in c.name
-            seqs, lps = zip(*(generate(model, mb, c.gen_len, g, greedy=greedy) for mb in prompts.chunk(m)))
-            seqs, lps = torch.cat(seqs), torch.cat(lps)
+            seqs, lps = generate(model, prompts, c.gen_len, g, greedy=greedy, micro_batches=m)
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
@@ -302,7 +312,7 @@ class Worker:
         opt = self.optimizers[i]
         total, count = 0.0, 0
         for s in range(c.optimizer_steps):
-            rows = torch.arange(s * per_step, (s + 1) * per_step).chunk(dp)[coord.dp]
+            rows = torch.arange(s * per_step, (s + 1) * per_step, device=self.device).chunk(dp)[coord.dp]
             mbs = list(rows.chunk(m))
 
             def loss_fn(j, y, mbs=mbs):
@@ -391,12 +401,12 @@ class Worker:
             if m in self.optimizers and f"adam_step/{role}" in meta:
                 opt = self.optimizers[m]
                 for k, p in model.stage.named_parameters():
-                    opt.state[p] = {"step": torch.tensor(float(meta[f"adam_step/{role}"])),
-                                    "exp_avg": tensors[f"adam/{role}/{k}/exp_avg"].clone(),
-                                    "exp_avg_sq": tensors[f"adam/{role}/{k}/exp_avg_sq"].clone()}
+                    opt.state[p] = {"step": torch.tensor(float(meta[f"adam_step/{role}"])),  # on the CPU, as Adam keeps it
+                                    "exp_avg": tensors[f"adam/{role}/{k}/exp_avg"].to(self.device),
+                                    "exp_avg_sq": tensors[f"adam/{role}/{k}/exp_avg_sq"].to(self.device)}
 
 
-def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0
-              ) -> list[StepRecord]:
-    worker = Worker(rank, scenario, options, seed)
+def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0,
+              device: torch.device | str = "cpu") -> list[StepRecord]:
+    worker = Worker(rank, scenario, options, seed, device=device)
     return [worker.step(s) for s in range(steps)]
