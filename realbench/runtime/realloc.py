@@ -173,34 +173,29 @@ class BoundReallocation:
 
     def __init__(self, plan: RankPlan, shards: dict[str, torch.Tensor], out: dict[str, torch.Tensor],
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        def buffer(n):
-            return torch.empty(n, dtype=dtype, device=device)
-
+        self.dtype, self.device = dtype, device
         self.local = [(_view(out[b.name], b), _view(shards[a.name], a)) for a, b in plan.local]
         self.pack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # filled before sending
         self.unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # emptied after receiving
         self.ops = []
         for m in plan.peers:
-            sends = [[_view(shards[s.name], s)] for s in m.direct_send]
-            if m.packed_send:
-                sends.append([_view(shards[s.name], s) for s in m.packed_send])
-            for views in sends:
-                if len(views) == 1 and views[0].is_contiguous():
-                    self.ops.append(dist.P2POp(dist.isend, views[0], m.peer))
-                else:
-                    flat = buffer(sum(v.numel() for v in views))
-                    self.pack.append((flat, views))
-                    self.ops.append(dist.P2POp(dist.isend, flat, m.peer))
-            recvs = [[_view(out[s.name], s)] for s in m.direct_recv]
-            if m.packed_recv:
-                recvs.append([_view(out[s.name], s) for s in m.packed_recv])
-            for views in recvs:
-                if len(views) == 1 and views[0].is_contiguous():
-                    self.ops.append(dist.P2POp(dist.irecv, views[0], m.peer))
-                else:
-                    flat = buffer(sum(v.numel() for v in views))
-                    self.unpack.append((flat, views))
-                    self.ops.append(dist.P2POp(dist.irecv, flat, m.peer))
+            self._post(dist.isend, m.peer, shards, m.direct_send, m.packed_send, self.pack)
+            self._post(dist.irecv, m.peer, out, m.direct_recv, m.packed_recv, self.unpack)
+
+    def _post(self, op, peer: int, tensors: dict, direct: tuple[Slice, ...], packed: tuple[Slice, ...],
+              staged: list) -> None:
+        """One message per direct slice, then one for the packed ones; a message whose data is
+        not one contiguous view goes through a buffer of its own."""
+        groups = [[_view(tensors[s.name], s)] for s in direct]
+        if packed:
+            groups.append([_view(tensors[s.name], s) for s in packed])
+        for views in groups:
+            if len(views) == 1 and views[0].is_contiguous():
+                self.ops.append(dist.P2POp(op, views[0], peer))
+            else:
+                flat = torch.empty(sum(v.numel() for v in views), dtype=self.dtype, device=self.device)
+                staged.append((flat, views))
+                self.ops.append(dist.P2POp(op, flat, peer))
 
     def __call__(self) -> None:
         for flat, views in self.pack:
