@@ -105,7 +105,6 @@ class RankPlan:
     rank: int
     local: tuple[tuple[Slice, Slice], ...]  # (from the source shards, into the destination shards)
     peers: tuple[PeerMessages, ...]
-    holds_destination: bool
 
 
 def _view(tensor: torch.Tensor, s: Slice) -> torch.Tensor:
@@ -120,6 +119,7 @@ def _contiguous_slice(shape: tuple[int, ...], split: Optional[int], length: int)
 
 
 def _numel(shape: tuple[int, ...], split: Optional[int], length: int) -> int:
+    """Values in narrow(split, ., length) of a tensor of `shape` (the whole tensor if split is None)."""
     n = length if split is not None else 1
     for d, size in enumerate(shape):
         if d != split:
@@ -162,7 +162,7 @@ def rank_plan(model: ModelSpec, src: Layout, dst: Layout, rank: int,
         ds, ps = sends.get(peer, ([], []))
         dr, pr = recvs.get(peer, ([], []))
         peers.append(PeerMessages(peer, tuple(ds), tuple(ps), tuple(dr), tuple(pr)))
-    return RankPlan(rank, tuple(local), tuple(peers), dst.coord(rank) is not None)
+    return RankPlan(rank, tuple(local), tuple(peers))
 
 
 class BoundReallocation:
@@ -249,11 +249,6 @@ def bytes_received(transfers: list[Transfer], model: ModelSpec, bytes_per_value:
     for t in transfers:
         if t.src == t.dst:
             continue
-        shape = list(specs[t.name].shape)
-        if t.split is not None:
-            shape[t.split] = t.hi - t.lo
-        n = 1
-        for d in shape:
-            n *= d
+        n = _numel(specs[t.name].shape, t.split, t.hi - t.lo)
         out[t.dst] = out.get(t.dst, 0) + n * bytes_per_value
     return out

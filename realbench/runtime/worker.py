@@ -135,17 +135,18 @@ class Worker:
             self.master_of.append(trains.get(c.model, next(j for j, d in enumerate(self.calls) if d.model == c.model)))
         self.groups = Groups()
         self.groups.prepare(self.layouts)
-        self.transfers = {}  # realloc plans by call
-        self.realloc_plans = {}  # and this rank's messages for them
+        self.realloc_plans = {}  # this rank's messages for each call's reallocation
+        self.realloc_bytes = {}  # and the bytes it receives in them
         self.reallocations: dict[int, BoundReallocation] = {}  # bound to the tensors, at first use
         self.events: list[Event] = []
         producer = {k: index[c.name] for c in self.calls for k in c.outputs}
         for i, c in enumerate(self.calls):
             m = self.master_of[i]
             if m != i and self.layouts[m] != self.layouts[i]:
-                self.transfers[i] = plan_transfers(scenario.models[c.model], self.layouts[m], self.layouts[i])
-                self.realloc_plans[i] = rank_plan(scenario.models[c.model], self.layouts[m], self.layouts[i], rank,
-                                                  self.transfers[i])
+                spec = scenario.models[c.model]
+                transfers = plan_transfers(spec, self.layouts[m], self.layouts[i])
+                self.realloc_plans[i] = rank_plan(spec, self.layouts[m], self.layouts[i], rank, transfers)
+                self.realloc_bytes[i] = bytes_received(transfers, spec).get(rank, 0)
                 self.events.append(Event("realloc", i, frozenset(self.layouts[m].ranks) | frozenset(self.layouts[i].ranks)))
             by_producer: dict[int, list[str]] = {}
             for k in c.inputs:
@@ -218,7 +219,7 @@ class Worker:
                 self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
                 self.placed[i].shards() if i in self.placed else {}, device=self.device)
         self.reallocations[i]()
-        rec.realloc_bytes += bytes_received(self.transfers[i], spec).get(self.rank, 0)
+        rec.realloc_bytes += self.realloc_bytes[i]
 
     def _transfer(self, e: Event) -> None:
         src_layout, dst_layout = self.layouts[e.producer], self.layouts[e.call]
