@@ -169,30 +169,37 @@ def test_layout_parity_with_unsharded_model(world):
 
 
 def _realloc_worker(rank, world, pairs):
-    from realbench.runtime.realloc import reallocate
+    from realbench.runtime.realloc import BoundReallocation, empty_shards, rank_plan, reallocate
 
     full = init_full_weights(SPEC, seed=2)
     groups = Groups()
     out = []
     for a, b in pairs:
-        def shards_of(lay):
+        def shards_of(lay, flat):
             c = lay.coord(rank)
             if c is None:
                 return {}
             st = LlamaStage(SPEC, lay.dims.tp, c.tp, lay.dims.pp, c.pp)
             st.load_full(full)
-            return {k: v.clone() for k, v in st.state_dict().items()}
+            # a stage's own tensors are views of its flat buffer (messages in place); clones are not
+            return dict(st.state_dict()) if flat else {k: v.clone() for k, v in st.state_dict().items()}
 
-        start = shards_of(a)
-        moved = reallocate(SPEC, a, b, start, rank)
-        expect = shards_of(b)
+        start = shards_of(a, flat=True)
+        moved = reallocate(SPEC, a, b, start, rank)  # into fresh flat tensors
+        expect = shards_of(b, flat=False)
         ok_b = moved.keys() == expect.keys() and all(torch.equal(moved[k], expect[k]) for k in expect)
-        # back into tensors that already exist (as a worker's placed model), filled with garbage
-        into = {k: torch.full_like(v, float("nan")) for k, v in start.items()}
-        back = reallocate(SPEC, b, a, moved, rank, out=into)
-        ok_round = back.keys() == start.keys() and all(torch.equal(back[k], start[k]) for k in start)
-        ok_round = ok_round and all(back[k] is into[k] for k in into)
-        out.append(ok_b and ok_round)
+        # back into tensors that already exist (as a worker's placed model), filled with garbage:
+        # once into separate tensors (every message staged), once into a flat buffer
+        ok_round = True
+        for into in ({k: torch.full_like(v, float("nan")) for k, v in start.items()}, empty_shards(SPEC, a, rank)):
+            for v in into.values():
+                v.fill_(float("nan"))
+            back = reallocate(SPEC, b, a, moved, rank, out=into)
+            ok_round = ok_round and back.keys() == start.keys() and all(torch.equal(back[k], start[k]) for k in start)
+            ok_round = ok_round and all(back[k] is into[k] for k in into)
+        # between flat buffers, a message that lies in order on both sides is copied by nobody
+        staged = BoundReallocation(rank_plan(SPEC, a, b, rank), start, empty_shards(SPEC, b, rank)).staged_values
+        out.append((ok_b and ok_round, staged))
     del groups
     return out
 
@@ -214,7 +221,29 @@ def test_realloc_round_trip_is_bit_identical(world):
     pairs = [(random_layout(rng, world), random_layout(rng, world)) for _ in range(25)]
     results = spawn(_realloc_worker, world, pairs)
     for rank in range(world):
-        assert all(results[rank]), [p for p, ok in zip(pairs, results[rank]) if not ok]
+        assert all(ok for ok, _ in results[rank]), [p for p, (ok, _) in zip(pairs, results[rank]) if not ok]
+    for i, (a, b) in enumerate(pairs):
+        if a.dims == b.dims and set(a.ranks).isdisjoint(b.ranks):  # same layout, another mesh
+            assert all(results[r][i][1] == 0 for r in range(world)), (a, b)
+
+
+def test_each_pair_of_ranks_exchanges_one_message_read_and_written_in_place_where_it_lies_in_order():
+    from realbench.runtime.realloc import rank_plan
+
+    # tp2 -> tp1 on the same two ranks: each rank sends its half of every matrix in one message,
+    # straight from its flat buffer (the shards lie there in order, with gaps for the norms it
+    # does not send); the receiver's halves interleave with its own, so it copies them out
+    a, b = Layout.on([0, 1], 1, 2, 1), Layout.on([0, 1], 2, 1, 1)
+    for rank in (0, 1):
+        plan = rank_plan(SPEC, a, b, rank)
+        assert [m.peer for m in plan.sends] == [1 - rank] and [m.peer for m in plan.recvs] == [1 - rank]
+        assert plan.sends[0].in_place_at is not None and plan.recvs[0].in_place_at is None
+        assert len(plan.sends[0].slices) > 10
+    # pp2 -> pp2 on another mesh: whole stages, in place on both sides
+    plan = rank_plan(SPEC, Layout.on([0, 1], 1, 1, 2), Layout.on([2, 3], 1, 1, 2), 0)
+    assert [m.peer for m in plan.sends] == [2] and plan.sends[0].in_place_at == 0
+    plan = rank_plan(SPEC, Layout.on([0, 1], 1, 1, 2), Layout.on([2, 3], 1, 1, 2), 3)
+    assert [m.peer for m in plan.recvs] == [1] and plan.recvs[0].in_place_at == 0
 
 
 def test_bench_realloc_quick(cli):

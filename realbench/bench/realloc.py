@@ -4,7 +4,8 @@ On `nproc` local processes, a model is moved between pairs of layouts (training-
 generation-like and back, across disjoint meshes, between pipeline and tensor parallelism).
 For each pair: the bytes moved (received from other ranks), the seconds (slowest rank, median of
 repeats), and a plain `dist.broadcast` of the same number of bytes per destination from one rank,
-measured in the same run. `ratio` = broadcast seconds / reallocation seconds (target >= 0.5: the
+measured in the same run; the messages sent and the bytes that went through a staging copy (all
+ranks). `ratio` = broadcast seconds / reallocation seconds (target >= 0.5: the
 reallocation moves its bytes at least half as fast as the simplest collective would)."""
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ def _worker(rank, world, repeats):
         if c is not None:
             st = LlamaStage(MODEL, a.dims.tp, c.tp, a.dims.pp, c.pp)
             st.load_full(full)
-            shards = {k: v.clone() for k, v in st.state_dict().items()}
+            shards = dict(st.state_dict())  # views of the stage's flat buffer, as a worker's model
         # the destination's tensors exist before the move, as a worker's placed model does
         cb = b.coord(rank)
         dest = {} if cb is None else dict(LlamaStage(MODEL, b.dims.tp, cb.tp, b.dims.pp, cb.pp).state_dict())
         transfers = plans[len(out)]
-        move = BoundReallocation(rank_plan(MODEL, a, b, rank, transfers), shards, dest)
+        plan = rank_plan(MODEL, a, b, rank, transfers)
+        move = BoundReallocation(plan, shards, dest)
         received = bytes_received(transfers, MODEL)
         per_dest = max(received.values()) if received else 0
         times, bcast = [], []
@@ -67,7 +69,12 @@ def _worker(rank, world, repeats):
             dist.broadcast(buf, 0)
             dist.barrier()
             bcast.append(time.perf_counter() - t0)
+        # per rank: messages sent, and bytes copied through staging buffers
+        counts = torch.tensor([len(plan.sends), move.staged_values * 4], dtype=torch.float64)
+        gathered = [torch.zeros_like(counts) for _ in range(world)]
+        dist.all_gather(gathered, counts)
         out.append({"pair": label, "bytes": sum(received.values()), "bytes_per_destination": per_dest,
+                    "messages": int(sum(g[0] for g in gathered)), "staged_bytes": int(sum(g[1] for g in gathered)),
                     "seconds": statistics.median(times), "broadcast_seconds": statistics.median(bcast)})
     return out
 

@@ -119,8 +119,8 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
 
     dev = torch.device("cuda", device_index) if req.device == "cuda" else torch.device("cpu")
     one = spec.model_copy(update={"n_layers": 1, "value_head": False})
-    stage = LlamaStage(one, tp, rank, 1, 0, group).to(dev)
-    valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group).to(dev)
+    stage = LlamaStage(one, tp, rank, 1, 0, group, dev)
+    valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group, dev)
     block = stage.layers["0"]
     g = torch.Generator(device="cpu").manual_seed(0)
     ops: dict[str, list] = {}

@@ -32,7 +32,7 @@ class PlacedModel:
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
         self.device = torch.device(device)
-        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group).to(self.device)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device)
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
 

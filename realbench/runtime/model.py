@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.runtime.shards import param_specs, shard_shape, stage_layers, tp_range
+from realbench.runtime.shards import flat_offsets, param_specs, shard_shape, stage_layers, tp_range
 
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -142,10 +142,13 @@ class LlamaStage(nn.Module):
     """Pipeline stage `stage` of `pp`, tensor-parallel shard `tp_rank` of `tp`.
 
     forward(tokens or hidden, positions, caches) -> hidden states, or on the last stage the
-    logits (batch, seq, vocab) or values (batch, seq)."""
+    logits (batch, seq, vocab) or values (batch, seq). The parameters are views of one flat
+    buffer on `device` (`self.flat`, laid out by `flat_offsets`), which reallocation reads and
+    writes in place; moving the module with `.to()` would give each parameter its own storage
+    again, so the device is given here."""
 
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
-                 tp_group=None):
+                 tp_group=None, device: torch.device | str = "cpu"):
         super().__init__()
         if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
             raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
@@ -161,6 +164,20 @@ class LlamaStage(nn.Module):
             self.norm = RMSNorm(spec.hidden)
             out = 1 if spec.value_head else spec.vocab // tp
             self.head = nn.Linear(spec.hidden, out, bias=False)
+        self.flat = self._flatten(torch.device(device))
+
+    @torch.no_grad()
+    def _flatten(self, device: torch.device) -> torch.Tensor:
+        offsets, total = flat_offsets(self.spec, self.tp, self.pp, self.stage)
+        params = dict(self.named_parameters())
+        assert params.keys() == offsets.keys(), sorted(set(params) ^ set(offsets))
+        flat = torch.empty(total, device=device)
+        for name, start in offsets.items():
+            p = params[name]
+            view = flat[start:start + p.numel()].view(p.shape)
+            view.copy_(p)
+            p.data = view
+        return flat
 
     def new_caches(self) -> dict:
         return {name: {} for name in self.layers}

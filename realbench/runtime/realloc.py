@@ -8,11 +8,12 @@ among the source's dp replicas: the destination itself when it already holds the
 replica with the same dp index modulo the source's dp (spreading the load over replicas).
 Each destination receives only its slices, point to point, and every rank turns the list into
 its own messages once (`rank_plan`), so a reallocation repeated every step only walks that plan.
-A large slice travels as its own message, read in place where it is contiguous in the source
-tensor (a dim-0 range, a whole shard) and written in place where it is contiguous in the
-destination tensor; only a strided side goes through one copy. Small slices, where a message's
-fixed cost exceeds a copy's, are packed into one flat message per pair. Both sides derive the
-same messages from the transfer list alone.
+Each pair of ranks exchanges one message per direction, whatever the number of tensors (a
+message's fixed cost is what makes many small ones slow). A stage keeps its shards in one flat
+buffer (`shards.flat_offsets`), so a message whose slices lie there in order, as whole shards
+and row ranges do, is sent straight from that buffer or received straight into it; only a side
+where they do not (column ranges, slices interleaved with others) goes through one copy. Both
+sides derive the same messages from the transfer list alone.
 Copies are exact, so A -> B -> A gives back bit-identical weights.
 
 Destinations may pass their tensors of layout B (`out`), which are then filled in place: a worker
@@ -22,6 +23,7 @@ it writes are already mapped.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,7 +32,7 @@ import torch.distributed as dist
 
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Layout
-from realbench.runtime.shards import ParamSpec, in_stage, param_specs, shard_shape, tp_range
+from realbench.runtime.shards import ParamSpec, flat_offsets, in_stage, param_specs, shard_shape, tp_range
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,11 @@ def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]
     return out
 
 
-# Below this many values a slice is packed with the others of its pair: on gloo over loopback a
-# message costs about as much as copying some thousands of values (measured: 4096 moved the
-# bench realloc pairs fastest among 4096, 16384, 65536, 262144 and packing everything).
-DIRECT_MIN_VALUES = 4096
+# A sender reads a message straight from its flat buffer when the message's slices lie there in
+# order with gaps (shards the receiver does not need, such as a norm it gets from another
+# replica) of at most this fraction of the span: sending a few unneeded values costs less than
+# packing the rest.
+MAX_GAP_FRACTION = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -90,32 +93,28 @@ class Slice:
 
 
 @dataclass(frozen=True)
-class PeerMessages:
-    """What one rank sends to and receives from one peer, in message order: a message per
-    direct slice, then one packed message with the others (when there are any)."""
+class Message:
+    """The one message between this rank and `peer` in one direction: this rank's slices, where
+    each starts in the message (values), the message's length, and where the message lies in
+    this rank's flat stage buffer when it is sent from or received into that buffer in place
+    (`in_place_at`; None: through a staging buffer, one copy)."""
     peer: int
-    direct_send: tuple[Slice, ...]
-    packed_send: tuple[Slice, ...]
-    direct_recv: tuple[Slice, ...]
-    packed_recv: tuple[Slice, ...]
+    slices: tuple[Slice, ...]
+    offsets: tuple[int, ...]
+    length: int
+    in_place_at: Optional[int]
 
 
 @dataclass(frozen=True)
 class RankPlan:
     rank: int
     local: tuple[tuple[Slice, Slice], ...]  # (from the source shards, into the destination shards)
-    peers: tuple[PeerMessages, ...]
+    sends: tuple[Message, ...]
+    recvs: tuple[Message, ...]
 
 
 def _view(tensor: torch.Tensor, s: Slice) -> torch.Tensor:
     return tensor if s.split is None else tensor.narrow(s.split, s.start, s.length)
-
-
-def _contiguous_slice(shape: tuple[int, ...], split: Optional[int], length: int) -> bool:
-    """Whether narrow(split, ., length) of a contiguous tensor of `shape` is contiguous."""
-    if split is None or length == shape[split]:
-        return True
-    return all(d == 1 for d in shape[:split])
 
 
 def _numel(shape: tuple[int, ...], split: Optional[int], length: int) -> int:
@@ -127,99 +126,151 @@ def _numel(shape: tuple[int, ...], split: Optional[int], length: int) -> int:
     return n
 
 
-def is_direct(t: Transfer, spec: ParamSpec, src_tp: int, dst_tp: int) -> bool:
-    """A transfer that travels as its own message: large, and contiguous on at least one side
-    (so it costs at most one copy, never two)."""
-    n = t.hi - t.lo
-    src_shape, dst_shape = shard_shape(spec, src_tp), shard_shape(spec, dst_tp)
-    return (_numel(src_shape, t.split, n) >= DIRECT_MIN_VALUES
-            and (_contiguous_slice(src_shape, t.split, n) or _contiguous_slice(dst_shape, t.split, n)))
+def _flat_position(s: Slice, shape: tuple[int, ...], start: int) -> Optional[int]:
+    """Where slice `s` of a shard of `shape`, stored from `start` in a flat buffer, begins there;
+    None when the slice is not contiguous (a column range of a matrix, say)."""
+    if s.split is None or s.length == shape[s.split]:
+        return start
+    if any(d != 1 for d in shape[:s.split]):
+        return None
+    return start + s.start * math.prod(shape[s.split + 1:])
+
+
+def _pair_messages(model: ModelSpec, specs: dict[str, ParamSpec], src: Layout, dst: Layout, sender: int,
+                   receiver: int, transfers: list[Transfer]) -> tuple[Message, Message]:
+    """The message from `sender` (layout src) to `receiver` (layout dst) with the given transfers,
+    as each of the two sees it. Both ranks compute it from the layouts alone. Order: the sender's
+    memory order when it can send in place, else the receiver's (which may then receive in place)."""
+    src_at = flat_offsets(model, src.dims.tp, src.dims.pp, src.coord(sender).pp)[0]
+    dst_at = flat_offsets(model, dst.dims.tp, dst.dims.pp, dst.coord(receiver).pp)[0]
+    items = []  # (slice in the sender's shard, in the receiver's, values, flat positions on each side)
+    for t in transfers:
+        n = t.hi - t.lo
+        a, b = Slice(t.name, t.split, t.src_lo, n), Slice(t.name, t.split, t.dst_lo, n)
+        spec = specs[t.name]
+        src_shape, dst_shape = shard_shape(spec, src.dims.tp), shard_shape(spec, dst.dims.tp)
+        items.append((a, b, _numel(src_shape, t.split, n), _flat_position(a, src_shape, src_at[t.name]),
+                      _flat_position(b, dst_shape, dst_at[t.name])))
+    values = sum(it[2] for it in items)
+    send_at = None
+    if all(it[3] is not None for it in items):
+        items.sort(key=lambda it: it[3])
+        lo, hi = items[0][3], max(it[3] + it[2] for it in items)
+        if (hi - lo) - values <= MAX_GAP_FRACTION * (hi - lo):
+            send_at, offsets, length = lo, [it[3] - lo for it in items], hi - lo
+    if send_at is None:
+        items.sort(key=lambda it: (it[4] is None, it[4] or 0))
+        offsets = [sum(it[2] for it in items[:i]) for i in range(len(items))]
+        length = values
+    recv_at = None
+    shifts = {(it[4] - o) if it[4] is not None else None for it, o in zip(items, offsets)}
+    if length == values and len(shifts) == 1 and None not in shifts:
+        recv_at = shifts.pop()
+    return (Message(receiver, tuple(it[0] for it in items), tuple(offsets), length, send_at),
+            Message(sender, tuple(it[1] for it in items), tuple(offsets), length, recv_at))
 
 
 def rank_plan(model: ModelSpec, src: Layout, dst: Layout, rank: int,
               transfers: Optional[list[Transfer]] = None) -> RankPlan:
-    """This rank's part of moving `model` from `src` to `dst`: local copies and messages per peer."""
+    """This rank's part of moving `model` from `src` to `dst`: local copies, and one message to
+    and from each peer it exchanges data with."""
     transfers = plan_transfers(model, src, dst) if transfers is None else transfers
     specs = {p.name: p for p in param_specs(model)}
     local = []
-    sends: dict[int, tuple[list, list]] = {}
-    recvs: dict[int, tuple[list, list]] = {}
+    pairs: dict[tuple[int, int], list[Transfer]] = {}
     for t in transfers:
         if rank not in (t.src, t.dst):
             continue
-        n = t.hi - t.lo
-        from_src, into_dst = Slice(t.name, t.split, t.src_lo, n), Slice(t.name, t.split, t.dst_lo, n)
         if t.src == t.dst:
-            local.append((from_src, into_dst))
-            continue
-        direct = is_direct(t, specs[t.name], src.dims.tp, dst.dims.tp)
-        if t.src == rank:
-            sends.setdefault(t.dst, ([], []))[0 if direct else 1].append(from_src)
+            n = t.hi - t.lo
+            local.append((Slice(t.name, t.split, t.src_lo, n), Slice(t.name, t.split, t.dst_lo, n)))
         else:
-            recvs.setdefault(t.src, ([], []))[0 if direct else 1].append(into_dst)
-    peers = []
-    for peer in sorted(set(sends) | set(recvs)):
-        ds, ps = sends.get(peer, ([], []))
-        dr, pr = recvs.get(peer, ([], []))
-        peers.append(PeerMessages(peer, tuple(ds), tuple(ps), tuple(dr), tuple(pr)))
-    return RankPlan(rank, tuple(local), tuple(peers))
+            pairs.setdefault((t.src, t.dst), []).append(t)
+    sends, recvs = [], []
+    for (a, b), pair in sorted(pairs.items()):
+        send, recv = _pair_messages(model, specs, src, dst, a, b, pair)
+        (sends if a == rank else recvs).append(send if a == rank else recv)
+    return RankPlan(rank, tuple(local), tuple(sends), tuple(recvs))
+
+
+def _in_place(views: list[torch.Tensor], m: Message) -> Optional[torch.Tensor]:
+    """The message as one view of the flat buffer that holds `views`, if they lie where the
+    message says (a worker's models do; tensors made one by one do not)."""
+    if not views or any(not v.is_contiguous() for v in views):
+        return None
+    storage = views[0].untyped_storage().data_ptr()
+    base = views[0].storage_offset() - m.offsets[0]
+    if any(v.untyped_storage().data_ptr() != storage or v.storage_offset() - o != base
+           for v, o in zip(views, m.offsets)):
+        return None
+    return torch.as_strided(views[0], (m.length,), (1,), base)
 
 
 class BoundReallocation:
     """A rank plan bound to the tensors it reads (`shards`, layout A) and writes (`out`, layout
-    B). The views, and the packing and staging buffers, are made once: a worker reallocates
-    between the same tensors every step (its master and placed models, updated in place), so a
-    repeated reallocation only copies and communicates. Calling it runs one reallocation."""
+    B). The views, and the staging buffers, are made once: a worker reallocates between the same
+    tensors every step (its master and placed models, updated in place), so a repeated
+    reallocation only copies and communicates. Calling it runs one reallocation.
+    `staged_values` counts the values that go through a staging buffer (a copy) per call."""
 
     def __init__(self, plan: RankPlan, shards: dict[str, torch.Tensor], out: dict[str, torch.Tensor],
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         self.dtype, self.device = dtype, device
         self.local = [(_view(out[b.name], b), _view(shards[a.name], a)) for a, b in plan.local]
-        self.pack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # filled before sending
-        self.unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # emptied after receiving
-        self.ops = []
-        for m in plan.peers:
-            self._post(dist.isend, m.peer, shards, m.direct_send, m.packed_send, self.pack)
-            self._post(dist.irecv, m.peer, out, m.direct_recv, m.packed_recv, self.unpack)
+        self.pack: list[tuple[torch.Tensor, list]] = []  # filled before sending
+        self.unpack: list[tuple[torch.Tensor, list]] = []  # per received message, emptied after it arrives
+        self.ops, self.staged_values = [], 0
+        for m in plan.sends:
+            self.ops.append(dist.P2POp(dist.isend, self._buffer(m, shards, self.pack), m.peer))
+        for m in plan.recvs:
+            self.ops.append(dist.P2POp(dist.irecv, self._buffer(m, out, self.unpack), m.peer))
 
-    def _post(self, op, peer: int, tensors: dict, direct: tuple[Slice, ...], packed: tuple[Slice, ...],
-              staged: list) -> None:
-        """One message per direct slice, then one for the packed ones; a message whose data is
-        not one contiguous view goes through a buffer of its own."""
-        groups = [[_view(tensors[s.name], s)] for s in direct]
-        if packed:
-            groups.append([_view(tensors[s.name], s) for s in packed])
-        for views in groups:
-            if len(views) == 1 and views[0].is_contiguous():
-                self.ops.append(dist.P2POp(op, views[0], peer))
-            else:
-                flat = torch.empty(sum(v.numel() for v in views), dtype=self.dtype, device=self.device)
-                staged.append((flat, views))
-                self.ops.append(dist.P2POp(op, flat, peer))
+    def _buffer(self, m: Message, tensors: dict[str, torch.Tensor], staged: list) -> torch.Tensor:
+        """The tensor that message `m` is sent from or received into: a view of the flat buffer,
+        or a staging buffer (its copies listed in `staged`; an empty list when in place)."""
+        views = [_view(tensors[s.name], s) for s in m.slices]
+        buffer = _in_place(views, m) if m.in_place_at is not None else None
+        if buffer is None:
+            # zeros: the gaps of a message that the sender reads in place travel as they are
+            buffer = torch.zeros(m.length, dtype=self.dtype, device=self.device)
+            self.staged_values += m.length
+            staged.append((buffer, list(zip(m.offsets, views))))
+        else:
+            staged.append((buffer, []))
+        return buffer
 
     def __call__(self) -> None:
-        for flat, views in self.pack:
-            _scatter(flat, views, into_views=False)
+        for buffer, parts in self.pack:
+            for offset, v in parts:
+                buffer[offset:offset + v.numel()].view(v.shape).copy_(v)
         # all messages are posted at once (one NCCL group on CUDA), so no pair waits on another
         requests = dist.batch_isend_irecv(self.ops) if self.ops else []
         for dst, src in self.local:  # while the messages travel
             dst.copy_(src)
-        for req in requests:
+        sent = len(self.pack)
+        for req, (buffer, parts) in zip(requests[sent:], self.unpack):
+            req.wait()  # copying out one message while the later ones still arrive
+            for offset, v in parts:
+                v.copy_(buffer[offset:offset + v.numel()].view(v.shape))
+        for req in requests[:sent]:
             req.wait()
-        for flat, views in self.unpack:
-            _scatter(flat, views, into_views=True)
 
 
-def _scatter(flat: torch.Tensor, views: list[torch.Tensor], into_views: bool) -> None:
-    """Copy the consecutive parts of `flat` into the views, or the views into `flat`."""
-    offset = 0
-    for v in views:
-        part = flat[offset:offset + v.numel()].view(v.shape)
-        if into_views:
-            v.copy_(part)
-        else:
-            part.copy_(v)
-        offset += v.numel()
+def empty_shards(model: ModelSpec, layout: Layout, rank: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Uninitialised shards of `rank` in `layout`, as views of one flat buffer (as a LlamaStage
+    holds them); empty if the rank is not in the layout."""
+    coord = layout.coord(rank)
+    if coord is None:
+        return {}
+    offsets, total = flat_offsets(model, layout.dims.tp, layout.dims.pp, coord.pp)
+    flat = torch.empty(total, dtype=dtype, device=device)
+    specs = {p.name: p for p in param_specs(model)}
+    out = {}
+    for name, start in offsets.items():
+        shape = shard_shape(specs[name], layout.dims.tp)
+        out[name] = flat[start:start + math.prod(shape)].view(shape)
+    return out
 
 
 def reallocate(model: ModelSpec, src: Layout, dst: Layout, shards: dict[str, torch.Tensor], rank: int,
@@ -232,12 +283,7 @@ def reallocate(model: ModelSpec, src: Layout, dst: Layout, shards: dict[str, tor
     `plan` is this rank's `rank_plan` (computed here when not given)."""
     plan = rank_plan(model, src, dst, rank, transfers) if plan is None else plan
     if out is None:
-        out = {}
-        coord = dst.coord(rank)
-        if coord is not None:
-            for p in param_specs(model):
-                if in_stage(p, model.n_layers, dst.dims.pp, coord.pp):
-                    out[p.name] = torch.empty(shard_shape(p, dst.dims.tp), dtype=dtype, device=device)
+        out = empty_shards(model, dst, rank, dtype, device)
     BoundReallocation(plan, shards, out, dtype, device)()
     return out
 

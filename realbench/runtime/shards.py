@@ -1,7 +1,9 @@
 """Which parameters exist, which pipeline stage holds them, and how tensor parallelism splits them.
 
 Parameter names follow the full (unsharded) model, so a shard is always "a slice of a named
-full tensor". Column-parallel weights (q, k, v, gate, up, the embedding's hidden dimension, the
+full tensor". A stage keeps its shards in one flat buffer, in `param_specs` order
+(`flat_offsets`): reallocation can then send a run of neighbouring shards as one message, read
+and written in place. Column-parallel weights (q, k, v, gate, up, the embedding's hidden dimension, the
 LM head) split their output dimension; row-parallel weights (attention output, down projection)
 their input dimension; norms and the value head are replicated. nn.Linear stores weights as
 (out, in), so column-parallel means dim 0 and row-parallel dim 1; the embedding (vocab, hidden)
@@ -10,6 +12,7 @@ splits dim 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -75,3 +78,14 @@ def shard_shape(spec: ParamSpec, tp: int) -> tuple[int, ...]:
     shape = list(spec.shape)
     shape[spec.split] //= tp
     return tuple(shape)
+
+
+def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple[dict[str, int], int]:
+    """Where each shard of pipeline stage `stage` starts in the stage's flat buffer (in values),
+    and the buffer's length. Every rank can compute any rank's layout from the model alone."""
+    offsets, total = {}, 0
+    for p in param_specs(model):
+        if in_stage(p, model.n_layers, pp, stage):
+            offsets[p.name] = total
+            total += math.prod(shard_shape(p, tp))
+    return offsets, total

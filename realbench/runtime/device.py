@@ -1,0 +1,64 @@
+"""Which device a run's processes use, and the process group that goes with it.
+
+CPU processes talk over gloo; CUDA processes, one GPU each (the launcher's LOCAL_RANK), over
+NCCL, which carries only tensors on the GPU, so everything a worker sends lives on its device.
+NCCL also differs from gloo in one way that the runtime's message order respects: point-to-point
+operations on one communicator run in the order they were issued, and a send waits for the
+matching receive; so two ranks must issue their messages to each other in the same order, or
+post them together (`batch_isend_irecv`, one NCCL group), or use different communicators (the
+generation loop's tokens travel on a group of their own, see `layout.Groups.loop`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from realbench.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(requested: str, local_processes: int) -> str:
+    """"cpu" or "cuda" for `local_processes` processes on this machine: auto takes CUDA when
+    there is a GPU for every process (NCCL needs one GPU per rank), else the CPU."""
+    if requested not in DEVICES:
+        raise ConfigError(f"unknown device {requested!r} ({', '.join(DEVICES)})", "--device")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        return "cuda" if gpus >= local_processes else "cpu"
+    if requested == "cuda" and gpus < local_processes:
+        raise ConfigError(f"{local_processes} process(es) need as many GPUs; this machine has {gpus}", "--device")
+    return requested
+
+
+def backend(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_process_group(device_type: str, timeout_s: float, local_rank: Optional[int] = None,
+                       **kwargs) -> torch.device:
+    """Join the process group (rendezvous from `kwargs` or the launcher's environment) and
+    return this process's device. On CUDA the communicator is built at once (`device_id`) and a
+    first barrier involves every rank, because NCCL requires the first operation on a group to
+    be collective (a reallocation between some ranks may come first otherwise)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device_type != "cuda":
+        dist.init_process_group("gloo", timeout=timeout, **kwargs)
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=timeout, device_id=device, **kwargs)
+    dist.barrier()
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a wall-clock time measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
