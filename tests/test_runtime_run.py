@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from realbench.cost import Estimator
 from realbench.cost.baselines import heuristic_plan, symmetric_plan
@@ -97,8 +98,31 @@ def test_run_cli_through_accelerate(cli, tmp_path):
         assert c["measured_s"] > 0 and c["estimated_s"] > 0
     assert [m["step"] for m in r["metrics"]] == [0, 1] and all(m["reward"] is not None for m in r["metrics"])
     assert "realloc_bytes" in r
+    assert r["device"] == ("cuda" if torch.cuda.device_count() >= 4 else "cpu")  # auto
     code, _, err = cli("run", "--scenario", "ppo-tiny-cpu", "--plan", plan_path, "--nproc", 3, "--steps", 1)
     assert code == 2 and "--nproc" in err
+    if torch.cuda.device_count() < 4:
+        code, _, err = cli("run", "--scenario", "ppo-tiny-cpu", "--plan", plan_path, "--nproc", 4, "--steps", 1,
+                           "--device", "cuda")
+        assert code == 2 and "--device" in err and "4 process(es) need as many GPUs" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_auto_device_takes_cuda_only_with_a_gpu_for_every_process(monkeypatch):
+    from realbench.errors import ConfigError
+    from realbench.runtime.device import backend, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto", 2) == "cuda" and backend("cuda") == "nccl"
+    assert resolve_device("auto", 4) == "cpu" and backend("cpu") == "gloo"
+    assert resolve_device("cpu", 2) == "cpu"
+    with pytest.raises(ConfigError, match="need as many GPUs"):
+        resolve_device("cuda", 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", 1) == "cpu"
+    with pytest.raises(ConfigError):
+        resolve_device("tpu", 1)
 
 
 def _tiny_plan(tmp_path):

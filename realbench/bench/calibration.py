@@ -60,16 +60,18 @@ def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optio
     from realbench.hardware.profile import load_profile
     from realbench.hardware.profiler import ProfileRequest, profile_machine
     from realbench.plan import load_scenario
+    from realbench.runtime.device import resolve_device
     from realbench.runtime.launch import run_plan
 
     t0 = time.perf_counter()
     loaded = [load_scenario(s) for s in scenarios]
     nproc = max(s.cluster.n_devices for s in loaded)
+    device = resolve_device("auto", nproc)  # profiled and run on the same device
     if profile_path:
         profile = load_profile(profile_path)
     else:
         req = ProfileRequest(nproc=nproc, repeats=5 if quick else ProfileRequest().repeats, passes=1 if quick else 3,
-                             batches=(1, 2, 4, 8) if quick else ProfileRequest().batches)
+                             batches=(1, 2, 4, 8) if quick else ProfileRequest().batches, device=device)
         print(f"profiling {nproc} processes...", file=sys.stderr)
         profile = profile_machine(req)
     profile_s = time.perf_counter() - t0
@@ -80,7 +82,8 @@ def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optio
         for label, choice in pick_plans(est, plans, seed):
             options = est.options_of(choice)
             print(f"{scenario.name}: running {label}...", file=sys.stderr)
-            result = run_plan(scenario, options, scenario.cluster.n_devices, steps, seed=seed, profile=profile)
+            result = run_plan(scenario, options, scenario.cluster.n_devices, steps, seed=seed, profile=profile,
+                              device=device)
             calls = {}
             for name, c in result["calls"].items():
                 kind = scenario.dataflow.call(name).kind.value

@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
                    help="write safetensors checkpoints every N steps into --checkpoint-dir")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="cuda: one GPU per process over NCCL; cpu: gloo; auto (default): cuda when every "
+                        "process can have a GPU")
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
@@ -31,7 +34,7 @@ def run(args) -> int:
     _, _, options = load_plan(args.plan, scenario)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
-                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario))
+                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario), device=args.device)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1
@@ -43,7 +46,7 @@ def run(args) -> int:
 
 
 def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
-    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes; "
+    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes ({result['device']}); "
           f"reallocated {result['realloc_bytes']} bytes per step")
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():

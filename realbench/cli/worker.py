@@ -31,12 +31,16 @@ def add_parser(sub) -> None:
     p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="cuda: the GPU LOCAL_RANK over NCCL; cpu: gloo; auto (default): cuda when every "
+                        "process of this node can have a GPU")
     p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from realbench.plan.plan import plan_from_options
+    from realbench.runtime.device import resolve_device
     from realbench.runtime.launch import check_run, summarize_run, worker_process
 
     missing = [k for k in LAUNCHER_ENV if k not in os.environ]
@@ -44,6 +48,7 @@ def run(args) -> int:
         raise ConfigError(f"is not set: start `realbench worker` with torchrun, accelerate launch or srun "
                           f"(or use `realbench run`)", ", ".join(missing))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device_type = resolve_device(args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
@@ -52,14 +57,15 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
-                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step)
+                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type)
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
         return 1
     if rank != 0:
         return 0
-    result = summarize_run(scenario, options, json.loads((out / "records.json").read_text()), resume_step)
+    result = {**summarize_run(scenario, options, json.loads((out / "records.json").read_text()), resume_step),
+              "device": device_type}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:
         emit_json(result)

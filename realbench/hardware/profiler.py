@@ -86,8 +86,8 @@ class _Clock:
     bandwidth or a hypervisor, a process alone runs faster than the runtime's). A repeat's time
     is the slowest of `max_group`'s processes."""
 
-    def __init__(self, req: ProfileRequest, max_group, start_group, sync: Callable[[], None]):
-        self.req, self.max_group, self.start_group, self.sync = req, max_group, start_group, sync
+    def __init__(self, req: ProfileRequest, max_group, start_group, sync: Callable[[], None], device):
+        self.req, self.max_group, self.start_group, self.sync, self.device = req, max_group, start_group, sync, device
 
     def __call__(self, fn: Callable[[], object]) -> dict:
         import torch
@@ -103,21 +103,19 @@ class _Clock:
             fn()
             self.sync()
             times.append(time.perf_counter() - t0)
-        t = torch.tensor(times, dtype=torch.float64)
+        t = torch.tensor(times, dtype=torch.float64, device=self.device)  # NCCL reduces only on the GPU
         if self.max_group is not None:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.max_group)
-        q = np.quantile(t.numpy(), [0.1, 0.5, 0.9])
+        q = np.quantile(t.cpu().numpy(), [0.1, 0.5, 0.9])
         return {"median_s": float(q[1]), "p10_s": float(q[0]), "p90_s": float(q[2]), "repeats": len(times)}
 
 
-def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick,
-               device_index: int = 0) -> dict:
+def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick, dev) -> dict:
     import torch
 
     from realbench.runtime import losses
     from realbench.runtime.model import LlamaStage
 
-    dev = torch.device("cuda", device_index) if req.device == "cuda" else torch.device("cpu")
     one = spec.model_copy(update={"n_layers": 1, "value_head": False})
     stage = LlamaStage(one, tp, rank, 1, 0, group, dev)
     valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group, dev)
@@ -170,7 +168,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
     return ops
 
 
-def _optimizer_fit(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick) -> dict:
+def _optimizer_fit(spec, tp: int, rank: int, group, clock: _Clock, tick, dev) -> dict:
     """Adam on stages of 1, 2 and 4 layers with and without the embedding and head: a least-squares
     fit of seconds = fixed + per_tensor * tensors + per_param * parameters."""
     import torch
@@ -181,9 +179,9 @@ def _optimizer_fit(spec, tp: int, rank: int, group, req: ProfileRequest, clock: 
     for layers in (1, 2, 4):
         for ends in (True, False):
             if ends:  # embedding + layers + head on one stage
-                stage = LlamaStage(spec.model_copy(update={"n_layers": layers}), tp, rank, 1, 0, group)
+                stage = LlamaStage(spec.model_copy(update={"n_layers": layers}), tp, rank, 1, 0, group, dev)
             else:  # the middle stage of three holds just the layers
-                stage = LlamaStage(spec.model_copy(update={"n_layers": 3 * layers}), tp, rank, 3, 1, group)
+                stage = LlamaStage(spec.model_copy(update={"n_layers": 3 * layers}), tp, rank, 3, 1, group, dev)
             params = list(stage.parameters())
             for p in params:
                 p.grad = torch.randn_like(p)
@@ -197,7 +195,7 @@ def _optimizer_fit(spec, tp: int, rank: int, group, req: ProfileRequest, clock: 
     return {"fixed_s": float(coef[0]), "per_tensor_s": float(coef[1]), "per_param_s": float(coef[2])}
 
 
-def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick) -> dict:
+def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick, dev) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -210,13 +208,13 @@ def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick) -> dict
             for nbytes in req.sizes:
                 if rank < n:
                     count = max(nbytes // 4, n)
-                    buf = torch.zeros(count)
+                    buf = torch.zeros(count, device=dev)
                     if kind == "all_reduce":
                         fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
                     elif kind == "broadcast":
                         fn = lambda: dist.broadcast(buf, 0, group=group)  # noqa: E731
                     elif kind == "all_gather":
-                        part = torch.zeros(count // n)
+                        part = torch.zeros(count // n, device=dev)
                         parts = [torch.empty_like(part) for _ in range(n)]
                         fn = lambda: dist.all_gather(parts, part, group=group)  # noqa: E731
                     else:  # ping-pong, half the round trip: in the runtime a hop waits for the last
@@ -227,7 +225,7 @@ def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick) -> dict
                             else:
                                 dist.recv(buf, 0)
                                 dist.send(buf, 0)
-                    timing = _Clock(req, group, group, sync)(fn)
+                    timing = _Clock(req, group, group, sync, dev)(fn)
                     if kind == "p2p":
                         timing = {k: v / 2 if k.endswith("_s") else v for k, v in timing.items()}
                     out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
@@ -257,6 +255,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
 
     from realbench.models import get_model
 
+    dev = torch.device("cuda", torch.cuda.current_device()) if req.device == "cuda" else torch.device("cpu")
     sync = torch.cuda.synchronize if req.device == "cuda" else (lambda: None)
     done = [0]
 
@@ -275,15 +274,15 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
             groups = [dist.new_group(list(range(k * tp, (k + 1) * tp))) for k in range(world // tp)] \
                 if tp > 1 else [None] * world
             group = groups[rank // tp]
-            clock = _Clock(req, group, None, sync)
-            runs = [(_layer_ops(spec, tp, rank % tp, group, req, clock, tick, device_index=rank),
-                     _optimizer_fit(spec, tp, rank % tp, group, req, clock, tick)) for _ in range(req.passes)]
+            clock = _Clock(req, group, None, sync, dev)
+            runs = [(_layer_ops(spec, tp, rank % tp, group, req, clock, tick, dev),
+                     _optimizer_fit(spec, tp, rank % tp, group, clock, tick, dev)) for _ in range(req.passes)]
             if rank == 0:
                 entry["ops"][str(tp)] = _merge_passes([ops for ops, _ in runs])
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
         models[name] = entry
-    collectives = _collectives(rank, world, req, sync, tick)
+    collectives = _collectives(rank, world, req, sync, tick, dev)
     return {"models": models, "collectives": collectives} if rank == 0 else None
 
 
@@ -311,7 +310,7 @@ def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, in
 
     def work():
         try:
-            result["ranks"] = spawn(_profile_rank, req.nproc, req, progress, timeout_s=1800.0)
+            result["ranks"] = spawn(_profile_rank, req.nproc, req, progress, timeout_s=1800.0, device=req.device)
         except BaseException as e:  # handed to the caller's thread
             result["error"] = e
 

@@ -33,6 +33,7 @@ class PlacedModel:
         self.dp_group = groups.get(self.dp_ranks)
         self.device = torch.device(device)
         self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device)
+        self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
 
@@ -118,7 +119,8 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
     Pipelined over micro-batches: every rank handles the slots (token t, micro-batch j) in
     lexicographic order. A stage sends its hidden states on without waiting; the last stage
     samples (every tp rank draws the same token: they share the generator's seed and the
-    gathered logits) and sends the token back to the first stage, which needs it only for the
+    gathered logits) and sends the token back to the first stage (on a group of its own, see
+    `Groups.loop`), which needs it only for the
     same micro-batch's next slot. So while micro-batch j's token travels the loop, the stages
     work on the other micro-batches: a decode step costs max(m, pp) stage slots (no bubble once
     m >= pp), the schedule that realbench.cost assumes. Every slot depends only on slots
@@ -149,7 +151,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
             else:
                 if not model.is_last:  # the token of this micro-batch's previous slot
                     token = torch.empty(len(chunk), dtype=torch.long, device=dev)
-                    dist.recv(token, last)
+                    dist.recv(token, last, group=model.loop_group)
                     seqs[rows, P + t - 1] = token
                 x = seqs[rows, P + t - 1:P + t]
             y = model.stage(x, positions, caches[j])
@@ -163,7 +165,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
                 seqs[rows, P + t] = token
                 logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
                 if first != model.rank and t + 1 < gen_len:
-                    pending.append((dist.isend(token, first), token))
+                    pending.append((dist.isend(token, first, group=model.loop_group), token))
     for req, _ in pending:
         req.wait()
     _share_from_last(model, seqs, logprobs)

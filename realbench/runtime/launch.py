@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
 import os
@@ -33,13 +32,14 @@ class RunError(RuntimeError):
 
 
 def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
-                 save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0) -> None:
+                   save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0,
+                   device_type: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
 
     from realbench.plan.plan import plan_from_document, resolve_plan
     from realbench.plan.scenario import scenario_from_document
-    from realbench.runtime.local import backend
+    from realbench.runtime.device import init_process_group
     from realbench.runtime.worker import Worker
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -47,10 +47,10 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
     torch.set_num_threads(1)
     worker = None
     try:
-        dist.init_process_group(backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        device = init_process_group(device_type, COLLECTIVE_TIMEOUT_S)
         scenario = scenario_from_document(scenario_doc)
         options = resolve_plan(plan_from_document(plan_doc), scenario)
-        worker = Worker(rank, scenario, options, seed)
+        worker = Worker(rank, scenario, options, seed, device=device)
         if resume_step:
             worker.load(os.path.join(checkpoint_dir, f"step{resume_step}"))
         records = []
@@ -166,15 +166,19 @@ def _watch_steps(out_dir: str, nproc: int, done: threading.Event, on_step, summa
 
 
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
-             checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None) -> dict:
+             checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
+             device: str = "auto") -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
-    checkpoint when `resume`); returns the summary. `on_step(summary so far)` is called from a
-    watcher thread as steps finish (the run monitor's live curves)."""
+    checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
+    the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
+    steps finish (the run monitor's live curves)."""
     import accelerate
 
     from realbench.plan.plan import plan_from_options
+    from realbench.runtime.device import resolve_device
     from realbench.runtime.local import free_port
 
+    device_type = resolve_device(device, nproc)
     resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume)
     plan_doc = plan_from_options(scenario, options).to_document()
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
@@ -191,7 +195,7 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         try:
             with contextlib.redirect_stdout(sys.stderr):  # the launcher's banner must not spoil --json
                 accelerate.notebook_launcher(worker_process, (scenario.to_document(), plan_doc, steps, seed, out_dir,
-                                                            save_every, checkpoint_dir, resume_step),
+                                                            save_every, checkpoint_dir, resume_step, device_type),
                                              num_processes=nproc, use_port=str(free_port()))
         except Exception as e:
             # the first error written is the cause; the others are peers losing their connection
@@ -204,4 +208,4 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             if watcher is not None:
                 watcher.join()
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return summarize_run(scenario, options, records, resume_step, profile)
+    return {**summarize_run(scenario, options, records, resume_step, profile), "device": device_type}

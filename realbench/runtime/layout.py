@@ -97,19 +97,33 @@ class Groups:
     before any communication; `get` then only looks groups up."""
 
     def __init__(self, timeout=None):
-        self._groups: dict[tuple[int, ...], object] = {}
+        self._groups: dict[tuple, object] = {}
         self._timeout = timeout
 
     def prepare(self, layouts) -> None:
         import torch.distributed as dist
 
+        kwargs = {"timeout": self._timeout} if self._timeout is not None else {}
         for layout in layouts:
             for ranks in layout.all_groups():
                 if ranks not in self._groups:
-                    kwargs = {"timeout": self._timeout} if self._timeout is not None else {}
                     self._groups[ranks] = dist.new_group(list(ranks), **kwargs)
+
+        for layout in layouts:
+            if layout.dims.pp > 1:
+                for c in layout.coords():
+                    pipeline = layout.pp_group(c)
+                    key = ("loop", pipeline[-1], pipeline[0])
+                    if c.pp == 0 and key not in self._groups:
+                        self._groups[key] = dist.new_group(sorted(key[1:]), **kwargs)
 
     def get(self, ranks: tuple[int, ...]):
         if len(ranks) == 1:
             return None
         return self._groups[tuple(ranks)]
+
+    def loop(self, pipeline: tuple[int, ...]):
+        """The group on which a pipeline's last stage sends generated tokens back to its first.
+        It is not the group that carries the hidden states forward, so on NCCL (one ordered
+        queue per communicator) the two directions cannot wait on each other."""
+        return self._groups[("loop", pipeline[-1], pipeline[0])]

@@ -7,7 +7,6 @@ reports the first failure with its rank."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import traceback
@@ -17,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from realbench.runtime.device import init_process_group
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -24,18 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def backend() -> str:
-    # The runtime keeps its tensors on the CPU for now, which NCCL cannot carry: gloo everywhere
-    # until models and buffers are placed on CUDA devices.
-    return "gloo"
-
-
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results, timeout_s: float) -> None:
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results, timeout_s: float,
+           device: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        init_process_group(device, timeout_s, local_rank=rank, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                           world_size=world)
         results.put((rank, True, fn(rank, world, *args)))
     except BaseException as e:  # report, then let the parent decide
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
@@ -48,12 +44,13 @@ class WorkerError(RuntimeError):
     pass
 
 
-def spawn(fn: Callable, world: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
-    """Run fn(rank, world, *args) on `world` processes; returns the results by rank."""
+def spawn(fn: Callable, world: int, *args: Any, timeout_s: float = 120.0, device: str = "cpu") -> list[Any]:
+    """Run fn(rank, world, *args) on `world` processes (on the CPU over gloo, or one GPU each over
+    NCCL); returns the results by rank."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results, timeout_s), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results, timeout_s, device), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -35,6 +35,7 @@ from realbench.models import ModelSpec
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.runtime import losses
+from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_full_weights
@@ -196,11 +197,14 @@ class Worker:
             t0 = time.perf_counter()
             if e.kind == "realloc":
                 self._realloc(e.call, rec)
+                synchronize(self.device)  # a GPU's queued work is part of the event's time
                 rec.realloc_s[self.calls[e.call].name] = time.perf_counter() - t0
             elif e.kind == "transfer":
                 self._transfer(e)
+                synchronize(self.device)
             else:
                 self._call(e.call, step, rec)
+                synchronize(self.device)
                 rec.call_s[self.calls[e.call].name] = time.perf_counter() - t0
         rec.step_s = time.perf_counter() - start
         return rec
@@ -225,29 +229,28 @@ class Worker:
         src_layout, dst_layout = self.layouts[e.producer], self.layouts[e.call]
         heads = dp_heads(src_layout)
         received: dict[str, list] = {k: [None] * len(heads) for k in e.keys}
-        sends, pending = [], []  # sends are posted first, waited last: peers may send to each other
+        outgoing, incoming = [], []  # (peer, tensor); (peer, key, dp index of the head)
         for key in e.keys:
             for d, head in enumerate(heads):
                 for r in dst_layout.ranks:
                     if head == r == self.rank:
                         received[key][d] = self.outputs[e.producer][key]
                     elif head == self.rank:
-                        t = self.outputs[e.producer][key].contiguous()
-                        header = torch.tensor([t.dim(), int(t.dtype == torch.long), *t.shape] + [0] * (6 - t.dim()),
-                                              device=self.device)
-                        sends += [(dist.isend(header, r), header), (dist.isend(t, r), t)]
+                        outgoing.append((r, self.outputs[e.producer][key].contiguous()))
                     elif r == self.rank:
-                        pending.append((key, d, head))
-        for key, d, head in pending:  # headers first: they give the shapes
-            header = torch.empty(8, dtype=torch.long, device=self.device)
-            dist.recv(header, head)
+                        incoming.append((head, key, d))
+        # two rounds, each posted at once (peers may send to each other; on NCCL, sends issued
+        # one by one would wait for each other's receives): the shapes, then the data
+        headers = [(head, torch.empty(8, dtype=torch.long, device=self.device)) for head, _, _ in incoming]
+        _exchange([(r, _header(t, self.device)) for r, t in outgoing], headers)
+        buffers = []
+        for head, header in headers:
             ndim, is_long = int(header[0]), bool(header[1])
-            buf = torch.empty(*header[2:2 + ndim].tolist(), dtype=torch.long if is_long else torch.float32,
-                              device=self.device)
-            dist.recv(buf, head)
+            buffers.append((head, torch.empty(*header[2:2 + ndim].tolist(), device=self.device,
+                                              dtype=torch.long if is_long else torch.float32)))
+        _exchange(outgoing, buffers)
+        for (_, key, d), (_, buf) in zip(incoming, buffers):
             received[key][d] = buf
-        for req, _ in sends:
-            req.wait()
         if dst_layout.coord(self.rank) is not None:
             store = self.data.setdefault(e.call, {})
             for key, parts in received.items():
@@ -405,6 +408,21 @@ class Worker:
                     opt.state[p] = {"step": torch.tensor(float(meta[f"adam_step/{role}"])),  # on the CPU, as Adam keeps it
                                     "exp_avg": tensors[f"adam/{role}/{k}/exp_avg"].to(self.device),
                                     "exp_avg_sq": tensors[f"adam/{role}/{k}/exp_avg_sq"].to(self.device)}
+
+
+def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """What a receiver needs to allocate `t`: its number of dimensions, whether it holds token
+    ids, and its shape (up to 6 dimensions)."""
+    return torch.tensor([t.dim(), int(t.dtype == torch.long), *t.shape] + [0] * (6 - t.dim()), device=device)
+
+
+def _exchange(sends: list[tuple[int, torch.Tensor]], receives: list[tuple[int, torch.Tensor]]) -> None:
+    """Send and receive (peer, tensor) messages, all posted at once; messages between two ranks
+    arrive in the order they are listed."""
+    ops = [dist.P2POp(dist.isend, t, peer) for peer, t in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer) for peer, t in receives]
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()
 
 
 def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0,
