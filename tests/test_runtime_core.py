@@ -255,3 +255,8 @@ def test_bench_realloc_quick(cli):
     moving = [p for p in r["pairs"] if p["bytes"] > 0]
     assert len(moving) >= 3 and all(p["seconds"] > 0 and p["broadcast_seconds"] > 0 for p in moving)
     assert r["median_ratio"] > 0 and "meets_target" in r
+    n = r["nproc"]
+    assert all(0 < p["messages"] <= n * (n - 1) for p in moving)  # at most one per ordered pair of ranks
+    disjoint = next(p for p in moving if "disjoint" in p["pair"])
+    assert disjoint["staged_bytes"] == 0  # whole stages, flat buffer to flat buffer
+    assert all(p["staged_bytes"] <= p["bytes"] * 1.01 for p in moving)  # at most one copy per byte moved
