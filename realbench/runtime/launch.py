@@ -11,12 +11,12 @@ A failing worker writes one line naming its rank and the call it was in.
 from __future__ import annotations
 
 import contextlib
+import io
 import dataclasses
 import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import traceback
@@ -193,7 +193,9 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
                 lambda recs: summarize_run(scenario, options, recs, resume_step, profile)))
             watcher.start()
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # the launcher's banner must not spoil --json
+            # the launcher's banner ("Launching training on N CUDAs", even on the CPU) must neither
+            # spoil --json nor name a device we do not use: the summary says which one ran
+            with contextlib.redirect_stdout(io.StringIO()):
                 accelerate.notebook_launcher(worker_process, (scenario.to_document(), plan_doc, steps, seed, out_dir,
                                                             save_every, checkpoint_dir, resume_step, device_type),
                                              num_processes=nproc, use_port=str(free_port()))
