@@ -55,6 +55,12 @@ def add_profile_args(p) -> None:
                    help="use a profile measured on another kind of device than the scenario's")
 
 
+def add_device_args(p, cuda_help: str) -> None:
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help=f"cuda: {cuda_help} over NCCL; cpu: gloo; auto (default): cuda when every "
+                        "process on this machine can have a GPU")
+
+
 def profile_for(args, scenario):
     """The profile the arguments name, checked against the scenario's devices; None if none."""
     if not getattr(args, "profile", None):

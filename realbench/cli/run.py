@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from realbench.cli import add_profile_args, emit_json, non_negative_int, profile_for
+from realbench.cli import add_device_args, add_profile_args, emit_json, non_negative_int, profile_for
 from realbench.plan import load_plan, load_scenario
 
 
@@ -19,9 +19,7 @@ def add_parser(sub) -> None:
                    help="write safetensors checkpoints every N steps into --checkpoint-dir")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="cuda: one GPU per process over NCCL; cpu: gloo; auto (default): cuda when every "
-                        "process can have a GPU")
+    add_device_args(p, "one GPU per process")
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from realbench.cli import emit_json, non_negative_int
+from realbench.cli import add_device_args, emit_json, non_negative_int
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
@@ -31,9 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="cuda: the GPU LOCAL_RANK over NCCL; cpu: gloo; auto (default): cuda when every "
-                        "process of this node can have a GPU")
+    add_device_args(p, "the GPU LOCAL_RANK")
     p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
     p.set_defaults(handler=run)
 

@@ -86,22 +86,24 @@ class _Clock:
     bandwidth or a hypervisor, a process alone runs faster than the runtime's). A repeat's time
     is the slowest of `max_group`'s processes."""
 
-    def __init__(self, req: ProfileRequest, max_group, start_group, sync: Callable[[], None], device):
-        self.req, self.max_group, self.start_group, self.sync, self.device = req, max_group, start_group, sync, device
+    def __init__(self, req: ProfileRequest, max_group, start_group, device):
+        self.req, self.max_group, self.start_group, self.device = req, max_group, start_group, device
 
     def __call__(self, fn: Callable[[], object]) -> dict:
         import torch
         import torch.distributed as dist
 
+        from realbench.runtime.device import synchronize
+
         for _ in range(self.req.warmup):
             fn()
-        self.sync()
+        synchronize(self.device)
         dist.barrier(group=self.start_group)
         times = []
         for _ in range(self.req.repeats):
             t0 = time.perf_counter()
             fn()
-            self.sync()
+            synchronize(self.device)
             times.append(time.perf_counter() - t0)
         t = torch.tensor(times, dtype=torch.float64, device=self.device)  # NCCL reduces only on the GPU
         if self.max_group is not None:
@@ -195,7 +197,7 @@ def _optimizer_fit(spec, tp: int, rank: int, group, clock: _Clock, tick, dev) ->
     return {"fixed_s": float(coef[0]), "per_tensor_s": float(coef[1]), "per_param_s": float(coef[2])}
 
 
-def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick, dev) -> dict:
+def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -225,7 +227,7 @@ def _collectives(rank: int, world: int, req: ProfileRequest, sync, tick, dev) ->
                             else:
                                 dist.recv(buf, 0)
                                 dist.send(buf, 0)
-                    timing = _Clock(req, group, group, sync, dev)(fn)
+                    timing = _Clock(req, group, group, dev)(fn)
                     if kind == "p2p":
                         timing = {k: v / 2 if k.endswith("_s") else v for k, v in timing.items()}
                     out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
@@ -256,7 +258,6 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
     from realbench.models import get_model
 
     dev = torch.device("cuda", torch.cuda.current_device()) if req.device == "cuda" else torch.device("cpu")
-    sync = torch.cuda.synchronize if req.device == "cuda" else (lambda: None)
     done = [0]
 
     def tick():
@@ -274,7 +275,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
             groups = [dist.new_group(list(range(k * tp, (k + 1) * tp))) for k in range(world // tp)] \
                 if tp > 1 else [None] * world
             group = groups[rank // tp]
-            clock = _Clock(req, group, None, sync, dev)
+            clock = _Clock(req, group, None, dev)
             runs = [(_layer_ops(spec, tp, rank % tp, group, req, clock, tick, dev),
                      _optimizer_fit(spec, tp, rank % tp, group, clock, tick, dev)) for _ in range(req.passes)]
             if rank == 0:
@@ -282,7 +283,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
         models[name] = entry
-    collectives = _collectives(rank, world, req, sync, tick, dev)
+    collectives = _collectives(rank, world, req, tick, dev)
     return {"models": models, "collectives": collectives} if rank == 0 else None
 
 

@@ -48,12 +48,12 @@ def init_process_group(device_type: str, timeout_s: float, local_rank: Optional[
     be collective (a reallocation between some ranks may come first otherwise)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if device_type != "cuda":
-        dist.init_process_group("gloo", timeout=timeout, **kwargs)
+        dist.init_process_group(backend(device_type), timeout=timeout, **kwargs)
         return torch.device("cpu")
     index = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", timeout=timeout, device_id=device, **kwargs)
+    dist.init_process_group(backend(device_type), timeout=timeout, device_id=device, **kwargs)
     dist.barrier()
     return device
 

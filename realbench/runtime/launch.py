@@ -11,8 +11,8 @@ A failing worker writes one line naming its rank and the call it was in.
 from __future__ import annotations
 
 import contextlib
-import io
 import dataclasses
+import io
 import json
 import logging
 import os

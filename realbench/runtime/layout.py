@@ -105,17 +105,13 @@ class Groups:
 
         kwargs = {"timeout": self._timeout} if self._timeout is not None else {}
         for layout in layouts:
-            for ranks in layout.all_groups():
-                if ranks not in self._groups:
-                    self._groups[ranks] = dist.new_group(list(ranks), **kwargs)
-
-        for layout in layouts:
-            if layout.dims.pp > 1:
-                for c in layout.coords():
-                    pipeline = layout.pp_group(c)
-                    key = ("loop", pipeline[-1], pipeline[0])
-                    if c.pp == 0 and key not in self._groups:
-                        self._groups[key] = dist.new_group(sorted(key[1:]), **kwargs)
+            keys = [(ranks, list(ranks)) for ranks in layout.all_groups()]
+            if layout.dims.pp > 1:  # each pipeline's generation loop, see `loop`
+                pipelines = {layout.pp_group(c) for c in layout.coords()}
+                keys += [(("loop", p[-1], p[0]), sorted((p[-1], p[0]))) for p in sorted(pipelines)]
+            for key, members in keys:
+                if key not in self._groups:
+                    self._groups[key] = dist.new_group(members, **kwargs)
 
     def get(self, ranks: tuple[int, ...]):
         if len(ranks) == 1:

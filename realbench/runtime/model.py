@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.runtime.shards import flat_offsets, param_specs, shard_shape, stage_layers, tp_range
+from realbench.runtime.shards import flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tp_range
 
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -168,15 +168,13 @@ class LlamaStage(nn.Module):
 
     @torch.no_grad()
     def _flatten(self, device: torch.device) -> torch.Tensor:
-        offsets, total = flat_offsets(self.spec, self.tp, self.pp, self.stage)
+        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage)[1], device=device)
+        views = flat_views(flat, self.spec, self.tp, self.pp, self.stage)
         params = dict(self.named_parameters())
-        assert params.keys() == offsets.keys(), sorted(set(params) ^ set(offsets))
-        flat = torch.empty(total, device=device)
-        for name, start in offsets.items():
-            p = params[name]
-            view = flat[start:start + p.numel()].view(p.shape)
-            view.copy_(p)
-            p.data = view
+        assert params.keys() == views.keys(), sorted(set(params) ^ set(views))
+        for name, view in views.items():
+            view.copy_(params[name])
+            params[name].data = view
         return flat
 
     def new_caches(self) -> dict:

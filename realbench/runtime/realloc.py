@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Layout
-from realbench.runtime.shards import ParamSpec, flat_offsets, in_stage, param_specs, shard_shape, tp_range
+from realbench.runtime.shards import ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape, tp_range
 
 
 @dataclass(frozen=True)
@@ -263,14 +263,9 @@ def empty_shards(model: ModelSpec, layout: Layout, rank: int, dtype: torch.dtype
     coord = layout.coord(rank)
     if coord is None:
         return {}
-    offsets, total = flat_offsets(model, layout.dims.tp, layout.dims.pp, coord.pp)
-    flat = torch.empty(total, dtype=dtype, device=device)
-    specs = {p.name: p for p in param_specs(model)}
-    out = {}
-    for name, start in offsets.items():
-        shape = shard_shape(specs[name], layout.dims.tp)
-        out[name] = flat[start:start + math.prod(shape)].view(shape)
-    return out
+    d = layout.dims
+    flat = torch.empty(flat_offsets(model, d.tp, d.pp, coord.pp)[1], dtype=dtype, device=device)
+    return flat_views(flat, model, d.tp, d.pp, coord.pp)
 
 
 def reallocate(model: ModelSpec, src: Layout, dst: Layout, shards: dict[str, torch.Tensor], rank: int,

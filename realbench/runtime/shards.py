@@ -89,3 +89,15 @@ def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple[dict[s
             offsets[p.name] = total
             total += math.prod(shard_shape(p, tp))
     return offsets, total
+
+
+def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int) -> dict:
+    """The shards of stage `stage` as views of its flat buffer `flat` (a tensor of
+    `flat_offsets(...)[1]` values), by name."""
+    offsets, _ = flat_offsets(model, tp, pp, stage)
+    specs = {p.name: p for p in param_specs(model)}
+    views = {}
+    for name, start in offsets.items():
+        shape = shard_shape(specs[name], tp)
+        views[name] = flat[start:start + math.prod(shape)].view(shape)
+    return views
