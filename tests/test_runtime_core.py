@@ -257,6 +257,27 @@ def test_bench_realloc_quick(cli):
     assert r["median_ratio"] > 0 and "meets_target" in r
     n = r["nproc"]
     assert all(0 < p["messages"] <= n * (n - 1) for p in moving)  # at most one per ordered pair of ranks
+    assert all(0 <= p["bytes"] - p["broadcast_bytes"] < 4 * n for p in moving)  # the same bytes, to a value
     disjoint = next(p for p in moving if "disjoint" in p["pair"])
     assert disjoint["staged_bytes"] == 0  # whole stages, flat buffer to flat buffer
     assert all(p["staged_bytes"] <= p["bytes"] * 1.01 for p in moving)  # at most one copy per byte moved
+
+
+def _exit_on_rank_1(rank, world):
+    import os
+    import time
+
+    if rank == 1:
+        os._exit(3)  # dies without reporting, as a killed process does
+    time.sleep(120)
+
+
+def test_spawn_reports_a_process_that_died_without_a_result_at_once():
+    import time
+
+    from realbench.runtime.local import WorkerError
+
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1 exited with status 3"):
+        spawn(_exit_on_rank_1, 2, timeout_s=120)
+    assert time.monotonic() - t0 < 60  # not after the 150 s the parent would wait for a result

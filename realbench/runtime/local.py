@@ -8,7 +8,9 @@ reports the first failure with its rank."""
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -55,9 +57,21 @@ def spawn(fn: Callable, world: int, *args: Any, timeout_s: float = 120.0, device
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s + 30
     try:
-        for _ in range(world):
-            rank, ok, value = results.get(timeout=timeout_s + 30)
+        while len(out) < world:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                # a process that died before reporting (killed, crashed in start-up) says nothing
+                dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode is not None]
+                if dead and results.empty():
+                    r = dead[0]
+                    raise WorkerError(f"rank {r} exited with status {procs[r].exitcode} without a result")
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"no result from ranks {sorted(set(range(world)) - set(out))} "
+                                      f"after {timeout_s + 30:.0f} s")
+                continue
             if not ok:
                 raise WorkerError(f"rank {rank} failed: {value}")
             out[rank] = value
