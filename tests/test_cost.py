@@ -5,7 +5,7 @@ import pytest
 
 from realbench.cost import Estimator, call_cost, realloc_time
 from realbench.cost.baselines import BASELINES
-from realbench.cost.calls import TRAINED_BYTES_PER_PARAM, shard_params
+from realbench.cost.calls import TRAINED_BYTES_PER_PARAM
 from realbench.dataflow import CallDef, Dataflow
 from realbench.hardware import cluster, get_device
 from realbench.models import get_model

@@ -2,7 +2,7 @@ import pytest
 
 from realbench.errors import ConfigError
 from realbench.hardware import DEVICES, cluster
-from realbench.models import PRESETS, PUBLISHED_PARAMS, ModelSpec, get_model
+from realbench.models import PUBLISHED_PARAMS, ModelSpec, get_model
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

@@ -3,6 +3,7 @@ export) and the tutorials."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -49,10 +50,8 @@ def run(args) -> int:
     folder = Path(args.dir) if args.dir else default_folder()
     if not folder.is_dir():
         raise ConfigError("is not a folder", "--dir", str(folder))
-    try:
-        import jupyterlab  # noqa: F401
-    except ImportError:
-        raise ConfigError("JupyterLab is not installed (pip install jupyterlab)") from None
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise ConfigError("JupyterLab is not installed (pip install jupyterlab)")
     cmd = lab_command(folder.resolve(), args.port, args.no_browser, args.token, args.ip)
     if args.print_command:
         print(" ".join(cmd))

@@ -43,8 +43,8 @@ def run(args) -> int:
 
     missing = [k for k in LAUNCHER_ENV if k not in os.environ]
     if missing:
-        raise ConfigError(f"is not set: start `realbench worker` with torchrun, accelerate launch or srun "
-                          f"(or use `realbench run`)", ", ".join(missing))
+        raise ConfigError("is not set: start `realbench worker` with torchrun, accelerate launch or srun "
+                          "(or use `realbench run`)", ", ".join(missing))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device_type = resolve_device(args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     scenario = load_scenario(args.scenario)

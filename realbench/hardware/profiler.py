@@ -12,13 +12,12 @@ so that the caller can draw a bar; interrupting the caller stops the processes.
 from __future__ import annotations
 
 import datetime
-import math
 import platform
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 

@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import numpy as np
-
 from realbench.cost import Estimator
 from realbench.cost.baselines import BASELINES
 from realbench.errors import ConfigError
