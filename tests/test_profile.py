@@ -215,3 +215,12 @@ def test_calibration_benchmark_quick(measured, cli):
     assert -1 <= r["kendall_tau"] <= 1
     for run in r["runs"]:
         assert run["measured_iter_s"] > 0 and run["estimated_iter_s"] > 0
+
+
+def test_profile_on_cuda_needs_a_gpu_per_process(cli, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code, _, err = cli("profile", "--device", "cuda", "--nproc", 2, "--out", tmp_path / "p.json")
+    assert code == 2 and "--device" in err and "has 1" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()

@@ -112,14 +112,18 @@ def test_auto_device_takes_cuda_only_with_a_gpu_for_every_process(monkeypatch):
     from realbench.errors import ConfigError
     from realbench.runtime.device import backend, resolve_device
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    def cuda_runtime_query():
+        raise AssertionError("asked the CUDA runtime: the forked workers could not use CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_runtime_query)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", cuda_runtime_query, raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("auto", 2) == "cuda" and backend("cuda") == "nccl"
     assert resolve_device("auto", 4) == "cpu" and backend("cpu") == "gloo"
     assert resolve_device("cpu", 2) == "cpu"
     with pytest.raises(ConfigError, match="need as many GPUs"):
         resolve_device("cuda", 4)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert resolve_device("auto", 1) == "cpu"
     with pytest.raises(ConfigError):
         resolve_device("tpu", 1)

@@ -62,13 +62,12 @@ def check_request(req: ProfileRequest) -> None:
 
     if req.device not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device {req.device!r} (cpu or cuda)", "--device")
-    if req.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("no CUDA device is available here", "--device")
     if req.nproc < 1:
         raise ConfigError("must be at least 1", "--nproc")
+    if req.device == "cuda":  # a GPU for each process (NCCL), or a one-line error
+        from realbench.runtime.device import resolve_device
+
+        resolve_device("cuda", req.nproc)
     if req.repeats < 3:
         raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
     if req.passes < 1:
