@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from nccl_order import replay
 from realbench.cost import Estimator
 from realbench.cost.baselines import heuristic_plan, symmetric_plan
 from realbench.plan import get_builtin, plan_from_options
@@ -17,6 +18,22 @@ from realbench.search import run_search
 
 def _steps(rank, world, scenario, options, steps, seed):
     return [dataclasses.asdict(r) for r in run_steps(rank, scenario, options, steps, seed)]
+
+
+def _recorded_steps_of_plans(rank, world, scenario, plans, steps, seed):
+    """`steps` steps of each plan in turn, in one set of processes: per plan, the step records
+    and every torch.distributed call made (for the NCCL replay)."""
+    from nccl_order import Recorder
+
+    out = []
+    for options in plans:
+        recorder = Recorder().install()
+        try:
+            records = [dataclasses.asdict(r) for r in run_steps(rank, scenario, options, steps, seed)]
+        finally:
+            recorder.uninstall()
+        out.append((records, recorder.entries))
+    return out
 
 
 def two_plans(name):
@@ -45,8 +62,10 @@ def metrics(records, key):
 def test_every_algorithm_runs_under_two_plans(name):
     est, plans = two_plans(name)
     scenario = est.scenario
-    for options in plans:
-        records = spawn(_steps, scenario.cluster.n_devices, scenario, options, 2, 0)
+    per_rank = spawn(_recorded_steps_of_plans, scenario.cluster.n_devices, scenario, plans, 2, 0)
+    for k in range(len(plans)):
+        records = [r[k][0] for r in per_rank]
+        replay([r[k][1] for r in per_rank])  # and the same messages would not hang on NCCL
         losses = metrics(records, "loss")
         assert all(x is not None and math.isfinite(x) for x in losses), losses
         if scenario.algorithm not in ("dpo", "sft"):
@@ -60,11 +79,11 @@ def test_reallocation_moves_bytes_when_layouts_differ():
     est, plans = two_plans("ppo-tiny-cpu")
     searched = plans[1]
     gen, train = searched["actor_gen"], searched["actor_train"]
-    records = spawn(_steps, 4, est.scenario, searched, 1, 0)
+    per_rank = spawn(_recorded_steps_of_plans, 4, est.scenario, [searched, plans[0]], 1, 0)
+    records, sym = [r[0][0] for r in per_rank], [r[1][0] for r in per_rank]
     moved = sum(r[0]["realloc_bytes"] for r in records)
     if (gen.mesh, gen.strategy.tp, gen.strategy.pp) != (train.mesh, train.strategy.tp, train.strategy.pp):
         assert moved > 0
-    sym = spawn(_steps, 4, est.scenario, plans[0], 1, 0)
     assert sum(r[0]["realloc_bytes"] for r in sym) == 0  # one layout for everything: nothing moves
 
 
