@@ -133,6 +133,25 @@ class Recorder:
         self._saved.clear()
 
 
+def recorded_steps(rank: int, world: int, runs: list, steps: int, seed: int = 0) -> list[tuple[list, list]]:
+    """Run each (scenario, options) of `runs` for `steps` steps on this rank, one after the
+    other in the same processes (for `local.spawn`); per run, the step records (as dicts) and
+    the entries it issued."""
+    import dataclasses
+
+    from realbench.runtime.worker import run_steps
+
+    out = []
+    for scenario, options in runs:
+        recorder = Recorder().install()
+        try:
+            records = [dataclasses.asdict(r) for r in run_steps(rank, scenario, options, steps, seed)]
+        finally:
+            recorder.uninstall()
+        out.append((records, recorder.entries))
+    return out
+
+
 class NcclOrderError(AssertionError):
     pass
 

@@ -7,11 +7,10 @@ import random
 
 import pytest
 
-from nccl_order import Entry, NcclOrderError, Op, Recorder, replay
+from nccl_order import Entry, NcclOrderError, Op, recorded_steps, replay
 from realbench.cost import Estimator
 from realbench.plan import get_builtin
 from realbench.runtime.local import spawn
-from realbench.runtime.worker import run_steps
 
 
 def _entry(index, comm, members, ops, waited=()):
@@ -82,19 +81,6 @@ def test_replay_lets_separate_communicators_proceed_and_checks_sizes_and_collect
         replay(missing)
 
 
-def _recorded_runs(rank, world, runs, steps):
-    """Each (scenario, options) run for `steps` steps on this rank: what it issued, per run."""
-    out = []
-    for scenario, options in runs:
-        recorder = Recorder().install()
-        try:
-            run_steps(rank, scenario, options, steps, seed=0)
-        finally:
-            recorder.uninstall()
-        out.append(recorder.entries)
-    return out
-
-
 def random_plans(name, count, seed):
     """`count` plans of the scenario, each call's option drawn at random (the first with every
     call's deepest pipeline), so reallocations, pipelines and disjoint meshes all occur."""
@@ -111,10 +97,10 @@ def test_runs_of_random_plans_replay_without_a_hang_on_nccl():
     # (test_runtime_run replays every algorithm's runs under two plans too)
     runs = random_plans("ppo-tiny-cpu", 3, seed=3) + random_plans("remax-tiny-cpu", 1, seed=3)
     assert {s.cluster.n_devices for s, _ in runs} == {4}
-    per_rank = spawn(_recorded_runs, 4, runs, 2)
+    per_rank = spawn(recorded_steps, 4, runs, 2)
     kinds = set()
     for run in range(len(runs)):
-        traces = [per_rank[r][run] for r in range(4)]
+        traces = [per_rank[r][run][1] for r in range(4)]
         assert replay(traces) == sum(map(len, traces)) > 0
         kinds |= {(e.comm[1], op.kind) for t in traces for e in t for op in e.ops}
     # the plans exercised every kind of message the runtime sends

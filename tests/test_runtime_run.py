@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nccl_order import replay
+from nccl_order import recorded_steps, replay
 from realbench.cost import Estimator
 from realbench.cost.baselines import heuristic_plan, symmetric_plan
 from realbench.plan import get_builtin, plan_from_options
@@ -18,22 +18,6 @@ from realbench.search import run_search
 
 def _steps(rank, world, scenario, options, steps, seed):
     return [dataclasses.asdict(r) for r in run_steps(rank, scenario, options, steps, seed)]
-
-
-def _recorded_steps_of_plans(rank, world, scenario, plans, steps, seed):
-    """`steps` steps of each plan in turn, in one set of processes: per plan, the step records
-    and every torch.distributed call made (for the NCCL replay)."""
-    from nccl_order import Recorder
-
-    out = []
-    for options in plans:
-        recorder = Recorder().install()
-        try:
-            records = [dataclasses.asdict(r) for r in run_steps(rank, scenario, options, steps, seed)]
-        finally:
-            recorder.uninstall()
-        out.append((records, recorder.entries))
-    return out
 
 
 def two_plans(name):
@@ -62,7 +46,7 @@ def metrics(records, key):
 def test_every_algorithm_runs_under_two_plans(name):
     est, plans = two_plans(name)
     scenario = est.scenario
-    per_rank = spawn(_recorded_steps_of_plans, scenario.cluster.n_devices, scenario, plans, 2, 0)
+    per_rank = spawn(recorded_steps, scenario.cluster.n_devices, [(scenario, p) for p in plans], 2)
     for k in range(len(plans)):
         records = [r[k][0] for r in per_rank]
         replay([r[k][1] for r in per_rank])  # and the same messages would not hang on NCCL
@@ -79,7 +63,7 @@ def test_reallocation_moves_bytes_when_layouts_differ():
     est, plans = two_plans("ppo-tiny-cpu")
     searched = plans[1]
     gen, train = searched["actor_gen"], searched["actor_train"]
-    per_rank = spawn(_recorded_steps_of_plans, 4, est.scenario, [searched, plans[0]], 1, 0)
+    per_rank = spawn(recorded_steps, 4, [(est.scenario, searched), (est.scenario, plans[0])], 1)
     records, sym = [r[0][0] for r in per_rank], [r[1][0] for r in per_rank]
     moved = sum(r[0]["realloc_bytes"] for r in records)
     if (gen.mesh, gen.strategy.tp, gen.strategy.pp) != (train.mesh, train.strategy.tp, train.strategy.pp):
