@@ -10,7 +10,7 @@ from __future__ import annotations
 class ConfigError(ValueError):
     def __init__(self, message: str, field: str = "", source: str = ""):
         self.message, self.field, self.source = message, field, source
-        super().__init__(_one_line(": ".join(p for p in (source, field, message) if p)))
+        super().__init__(_one_line(": ".join(str(p) for p in (source, field, message) if p)))
 
     def within(self, prefix: str) -> "ConfigError":
         """The same error with its field nested under `prefix` (``prefix.field``)."""

@@ -1,35 +1,121 @@
-"""The unsharded model equals transformers' LlamaForCausalLM, loaded from a safetensors folder."""
+"""The unsharded model equals transformers' LlamaForCausalLM loaded from a safetensors folder:
+logits and gradients, for several rotary bases and norm epsilons, tied and untied embeddings.
+And a config the runtime would compute differently is refused by name."""
+
+import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from realbench.runtime.checkpoint import load_hf_llama
+from realbench.errors import ConfigError
+from realbench.runtime.checkpoint import load_hf_checkpoint
 from realbench.runtime.model import LlamaStage
 
 transformers = pytest.importorskip("transformers")
 
+HF_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+            "head.weight": "lm_head.weight"}
+LAYER = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
+         "wv": "self_attn.v_proj", "wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+         "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
 
-def test_logits_match_llama_for_causal_lm(tmp_path):
+
+def hf_name(ours: str) -> str:
+    if ours in HF_NAMES:
+        return HF_NAMES[ours]
+    _, i, part, w = ours.split(".")
+    return f"model.layers.{i}.{LAYER[part]}.{w}"
+
+
+def tiny_llama(path, rope_theta, eps, tied, seed=0):
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                                   rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False)
-    torch.manual_seed(0)
+                                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=eps,
+                                   rope_theta=rope_theta, max_position_embeddings=256, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(tmp_path, safe_serialization=True)
-    assert (tmp_path / "model.safetensors").is_file()
-    spec, weights = load_hf_llama(tmp_path, name="hf-tiny")
+    with torch.no_grad():  # norms away from 1, so that a wrong epsilon or a missing norm shows
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf
+
+
+# LLaMA-2 (10^4, 10^-5, untied), LLaMA-3 1B-like (5 x 10^5, 10^-5, tied), Qwen2-like (10^6,
+# 10^-6, tied), LLaMA-1 (10^4, 10^-6, untied)
+@pytest.mark.parametrize("rope_theta,eps,tied", [(1e4, 1e-5, False), (5e5, 1e-5, True), (1e6, 1e-6, True),
+                                                 (1e4, 1e-6, False)])
+def test_logits_and_gradients_match_llama_for_causal_lm(tmp_path, rope_theta, eps, tied):
+    hf = tiny_llama(tmp_path, rope_theta, eps, tied)
+    assert ("lm_head.weight" in load_file(tmp_path / "model.safetensors")) == (not tied)
+    spec, weights = load_hf_checkpoint(tmp_path, name="hf-tiny")
     assert (spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn, spec.vocab) == (3, 64, 4, 2, 160, 96)
+    assert (spec.rope_theta, spec.norm_eps, spec.tie_embeddings) == (rope_theta, eps, tied)
     ours = LlamaStage(spec)
     ours.load_full(weights)
-    tokens = torch.randint(0, 96, (2, 17))
-    with torch.no_grad():
-        expected = hf(tokens).logits
-        got = ours(tokens)
+    assert (ours.head.weight is ours.embed.weight) == tied
+    tokens = torch.randint(0, 96, (2, 40))  # long enough for the rotary base to matter
+    targets = torch.randint(0, 96, (2, 40))
+    expected, got = hf(tokens).logits, ours(tokens)
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), float((got - expected).abs().max())
+    for model, logits in ((hf, expected), (ours, got)):
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 96), targets.reshape(-1)).backward()
+    hf_grads = {k: p.grad for k, p in hf.named_parameters()}
+    ours_grads = dict(ours.named_parameters())
+    assert len(ours_grads) == len(hf_grads) == 3 * 9 + 2 + (not tied)
+    for name, p in ours_grads.items():
+        g = hf_grads[hf_name(name)]
+        assert torch.allclose(p.grad, g, atol=1e-6, rtol=1e-4), (name, float((p.grad - g).abs().max()))
+
+
+def test_a_transformers_4_config_reads_the_same(tmp_path):
+    tiny_llama(tmp_path, 5e5, 1e-5, False)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]  # the older layout
+    cfg["rope_scaling"] = None
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec, _ = load_hf_checkpoint(tmp_path)
+    assert spec.rope_theta == 5e5 and spec.norm_eps == 1e-5
 
 
 def test_not_a_checkpoint_folder(tmp_path):
-    from realbench.errors import ConfigError
-
     with pytest.raises(ConfigError, match="config.json"):
-        load_hf_llama(tmp_path)
+        load_hf_checkpoint(tmp_path)
+    with pytest.raises(ConfigError, match="no such folder"):
+        load_hf_checkpoint(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "architecture 'GPT2LMHeadModel' is not supported"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope scaling type 'llama3'"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling type 'linear'"),
+    ({"hidden_act": "gelu"}, "activation 'gelu'"),
+    ({"attention_bias": True}, "attention_bias: biases are not supported"),
+    ({"mlp_bias": True}, "mlp_bias: biases are not supported"),
+    ({"head_dim": 32}, "head_dim 32"),
+    ({"num_local_experts": 8}, "mixture of experts"),
+])
+def test_configs_the_runtime_would_compute_differently_are_refused_by_name(tmp_path, change, needle):
+    tiny_llama(tmp_path, 1e4, 1e-5, False)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(change)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")) as e:
+        load_hf_checkpoint(tmp_path)
+    assert "config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensors_that_do_not_map_are_refused_by_name(tmp_path):
+    tiny_llama(tmp_path, 1e4, 1e-5, False)
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    save_file({**tensors, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}, path)
+    with pytest.raises(ConfigError, match="'model.layers.0.self_attn.q_norm.weight' has no counterpart"):
+        load_hf_checkpoint(tmp_path)
+    save_file({k: v for k, v in tensors.items() if k != "model.layers.2.mlp.up_proj.weight"}, path)
+    with pytest.raises(ConfigError, match="1 parameter.s. missing, the first 'layers.2.w_up.weight'"):
+        load_hf_checkpoint(tmp_path)
+    save_file({**tensors, "model.norm.weight": torch.ones(63)}, path)
+    with pytest.raises(ConfigError, match="'model.norm.weight' has shape \\(63,\\)"):
+        load_hf_checkpoint(tmp_path)

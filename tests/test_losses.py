@@ -1,52 +1,183 @@
+"""Every loss piece against values worked out by hand (or by an independent formula), and the
+algorithm objects' targets and losses on small hand-made batches."""
+
+import math
+
+import pytest
 import torch
 
 from realbench.runtime import losses
+from realbench.runtime.algorithms import DPO, GRPO, PPO, RLOO, SFT, ReMax, make_algorithm
+
+LN = math.log
 
 
-def test_gae_with_lambda_one_is_reward_to_go_minus_value():
+def close(got, expected, tol=1e-5):
+    got = torch.as_tensor(got, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=tol, rtol=0), (got, expected)
+
+
+def test_k3_kl_is_r_minus_1_minus_log_r():
+    # r = p_ref / p: (0.5 -> 0.25) gives r = 0.5, (0.25 -> 0.5) gives r = 2
+    got = losses.k3_kl(torch.tensor([LN(0.5), LN(0.25), LN(0.3)]), torch.tensor([LN(0.25), LN(0.5), LN(0.3)]))
+    close(got, [0.5 - 1 - LN(0.5), 2 - 1 - LN(2), 0.0])
+    close(got[:2], [0.193147, 0.306853])
+
+
+def test_clipped_value_loss_takes_the_worse_of_clipped_and_unclipped():
+    old = torch.tensor([0.0, 0.0, 1.4, 0.0])
+    ret = torch.tensor([1.0, 1.0, 1.0, -1.0])
+    v = torch.tensor([0.5, 0.1, 1.5, -0.5])
+    # 0.5: (0.5-1)^2=0.25 vs clipped 0.2: 0.64 -> 0.32; 0.1 inside the clip: 0.81 -> 0.405;
+    # 1.5 vs clipped 1.5 (1.4 + 0.1): 0.25 -> 0.125; -0.5: 0.25 vs clipped -0.2: 0.64 -> 0.32
+    close(losses.value_loss(v, old, ret, clip=0.2), [0.32, 0.405, 0.125, 0.32])
+
+
+def test_whitening_with_bessel_and_a_mask():
+    close(losses.whiten(torch.tensor([1.0, 2.0, 3.0, 4.0])), [x / math.sqrt(5 / 3) for x in (-1.5, -0.5, 0.5, 1.5)])
+    # the masked value takes no part and becomes 0: mean 2, std 1 over the first three
+    close(losses.whiten(torch.tensor([[1.0, 2.0, 3.0, 100.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])),
+          [[-1.0, 0.0, 1.0, 0.0]])
+
+
+def test_gae_against_the_sum_of_discounted_td_errors():
     r = torch.tensor([[0.0, 0.0, 1.0]])
-    v = torch.tensor([[0.2, 0.5, 0.1]])
-    adv, ret = losses.gae(r, v, gamma=1.0, lam=1.0)
-    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 1.0]]))
-    assert torch.allclose(adv, ret - v)
+    v = torch.tensor([[0.5, 0.4, 0.3]])
+    gamma, lam = 0.9, 0.8
+    # independent form: A_t = sum_k (gamma lam)^k delta_{t+k}, V after the end = 0
+    delta = [0 + gamma * 0.4 - 0.5, 0 + gamma * 0.3 - 0.4, 1 + 0 - 0.3]
+    expected = [sum((gamma * lam) ** k * delta[t + k] for k in range(3 - t)) for t in range(3)]
+    adv, ret = losses.gae(r, v, gamma=gamma, lam=lam)
+    close(adv, [expected])
+    close(adv, [[0.12928, 0.374, 0.7]])
+    close(ret, [[0.62928, 0.774, 1.0]])
+    # with the last position masked: no reward and no value there
+    adv, ret = losses.gae(torch.tensor([[0.0, 1.0, 5.0]]), v, torch.tensor([[1.0, 1.0, 0.0]]), gamma, lam)
+    close(adv, [[-0.14 + 0.72 * 0.6, 0.6, 0.0]])
 
 
-def test_gae_with_lambda_zero_is_td_error():
-    r = torch.tensor([[0.5, 1.0]])
-    v = torch.tensor([[0.2, 0.3]])
-    adv, _ = losses.gae(r, v, gamma=0.9, lam=0.0)
-    assert torch.allclose(adv, torch.tensor([[0.5 + 0.9 * 0.3 - 0.2, 1.0 - 0.3]]))
+def test_kl_shaped_rewards_penalise_every_token_and_add_the_score_at_the_end():
+    lp = torch.tensor([[LN(0.5), LN(0.5), LN(0.25)]])
+    ref = torch.tensor([[LN(0.25), LN(0.5), LN(0.5)]])
+    r = losses.kl_shaped_rewards(torch.tensor([1.0]), lp, ref, 0.1)
+    close(r, [[-0.1 * LN(2), 0.0, 1 + 0.1 * LN(2)]])
+    # the score goes to the last response token, nothing after it
+    r = losses.kl_shaped_rewards(torch.tensor([1.0]), lp, ref, 0.1, torch.tensor([[1.0, 1.0, 0.0]]))
+    close(r, [[-0.1 * LN(2), 1.0, 0.0]])
 
 
-def test_policy_loss_clips():
-    old = torch.zeros(1, 1)
-    adv = torch.ones(1, 1)
-    # a big ratio gains nothing beyond 1 + clip for a positive advantage
-    assert torch.isclose(losses.policy_loss(torch.full((1, 1), 2.0), old, adv), torch.tensor(-1.2))
-    assert torch.isclose(losses.policy_loss(old, old, adv), torch.tensor(-1.0))
+def test_clipped_policy_loss_outside_the_clip_range():
+    # (log-ratio, advantage): above the range with A > 0 and below it with A < 0 are clipped
+    # (the pessimistic term is the clipped one, and its gradient is zero); the others are not
+    d = torch.tensor([0.5, -0.5, 0.5, -0.5, 0.1], requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0])
+    per_token = losses.policy_loss(d, torch.zeros(5), adv, clip=0.2)
+    e = math.exp
+    close(per_token.detach(), [-1.2, -e(-0.5), e(0.5), 0.8, -2 * e(0.1)])
+    per_token.sum().backward()
+    close(d.grad, [0.0, -e(-0.5), e(0.5), 0.0, -2 * e(0.1)])
+    close(losses.clipped_fraction(d.detach(), torch.zeros(5), adv, 0.2), [1.0, 0.0, 0.0, 1.0, 0.0])
 
 
-def test_group_baselines():
-    s = torch.tensor([1.0, 3.0, 0.0, 0.0])
-    assert torch.allclose(losses.rloo_advantages(s, 2), torch.tensor([-2.0, 2.0, 0.0, 0.0]))
-    g = losses.grpo_advantages(s, 2)
-    assert g[0] < 0 < g[1] and abs(float(g[2])) < 1e-6
+def test_group_advantages():
+    close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2),
+          [-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0])
+    close(losses.grpo_advantages(torch.tensor([0.0, 3.0, 6.0]), 3), [-1.0, 0.0, 1.0])  # std 3
+    close(losses.rloo_advantages(torch.tensor([1.0, 3.0, 5.0]), 3), [1 - 4, 3 - 3, 5 - 2])
+    close(losses.remax_advantages(torch.tensor([0.5, -1.0]), torch.tensor([0.2, -1.5])), [0.3, 0.5])
 
 
-def test_dpo_loss_prefers_chosen():
-    z = torch.zeros(3)
-    assert losses.dpo_loss(z + 1, z, z, z) < losses.dpo_loss(z, z, z, z) < losses.dpo_loss(z, z + 1, z, z)
+def test_dpo_loss_and_margin():
+    one = torch.ones(1)
+    # margin = 0.1 ((-1 + 1.5) - (-2 + 1.5)) = 0.1; loss = log(1 + e^-0.1)
+    close(losses.dpo_margin(-one, -2 * one, -1.5 * one, -1.5 * one, 0.1), [0.1])
+    close(losses.dpo_loss(-one, -2 * one, -1.5 * one, -1.5 * one, 0.1), [math.log1p(math.exp(-0.1))])
+    close(losses.dpo_loss(-2 * one, -one, -1.5 * one, -1.5 * one, 0.1), [math.log1p(math.exp(0.1))])
 
 
-def test_kl_shaping_adds_score_at_the_end():
-    lp, ref = torch.zeros(2, 3), torch.zeros(2, 3)
-    r = losses.kl_shaped_rewards(torch.tensor([1.0, -1.0]), lp, ref, 0.1)
-    assert r[:, :2].abs().sum() == 0 and torch.equal(r[:, 2], torch.tensor([1.0, -1.0]))
+def test_sft_loss_is_next_token_cross_entropy():
+    logits = torch.tensor([[[0.0, LN(3)], [0.0, 0.0], [5.0, -5.0]]])
+    close(losses.sft_loss(logits, torch.tensor([[0, 1, 0]])), [[-LN(0.75), LN(2)]])
 
 
 def test_token_logprobs_picks_the_generated_tokens():
     logits = torch.zeros(1, 4, 5)
-    logits[0, 2, 3] = 10.0
-    seqs = torch.tensor([[0, 1, 2, 3]])
-    lp = losses.token_logprobs(logits, seqs, gen_len=1)
-    assert lp.shape == (1, 1) and float(lp) > -0.01
+    logits[0, 2, 3] = LN(6)  # p(3) = 6 / (6 + 4)
+    lp = losses.token_logprobs(logits, torch.tensor([[0, 1, 2, 3]]), gen_len=2)
+    close(lp, [[LN(0.2), LN(0.6)]])
+
+
+# -- the algorithm objects ---------------------------------------------------------------------------
+def logits_for(probs_of_next):
+    """(rows, 2, 2) logits over a vocabulary of 2 whose position 0 gives token 1 probability p."""
+    return torch.stack([torch.tensor([[0.0, LN(p / (1 - p))], [0.0, 0.0]]) for p in probs_of_next])
+
+
+def test_ppo_targets_shape_the_rewards_with_the_kl_to_the_reference():
+    data = {"seqs": torch.zeros(1, 4, dtype=torch.long), "logprobs": torch.tensor([[LN(0.5), LN(0.5)]]),
+            "ref_logprobs": torch.tensor([[LN(0.25), LN(0.5)]]), "rewards": torch.tensor([1.0]),
+            "values": torch.zeros(1, 2)}
+    t = PPO(kl_coef=0.05, gamma=1.0, lam=1.0).targets(data, value_model=False, group_size=1)
+    # rewards: -0.05 ln 2 on the first token, the score 1 on the last; V = 0, so the returns are
+    # the rewards to go
+    close(t["ret"], [[1 - 0.05 * LN(2), 1.0]])
+    close(t["adv"], [[-1 / math.sqrt(2), 1 / math.sqrt(2)]], tol=1e-4)  # whitened
+    close(PPO().metrics(t, value_model=False)["kl"], LN(2) / 2)
+    close(PPO().metrics(t, value_model=True)["value_error"], ((1 - 0.05 * LN(2)) ** 2 + 1) / 2)
+
+
+def test_ppo_critic_loss_is_the_clipped_value_loss():
+    # values are read at the positions before each generated token: y[:, -gen - 1:-1]
+    y = torch.tensor([[0.5, 0.1, 7.0]], requires_grad=True)
+    t = {"old_values": torch.zeros(1, 2), "ret": torch.ones(1, 2), "seqs": torch.zeros(1, 3, dtype=torch.long)}
+    loss, _ = PPO().loss(y, t, value_model=True)
+    close(loss.detach(), 0.32 + 0.405)
+    loss.backward()
+    close(y.grad, [[0.0, 0.1 - 1.0, 0.0]])  # the clipped term of 0.5 has no gradient
+
+
+def test_grpo_loss_adds_the_k3_penalty_and_the_advantages_come_from_the_group():
+    y = logits_for([0.75])
+    t = {"seqs": torch.tensor([[0, 1]]), "old_logp": torch.tensor([[LN(0.75)]]), "adv": torch.ones(1, 1),
+         "ref_logp": torch.tensor([[LN(0.5)]])}
+    loss, parts = GRPO(kl_coef=0.05).loss(y, t, value_model=False)
+    k3 = (0.5 / 0.75) - 1 - LN(0.5 / 0.75)
+    close(loss, -1.0 + 0.05 * k3)
+    close(parts["k3_kl"], k3)
+    data = {"seqs": torch.zeros(4, 3, dtype=torch.long), "logprobs": torch.zeros(4, 2),
+            "rewards": torch.tensor([1.0, 3.0, 5.0, 5.0]), "greedy_rewards": torch.tensor([0.0, 1.0, 2.0, 6.0])}
+    close(RLOO().targets(data, False, 2)["adv"], [[-2.0] * 2, [2.0] * 2, [0.0] * 2, [0.0] * 2])
+    close(ReMax().targets(data, False, 1)["adv"], [[1.0] * 2, [2.0] * 2, [3.0] * 2, [-1.0] * 2])
+    close(GRPO().targets(data, False, 4)["adv"][:, 0], [(x - 3.5) / math.sqrt(11 / 3) for x in (1, 3, 5, 5)],
+          tol=1e-4)
+
+
+def test_dpo_loss_prefers_the_chosen_rows_and_reports_the_margin():
+    # rows: chosen (token 1 with p 0.75), rejected (token 0 with p 0.25); the reference gives 0.5
+    y = logits_for([0.75, 0.75])
+    t = {"seqs": torch.tensor([[0, 1], [0, 0]]), "ref": torch.tensor([LN(0.5), LN(0.5)])}
+    loss, parts = DPO(beta=0.1).loss(y, t, value_model=False)
+    margin = 0.1 * ((LN(0.75) - LN(0.5)) - (LN(0.25) - LN(0.5)))
+    close(parts["margin"], margin)
+    close(parts["accuracy"], 1.0)
+    close(loss, math.log1p(math.exp(-margin)))
+    assert DPO().normalizer(t, torch.arange(2)) == 1  # one pair
+
+
+def test_sft_and_normalizers():
+    y = logits_for([0.75])
+    loss, _ = SFT().loss(y, {"seqs": torch.tensor([[0, 1]])}, value_model=False)
+    close(loss, -LN(0.75))
+    t = {"seqs": torch.zeros(4, 5, dtype=torch.long), "old_logp": torch.zeros(4, 3),
+         "mask": torch.tensor([[1.0, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]])}
+    assert GRPO().normalizer(t, torch.tensor([0, 2])) == 3  # response tokens of the step's rows
+    assert GRPO().normalizer({k: v for k, v in t.items() if k != "mask"}, torch.tensor([0, 2])) == 6
+    assert SFT().normalizer(t, torch.arange(4)) == 16
+
+
+def test_a_custom_dataflow_is_refused_by_the_runtime():
+    from realbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'custom' dataflow can be planned"):
+        make_algorithm("custom")

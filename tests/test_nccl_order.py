@@ -82,20 +82,40 @@ def test_replay_lets_separate_communicators_proceed_and_checks_sizes_and_collect
 
 
 def random_plans(name, count, seed):
-    """`count` plans of the scenario, each call's option drawn at random (the first with every
-    call's deepest pipeline), so reallocations, pipelines and disjoint meshes all occur."""
+    """`count` plans of the scenario, each call's option drawn at random."""
     est = Estimator(get_builtin(name))
     rng = random.Random(seed)
-    deepest = [max(est.options[i], key=lambda o: (o.strategy.pp, o.strategy.micro_batches)) for i in range(est.n)]
-    plans = [dict(zip(est.scenario.dataflow.order, deepest))]
-    for _ in range(count - 1):
-        plans.append({est.scenario.dataflow.order[i]: rng.choice(est.options[i]) for i in range(est.n)})
-    return [(est.scenario, p) for p in plans]
+    return [(est.scenario, {est.scenario.dataflow.order[i]: rng.choice(est.options[i]) for i in range(est.n)})
+            for _ in range(count)]
+
+
+# generation pipelines of 2 and 4 stages with fewer micro-batches than stages, as many, and more:
+# the generation loop sends each micro-batch's token back while the others are in flight
+GENERATION_PIPELINES = [(2, 1), (2, 2), (2, 4), (4, 2), (4, 4), (4, 8)]
+
+
+def generation_pipeline_plans(seed):
+    """ReMax plans whose two generation calls (sampled and greedy) take the pipelines of
+    GENERATION_PIPELINES, two per plan, on all 4 devices; the other calls at random."""
+    est = Estimator(get_builtin("remax-tiny-cpu"))
+    rng = random.Random(seed)
+    order = est.scenario.dataflow.order
+    plans = []
+    for k in range(0, len(GENERATION_PIPELINES), 2):
+        plan = {order[i]: rng.choice(est.options[i]) for i in range(est.n)}
+        for call, (pp, m) in zip(("sample_gen", "greedy_gen"), GENERATION_PIPELINES[k:k + 2]):
+            i = order.index(call)
+            plan[call] = next(o for o in est.options[i] if o.mesh.size == 4 and o.strategy.tp == 1
+                              and (o.strategy.pp, o.strategy.micro_batches) == (pp, m))
+        plans.append((est.scenario, plan))
+    return plans
 
 
 def test_runs_of_random_plans_replay_without_a_hang_on_nccl():
     # (test_runtime_run replays every algorithm's runs under two plans too)
-    runs = random_plans("ppo-tiny-cpu", 3, seed=3) + random_plans("remax-tiny-cpu", 1, seed=3)
+    runs = generation_pipeline_plans(seed=3) + random_plans("ppo-tiny-cpu", 2, seed=3)
+    covered = {(o.strategy.pp, o.strategy.micro_batches) for s, p in runs for n, o in p.items() if "gen" in n}
+    assert set(GENERATION_PIPELINES) <= covered
     assert {s.cluster.n_devices for s, _ in runs} == {4}
     per_rank = spawn(recorded_steps, 4, runs, 2)
     kinds = set()

@@ -14,6 +14,9 @@ from realbench.runtime.realloc import bytes_received, plan_transfers
 from realbench.runtime.shards import param_specs, tp_range
 
 SPEC = get_model("llama-tiny")
+# a head tied to the embedding, with another rotary base and norm epsilon than the defaults
+TIED = SPEC.model_copy(update={"name": "llama-tiny-tied", "tie_embeddings": True, "rope_theta": 5e5,
+                               "norm_eps": 1e-6})
 
 
 def test_layout_coordinates():
@@ -30,28 +33,44 @@ def test_layout_coordinates():
 
 
 def test_transfers_cover_each_destination_exactly_once():
-    src, dst = Layout.on(range(4), 1, 2, 2), Layout.on([2, 3], 1, 1, 2)
-    transfers = plan_transfers(SPEC, src, dst)
-    covered = {}
-    for t in transfers:
-        covered.setdefault((t.dst, t.name), []).append((t.lo, t.hi))
-    for p in param_specs(SPEC):
+    """For every destination rank and every tensor its stage stores, the transfers (local copies
+    included) tile its tp range exactly, each from a rank that holds that range in the source."""
+    from realbench.runtime.shards import in_stage, tied_aliases
+
+    rng = random.Random(0)
+    pairs = [(spec, random_layout(rng, 4), random_layout(rng, 4)) for _ in range(40) for spec in (SPEC, TIED)]
+    for spec, src, dst in pairs:
+        by_dest = {}
+        for t in plan_transfers(spec, src, dst):
+            by_dest.setdefault((t.dst, t.name), []).append(t)
+        specs = {p.name: p for p in param_specs(spec)}
+        expected = set()
         for c in dst.coords():
             r = dst.rank_of(c)
-            ranges = sorted(covered.get((r, p.name), []))
-            if ranges:
-                lo, hi = tp_range(p, 1, 0)
-                assert ranges[0][0] == lo and ranges[-1][1] == hi
-                assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            for p in param_specs(spec):
+                if not in_stage(p, spec.n_layers, dst.dims.pp, c.pp) or p.name in tied_aliases(spec, dst.dims.pp):
+                    continue
+                expected.add((r, p.name))
+                ts = sorted(by_dest.get((r, p.name), []), key=lambda t: t.lo)
+                assert ts, (src, dst, r, p.name)  # nothing a destination stores is left unfilled
+                lo, hi = tp_range(p, dst.dims.tp, c.tp)
+                assert ts[0].lo == lo and ts[-1].hi == hi and all(a.hi == b.lo for a, b in zip(ts, ts[1:]))
+                for t in ts:  # the sender holds what it sends, where the transfer says
+                    sc = src.coord(t.src)
+                    assert sc is not None and in_stage(specs[t.name], spec.n_layers, src.dims.pp, sc.pp)
+                    have_lo, have_hi = tp_range(p, src.dims.tp, sc.tp)
+                    assert have_lo <= t.lo < t.hi <= have_hi and t.src_lo == t.lo - have_lo and t.dst_lo == t.lo - lo
+        assert set(by_dest) == expected, (src, dst)  # and nothing else is sent
     # identical layouts move nothing
-    assert bytes_received(plan_transfers(SPEC, src, src), SPEC) == {}
+    a = Layout.on(range(4), 1, 2, 2)
+    assert bytes_received(plan_transfers(SPEC, a, a), SPEC) == {}
 
 
-def _parity_worker(rank, world, layouts):
-    full = init_full_weights(SPEC, seed=1)
+def _parity_worker(rank, world, spec, layouts):
+    full = init_full_weights(spec, seed=1)
     torch.manual_seed(0)
-    tokens = torch.randint(0, SPEC.vocab, (4, 12))
-    ref = LlamaStage(SPEC)
+    tokens = torch.randint(0, spec.vocab, (4, 12))
+    ref = LlamaStage(spec)
     ref.load_full(full)
     ref_logits = ref(tokens)
     ref_logits.float().pow(2).mean().backward()
@@ -65,7 +84,7 @@ def _parity_worker(rank, world, layouts):
         if lay.coord(rank) is None:
             report.append(None)
             continue
-        m = PlacedModel(SPEC, lay, rank, groups)
+        m = PlacedModel(spec, lay, rank, groups)
         m.stage.load_full(full)
         c = m.coord
         dp = lay.dims.dp
@@ -79,15 +98,16 @@ def _parity_worker(rank, world, layouts):
         n_total = ref_logits.numel()
         m.forward_backward(mbs, lambda i, y: y.float().pow(2).sum() / n_total * dp)
         gerr = 0.0
-        specs = {p.name: p for p in param_specs(SPEC)}
+        specs = {p.name: p for p in param_specs(spec)}
         for name, p in m.stage.named_parameters():
-            g = ref_grads[name]
+            # a tied head on its own stage carries the summed gradient of the one matrix
+            g = ref_grads["embed.weight" if name == "head.weight" and spec.tie_embeddings else name]
             s = specs[name]
             if s.split is not None:
                 a, b = tp_range(s, lay.dims.tp, c.tp)
                 g = g.narrow(s.split, a, b - a)
             gerr = max(gerr, float((p.grad - g).abs().max() / (g.abs().max() + 1e-12)))
-        report.append((err, gerr))
+        report.append((err, gerr, sorted(k for k, _ in m.stage.named_parameters())))
     return report
 
 
@@ -152,54 +172,79 @@ def test_generation_on_any_layout_matches_the_unsharded_model():
     assert len(sampled_by) >= 4  # the sampled comparison compared something
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_layout_parity_with_unsharded_model(world):
+@pytest.mark.parametrize("world,spec", [(2, SPEC), (4, SPEC), (4, TIED)])
+def test_layout_parity_with_unsharded_model(world, spec):
+    """Logits and gradients of every shard equal the unsharded model's (a tied head's copy on
+    the last stage gets the gradient of the one matrix: embedding and head uses summed)."""
     # llama-tiny has 2 KV heads, so tp is at most 2
     dims = [(1, 1, world), (world, 1, 1), (1, 2, world // 2), (world // 2, 1, 2), (world // 2, 2, 1)]
     layouts = list(dict.fromkeys(Layout.on(range(world), *d) for d in dims))
     if world == 4:
         layouts.append(Layout.on([2, 3], 1, 2, 1))  # a mesh that is a part of the world
-    results = spawn(_parity_worker, world, layouts)
+    results = spawn(_parity_worker, world, spec, layouts)
+    checked = 0
     for li, lay in enumerate(layouts):
         for rank in lay.ranks:
-            err, gerr = results[rank][li]
+            err, gerr, names = results[rank][li]
             if err is not None:
                 assert err < 1e-5, (lay, rank, err)
+                checked += 1
             assert gerr < 1e-4, (lay, rank, gerr)
+            if spec.tie_embeddings and lay.dims.pp == 1:
+                assert "head.weight" not in names  # one tensor for both uses
+            elif lay.coord(rank).pp == lay.dims.pp - 1:
+                assert "head.weight" in names
+    assert checked >= len(layouts)  # the last stage of every layout compared its logits
 
 
 def _realloc_worker(rank, world, pairs):
+    from nccl_order import Recorder
     from realbench.runtime.realloc import BoundReallocation, empty_shards, rank_plan, reallocate
+    from realbench.runtime.shards import tied_aliases
 
-    full = init_full_weights(SPEC, seed=2)
     groups = Groups()
     out = []
-    for a, b in pairs:
+    for spec, a, b in pairs:
+        full = init_full_weights(spec, seed=2)
+
         def shards_of(lay, flat):
             c = lay.coord(rank)
             if c is None:
                 return {}
-            st = LlamaStage(SPEC, lay.dims.tp, c.tp, lay.dims.pp, c.pp)
+            st = LlamaStage(spec, lay.dims.tp, c.tp, lay.dims.pp, c.pp)
             st.load_full(full)
             # a stage's own tensors are views of its flat buffer (messages in place); clones are not
             return dict(st.state_dict()) if flat else {k: v.clone() for k, v in st.state_dict().items()}
 
         start = shards_of(a, flat=True)
-        moved = reallocate(SPEC, a, b, start, rank)  # into fresh flat tensors
+        recorder = Recorder().install()  # what is actually posted, message by message
+        try:
+            moved = reallocate(spec, a, b, start, rank)  # into fresh flat tensors
+        finally:
+            recorder.uninstall()
+        sent = {}
+        for e in recorder.entries:
+            for op in e.ops:
+                if op.kind == "send":
+                    sent[op.peer] = sent.get(op.peer, 0) + op.numel
         expect = shards_of(b, flat=False)
         ok_b = moved.keys() == expect.keys() and all(torch.equal(moved[k], expect[k]) for k in expect)
         # back into tensors that already exist (as a worker's placed model), filled with garbage:
         # once into separate tensors (every message staged), once into a flat buffer
         ok_round = True
-        for into in ({k: torch.full_like(v, float("nan")) for k, v in start.items()}, empty_shards(SPEC, a, rank)):
+        separate = {k: torch.full_like(v, float("nan")) for k, v in start.items()}
+        if a.coord(rank) is not None:
+            for alias, target in tied_aliases(spec, a.dims.pp).items():  # one tensor, two names
+                separate[alias] = separate[target]
+        for into in (separate, empty_shards(spec, a, rank)):
             for v in into.values():
                 v.fill_(float("nan"))
-            back = reallocate(SPEC, b, a, moved, rank, out=into)
+            back = reallocate(spec, b, a, moved, rank, out=into)
             ok_round = ok_round and back.keys() == start.keys() and all(torch.equal(back[k], start[k]) for k in start)
             ok_round = ok_round and all(back[k] is into[k] for k in into)
         # between flat buffers, a message that lies in order on both sides is copied by nobody
-        staged = BoundReallocation(rank_plan(SPEC, a, b, rank), start, empty_shards(SPEC, b, rank)).staged_values
-        out.append((ok_b and ok_round, staged))
+        staged = BoundReallocation(rank_plan(spec, a, b, rank), start, empty_shards(spec, b, rank)).staged_values
+        out.append((ok_b and ok_round, staged, sent))
     del groups
     return out
 
@@ -215,16 +260,66 @@ def random_layout(rng, world):
     return Layout.on(ranks, *rng.choice(options))
 
 
+# A sender may read a message straight from its flat buffer with gaps of at most 1/8 of the
+# span (realloc.MAX_GAP_FRACTION): at most 8/7 of the values needed travel.
+MAX_SENT_PER_NEEDED = 8 / 7
+
+
 @pytest.mark.parametrize("world", [2, 4])
-def test_realloc_round_trip_is_bit_identical(world):
+def test_realloc_round_trip_is_bit_identical_and_sends_only_what_is_needed(world):
+    """A -> B -> A is bit-identical on random layout pairs (tied and untied heads), and the
+    messages actually posted carry, between every pair of ranks, the values the destination
+    needs from that sender (plus at most the gap allowance), and nothing between other pairs."""
+    from realbench.runtime.realloc import _numel
+
     rng = random.Random(world)
-    pairs = [(random_layout(rng, world), random_layout(rng, world)) for _ in range(25)]
+    pairs = [(spec, random_layout(rng, world), random_layout(rng, world)) for _ in range(20) for spec in (SPEC, TIED)]
     results = spawn(_realloc_worker, world, pairs)
     for rank in range(world):
-        assert all(ok for ok, _ in results[rank]), [p for p, (ok, _) in zip(pairs, results[rank]) if not ok]
-    for i, (a, b) in enumerate(pairs):
+        assert all(r[0] for r in results[rank]), [p for p, r in zip(pairs, results[rank]) if not r[0]]
+    compared = 0
+    for i, (spec, a, b) in enumerate(pairs):
         if a.dims == b.dims and set(a.ranks).isdisjoint(b.ranks):  # same layout, another mesh
             assert all(results[r][i][1] == 0 for r in range(world)), (a, b)
+        # values each destination needs from each sender: its shard of layout B, less what it
+        # holds itself, split by the sender the transfer list names
+        specs = {p.name: p for p in param_specs(spec)}
+        needed = {}
+        for t in plan_transfers(spec, a, b):
+            if t.src != t.dst:
+                n = _numel(shard_shape_of(specs[t.name]), t.split, t.hi - t.lo)
+                needed[(t.src, t.dst)] = needed.get((t.src, t.dst), 0) + n
+        posted = {(r, peer): n for r in range(world) for peer, n in results[r][i][2].items()}
+        assert set(posted) == set(needed), (a, b, sorted(posted), sorted(needed))
+        for pair, n in needed.items():
+            assert n <= posted[pair] <= MAX_SENT_PER_NEEDED * n, (spec.name, a, b, pair, posted[pair], n)
+            compared += 1
+        # and no destination receives more than its shard of layout B (a check that does not
+        # rely on the transfer list)
+        for r in b.ranks:
+            c = b.coord(r)
+            shard = sum(n for k, n in _stage_numel(spec, b, c).items())
+            assert sum(n for (s, d), n in posted.items() if d == r) <= MAX_SENT_PER_NEEDED * shard
+    assert compared >= len(pairs) // 2  # the pairs moved data between many pairs of ranks
+
+
+def shard_shape_of(p):
+    """The full tensor's shape: transfer ranges index the full tensor along `split`."""
+    return p.shape
+
+
+def _stage_numel(spec, layout, coord):
+    from realbench.runtime.shards import flat_offsets, in_stage, shard_shape, tied_aliases
+
+    out = {}
+    for p in param_specs(spec):
+        if in_stage(p, spec.n_layers, layout.dims.pp, coord.pp) and p.name not in tied_aliases(spec, layout.dims.pp):
+            n = 1
+            for d in shard_shape(p, layout.dims.tp):
+                n *= d
+            out[p.name] = n
+    assert sum(out.values()) == flat_offsets(spec, layout.dims.tp, layout.dims.pp, coord.pp)[1]
+    return out
 
 
 def test_each_pair_of_ranks_exchanges_one_message_read_and_written_in_place_where_it_lies_in_order():

@@ -59,16 +59,29 @@ def test_every_algorithm_runs_under_two_plans(name):
         assert timed == set(scenario.dataflow.call_names)  # every call ran somewhere and was timed
 
 
-def test_reallocation_moves_bytes_when_layouts_differ():
+def option(est, call, dp, tp, pp, size=None):
+    """The call's option with that strategy on the mesh of `size` devices starting at device 0
+    (the whole cluster by default), fewest micro-batches."""
+    i = est.call_names.index(call)
+    size = size or est.cluster.n_devices
+    return min((o for o in est.options[i] if (o.strategy.dp, o.strategy.tp, o.strategy.pp) == (dp, tp, pp)
+                and o.mesh.size == size and o.mesh.start(est.cluster.gpus_per_node) == 0),
+               key=lambda o: o.strategy.micro_batches)
+
+
+def test_reallocation_moves_the_bytes_worked_out_by_hand():
+    """The actor trains as 4 pipeline stages and generates as 4 data-parallel replicas: each of
+    the 4 ranks holds a quarter of the model (its stage) and needs all of it, so 3 model
+    copies of fp32 values move per step. The symmetric plan moves nothing."""
     est, plans = two_plans("ppo-tiny-cpu")
-    searched = plans[1]
-    gen, train = searched["actor_gen"], searched["actor_train"]
-    per_rank = spawn(recorded_steps, 4, [(est.scenario, searched), (est.scenario, plans[0])], 1)
-    records, sym = [r[0][0] for r in per_rank], [r[1][0] for r in per_rank]
-    moved = sum(r[0]["realloc_bytes"] for r in records)
-    if (gen.mesh, gen.strategy.tp, gen.strategy.pp) != (train.mesh, train.strategy.tp, train.strategy.pp):
-        assert moved > 0
-    assert sum(r[0]["realloc_bytes"] for r in sym) == 0  # one layout for everything: nothing moves
+    sym = plans[0]
+    moving = {**sym, "actor_train": option(est, "actor_train", 1, 1, 4), "actor_gen": option(est, "actor_gen", 4, 1, 1)}
+    per_rank = spawn(recorded_steps, 4, [(est.scenario, moving), (est.scenario, sym)], 1)
+    records, sym_records = [r[0][0] for r in per_rank], [r[1][0] for r in per_rank]
+    actor = est.scenario.models["actor"]
+    assert sum(r[0]["realloc_bytes"] for r in records) == 3 * actor.n_params * 4
+    assert {n for r in records for n in r[0]["realloc_s"]} == {"actor_gen"}
+    assert sum(r[0]["realloc_bytes"] for r in sym_records) == 0  # one layout for everything: nothing moves
 
 
 def test_ppo_mean_reward_rises():
@@ -116,7 +129,7 @@ def test_auto_device_takes_cuda_only_with_a_gpu_for_every_process(monkeypatch):
     from realbench.runtime.device import backend, resolve_device
 
     def cuda_runtime_query():
-        raise AssertionError("asked the CUDA runtime: the forked workers could not use CUDA")
+        raise AssertionError("asked the CUDA runtime: the calling process would hold a CUDA context")
 
     monkeypatch.setattr(torch.cuda, "is_available", cuda_runtime_query)
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", cuda_runtime_query, raising=False)
@@ -139,34 +152,72 @@ def _tiny_plan(tmp_path):
     return plan_path
 
 
-def test_resumed_run_equals_uninterrupted_run(cli, tmp_path):
-    plan = _tiny_plan(tmp_path)
-    base = ("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--json")
-    code, out, err = cli(*base, "--steps", 4)
-    assert code == 0, err
-    whole = json.loads(out)["metrics"]
+def test_latest_checkpoint_is_the_highest_complete_step(tmp_path):
+    from realbench.errors import ConfigError
+    from realbench.runtime.checkpoint import write_manifest
+    from realbench.runtime.launch import latest_checkpoint
+
+    with pytest.raises(ConfigError, match="holds no complete checkpoint"):
+        latest_checkpoint(tmp_path)
+    for name in ("step2", "step9", "step10", "step11", "step10-old", "stepx", "steps"):
+        (tmp_path / name).mkdir()
+        if name != "step11":  # step11: a save that did not finish (no manifest)
+            write_manifest(tmp_path / name, 0, "s", {}, 1)
+    assert latest_checkpoint(tmp_path) == 10  # not step9, which sorts after step10 as text, nor step11
+
+
+def test_resume_takes_the_latest_checkpoint_and_equals_the_uninterrupted_run(cli, tmp_path):
+    """The actor trains on two pipeline stages and generates on two data-parallel replicas (it
+    is reallocated every step); checkpoints at steps 5 and 10; resuming continues from 10 and
+    gives what the uninterrupted run gave."""
+    est = Estimator(get_builtin("ppo-tiny-2cpu"))
+    options = {**est.options_of(symmetric_plan(est)), "actor_train": option(est, "actor_train", 1, 1, 2),
+               "actor_gen": option(est, "actor_gen", 2, 1, 1)}
+    plan = tmp_path / "plan.yaml"
+    plan_from_options(est.scenario, options).save(plan)
     ck = tmp_path / "ck"
-    code, _, err = cli(*base, "--steps", 2, "--save-every", 2, "--checkpoint-dir", ck)
+    base = ("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--json", "--checkpoint-dir", ck)
+    code, out, err = cli(*base, "--steps", 12, "--save-every", 5)
     assert code == 0, err
-    assert (ck / "step2" / "rank0.safetensors").is_file() and (ck / "step2" / "rank1.safetensors").is_file()
-    code, out, err = cli(*base, "--steps", 4, "--checkpoint-dir", ck, "--resume")
+    whole = json.loads(out)
+    assert whole["realloc_bytes"] == est.scenario.models["actor"].n_params * 4  # each rank gets the other half
+    assert sorted(p.name for p in ck.iterdir()) == ["step10", "step5"]
+    assert all((ck / s / f"rank{r}.safetensors").is_file() for s in ("step5", "step10") for r in (0, 1))
+    manifest = json.loads((ck / "step10" / "checkpoint.json").read_text())
+    assert manifest["step"] == 10 and manifest["processes"] == 2 and manifest["calls"]["actor_gen"]["dp"] == 2
+    code, out, err = cli(*base, "--steps", 12, "--resume")
     assert code == 0, err
     resumed = json.loads(out)["metrics"]
-    assert [m["step"] for m in resumed] == [2, 3]
-    assert resumed == whole[2:]
+    assert [m["step"] for m in resumed] == [10, 11]
+    assert resumed == whole["metrics"][10:]
+    # under another plan: refused by name, before any process starts
+    other = tmp_path / "other.yaml"
+    plan_from_options(est.scenario, {**options, "actor_gen": option(est, "actor_gen", 1, 1, 2)}).save(other)
+    code, _, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", other, "--nproc", 2, "--steps", 12,
+                       "--checkpoint-dir", ck, "--resume")
+    assert code == 2 and err.count("\n") == 1 and "another plan (call 'actor_gen' differs)" in err, err
     # a non-empty checkpoint folder is not overwritten by a fresh run
-    code, _, err = cli(*base, "--steps", 2, "--save-every", 1, "--checkpoint-dir", ck)
+    code, _, err = cli(*base, "--steps", 2, "--save-every", 1)
     assert code == 2 and "not empty" in err
+    assert sorted(p.name for p in ck.iterdir()) == ["step10", "step5"]
 
 
 def test_a_dead_worker_stops_the_run_with_one_clear_line(cli, tmp_path, monkeypatch):
+    """The whole of stderr is one line naming the rank and the call, in-process (where the
+    launchers' loggers write) and as a command (where the worker processes' output goes too)."""
+    import subprocess
+    import sys
     import time
 
     plan = _tiny_plan(tmp_path)
     monkeypatch.setenv("REALBENCH_FAULT", "1:critic_train")
+    args = ("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--steps", 2)
     t0 = time.perf_counter()
-    code, out, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--nproc", 2, "--steps", 2)
+    code, out, err = cli(*args)
     assert time.perf_counter() - t0 < 90
-    assert code == 1
-    lines = [l for l in err.splitlines() if l.startswith("realbench:")]
-    assert len(lines) == 1 and "rank 1" in lines[0] and "critic_train" in lines[0], err
+    assert code == 1 and out == ""
+    assert err == "realbench: run failed: rank 1 failed in call critic_train: RuntimeError: injected fault " \
+                  "(REALBENCH_FAULT)\n", err
+    proc = subprocess.run([sys.executable, "-m", "realbench", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr == err, proc.stderr

@@ -154,6 +154,13 @@ def test_run_monitor_shows_live_steps():
     assert mon.metrics.data["step"] == [0, 1, 2] and len(mon.metrics.data["reward"]) == 3
     assert set(mon.calls.data["call"]) == set(scenario.dataflow.call_names)
     assert all(m > 0 for m in mon.calls.data["measured"]) and "done" in mon.status.value
+    assert mon.stop_button.disabled
+    # stopped during a long run: the processes end at once and the monitor says so
+    mon.steps_box.value = 10_000
+    assert mon.start() and not mon.stop_button.disabled
+    mon.stop_button.click()
+    assert mon.wait(60) is None and not mon.running
+    assert "stopped" in mon.error and not mon.run_button.disabled
 
 
 def test_workbench_wires_the_widgets():

@@ -75,9 +75,7 @@ def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
     """Parameters on the most loaded device: ceil(L/pp) layers, the embedding on the first
     stage and the head on the last (both on the one stage when pp == 1), over tp."""
     layers = math.ceil(model.n_layers / pp) * model.layer_params
-    ends = model.embedding_params + model.head_params if pp == 1 else max(model.embedding_params,
-                                                                           model.head_params)
-    return (layers + ends) / tp
+    return (layers + model.ends_params(pp)) / tp
 
 
 def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:

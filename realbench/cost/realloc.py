@@ -61,9 +61,11 @@ def destination_stages(model: ModelSpec, cluster: ClusterSpec, dst: Option) -> l
     for j in range(d.pp):
         lo, hi = stage_layers(model.n_layers, d.pp, j)
         nbytes = (hi - lo) * model.layer_params
-        if j == 0:
+        if d.pp == 1:
+            nbytes += model.ends_params(1)
+        elif j == 0:
             nbytes += model.embedding_params
-        if j == d.pp - 1:
+        elif j == d.pp - 1:
             nbytes += model.head_params
         first = start + j * width
         out.append((nbytes * BF16 / d.tp, lo, hi, range(first // G, (first + width - 1) // G + 1)))

@@ -6,7 +6,13 @@ kv heads k, FFN size f and vocabulary V:
     per layer   = h*h (q) + 2*h*k*d (k, v) + h*h (o) + 3*h*f (gate, up, down) + 2*h (two RMSNorms)
     total       = V*h (embedding) + L * per layer + h (final norm) + head
 
-where the head is V*h for a language model and h (one output) for a value/reward model.
+where the head is V*h for a language model (none of its own when it is tied to the embedding)
+and h (one output) for a value/reward model.
+
+Besides the shapes, a spec carries what changes the function a checkpoint computes: the rotary
+base `rope_theta` (10^4 in LLaMA-1/2, 10^6 in CodeLLaMA, 5 x 10^5 in LLaMA-3) and the RMSNorm
+epsilon `norm_eps` (10^-6 in LLaMA-1 and Qwen2, 10^-5 in LLaMA-2/3). The runtime's model and
+the cost model read them from the same spec.
 
 Forward FLOPs per token per layer: 2 * (matmul params of the layer) for the projections,
 plus 2 * 2 * context * h for the attention scores and the weighted sum (causal masking
@@ -33,6 +39,12 @@ class ModelSpec(BaseModel):
     ffn: int = Field(gt=0)
     vocab: int = Field(gt=0)
     value_head: bool = False  # critic / reward models end in a scalar head instead of the LM head
+    rope_theta: float = Field(default=10000.0, gt=0)  # rotary base period
+    norm_eps: float = Field(default=1e-5, gt=0)  # RMSNorm epsilon
+    # the LM head is the embedding matrix (Qwen2 small models, Gemma): one tensor when both sit
+    # on one pipeline stage, else a copy on the last stage whose gradient is summed with the
+    # embedding's (as Megatron does)
+    tie_embeddings: bool = False
 
     @model_validator(mode="after")
     def _check_shape(self) -> "ModelSpec":
@@ -40,6 +52,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden {self.hidden} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.tie_embeddings and self.value_head:
+            raise ValueError("a value head cannot be tied to the embedding")
         return self
 
     @property
@@ -61,7 +75,17 @@ class ModelSpec(BaseModel):
 
     @property
     def head_params(self) -> int:
+        """The final norm and the output layer, as a last pipeline stage holds them (a tied
+        head is a copy of the embedding there)."""
         return self.hidden + (self.hidden if self.value_head else self.vocab * self.hidden)
+
+    def ends_params(self, pp: int) -> int:
+        """Embedding, final norm and head on the device that holds both ends (pp == 1), or
+        the larger of the two ends when they sit on different stages."""
+        if pp > 1:
+            return max(self.embedding_params, self.head_params)
+        shared = self.vocab * self.hidden if self.tie_embeddings else 0
+        return self.embedding_params + self.head_params - shared
 
     @property
     def head_out(self) -> int:
@@ -70,7 +94,7 @@ class ModelSpec(BaseModel):
 
     @property
     def n_params(self) -> int:
-        return self.embedding_params + self.n_layers * self.layer_params + self.head_params
+        return self.n_layers * self.layer_params + self.ends_params(1)
 
     def kv_bytes_per_token_layer(self, bytes_per_value: int = 2) -> int:
         """KV-cache bytes one token adds in one layer (keys and values)."""
@@ -88,18 +112,21 @@ def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
     return lo, lo + per + (1 if stage < extra else 0)
 
 
-def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000) -> ModelSpec:
+def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000, rope_theta=10000.0,
+           norm_eps=1e-5) -> ModelSpec:
     return ModelSpec(name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
-                     n_kv_heads=n_kv_heads, ffn=ffn, vocab=vocab)
+                     n_kv_heads=n_kv_heads, ffn=ffn, vocab=vocab, rope_theta=rope_theta, norm_eps=norm_eps)
 
 
-# Published configurations: LLaMA-2 7B/13B/70B and CodeLLaMA 34B (the LLaMA-2 34B shape).
+# Published configurations: LLaMA-2 7B/13B/70B (rope_theta 10^4, rms_norm_eps 10^-5, as in
+# their config.json) and CodeLLaMA 34B (the LLaMA-2 34B shape; Roziere et al. 2023, section 2.4,
+# raised the rotary base to 10^6).
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
         _llama("llama-7b", 32, 4096, 32, 32, 11008),
         _llama("llama-13b", 40, 5120, 40, 40, 13824),
-        _llama("llama-34b", 48, 8192, 64, 8, 22016),
+        _llama("llama-34b", 48, 8192, 64, 8, 22016, rope_theta=1e6),
         _llama("llama-70b", 80, 8192, 64, 8, 28672),
         # Tiny models: small enough to train on a laptop CPU in seconds.
         _llama("llama-tiny", 4, 64, 4, 2, 176, vocab=128),

@@ -26,9 +26,9 @@ DEVICES = ("auto", "cpu", "cuda")
 def resolve_device(requested: str, local_processes: int) -> str:
     """"cpu" or "cuda" for `local_processes` processes on this machine: auto takes CUDA when
     there is a GPU for every process (NCCL needs one GPU per rank), else the CPU.
-    The GPUs are counted the fork-safe way (NVML, not the CUDA runtime, as Accelerate does):
-    this runs in the process that notebook_launcher forks the workers from, and a child of a
-    process that asked the CUDA runtime (`torch.cuda.is_available`) cannot use CUDA."""
+    The GPUs are counted through NVML, not the CUDA runtime (`torch.cuda.is_available`), so the
+    calling process (a notebook kernel, say) gets no CUDA context of its own: it would hold GPU
+    memory, and a process forked from it could no longer use CUDA."""
     if requested not in DEVICES:
         raise ConfigError(f"unknown device {requested!r} ({', '.join(DEVICES)})", "--device")
     gpus = torch.cuda.device_count()  # 0 without a CUDA build; NVML when it can

@@ -42,12 +42,14 @@ class PlacedModel:
         return self.next is None
 
     # -- weights ----------------------------------------------------------------------------------------
-    def shards(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.stage.state_dict().items()}
+    def shards(self, aliases: bool = True) -> dict[str, torch.Tensor]:
+        """This rank's shards by name (views of the stage's flat buffer); a tied head that shares
+        the embedding's tensor is listed under both names unless `aliases` is false (files)."""
+        return {k: v.detach() for k, v in self.stage.state_dict().items() if aliases or k not in self.stage.aliases}
 
     @torch.no_grad()
     def load_shards(self, shards: dict[str, torch.Tensor]) -> None:
-        for k, v in self.stage.state_dict().items():
+        for k, v in self.shards(aliases=False).items():
             v.copy_(shards[k])
 
     # -- compute ----------------------------------------------------------------------------------------
@@ -90,8 +92,21 @@ class PlacedModel:
                 y.backward(g)
             if self.prev is not None:
                 dist.send(x.grad.contiguous(), self.prev)
+        self.sum_tied_gradients()
         self.average_gradients()
         return total if self.next is None else None
+
+    def sum_tied_gradients(self) -> None:
+        """A head tied to the embedding but held on another stage than the embedding is a copy:
+        the first and last stages sum the two gradients (as Megatron does), so both copies take
+        the same optimizer steps and stay equal. (On one stage the head is the embedding's own
+        parameter, and autograd sums the two uses.)"""
+        if not self.spec.tie_embeddings or self.layout.dims.pp == 1 or not (self.prev is None or self.next is None):
+            return
+        p = self.stage.embed.weight if self.prev is None else self.stage.head.weight
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=self.loop_group)
 
     def average_gradients(self) -> None:
         """Average the gradients over data parallelism with one all-reduce of all of them in a

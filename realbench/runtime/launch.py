@@ -1,20 +1,23 @@
-"""Launch a plan on local processes through Accelerate (`accelerate.notebook_launcher`, which
-starts the workers with torch's elastic launcher), or serve as the body of every process that
-an outside launcher starts (`realbench worker`, under torchrun, `accelerate launch` or srun).
+"""Launch a plan on local processes through Accelerate, and the body of every process.
 
-The same call serves the CLI (`realbench run`) and notebooks. Each worker reads its rank from
-the environment the launcher sets, joins the process group with a timeout (so that a dead peer
-makes the others fail instead of hang), runs the steps, and rank 0 writes the records as JSON.
-A failing worker writes one line naming its rank and the call it was in.
+`run_plan` (the CLI's `realbench run`, and notebooks) starts `accelerate launch -m realbench
+worker ...` as a child process: Accelerate's launcher starts one fresh Python process per rank.
+Fresh, not forked from the caller: Accelerate's notebook launcher forks the calling process,
+and a fork of a multi-threaded process (every Jupyter kernel; a test runner) can deadlock the
+child on a lock another thread held, or fail outright once the caller has touched CUDA. The
+launcher's own output goes to a log in the run folder, so a failure reads as one line here.
+
+Each worker (`worker_process`, also what `realbench worker` runs under torchrun or srun) reads
+its rank from the environment the launcher sets, joins the process group with a timeout (so
+that a dead peer makes the others fail instead of hang), runs the steps, appends each step's
+record to `steps.<rank>.jsonl` (what live monitors read), and rank 0 writes all records as
+JSON. A failing worker writes one line naming its rank and the call it was in.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
-import logging
 import os
 import statistics
 import tempfile
@@ -39,6 +42,7 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
 
     from realbench.plan.plan import plan_from_document, resolve_plan
     from realbench.plan.scenario import scenario_from_document
+    from realbench.runtime.checkpoint import write_manifest
     from realbench.runtime.device import init_process_group
     from realbench.runtime.worker import Worker
 
@@ -60,9 +64,13 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
             with open(os.path.join(out_dir, f"steps.{rank}.jsonl"), "a") as f:  # for live monitors
                 f.write(json.dumps(records[-1]) + "\n")
             if save_every and (s + 1) % save_every == 0:
+                worker.current = f"saving step {s + 1}"
                 folder = os.path.join(checkpoint_dir, f"step{s + 1}")
                 os.makedirs(folder, exist_ok=True)
                 worker.save(folder, s + 1)
+                dist.barrier()  # every rank's file is on disk: the checkpoint is complete
+                if rank == 0:
+                    write_manifest(folder, s + 1, scenario.name, plan_doc["calls"], world)
         if worker is not None:
             worker.current = "gathering results"
         everyone = [None] * world
@@ -81,8 +89,9 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
 
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
     """Per call: measured seconds (slowest rank, median over the steps after the first: robust
-    to a step slowed by the machine) beside the estimate; reallocated bytes per step; reward and
-    loss per step."""
+    to a step slowed by the machine) beside the estimate; reallocated bytes per step; reward,
+    loss and the calls' metrics ("<call>/<name>", averaged over the ranks that report them) per
+    step."""
     steps = len(records[0])
     warm = range(1, steps) if steps > 1 else range(steps)
     calls = {}
@@ -93,8 +102,13 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]
         losses_ = [r[s]["loss"] for r in records if r[s]["loss"] is not None]
+        named: dict[str, list[float]] = {}
+        for r in records:  # a call's metric from each rank that reports it (its dp ranks' shares)
+            for k, v in r[s].get("metrics", {}).items():
+                named.setdefault(k, []).append(v)
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
-                        "loss": sum(losses_) / len(losses_) if losses_ else None})
+                        "loss": sum(losses_) / len(losses_) if losses_ else None,
+                        **{k: sum(v) / len(v) for k, v in sorted(named.items())}})
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
     step_s = [max(r[s]["step_s"] for r in records) for s in warm]
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
@@ -103,9 +117,14 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
 
 
 def latest_checkpoint(checkpoint_dir: str) -> int:
-    steps = [int(p.name[4:]) for p in Path(checkpoint_dir).glob("step*") if p.name[4:].isdigit()]
+    """The highest step of the complete checkpoints (`step<N>` folders with a manifest)."""
+    from realbench.runtime.checkpoint import MANIFEST
+
+    steps = [int(p.name[4:]) for p in Path(checkpoint_dir).glob("step*")
+             if p.name[4:].isdigit() and (p / MANIFEST).is_file()]
     if not steps:
-        raise ConfigError("holds no checkpoint (step<N> folders)", "--resume", checkpoint_dir)
+        raise ConfigError("holds no complete checkpoint (step<N> folders with checkpoint.json)", "--resume",
+                          checkpoint_dir)
     return max(steps)
 
 
@@ -116,13 +135,32 @@ def needed_processes(scenario, options: dict) -> int:
 
 def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, checkpoint_dir: str,
               resume: bool, flag: str = "--nproc") -> int:
-    """Check the run's arguments against the plan; returns the step to resume from."""
+    """Check the run's arguments against the plan; returns the step to resume from. A checkpoint
+    resumes under the plan and process count it was written with (its manifest says which)."""
+    from realbench.plan.plan import plan_from_options
+    from realbench.runtime.checkpoint import read_manifest
+
     needed = needed_processes(scenario, options)
     if nproc != needed and nproc != scenario.cluster.n_devices:
         raise ConfigError(f"the plan uses {needed} device(s); run it with {needed} processes, not {nproc}", flag)
     if steps < 1:
         raise ConfigError("must be at least 1", "--steps")
     resume_step = latest_checkpoint(checkpoint_dir) if resume else 0
+    if resume:
+        folder = Path(checkpoint_dir, f"step{resume_step}")
+        manifest = read_manifest(folder)
+        calls = plan_from_options(scenario, options).to_document()["calls"]
+        if manifest.get("scenario") != scenario.name:
+            raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
+                              "--resume", str(folder))
+        changed = sorted(c for c in set(calls) | set(manifest.get("calls", {}))
+                         if calls.get(c) != manifest.get("calls", {}).get(c))
+        if changed:
+            raise ConfigError(f"the checkpoint was written under another plan (call {changed[0]!r} differs); "
+                              "resume under that plan", "--resume", str(folder))
+        if manifest.get("processes") != nproc:
+            raise ConfigError(f"the checkpoint was written by {manifest.get('processes')} processes; resume with "
+                              "as many", flag, str(folder))
     if resume_step >= steps:
         raise ConfigError(f"the checkpoint is at step {resume_step}; ask for more --steps", "--steps")
     if save_every and not resume and Path(checkpoint_dir).exists() and any(Path(checkpoint_dir).iterdir()):
@@ -165,14 +203,57 @@ def _watch_steps(out_dir: str, nproc: int, done: threading.Event, on_step, summa
             return
 
 
+def launch_command(nproc: int, port: int, worker_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The `accelerate launch` command line (and the environment) that starts `realbench worker`
+    with `worker_args` on `nproc` local processes, rendezvous on 127.0.0.1:`port`."""
+    import sys
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    env = dict(os.environ)
+    if nproc > 1:
+        cmd += ["--multi_gpu", "--machine_rank", "0", "--main_process_ip", "127.0.0.1",
+                "--main_process_port", str(port), "--rdzv_backend", "static"]
+    else:  # Accelerate runs one process as it is: give it the rendezvous a process group needs
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+    return cmd + ["-m", "realbench", "worker", *worker_args], env
+
+
+def _wait(proc, stop) -> None:
+    """Wait for the launcher; on `stop()` or Ctrl-C, end it and its workers (their own process
+    group) and raise."""
+    import signal
+    import subprocess
+
+    try:
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if stop is not None and stop():
+                raise RunError("stopped before the last step")
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the launcher passes it on to the workers
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        raise
+
+
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
              checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
-             device: str = "auto") -> dict:
+             device: str = "auto", stop=None) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
     the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
-    steps finish (the run monitor's live curves)."""
-    import accelerate
+    steps finish (the run monitor's live curves); `stop()`, polled while the run goes, ends it
+    (a RunError, as Ctrl-C does with KeyboardInterrupt). Checkpoints already written stay."""
+    import subprocess
 
     from realbench.plan.plan import plan_from_options
     from realbench.runtime.device import resolve_device
@@ -180,11 +261,19 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
 
     device_type = resolve_device(device, nproc)
     resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume)
-    plan_doc = plan_from_options(scenario, options).to_document()
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
-        elastic_log = logging.getLogger("torch.distributed.elastic")
-        level = elastic_log.level
-        elastic_log.setLevel(logging.CRITICAL)  # we report the failing rank ourselves, in one line
+        scenario_file, plan_file = Path(out_dir, "scenario.json"), Path(out_dir, "plan.json")
+        scenario_file.write_text(json.dumps(scenario.to_document()))
+        plan_file.write_text(json.dumps(plan_from_options(scenario, options).to_document()))
+        args = ["--scenario", str(scenario_file), "--plan", str(plan_file), "--steps", str(steps), "--seed", str(seed),
+                "--out", out_dir, "--device", device_type]
+        if save_every:
+            args += ["--save-every", str(save_every)]
+        if save_every or resume:
+            args += ["--checkpoint-dir", checkpoint_dir]
+        if resume:
+            args.append("--resume")
+        cmd, env = launch_command(nproc, free_port(), args)
         done = threading.Event()
         watcher = None
         if on_step is not None:
@@ -192,22 +281,23 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
                 out_dir, nproc, done, on_step,
                 lambda recs: summarize_run(scenario, options, recs, resume_step, profile)))
             watcher.start()
+        log_path = Path(out_dir, "launcher.log")
         try:
-            # the launcher's banner ("Launching training on N CUDAs", even on the CPU) must neither
-            # spoil --json nor name a device we do not use: the summary says which one ran
-            with contextlib.redirect_stdout(io.StringIO()):
-                accelerate.notebook_launcher(worker_process, (scenario.to_document(), plan_doc, steps, seed, out_dir,
-                                                            save_every, checkpoint_dir, resume_step, device_type),
-                                             num_processes=nproc, use_port=str(free_port()))
-        except Exception as e:
-            # the first error written is the cause; the others are peers losing their connection
-            errors = sorted(Path(out_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
-            first = errors[0].read_text().splitlines()[0] if errors else f"{type(e).__name__}: {e}".splitlines()[0]
-            raise RunError(first) from None
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+                _wait(proc, stop)
         finally:
-            elastic_log.setLevel(level)
             done.set()
             if watcher is not None:
                 watcher.join()
+        if proc.returncode != 0:
+            # the first error written is the cause; the others are peers losing their connection
+            errors = sorted(Path(out_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
+            if errors:
+                raise RunError(errors[0].read_text().splitlines()[0])
+            lines = [x for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+            raise RunError(f"the launcher exited with status {proc.returncode}"
+                           + (f": {lines[-1].strip()}" if lines else ""))
         records = json.loads(Path(out_dir, "records.json").read_text())
     return {**summarize_run(scenario, options, records, resume_step, profile), "device": device_type}

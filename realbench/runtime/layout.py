@@ -119,7 +119,8 @@ class Groups:
         return self._groups[tuple(ranks)]
 
     def loop(self, pipeline: tuple[int, ...]):
-        """The group on which a pipeline's last stage sends generated tokens back to its first.
-        It is not the group that carries the hidden states forward, so on NCCL (one ordered
-        queue per communicator) the two directions cannot wait on each other."""
+        """The group of a pipeline's first and last stages. Generation sends its tokens back on
+        it; it is not the group that carries the hidden states forward, so on NCCL (one ordered
+        queue per communicator) the two directions cannot wait on each other. Training sums a
+        tied embedding's gradients on it."""
         return self._groups[("loop", pipeline[-1], pipeline[0])]

@@ -1,33 +1,52 @@
-"""RLHF losses and advantages. Pure functions on per-token tensors of the generated part
-(batch, gen_len) unless stated otherwise.
+"""RLHF losses and advantages. Pure functions on tensors of the generated part, (batch, gen_len),
+with an optional `mask` of the same shape (1 for response tokens, 0 for padding and everything
+after the end of sequence; responses are contiguous from the first generated position).
+Losses are per token or per sequence, not reduced: the trainer sums them and divides by the
+optimizer step's count of tokens or sequences, which keeps a step's gradient independent of how
+the batch is split over data parallelism and micro-batches.
 
-PPO (Schulman et al.; Ouyang et al. for the KL-shaped reward):
-    r_t      = -kl_coef * (logp_t - ref_logp_t)  (+ the reward model's score at the last token)
-    delta_t  = r_t + gamma * V_{t+1} - V_t,   A_t = sum_k (gamma * lam)^k delta_{t+k}   (GAE)
-    policy   = mean( max(-A ratio, -A clip(ratio, 1-eps, 1+eps)) ),  ratio = exp(logp - logp_old)
-    value    = mean( max((V - R)^2, (clip(V, V_old - eps_v, V_old + eps_v) - R)^2) ) / 2,  R = A + V_old
-GRPO: A = (score - mean of its group) / (std of its group + 1e-6), for every token; KL to the
-reference with the unbiased k3 estimator exp(ref - logp) - (ref - logp) - 1.
-RLOO: A = score - mean of the other samples of its group. ReMax: A = score - greedy score.
-DPO:  -log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))) on sequence log-probabilities.
-SFT:  cross-entropy of the next token.
+PPO (Schulman et al. 2017; Ouyang et al. 2022 for the KL-shaped reward):
+    r_t      = -kl_coef * (logp_t - ref_logp_t),  plus the score at the last response token
+    delta_t  = r_t + gamma * V_{t+1} - V_t,   A_t = sum_k (gamma * lam)^k delta_{t+k}   (GAE;
+               no value and no reward after the last response token)
+    R_t      = A_t + V_t   (the critic's target)
+    policy_t = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps, 1 + eps)),  ratio = exp(logp - logp_old)
+    value_t  = max((V_t - R_t)^2, (clip(V_t, V_old - eps_v, V_old + eps_v) - R_t)^2) / 2
+    advantages are whitened over the batch: (A - mean) / (std + 1e-6), std with Bessel's correction
+GRPO (Shao et al. 2024): A = (score - mean of its group) / (std of its group + 1e-6) for every
+    token; KL to the reference by the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman's
+    "Approximating KL divergence"), added to the loss with kl_coef.
+RLOO (Ahmadian et al. 2024): A = score - mean of the other samples of its group.
+ReMax (Li et al. 2023): A = score - score of the greedy response to the same prompt.
+DPO (Rafailov et al. 2023): -log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))) on sequence
+    log-probabilities; the implicit reward margin is beta ((logp_c - ref_c) - (logp_r - ref_r)).
+SFT: cross-entropy of the next token.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 
 def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor, gen_len: int) -> torch.Tensor:
-    """Log-probabilities of the last `gen_len` tokens of `seqs` under `logits` (batch, seq, vocab)."""
+    """Log-probabilities (fp32) of the last `gen_len` tokens of `seqs` under `logits` (batch, seq, vocab)."""
     logp = torch.log_softmax(logits[:, -gen_len - 1:-1].float(), dim=-1)
     return logp.gather(-1, seqs[:, -gen_len:, None]).squeeze(-1)
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns) by generalized advantage estimation; V after the last token is 0."""
+def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return x.mean() if mask is None else (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor] = None, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) by generalized advantage estimation; the value after the last
+    response token is 0, and positions after it get advantage 0."""
+    if mask is not None:
+        rewards, values = rewards * mask, values * mask
     T = rewards.shape[1]
     adv = torch.zeros_like(rewards)
     last = rewards.new_zeros(rewards.shape[0])
@@ -39,25 +58,58 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0, lam: fl
     return adv, adv + values
 
 
-def kl_shaped_rewards(score: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kl_coef: float
-                      ) -> torch.Tensor:
+def last_index(mask: Optional[torch.Tensor], rows: int, length: int, device=None) -> torch.Tensor:
+    """Position of each row's last response token."""
+    if mask is None:
+        return torch.full((rows,), length - 1, dtype=torch.long, device=device)
+    return (mask.sum(1).long() - 1).clamp(min=0)
+
+
+def kl_shaped_rewards(score: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kl_coef: float,
+                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-token rewards: the KL penalty on every response token, the score on the last one."""
     r = -kl_coef * (logp - ref_logp)
-    r[:, -1] += score
+    if mask is not None:
+        r = r * mask
+    rows = torch.arange(r.shape[0], device=r.device)
+    r[rows, last_index(mask, r.shape[0], r.shape[1], r.device)] += score
     return r
 
 
+def whiten(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(x - mean) / (std + 1e-6) over the response tokens (std with Bessel's correction);
+    positions outside the mask become 0."""
+    m = torch.ones_like(x) if mask is None else mask
+    n = m.sum()
+    if n <= 1:
+        return (x - masked_mean(x, m)) * m
+    mean = (x * m).sum() / n
+    std = (((x - mean) ** 2 * m).sum() / (n - 1)).sqrt()
+    return (x - mean) / (std + 1e-6) * m
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+    """The clipped surrogate per token."""
     ratio = torch.exp(logp - old_logp)
-    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+
+
+def clipped_fraction(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+    """Per token, 1 where the clipped term is the one taken (its gradient is zero)."""
+    ratio = torch.exp(logp - old_logp)
+    return (-adv * ratio.clamp(1 - clip, 1 + clip) > -adv * ratio).float()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+    """The clipped value loss per token."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+    return 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
 
 
-def whiten(x: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean()) / (x.std() + 1e-6) if x.numel() > 1 else x - x.mean()
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The k3 estimator of KL(policy || reference) per token (non-negative, unbiased)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
 
 
 def grpo_advantages(score: torch.Tensor, group: int) -> torch.Tensor:
@@ -71,14 +123,20 @@ def rloo_advantages(score: torch.Tensor, group: int) -> torch.Tensor:
     return (g - others).view(-1)
 
 
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    d = ref_logp - logp
-    return (torch.exp(d) - d - 1).mean()
+def remax_advantages(score: torch.Tensor, greedy_score: torch.Tensor) -> torch.Tensor:
+    return score - greedy_score
+
+
+def dpo_margin(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta: float = 0.1) -> torch.Tensor:
+    """The implicit reward margin of each pair."""
+    return beta * ((logp_chosen - ref_chosen) - (logp_rejected - ref_rejected))
 
 
 def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta: float = 0.1) -> torch.Tensor:
-    return -F.logsigmoid(beta * ((logp_chosen - ref_chosen) - (logp_rejected - ref_rejected))).mean()
+    """Per pair."""
+    return -F.logsigmoid(dpo_margin(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta))
 
 
 def sft_loss(logits: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), seqs[:, 1:].reshape(-1))
+    """Next-token cross-entropy per position, (batch, seq - 1)."""
+    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), seqs[:, 1:], reduction="none")

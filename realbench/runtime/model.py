@@ -1,6 +1,6 @@
 """A LLaMA decoder in plain torch, one pipeline stage and one tensor-parallel shard at a time.
 
-    x = embed(tokens)                                   # stage 0; hidden split over tp, gathered
+    x = embed(tokens)                                   # stage 0; vocabulary split over tp, summed
     for each layer of the stage:
         x = x + Wo . attention(rope(Wq . rms(x)), rope(Wk . rms(x)), Wv . rms(x))   # GQA, causal
         x = x + W_down . (silu(W_gate . rms(x)) * (W_up . rms(x)))                  # SwiGLU
@@ -11,7 +11,12 @@ heads or FFN units and computes its part from the full input), wo and w_down row
 rank multiplies its slice of the input, then an all-reduce sums the parts). Autograd needs the
 conjugate collectives: `_copy_to_tp` is the identity forward and an all-reduce of the gradient
 backward; `_reduce_from_tp` the reverse. With tp = 1 and one stage this is the plain model.
+The embedding is vocabulary-parallel: a rank looks up the tokens of its vocabulary range (zero
+for the others) and an all-reduce sums the parts. RMSNorm's epsilon and the rotary base come
+from the spec (`norm_eps`, `rope_theta`), as a checkpoint's config gives them.
 RoPE follows the rotate-half convention of Hugging Face's LLaMA, so its checkpoints load as they are.
+A head tied to the embedding (`spec.tie_embeddings`) is the embedding's own parameter when one
+stage holds both.
 """
 
 from __future__ import annotations
@@ -25,10 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.runtime.shards import flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tp_range
-
-RMS_EPS = 1e-5
-ROPE_THETA = 10000.0
+from realbench.runtime.shards import (flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
+                                      tp_range)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -74,19 +77,21 @@ class _GatherFromTP(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
 
     def forward(self, x):
         x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)).type_as(x) * self.weight
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, rotate-half form. x: (batch, heads, seq, head_dim); positions: (seq,)."""
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, rotate-half form, base period `theta`. x: (batch, heads, seq, head_dim);
+    positions: (seq,)."""
     d = x.shape[-1]
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
     angles = positions.to(torch.float32)[:, None] * inv[None, :]
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
@@ -100,8 +105,8 @@ class Block(nn.Module):
         super().__init__()
         h, hd = spec.hidden, spec.head_dim
         self.heads, self.kv_heads, self.head_dim = spec.n_heads // tp, spec.n_kv_heads // tp, hd
-        self.group, self.tp = group, tp
-        self.attn_norm, self.ffn_norm = RMSNorm(h), RMSNorm(h)
+        self.group, self.tp, self.rope_theta = group, tp, spec.rope_theta
+        self.attn_norm, self.ffn_norm = RMSNorm(h, spec.norm_eps), RMSNorm(h, spec.norm_eps)
         self.wq = nn.Linear(h, self.heads * hd, bias=False)
         self.wk = nn.Linear(h, self.kv_heads * hd, bias=False)
         self.wv = nn.Linear(h, self.kv_heads * hd, bias=False)
@@ -122,7 +127,7 @@ class Block(nn.Module):
         q = self.wq(a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rope(q, positions, self.rope_theta), rope(k, positions, self.rope_theta)
         if cache is not None:  # decoding: attend to the cached keys and values too
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -157,22 +162,26 @@ class LlamaStage(nn.Module):
         self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
         self.first, self.last = stage == 0, stage == pp - 1
         lo, hi = stage_layers(spec.n_layers, pp, stage)
+        self.aliases = tied_aliases(spec, pp)  # {"head.weight": "embed.weight"} for a tied head on one stage
         if self.first:
-            self.embed = nn.Embedding(spec.vocab, spec.hidden // tp)
+            self.embed = nn.Embedding(spec.vocab // tp, spec.hidden)
         self.layers = nn.ModuleDict({str(i): Block(spec, tp, tp_group) for i in range(lo, hi)})
         if self.last:
-            self.norm = RMSNorm(spec.hidden)
+            self.norm = RMSNorm(spec.hidden, spec.norm_eps)
             out = 1 if spec.value_head else spec.vocab // tp
             self.head = nn.Linear(spec.hidden, out, bias=False)
+            if self.aliases:
+                self.head.weight = self.embed.weight
         self.flat = self._flatten(torch.device(device))
 
     @torch.no_grad()
     def _flatten(self, device: torch.device) -> torch.Tensor:
         flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage)[1], device=device)
         views = flat_views(flat, self.spec, self.tp, self.pp, self.stage)
-        params = dict(self.named_parameters())
-        assert params.keys() == views.keys(), sorted(set(params) ^ set(views))
-        for name, view in views.items():
+        params = dict(self.named_parameters())  # an alias is listed once, under its target's name
+        stored = {k: v for k, v in views.items() if k not in self.aliases}
+        assert params.keys() == stored.keys(), sorted(set(params) ^ set(stored))
+        for name, view in stored.items():
             view.copy_(params[name])
             params[name].data = view
         return flat
@@ -190,9 +199,16 @@ class LlamaStage(nn.Module):
         return self.output(x) if self.last else x
 
     def embed_tokens(self, tokens):
-        """First stage: token ids -> hidden states (the embedding is split over hidden)."""
-        x = self.embed(tokens)
-        return _GatherFromTP.apply(x, self.group) if self.tp > 1 else x
+        """First stage: token ids -> hidden states. Each tp rank holds the rows of its slice of
+        the vocabulary: it looks up the tokens that fall there, zeros elsewhere, and an
+        all-reduce sums the parts (the gradient reaches only the rows each rank holds)."""
+        if self.tp == 1:
+            return self.embed(tokens)
+        rows = self.embed.weight.shape[0]
+        local = tokens - self.tp_rank * rows
+        outside = (local < 0) | (local >= rows)
+        x = self.embed(local.masked_fill(outside, 0)) * ~outside[..., None]
+        return _ReduceFromTP.apply(x, self.group)
 
     def output(self, x):
         """Last stage: hidden states -> logits (split over the vocabulary) or values."""
@@ -203,15 +219,15 @@ class LlamaStage(nn.Module):
         return _GatherFromTP.apply(logits, self.group) if self.tp > 1 else logits
 
     # -- weights --------------------------------------------------------------------------------------
-    def shard_names(self) -> list[str]:
-        return list(self.state_dict().keys())
-
     @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        """Take this shard's slices of full (unsharded) tensors."""
+        """Take this shard's slices of full (unsharded) tensors (an alias is filled through its
+        target and need not be given)."""
         specs = {s.name: s for s in param_specs(self.spec)}
         own = self.state_dict()
         for name, target in own.items():
+            if name in self.aliases:
+                continue
             s = specs[name]
             src = full[name]
             if s.split is not None:
@@ -231,6 +247,8 @@ def init_full_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02) -> dict
         else:
             scale = std / math.sqrt(2 * spec.n_layers) if s.name.endswith(("wo.weight", "w_down.weight")) else std
             out[s.name] = torch.randn(s.shape, generator=g) * scale
+    if spec.tie_embeddings:
+        out["head.weight"] = out["embed.weight"]
     return out
 
 

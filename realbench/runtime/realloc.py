@@ -14,7 +14,9 @@ buffer (`shards.flat_offsets`), so a message whose slices lie there in order, as
 and row ranges do, is sent straight from that buffer or received straight into it; only a side
 where they do not (column ranges, slices interleaved with others) goes through one copy. Both
 sides derive the same messages from the transfer list alone.
-Copies are exact, so A -> B -> A gives back bit-identical weights.
+Copies are exact, so A -> B -> A gives back bit-identical weights. A tied head (see
+`shards.tied_aliases`) is sent only to a layout that keeps it apart from the embedding; a
+source that keeps it in its embedding serves it from there.
 
 Destinations may pass their tensors of layout B (`out`), which are then filled in place: a worker
 keeps a call's placed model from step to step, so reallocation allocates nothing and the pages
@@ -32,7 +34,8 @@ import torch.distributed as dist
 
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Layout
-from realbench.runtime.shards import ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape, tp_range
+from realbench.runtime.shards import (ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape,
+                                      tied_aliases, tp_range)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,10 @@ def _stage_of(spec: ParamSpec, n_layers: int, pp: int) -> int:
 def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]:
     L = model.n_layers
     out = []
+    stored_once = tied_aliases(model, dst.dims.pp)  # a tied head the destination keeps in its embedding
     for p in param_specs(model):
+        if p.name in stored_once:
+            continue
         s_stage = _stage_of(p, L, src.dims.pp)
         for c in dst.coords():
             if not in_stage(p, L, dst.dims.pp, c.pp):

@@ -3,11 +3,17 @@
 Parameter names follow the full (unsharded) model, so a shard is always "a slice of a named
 full tensor". A stage keeps its shards in one flat buffer, in `param_specs` order
 (`flat_offsets`): reallocation can then send a run of neighbouring shards as one message, read
-and written in place. Column-parallel weights (q, k, v, gate, up, the embedding's hidden dimension, the
-LM head) split their output dimension; row-parallel weights (attention output, down projection)
-their input dimension; norms and the value head are replicated. nn.Linear stores weights as
-(out, in), so column-parallel means dim 0 and row-parallel dim 1; the embedding (vocab, hidden)
-splits dim 1.
+and written in place. Column-parallel weights (q, k, v, gate, up, the LM head) split their output
+dimension; row-parallel weights (attention output, down projection) their input dimension; norms
+and the value head are replicated. nn.Linear stores weights as (out, in), so column-parallel
+means dim 0 and row-parallel dim 1. The embedding (vocab, hidden) is vocabulary-parallel
+(Megatron): it splits dim 0, like the LM head, so that a head tied to the embedding holds the
+same slice of the same matrix on every tp rank.
+
+A tied head (`ModelSpec.tie_embeddings`) is stored once when the embedding and the head sit on
+one stage (pp == 1): `head.weight` is then an alias of `embed.weight` (`tied_aliases`), in the
+flat buffer and in the shards. With pp > 1 the last stage holds a copy, kept equal to the
+embedding by summing the two gradients (engine.PlacedModel).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ class ParamSpec:
 def param_specs(model: ModelSpec) -> list[ParamSpec]:
     h, hd, L = model.hidden, model.head_dim, model.n_layers
     q, kv = model.n_heads * hd, model.n_kv_heads * hd
-    specs = [ParamSpec("embed.weight", (model.vocab, h), 1, -1)]
+    specs = [ParamSpec("embed.weight", (model.vocab, h), 0, -1)]
     for i in range(L):
         p = f"layers.{i}."
         specs += [
@@ -51,6 +57,11 @@ def param_specs(model: ModelSpec) -> list[ParamSpec]:
     else:
         specs.append(ParamSpec("head.weight", (model.vocab, h), 0, L))
     return specs
+
+
+def tied_aliases(model: ModelSpec, pp: int) -> dict[str, str]:
+    """Names that share another tensor's storage in a layout of `pp` stages: {alias: target}."""
+    return {"head.weight": "embed.weight"} if model.tie_embeddings and pp == 1 else {}
 
 
 def in_stage(spec: ParamSpec, n_layers: int, pp: int, stage: int) -> bool:
@@ -82,12 +93,18 @@ def shard_shape(spec: ParamSpec, tp: int) -> tuple[int, ...]:
 
 def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple[dict[str, int], int]:
     """Where each shard of pipeline stage `stage` starts in the stage's flat buffer (in values),
-    and the buffer's length. Every rank can compute any rank's layout from the model alone."""
+    and the buffer's length. Every rank can compute any rank's layout from the model alone.
+    An alias (`tied_aliases`) starts where its target does and takes no space."""
     offsets, total = {}, 0
+    aliases = tied_aliases(model, pp)
     for p in param_specs(model):
-        if in_stage(p, model.n_layers, pp, stage):
-            offsets[p.name] = total
-            total += math.prod(shard_shape(p, tp))
+        if not in_stage(p, model.n_layers, pp, stage):
+            continue
+        if p.name in aliases:
+            offsets[p.name] = offsets[aliases[p.name]]
+            continue
+        offsets[p.name] = total
+        total += math.prod(shard_shape(p, tp))
     return offsets, total
 
 

@@ -34,7 +34,7 @@ from realbench.dataflow import CallDef, CallKind
 from realbench.models import ModelSpec
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
-from realbench.runtime import losses
+from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
@@ -43,8 +43,7 @@ from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_tr
 from realbench.runtime.shards import param_specs
 
 FAULT_ENV = "REALBENCH_FAULT"
-KL_COEF = 0.05
-DPO_BETA = 0.1
+DEFAULT_LR = 1e-3
 
 
 # -- the toy task -------------------------------------------------------------------------------------
@@ -116,12 +115,15 @@ class StepRecord:
     step_s: float = 0.0  # the whole step on this rank
     reward: Optional[float] = None
     loss: Optional[float] = None
+    # per call that reports them: "<call>/<name>" -> value (kl, value_error, margin, ...)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Worker:
-    def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0, lr: float = 1e-3,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
+                 lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu"):
         self.rank, self.scenario, self.seed = rank, scenario, seed
+        self.algorithm = make_algorithm(scenario.algorithm)
         self.device = torch.device(device)  # where this rank's models and messages live
         self.current = "start-up"
         df = scenario.dataflow
@@ -131,6 +133,9 @@ class Worker:
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]
         index = {c.name: i for i, c in enumerate(self.calls)}
         trains = {c.model: i for i, c in enumerate(self.calls) if c.kind == CallKind.TRAIN}
+        # the call whose loss is the step's `loss`: the actor's train call (every built-in algorithm
+        # trains an actor), else the first train call
+        self.policy_train = trains.get("actor", min(trains.values(), default=-1))
         self.master_of = []
         for i, c in enumerate(self.calls):
             self.master_of.append(trains.get(c.model, next(j for j, d in enumerate(self.calls) if d.model == c.model)))
@@ -172,8 +177,9 @@ class Worker:
             model = PlacedModel(spec, lay, rank, self.groups, self.device)
             model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
-            if c.kind == CallKind.TRAIN:
-                self.optimizers[m] = torch.optim.Adam(model.stage.parameters(), lr=lr)
+            if c.kind == CallKind.TRAIN:  # a learning rate for every model, or per model role
+                rate = lr.get(c.model, DEFAULT_LR) if isinstance(lr, dict) else lr
+                self.optimizers[m] = torch.optim.Adam(model.stage.parameters(), lr=rate)
 
     def initial_weights(self, role: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
         if role == "reward":
@@ -288,7 +294,11 @@ class Worker:
                 if "rewards" in c.outputs:
                     rec.reward = float(self.outputs[i]["rewards"].mean())
         else:
-            rec.loss = self._train(i, model, data, coord)
+            loss = self._train(i, model, data, coord, rec)
+            if loss is not None:
+                rec.metrics[f"{c.name}/loss"] = loss
+                if i == self.policy_train:
+                    rec.loss = loss  # the step's headline loss is the policy's
 
     def _inference_output(self, c: CallDef, key: str, y: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         gen = self._gen_len(c)
@@ -296,80 +306,49 @@ class Worker:
             return y[:, -1].float()
         if key == "values":
             return y[:, -gen - 1:-1].float()
-        lp = losses.token_logprobs(y, batch, gen)
-        return lp.sum(-1) if self.scenario.algorithm == "dpo" else lp
+        return self.algorithm.reference_logprobs(y, batch, gen)
 
     def _gen_len(self, c: CallDef) -> int:
         gens = [d.gen_len for d in self.calls if d.kind == CallKind.GENERATE]
         return gens[0] if gens else c.seq_len // 2
 
-    def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord) -> Optional[float]:
-        c = self.calls[i]
+    def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord) -> Optional[float]:
+        """The call's optimizer steps. Each step's loss is the sum over its tokens (or pairs)
+        divided by their count in the whole step, times dp (the gradient all-reduce averages),
+        so the gradient is the same for every layout and micro-batch split."""
+        c, algo = self.calls[i], self.algorithm
         lay = self.layouts[i]
         dp, m = lay.dims.dp, self.micro_batches[i]
-        spec = self.scenario.models[c.model]
-        gen = self._gen_len(c)
-        targets = self._targets(c, spec, data, gen)
-        seqs = targets.pop("seqs")
-        n = seqs.shape[0]
+        value_model = self.scenario.models[c.model].value_head
+        group = next((d.group_size for d in self.calls if d.kind == CallKind.GENERATE), 1)
+        targets = algo.targets(data, value_model, group)
+        for k, v in algo.metrics(targets, value_model).items():
+            rec.metrics[f"{c.name}/{k}"] = v
+        n = len(targets["seqs"])
         per_step = n // c.optimizer_steps
         opt = self.optimizers[i]
-        total, count = 0.0, 0
+        total, sums = 0.0, {}
         for s in range(c.optimizer_steps):
-            rows = torch.arange(s * per_step, (s + 1) * per_step, device=self.device).chunk(dp)[coord.dp]
-            mbs = list(rows.chunk(m))
+            step_rows = torch.arange(s * per_step, (s + 1) * per_step, device=self.device)
+            scale = dp / algo.normalizer(targets, step_rows)
+            mbs = list(step_rows.chunk(dp)[coord.dp].chunk(m))
 
-            def loss_fn(j, y, mbs=mbs):
-                idx = mbs[j]
-                return self._loss(c, spec, y, seqs[idx], {k: v[idx] for k, v in targets.items()}, gen) / len(mbs)
+            def loss_fn(j, y, mbs=mbs, scale=scale):
+                loss, parts = algo.loss(y, {k: v[mbs[j]] for k, v in targets.items()}, value_model)
+                for k, v in parts.items():  # per step, as the loss: summed here, scaled like it
+                    sums[k] = sums.get(k, 0.0) + float(v.detach()) * scale / c.optimizer_steps
+                return loss * scale
 
             opt.zero_grad(set_to_none=True)
-            loss = model.forward_backward([seqs[idx] for idx in mbs], loss_fn)
+            loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn)
             opt.step()
             if loss is not None:
-                total, count = total + loss, count + 1
-        return total / count if count else None
-
-    def _targets(self, c: CallDef, spec: ModelSpec, data: dict, gen: int) -> dict[str, torch.Tensor]:
-        algo = self.scenario.algorithm
-        if algo == "sft":
-            return {"seqs": data["sequences"]}
-        if algo == "dpo":
-            return {"seqs": data["pairs"], "ref": data["ref_logprobs"]}
-        seqs, lp, score = data["seqs"], data["logprobs"], data["rewards"]
-        out = {"seqs": seqs, "old_logp": lp}
-        if spec.value_head or algo == "ppo":  # PPO: GAE on KL-shaped rewards with the critic's values
-            rewards = losses.kl_shaped_rewards(score, lp, data["ref_logprobs"], KL_COEF)
-            adv, ret = losses.gae(rewards, data["values"])
-            out.update(adv=losses.whiten(adv), ret=ret, old_values=data["values"])
-            return out
-        group = next(d.group_size for d in self.calls if d.kind == CallKind.GENERATE)
-        if algo == "grpo":
-            a = losses.grpo_advantages(score, group)
-        elif algo == "rloo":
-            a = losses.rloo_advantages(score, group)
-        else:  # remax
-            a = losses.whiten(score - data["greedy_rewards"])
-        out["adv"] = a[:, None].expand_as(lp).contiguous()
-        if "ref_logprobs" in data:
-            out["ref_logp"] = data["ref_logprobs"]
-        return out
-
-    def _loss(self, c: CallDef, spec: ModelSpec, y, seqs, t: dict, gen: int) -> torch.Tensor:
-        algo = self.scenario.algorithm
-        if algo == "sft":
-            return losses.sft_loss(y, seqs)
-        if algo == "dpo":
-            seq_lp = losses.token_logprobs(y, seqs, seqs.shape[1] // 2).sum(-1)
-            return losses.dpo_loss(seq_lp[0::2], seq_lp[1::2], t["ref"][0::2], t["ref"][1::2], DPO_BETA)
-        if spec.value_head:
-            return losses.value_loss(y[:, -gen - 1:-1].float(), t["old_values"], t["ret"])
-        lp = losses.token_logprobs(y, seqs, gen)
-        loss = losses.policy_loss(lp, t["old_logp"], t["adv"])
-        if algo != "ppo" and "ref_logp" in t:
-            loss = loss + KL_COEF * losses.k3_kl(lp, t["ref_logp"])
-        return loss
-
+                total += loss / c.optimizer_steps
+        if not model.is_last:
+            return None
+        for k, v in sums.items():  # this rank's share; the summary averages over the dp ranks
+            rec.metrics[f"{c.name}/{k}"] = v
+        return total
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self, folder: str, step: int) -> None:
@@ -379,7 +358,7 @@ class Worker:
         tensors, meta = {}, {"step": step}
         for m, model in self.masters.items():
             role = self.calls[m].model
-            for k, v in model.shards().items():
+            for k, v in model.shards(aliases=False).items():  # safetensors refuses shared storage
                 tensors[f"model/{role}/{k}"] = v
             if m in self.optimizers:
                 opt = self.optimizers[m]
@@ -426,6 +405,6 @@ def _exchange(sends: list[tuple[int, torch.Tensor]], receives: list[tuple[int, t
 
 
 def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0,
-              device: torch.device | str = "cpu") -> list[StepRecord]:
-    worker = Worker(rank, scenario, options, seed, device=device)
+              device: torch.device | str = "cpu", lr: float | dict[str, float] = DEFAULT_LR) -> list[StepRecord]:
+    worker = Worker(rank, scenario, options, seed, lr=lr, device=device)
     return [worker.step(s) for s in range(steps)]

@@ -15,6 +15,8 @@ evaluated as one batch, which is where the speed comes from.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from realbench.search.events import Tracker
@@ -39,13 +41,27 @@ def _neighbours(space: SearchSpace) -> list[tuple[np.ndarray, list[np.ndarray], 
     return out
 
 
+@dataclass
+class MCMCStats:
+    """What the chains did. Per chain: feasible proposals slower than the chain's plan, and how
+    many were accepted (the rule: a fraction exp(-beta * relative slowdown)). Over all neighbour
+    pairs (a hotter than b): swaps that would give the colder chain the slower plan, exponent
+    (beta_a - beta_b)(e_a - e_b) < 0, and how many were accepted (a fraction exp(exponent))."""
+    betas: np.ndarray
+    uphill_proposed: np.ndarray
+    uphill_accepted: np.ndarray
+    uphill_swaps_proposed: int = 0
+    uphill_swaps_accepted: int = 0
+
+
 def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0, chains: int = 16,
-         beta_min: float = 5.0, beta_max: float = 400.0, swap_every: int = 10) -> None:
+         beta_min: float = 5.0, beta_max: float = 400.0, swap_every: int = 10) -> MCMCStats:
     rng = np.random.default_rng(seed)
     n = space.n
     neigh = _neighbours(space)
     position = [{int(k): p for p, k in enumerate(c)} for c, _, _ in neigh]
     betas = np.geomspace(beta_min, beta_max, chains)
+    stats = MCMCStats(betas, np.zeros(chains, dtype=np.int64), np.zeros(chains, dtype=np.int64))
     state = np.tile(np.asarray(start, dtype=np.int64), (chains, 1))
     cur_t, cur_m, feasible = space.objective(state)
     tracker.observe(state, cur_t, cur_m, feasible)
@@ -65,8 +81,12 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
                 proposal[c, i] = cands[group[rng.integers(len(group))]]
         t, mem, ok = space.objective(proposal)
         tracker.observe(proposal, t, mem, ok)
+        # relative slowdown in floating point (the reference code's integer division made it 0)
         rel = np.where(np.isfinite(cur_t), (t - cur_t) / np.where(np.isfinite(cur_t), cur_t, 1.0), -np.inf)
         accept = ok & ((rel <= 0) | (rng.random(chains) < np.exp(-betas * np.maximum(rel, 0.0))))
+        uphill = ok & (rel > 0)
+        stats.uphill_proposed += uphill
+        stats.uphill_accepted += uphill & accept
         state[accept] = proposal[accept]
         cur_t = np.where(accept, t, cur_t)
         step += 1
@@ -75,8 +95,13 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
             energy = np.where(np.isfinite(cur_t), cur_t / ref, 1e9)
             for a in range(step // swap_every % 2, chains - 1, 2):
                 b = a + 1
-                if rng.random() < np.exp(min(0.0, (betas[a] - betas[b]) * (energy[a] - energy[b]))):
+                exponent = (betas[a] - betas[b]) * (energy[a] - energy[b])
+                swap = rng.random() < np.exp(min(0.0, exponent))
+                if exponent < 0:
+                    stats.uphill_swaps_proposed += 1
+                    stats.uphill_swaps_accepted += int(swap)
+                if swap:
                     state[[a, b]] = state[[b, a]]
                     cur_t[[a, b]] = cur_t[[b, a]]
                     energy[[a, b]] = energy[[b, a]]
-    del position
+    return stats

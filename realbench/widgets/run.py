@@ -1,5 +1,6 @@
-"""Run monitor: run a plan on local processes (Accelerate's notebook launcher, in a background
-thread) with live reward and loss curves and measured beside estimated time per call."""
+"""Run monitor: run a plan on local processes (Accelerate's launcher, started from a background
+thread) with live reward and loss curves, measured beside estimated time per call, and a stop
+button (the processes end; checkpoints already written stay)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ class RunMonitor:
         self.steps_box = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
         self.seed_box = w.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play", disabled=True)
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.status = w.HTML("<i>no plan yet</i>")
         self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
         self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
         self.plot = BokehModel(self._figures([]))
-        self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button]),
-                              self.status, self.plot])
+        self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
+                                      self.stop_button]), self.status, self.plot])
         self.run_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        self._stop = threading.Event()
         self.scenario: Optional[Scenario] = None
         self.options: Optional[dict[str, Option]] = None
         self.result: Optional[dict] = None
@@ -75,12 +79,17 @@ class RunMonitor:
         self.plot = BokehModel(self._figures(list(self.scenario.dataflow.call_names)))
         self.widget.children = self.widget.children[:2] + (self.plot,)
         self.result, self.error = None, None
-        self.run_button.disabled = True
+        self._stop.clear()
+        self.run_button.disabled, self.stop_button.disabled = True, False
         self.status.value = f"running {self.steps_box.value} steps on {self.nproc_box.value} processes ..."
         send = dispatcher()
         self._thread = threading.Thread(target=self._run, args=(send,), daemon=True, name="realbench-run")
         self._thread.start()
         return True
+
+    def stop(self) -> None:
+        """End the run: its processes stop; the steps done so far stay on the curves."""
+        self._stop.set()
 
     @property
     def running(self) -> bool:
@@ -96,7 +105,8 @@ class RunMonitor:
 
         try:
             result = run_plan(self.scenario, self.options, self.nproc_box.value, self.steps_box.value,
-                              self.seed_box.value, on_step=lambda summary: send(self._show, summary))
+                              self.seed_box.value, on_step=lambda summary: send(self._show, summary),
+                              stop=self._stop.is_set)
             self.result = result  # at once: wait() returns it even while the kernel's loop is busy
             send(self._finish, result, None)
         except Exception as e:
@@ -113,7 +123,7 @@ class RunMonitor:
                                estimated=[c["estimated_s"] for c in calls.values()])
 
     def _finish(self, result: Optional[dict], error: Optional[str]) -> None:
-        self.run_button.disabled = False
+        self.run_button.disabled, self.stop_button.disabled = False, True
         if error:
             self.status.value = f"<span style='color:#c00'>run failed: {html.escape(error)}</span>"
             return

@@ -1,0 +1,211 @@
+"""What each algorithm trains on and how: one small object per algorithm (as TRL and verl keep
+their core algorithms apart from the trainers), so the worker walks the plan without branching
+on the algorithm.
+
+An algorithm turns the data a train call received into per-row targets (`targets`, on the whole
+batch: every rank of the call holds it), gives the loss of a micro-batch as a sum over its tokens
+or sequences (`loss`) and the count that the optimizer step divides by (`normalizer`: the
+step's response tokens, or pairs), so a step's gradient does not depend on the layout. Formulas
+are in `realbench.runtime.losses`.
+
+Metrics: `metrics(targets)` are means over the batch the call received (the sampling policy's KL
+to the reference, the critic's error against its returns); `loss` also returns sums, over the
+same tokens or pairs as the loss, of what the training forward shows (the clipped fraction, the
+DPO reward margin and accuracy), which the trainer divides by the same normalizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from realbench.errors import ConfigError
+from realbench.runtime import losses
+
+Tensor = torch.Tensor
+
+
+def _rows(t: dict[str, Tensor], idx: Tensor) -> dict[str, Tensor]:
+    return {k: v[idx] for k, v in t.items()}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The policy-gradient family's shared parts; subclasses say how advantages are made."""
+
+    name: str = "base"
+    kl_coef: float = 0.05
+    clip: float = 0.2
+
+    def reference_logprobs(self, logits: Tensor, seqs: Tensor, gen_len: int) -> Tensor:
+        """What a reference (or old-policy) inference call outputs: per-token log-probabilities
+        of the generated part."""
+        return losses.token_logprobs(logits, seqs, gen_len)
+
+    def normalizer(self, t: dict[str, Tensor], rows: Tensor) -> float:
+        """Response tokens of the optimizer step's rows (all data-parallel ranks together)."""
+        mask = t.get("mask")
+        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["old_logp"].shape[1])
+
+    def targets(self, data: dict[str, Tensor], value_model: bool, group_size: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def loss(self, y: Tensor, t: dict[str, Tensor], value_model: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        """Policy loss summed over the micro-batch's response tokens, plus the KL penalty to the
+        reference when the targets carry reference log-probabilities."""
+        logp = losses.token_logprobs(y, t["seqs"], t["old_logp"].shape[1])
+        mask = t.get("mask")
+        per_token = losses.policy_loss(logp, t["old_logp"], t["adv"], self.clip)
+        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, t["old_logp"], t["adv"], self.clip), mask)}
+        if "ref_logp" in t:
+            k3 = losses.k3_kl(logp, t["ref_logp"])
+            per_token = per_token + self.kl_coef * k3
+            sums["k3_kl"] = _sum(k3, mask)
+        return _sum(per_token, mask), sums
+
+    def metrics(self, t: dict[str, Tensor], value_model: bool) -> dict[str, float]:
+        """KL of the sampling policy to the reference (mean of logp - ref over response tokens)."""
+        ref = t.get("ref_logp", t.get("kl_ref"))
+        if ref is None:
+            return {}
+        return {"kl": float(losses.masked_mean(t["old_logp"] - ref, t.get("mask")))}
+
+
+def _sum(per_token: Tensor, mask: Optional[Tensor]) -> Tensor:
+    return per_token.sum() if mask is None else (per_token * mask).sum()
+
+
+def _sequence_advantages(adv: Tensor, like: Tensor) -> Tensor:
+    return adv[:, None].expand_as(like).contiguous()
+
+
+@dataclass(frozen=True)
+class PPO(Algorithm):
+    """Actor: clipped policy loss on whitened GAE advantages of KL-shaped rewards. Critic:
+    clipped value loss against the GAE returns."""
+
+    name: str = "ppo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+
+    def targets(self, data, value_model, group_size):
+        mask = data.get("mask")
+        lp, values = data["logprobs"], data["values"]
+        rewards = losses.kl_shaped_rewards(data["rewards"], lp, data["ref_logprobs"], self.kl_coef, mask)
+        adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
+        out = {"seqs": data["seqs"], "old_logp": lp, "adv": losses.whiten(adv, mask), "ret": ret,
+               "old_values": values, "kl_ref": data["ref_logprobs"]}
+        return out if mask is None else {**out, "mask": mask}
+
+    def normalizer(self, t, rows):
+        mask = t.get("mask")
+        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["old_values"].shape[1])
+
+    def loss(self, y, t, value_model):
+        if not value_model:
+            return super().loss(y, t, value_model)
+        gen = t["old_values"].shape[1]
+        v = y[:, -gen - 1:-1].float()
+        return _sum(losses.value_loss(v, t["old_values"], t["ret"], self.value_clip), t.get("mask")), {}
+
+    def metrics(self, t, value_model):
+        if value_model:  # how far the critic that scored this batch is from its returns
+            return {"value_error": float(losses.masked_mean((t["old_values"] - t["ret"]) ** 2, t.get("mask")))}
+        return super().metrics(t, value_model)
+
+
+@dataclass(frozen=True)
+class GRPO(Algorithm):
+    name: str = "grpo"
+
+    def advantages(self, data: dict[str, Tensor], group_size: int) -> Tensor:
+        return losses.grpo_advantages(data["rewards"], group_size)
+
+    def targets(self, data, value_model, group_size):
+        lp = data["logprobs"]
+        out = {"seqs": data["seqs"], "old_logp": lp,
+               "adv": _sequence_advantages(self.advantages(data, group_size), lp)}
+        if "ref_logprobs" in data:
+            out["ref_logp"] = data["ref_logprobs"]
+        if "mask" in data:
+            out["mask"] = data["mask"]
+        return out
+
+
+@dataclass(frozen=True)
+class RLOO(GRPO):
+    name: str = "rloo"
+
+    def advantages(self, data, group_size):
+        return losses.rloo_advantages(data["rewards"], group_size)
+
+
+@dataclass(frozen=True)
+class ReMax(GRPO):
+    name: str = "remax"
+
+    def advantages(self, data, group_size):
+        return losses.remax_advantages(data["rewards"], data["greedy_rewards"])
+
+
+@dataclass(frozen=True)
+class DPO(Algorithm):
+    """Pairs are consecutive rows (chosen, rejected); the response is the second half of each
+    sequence (or the mask's tokens)."""
+
+    name: str = "dpo"
+    beta: float = 0.1
+
+    def reference_logprobs(self, logits, seqs, gen_len):
+        return losses.token_logprobs(logits, seqs, seqs.shape[1] // 2).sum(-1)
+
+    def targets(self, data, value_model, group_size):
+        return {"seqs": data["pairs"], "ref": data["ref_logprobs"]}
+
+    def normalizer(self, t, rows):
+        return len(rows) / 2  # pairs
+
+    def loss(self, y, t, value_model):
+        """Rows 0, 2, 4, ... are the chosen responses, 1, 3, 5, ... the rejected ones."""
+        lp = self.reference_logprobs(y, t["seqs"], 0)
+        chosen, rejected = (lp[0::2], t["ref"][0::2]), (lp[1::2], t["ref"][1::2])
+        margin = losses.dpo_margin(chosen[0], rejected[0], chosen[1], rejected[1], self.beta)
+        loss = losses.dpo_loss(chosen[0], rejected[0], chosen[1], rejected[1], self.beta).sum()
+        return loss, {"margin": margin.sum(), "accuracy": (margin > 0).float().sum()}
+
+    def metrics(self, t, value_model):
+        return {}
+
+
+@dataclass(frozen=True)
+class SFT(Algorithm):
+    name: str = "sft"
+
+    def targets(self, data, value_model, group_size):
+        return {"seqs": data["sequences"]}
+
+    def normalizer(self, t, rows):
+        return float(len(rows) * (t["seqs"].shape[1] - 1))
+
+    def loss(self, y, t, value_model):
+        return losses.sft_loss(y, t["seqs"]).sum(), {}
+
+    def metrics(self, t, value_model):
+        return {}
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "rloo": RLOO, "remax": ReMax, "dpo": DPO,
+                                          "sft": SFT}
+
+
+def make_algorithm(name: str) -> Algorithm:
+    """The algorithm of a scenario. A custom dataflow can be planned and estimated, but the
+    runtime would not know what its keys mean: it is refused by name."""
+    try:
+        return ALGORITHMS[name]()
+    except KeyError:
+        raise ConfigError(f"the runtime trains {', '.join(ALGORITHMS)}; a {name!r} dataflow can be planned "
+                          "and estimated but not run", "algorithm") from None

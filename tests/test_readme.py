@@ -1,0 +1,114 @@
+"""The README's checkable statements, checked against the code: the command table against the
+parser, the scenario list, the file examples, and the plan-space counts and optimality
+statements of the benchmark section. (Measured numbers are the benchmarks'; the claims about
+behaviour are each tested where that behaviour lives.)"""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from realbench.cli import build_parser
+from realbench.cost import Estimator
+from realbench.plan import BUILTIN, get_builtin, load_scenario
+from realbench.plan.scenario import scenario_from_document
+from realbench.search import SearchSpace, run_search
+from realbench.search.exhaustive import space_size
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    start = README.index(title)
+    nxt = README.find("\n## ", start + 1)
+    return README[start:nxt if nxt > 0 else None]
+
+
+def subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return action.choices
+
+
+def test_the_command_table_names_only_commands_and_flags_that_exist():
+    table = section("## The command line")
+    rows = re.findall(r"^\| `realbench (\w+)([^`]*)` \|", table, re.M)
+    assert len(rows) >= 10
+    commands = subcommands()
+    for name, usage in rows:
+        assert name in commands, name
+        known = {s for a in commands[name]._actions for s in a.option_strings}
+        for flag in re.findall(r"--[a-z][a-z0-9-]*", usage):
+            assert flag in known, (name, flag)
+    assert set(commands) == {name for name, _ in rows}  # and every command is in the table
+
+
+def test_the_scenario_list_is_the_built_in_one():
+    text = README[README.index("Built-in scenarios:"):]
+    text = text[:text.index("\n\n")]
+    assert set(re.findall(r"`([a-z0-9-]+)`", text)) == set(BUILTIN)
+
+
+def test_the_file_examples_are_valid():
+    blocks = re.findall(r"```yaml\n(.*?)```", README, re.S)
+    scenario = yaml.safe_load(blocks[0])
+    assert scenario_from_document(scenario).name == "my-ppo"
+    plan = yaml.safe_load(blocks[1].replace("  ...\n", ""))
+    assert plan["schema"] == "realbench.plan/1"
+    s = load_scenario(plan["scenario"])
+    for call, placement in plan["calls"].items():  # the example placements are options of the scenario
+        options = s.options[call]
+        assert any(o.mesh.label(s.cluster.gpus_per_node) == placement["mesh"] and (o.strategy.dp, o.strategy.tp, o.strategy.pp,
+                   o.strategy.micro_batches) == (placement["dp"], placement["tp"], placement["pp"],
+                                                 placement["micro_batches"]) for o in options), call
+
+
+def exact_rows():
+    table = section("## Benchmarks")
+    return re.findall(r"^\| ([a-z0-9-]+) \| ([\d,]+) \| ([\d,]+) \| [\d.]+ \|", table, re.M)
+
+
+@pytest.mark.parametrize("name,pruned,evaluated", exact_rows())
+def test_the_plan_space_counts_are_the_pruned_space_and_what_exhaustive_search_evaluates(name, pruned, evaluated):
+    est = Estimator(get_builtin(name))
+    assert space_size(SearchSpace(est)) == int(pruned.replace(",", ""))
+    r = run_search(est, "exhaustive", 600)
+    assert r.complete and r.evaluations == int(evaluated.replace(",", ""))
+
+
+def test_the_exact_table_says_where_the_baseline_is_already_optimal():
+    rows = {name: pruned for name, pruned, _ in exact_rows()}
+    assert len(rows) >= 3
+    text = section("## Benchmarks")
+    note = re.search(r"\(On (.*?) the best baseline is already optimal, so only\s+`([a-z0-9-]+)`", text, re.S)
+    already = set(re.findall(r"`([a-z0-9-]+)`", note.group(1)))
+    assert already | {note.group(2)} == set(rows)
+    for name in rows:
+        est = Estimator(get_builtin(name))
+        r = run_search(est, "exhaustive", 600)
+        best_baseline = min(r.baselines.values())
+        if name in already:
+            assert r.best_time_s == pytest.approx(best_baseline, rel=1e-12), name
+        else:
+            assert r.best_time_s < 0.95 * best_baseline, name
+
+
+def test_random_plans_of_the_7b_scenario_do_not_beat_the_symmetric_baseline():
+    """"among 100,000 random plans of ppo-7b-7b-16gpu none beats the symmetric baseline"."""
+    import numpy as np
+
+    text = section("## Benchmarks")
+    count = int(re.search(r"among ([\d,]+) random plans of\s+`ppo-7b-7b-16gpu` none beats the symmetric", text)
+                .group(1).replace(",", ""))
+    est = Estimator(get_builtin("ppo-7b-7b-16gpu"))
+    space = SearchSpace(est)
+    symmetric = run_search(est, "random", 1, max_evaluations=1).baselines["symmetric"]
+    rng = np.random.default_rng(0)
+    best = math.inf
+    for start in range(0, count, 25_000):
+        C = np.stack([rng.choice(c, size=min(25_000, count - start)) for c in space.pruned], axis=1)
+        t, _, ok = space.objective(C)
+        best = min(best, t[ok].min() if ok.any() else math.inf)
+    assert best > symmetric
