@@ -21,9 +21,9 @@ LAYER = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_a
          "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
 
 
-def hf_name(ours: str) -> str:
+def hf_name(ours: str, score: bool = False) -> str:
     if ours in HF_NAMES:
-        return HF_NAMES[ours]
+        return "score.weight" if score and ours == "head.weight" else HF_NAMES[ours]
     _, i, part, w = ours.split(".")
     return f"model.layers.{i}.{LAYER[part]}.{w}"
 
@@ -69,6 +69,56 @@ def test_logits_and_gradients_match_llama_for_causal_lm(tmp_path, rope_theta, ep
         assert torch.allclose(p.grad, g, atol=1e-6, rtol=1e-4), (name, float((p.grad - g).abs().max()))
 
 
+def tiny_hf(path, family, seed=0, **kwargs):
+    """A tiny `<family>ForCausalLM` (or any class given as `cls`) saved with save_pretrained."""
+    cls = kwargs.pop("cls", f"{family}ForCausalLM")
+    cfg = getattr(transformers, f"{family}Config")(vocab_size=96, hidden_size=64, intermediate_size=160,
+                                                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                    max_position_embeddings=256, **kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(cfg).eval()
+    with torch.no_grad():  # biases and norms away from their initial 0 and 1, so that each shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("family,kwargs", [
+    ("Qwen2", dict(tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)),  # q/k/v biases, tied head
+    ("Qwen2", dict(tie_word_embeddings=False)),
+    ("Mistral", dict(sliding_window=None, rope_theta=1e6)),
+])
+def test_qwen2_and_mistral_logits_and_gradients(tmp_path, family, kwargs):
+    hf = tiny_hf(tmp_path, family, **kwargs)
+    spec, weights = load_hf_checkpoint(tmp_path)
+    assert spec.qkv_bias == (family == "Qwen2") and spec.tie_embeddings == kwargs.get("tie_word_embeddings", False)
+    ours = LlamaStage(spec)
+    ours.load_full(weights)
+    tokens = torch.randint(0, 96, (2, 40))
+    expected, got = hf(tokens).logits, ours(tokens)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), float((got - expected).abs().max())
+    for logits in (expected, got):
+        logits.float().pow(2).mean().backward()
+    hf_grads = {k: p.grad for k, p in hf.named_parameters()}
+    names = dict(ours.named_parameters())
+    assert len(names) == len(hf_grads)
+    for name, p in names.items():
+        assert torch.allclose(p.grad, hf_grads[hf_name(name)], atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2"])
+def test_a_sequence_classification_folder_is_a_value_model(tmp_path, family):
+    hf = tiny_hf(tmp_path, family, cls=f"{family}ForSequenceClassification", num_labels=1, pad_token_id=0)
+    spec, weights = load_hf_checkpoint(tmp_path)
+    assert spec.value_head and not spec.tie_embeddings
+    ours = LlamaStage(spec)
+    ours.load_full(weights)
+    tokens = torch.randint(1, 96, (2, 20))  # no padding: the score is read at the last token
+    assert torch.allclose(ours(tokens)[:, -1], hf(tokens).logits[:, 0], atol=1e-5)
+
+
 def test_a_transformers_4_config_reads_the_same(tmp_path):
     tiny_llama(tmp_path, 5e5, 1e-5, False)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -95,6 +145,8 @@ def test_not_a_checkpoint_folder(tmp_path):
     ({"mlp_bias": True}, "mlp_bias: biases are not supported"),
     ({"head_dim": 32}, "head_dim 32"),
     ({"num_local_experts": 8}, "mixture of experts"),
+    ({"sliding_window": 4096}, "sliding_window: sliding-window attention .4096 tokens."),
+    ({"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "attention kind 'sliding_attention'"),
 ])
 def test_configs_the_runtime_would_compute_differently_are_refused_by_name(tmp_path, change, needle):
     tiny_llama(tmp_path, 1e4, 1e-5, False)
@@ -119,3 +171,37 @@ def test_tensors_that_do_not_map_are_refused_by_name(tmp_path):
     save_file({**tensors, "model.norm.weight": torch.ones(63)}, path)
     with pytest.raises(ConfigError, match="'model.norm.weight' has shape \\(63,\\)"):
         load_hf_checkpoint(tmp_path)
+
+
+def test_qwen2_sliding_window_only_when_used(tmp_path):
+    tiny_hf(tmp_path, "Qwen2", use_sliding_window=False, sliding_window=32)  # kept, but unused: fine
+    assert load_hf_checkpoint(tmp_path)[0].qkv_bias
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["use_sliding_window"] = True
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="use_sliding_window: sliding-window attention is not supported"):
+        load_hf_checkpoint(tmp_path)
+
+
+def test_left_padded_rows_compute_what_they_compute_alone(tmp_path):
+    """Padding (id -1) on the left of a row changes nothing at its tokens: the logits equal the
+    row's own, unpadded, and transformers' with the attention mask and its position ids."""
+    hf = tiny_hf(tmp_path, "Qwen2", tie_word_embeddings=True)
+    spec, weights = load_hf_checkpoint(tmp_path)
+    ours = LlamaStage(spec)
+    ours.load_full(weights)
+    torch.manual_seed(1)
+    lengths = [12, 7, 3]
+    rows = [torch.randint(0, 96, (n,)) for n in lengths]
+    batch = torch.full((3, 12), -1)
+    for i, r in enumerate(rows):
+        batch[i, 12 - len(r):] = r
+    valid = batch >= 0
+    with torch.no_grad():
+        got = ours(batch, valid=valid)
+        for i, r in enumerate(rows):
+            alone = ours(r[None])[0]
+            assert torch.allclose(got[i, 12 - len(r):], alone, atol=1e-5), i
+        position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
+        expected = hf(batch.clamp(min=0), attention_mask=valid.long(), position_ids=position_ids).logits
+    assert torch.allclose(got[valid], expected[valid], atol=1e-5)

@@ -376,3 +376,61 @@ def test_spawn_reports_a_process_that_died_without_a_result_at_once():
     with pytest.raises(WorkerError, match="rank 1 exited with status 3"):
         spawn(_exit_on_rank_1, 2, timeout_s=120)
     assert time.monotonic() - t0 < 60  # not after the 150 s the parent would wait for a result
+
+
+def _padded_generation_worker(rank, world, layouts, prompts, eos):
+    from realbench.runtime.engine import PlacedModel, generate
+
+    full = init_full_weights(SPEC, seed=3)
+    groups = Groups()
+    groups.prepare([lay for lay, _ in layouts])
+    out = []
+    for lay, m in layouts:
+        c = lay.coord(rank)
+        if c is None:
+            out.append(None)
+            continue
+        model = PlacedModel(SPEC, lay, rank, groups)
+        model.stage.load_full(full)
+        mine = prompts.chunk(lay.dims.dp)[c.dp]
+        seqs, lps = generate(model, mine, 7, torch.Generator().manual_seed(0), greedy=True, micro_batches=m, eos=eos)
+        out.append((c.dp, seqs.tolist(), lps.tolist()))
+    return out
+
+
+def test_generation_of_left_padded_prompts_stops_at_eos_on_any_layout():
+    """Prompts of 2 to 6 tokens, left-padded to 6: greedy generation on tp/pp/dp layouts,
+    pipelined over micro-batches, gives each row what the unsharded model gives its prompt
+    alone, up to and including the end-of-sequence token, and -1 after it."""
+    ref = LlamaStage(SPEC)
+    ref.load_full(init_full_weights(SPEC, seed=3))
+    torch.manual_seed(5)
+    lengths = [6, 2, 4, 3]
+    rows = [torch.randint(0, SPEC.vocab, (n,)) for n in lengths]
+    alone = []
+    with torch.no_grad():
+        for r in rows:
+            seq = r[None]
+            for _ in range(7):
+                seq = torch.cat([seq, ref(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+            alone.append(seq[0, len(r):].tolist())
+    eos = alone[1][2]  # a token row 1 emits third: rows stop at different steps
+    prompts = torch.full((4, 6), -1)
+    for i, r in enumerate(rows):
+        prompts[i, 6 - len(r):] = r
+    layouts = [(Layout.on(range(4), 1, 1, 4), 2), (Layout.on(range(4), 1, 2, 2), 4), (Layout.on(range(4), 2, 1, 2), 1),
+               (Layout.on([0, 1], 2, 1, 1), 1)]
+    results = spawn(_padded_generation_worker, 4, layouts, prompts, eos)
+    expected = []
+    for a in alone:
+        stop = a.index(eos) + 1 if eos in a else len(a)
+        expected.append(a[:stop] + [-1] * (len(a) - stop))
+    assert any(-1 in e for e in expected) and any(-1 not in e for e in expected)  # some stop, some do not
+    for li, (lay, _) in enumerate(layouts):
+        for rank in lay.ranks:
+            dp, seqs, lps = results[rank][li]
+            part = 4 // lay.dims.dp
+            for k, seq in enumerate(seqs):
+                i = dp * part + k
+                assert seq[:6] == prompts[i].tolist() and seq[6:] == expected[i], (lay, rank, i, seq, expected[i])
+                assert all(lp == 0.0 for lp, t in zip(lps[k], seq[6:]) if t == -1)

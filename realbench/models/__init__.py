@@ -4,6 +4,7 @@ Parameter count of a LLaMA decoder with hidden size h, L layers, head dim d = h 
 kv heads k, FFN size f and vocabulary V:
 
     per layer   = h*h (q) + 2*h*k*d (k, v) + h*h (o) + 3*h*f (gate, up, down) + 2*h (two RMSNorms)
+                  (+ h + 2*k*d with q/k/v biases, as Qwen2 has)
     total       = V*h (embedding) + L * per layer + h (final norm) + head
 
 where the head is V*h for a language model (none of its own when it is tied to the embedding)
@@ -20,6 +21,8 @@ halves the average context, which the cost model applies).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -45,6 +48,9 @@ class ModelSpec(BaseModel):
     # on one pipeline stage, else a copy on the last stage whose gradient is summed with the
     # embedding's (as Megatron does)
     tie_embeddings: bool = False
+    qkv_bias: bool = False  # the q, k and v projections have biases (Qwen2)
+    # the Hugging Face checkpoint folder the weights come from (absolute), None for random weights
+    path: Optional[str] = None
 
     @model_validator(mode="after")
     def _check_shape(self) -> "ModelSpec":
@@ -63,11 +69,15 @@ class ModelSpec(BaseModel):
     @property
     def layer_params(self) -> int:
         h, kvd = self.hidden, self.n_kv_heads * self.head_dim
-        return 2 * h * h + 2 * h * kvd + 3 * h * self.ffn + 2 * h
+        return 2 * h * h + 2 * h * kvd + 3 * h * self.ffn + 2 * h + self.layer_bias_params
+
+    @property
+    def layer_bias_params(self) -> int:
+        return self.hidden + 2 * self.n_kv_heads * self.head_dim if self.qkv_bias else 0
 
     @property
     def layer_matmul_params(self) -> int:
-        return self.layer_params - 2 * self.hidden
+        return self.layer_params - 2 * self.hidden - self.layer_bias_params
 
     @property
     def embedding_params(self) -> int:
@@ -101,7 +111,10 @@ class ModelSpec(BaseModel):
         return 2 * self.n_kv_heads * self.head_dim * bytes_per_value
 
     def with_value_head(self, value_head: bool = True) -> "ModelSpec":
-        return self.model_copy(update={"value_head": value_head})
+        """The same decoder ending in a fresh scalar head (a critic or reward model started from
+        a language model): a tied LM head does not carry over."""
+        return self.model_copy(update={"value_head": value_head,
+                                       "tie_embeddings": self.tie_embeddings and not value_head})
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:

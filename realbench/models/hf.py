@@ -12,13 +12,18 @@ Both config generations are read: transformers 5 writes the rotary settings as
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from realbench.errors import ConfigError
 from realbench.models import ModelSpec
 
-CAUSAL_LM = ("LlamaForCausalLM",)
-SEQUENCE_CLASSIFICATION = ("LlamaForSequenceClassification",)
+# The families the runtime computes exactly: LLaMA; Mistral (LLaMA's computation, when it has no
+# sliding window); Qwen2 (LLaMA's with biases on q, k and v). Each as a language model or as a
+# reward/critic model with a one-label score head.
+FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {"qkv_bias": True}}
+CAUSAL_LM = tuple(f"{f}ForCausalLM" for f in FAMILIES)
+SEQUENCE_CLASSIFICATION = tuple(f"{f}ForSequenceClassification" for f in FAMILIES)
 SUPPORTED = CAUSAL_LM + SEQUENCE_CLASSIFICATION
 # keys whose presence (with a true value) means a mixture of experts
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -57,6 +62,22 @@ def rope_theta(cfg: dict, source: str = "") -> float:
     return float(theta)
 
 
+def _refuse_sliding_window(cfg: dict, source: str) -> None:
+    """Sliding-window attention would differ from full attention on long sequences: refused.
+    Mistral sets `sliding_window` (v0.1: 4096; null from v0.2 on); Qwen2 keeps a value there but
+    uses it only with `use_sliding_window`; transformers 5 lists each layer's kind."""
+    kinds = set(cfg.get("layer_types") or []) - {"full_attention"}
+    if kinds:
+        raise ConfigError(f"attention kind {sorted(kinds)[0]!r} is not supported (full attention only)",
+                          "layer_types", source)
+    if "use_sliding_window" in cfg and cfg.get("model_type") == "qwen2":
+        if cfg["use_sliding_window"]:
+            raise ConfigError("sliding-window attention is not supported", "use_sliding_window", source)
+    elif cfg.get("sliding_window") is not None:
+        raise ConfigError(f"sliding-window attention ({cfg['sliding_window']} tokens) is not supported",
+                          "sliding_window", source)
+
+
 def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
     """The spec of a checkpoint's config; a critic/reward head (`*ForSequenceClassification`
     with one label) becomes a value head."""
@@ -65,6 +86,8 @@ def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
         raise ConfigError(f"architecture {archs[0] if len(archs) == 1 else archs!r} is not supported "
                           f"(supported: {', '.join(SUPPORTED)})", "architectures", source)
     arch = archs[0]
+    family = arch.split("For")[0]
+    _refuse_sliding_window(cfg, source)
     for key in _MOE_KEYS:
         if cfg.get(key):
             raise ConfigError("mixture of experts is not supported", key, source)
@@ -88,11 +111,11 @@ def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
         raise ConfigError(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden} is not supported",
                           "head_dim", source)
     value_head = arch in SEQUENCE_CLASSIFICATION
-    if value_head and cfg.get("num_labels", len(cfg.get("id2label") or {0: 0})) != 1:
+    if value_head and (cfg.get("num_labels") or len(cfg.get("id2label") or {"0": 0})) != 1:
         raise ConfigError("a reward or critic head needs exactly one label", "num_labels", source)
     from realbench.plan.schema import validate_model
 
-    fields = dict(name=name, **shape, value_head=value_head, rope_theta=rope_theta(cfg, source),
+    fields = dict(name=name, **shape, **FAMILIES[family], value_head=value_head, rope_theta=rope_theta(cfg, source),
                   norm_eps=cfg.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
                   tie_embeddings=bool(cfg.get("tie_word_embeddings", False)) and not value_head)
     try:
@@ -105,3 +128,135 @@ def spec_from_folder(folder: str | Path, name: str | None = None) -> ModelSpec:
     folder = Path(folder)
     cfg = read_config(folder)
     return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"))
+
+
+CHECKPOINT_KEYS = {"path", "value_head", "name"}
+
+
+def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
+    """A scenario's `{path: DIR[, value_head: true][, name: N]}` model: the spec of the folder's
+    config (`path` relative to `base`, the scenario file's folder), with a fresh value head when
+    asked (a critic or reward model started from a language model)."""
+    unknown = sorted(set(entry) - CHECKPOINT_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown field beside path (known: {', '.join(sorted(CHECKPOINT_KEYS))})", unknown[0])
+    if not isinstance(entry["path"], str) or not entry["path"]:
+        raise ConfigError("must be a folder name", "path")
+    folder = (base / Path(entry["path"]).expanduser()).resolve()
+    spec = spec_from_folder(folder, entry.get("name") or folder.name)
+    value_head = entry.get("value_head", spec.value_head)
+    if not isinstance(value_head, bool):
+        raise ConfigError("must be true or false", "value_head")
+    if spec.value_head and not value_head:
+        raise ConfigError("a sequence-classification checkpoint has no language-model head", "value_head")
+    spec = spec.with_value_head(value_head).model_copy(update={"path": str(folder)})
+    checkpoint_tensors(spec, folder)  # every tensor accounted for, before any process starts
+    return spec
+
+
+# -- tensors ---------------------------------------------------------------------------------------
+_HF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "wq.weight",
+    "self_attn.k_proj.weight": "wk.weight",
+    "self_attn.v_proj.weight": "wv.weight",
+    "self_attn.q_proj.bias": "wq.bias",
+    "self_attn.k_proj.bias": "wk.bias",
+    "self_attn.v_proj.bias": "wv.bias",
+    "self_attn.o_proj.weight": "wo.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "w_gate.weight",
+    "mlp.up_proj.weight": "w_up.weight",
+    "mlp.down_proj.weight": "w_down.weight",
+}
+_FROM_OURS = {v: k for k, v in _HF_LAYER.items()}
+# buffers some exporters write that carry nothing the config does not say
+_DERIVED = ("rotary_emb.inv_freq",)
+
+
+def ours_of(hf: str) -> str | None:
+    """realbench's parameter name for a Hugging Face tensor name (None: no counterpart)."""
+    if hf == "model.embed_tokens.weight":
+        return "embed.weight"
+    if hf == "model.norm.weight":
+        return "norm.weight"
+    if hf in ("lm_head.weight", "score.weight"):
+        return "head.weight"
+    if hf.startswith("model.layers."):
+        _, _, idx, rest = hf.split(".", 3)
+        if rest in _HF_LAYER and idx.isdigit():
+            return f"layers.{idx}.{_HF_LAYER[rest]}"
+    return None
+
+
+def hf_of(ours: str, spec: ModelSpec) -> str:
+    """The Hugging Face tensor name of a realbench parameter (the score head for value models)."""
+    if ours == "embed.weight":
+        return "model.embed_tokens.weight"
+    if ours == "norm.weight":
+        return "model.norm.weight"
+    if ours == "head.weight":
+        return "score.weight" if spec.value_head else "lm_head.weight"
+    _, idx, rest = ours.split(".", 2)
+    return f"model.layers.{idx}.{_FROM_OURS[rest]}"
+
+
+def safetensors_header(path: Path) -> dict:
+    """{tensor name: {"dtype", "shape", ...}} of a safetensors file, from its header alone."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def tensor_files(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every tensor of a checkpoint folder: its file and shape."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+            else ["model.safetensors"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"unreadable index: {e}", source=str(index)) from None
+    out = {}
+    for f in files:
+        if not (folder / f).is_file():
+            raise ConfigError(f"missing weights file {f}", source=str(folder))
+        try:
+            header = safetensors_header(folder / f)
+        except (OSError, ValueError, struct.error) as e:
+            raise ConfigError(f"not a safetensors file: {e}", source=str(folder / f)) from None
+        for name, info in header.items():
+            out[name] = (f, tuple(info["shape"]))
+    return out
+
+
+def checkpoint_tensors(spec: ModelSpec, folder: Path) -> dict[str, tuple[str, str]]:
+    """{realbench parameter: (file, Hugging Face name)} for the parameters the folder holds,
+    after checking that every tensor maps to a parameter with its shape and that every
+    parameter is there (a fresh value head, or a tied head, need none)."""
+    from realbench.runtime.shards import param_specs
+
+    expected = {p.name: p.shape for p in param_specs(spec)}
+    fresh = set()
+    if spec.tie_embeddings:
+        fresh.add("head.weight")  # the embedding serves as the head
+    out = {}
+    for hf, (f, shape) in tensor_files(folder).items():
+        ours = ours_of(hf)
+        if ours is None:
+            if hf.endswith(_DERIVED):
+                continue
+            raise ConfigError(f"tensor {hf!r} has no counterpart in the model", source=str(folder / f))
+        if ours == "head.weight" and (spec.tie_embeddings or (spec.value_head and hf == "lm_head.weight")):
+            continue  # a tied head is the embedding; a fresh value head replaces the LM head
+        if ours not in expected or shape != expected[ours]:
+            raise ConfigError(f"tensor {hf!r} has shape {shape}, the config gives "
+                              f"{expected.get(ours, 'no such parameter')}", source=str(folder / f))
+        out[ours] = (f, hf)
+    if spec.value_head and "head.weight" not in out:
+        fresh.add("head.weight")  # a critic or reward model started from a language model
+    missing = sorted(set(expected) - set(out) - fresh)
+    if missing:
+        raise ConfigError(f"{len(missing)} parameter(s) missing, the first {missing[0]!r}", source=str(folder))
+    return out

@@ -10,6 +10,8 @@ File form (`realbench.scenario/1`):
       actor: llama-7b                                        # a preset ...
       critic: {arch: llama-7b, value_head: true}             # ... with overrides
       tiny: {name: t, n_layers: 2, hidden: 64, ...}          # ... or a full spec
+      ref: {path: ckpt/}                                     # ... or a Hugging Face folder
+      reward: {path: ckpt/, value_head: true}                # (a fresh value head on its decoder)
     dataflow: {algorithm: ppo, prompts: 512, prompt_len: 256, gen_len: 768}
     # or: dataflow: {calls: [{name: ..., model: ..., kind: ..., ...}], dataset_keys: [prompts]}
 """
@@ -20,12 +22,15 @@ import math
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from realbench.dataflow import ALGORITHMS, CallDef, Dataflow, build_algorithm
 from realbench.errors import ConfigError
 from realbench.hardware import LINKS, ClusterSpec, get_device
 from realbench.models import PRESETS, ModelSpec, get_model
+from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
 from realbench.plan.schema import SCENARIO_SCHEMA, read_document, validate_model
@@ -50,14 +55,17 @@ class Scenario(BaseModel):
 
     @field_validator("models", mode="before")
     @classmethod
-    def _models(cls, v: Any) -> Any:
+    def _models(cls, v: Any, info: ValidationInfo) -> Any:
         if not isinstance(v, dict):
             return v
         out = {}
+        base = Path((info.context or {}).get("base", "."))
         for role, spec in v.items():
             try:
                 if isinstance(spec, str):
                     spec = get_model(spec)
+                elif isinstance(spec, dict) and "path" in spec and set(spec) <= CHECKPOINT_KEYS:
+                    spec = spec_from_checkpoint_entry(spec, base)
                 elif isinstance(spec, dict) and "arch" in spec:
                     base = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
                     if base is None:
@@ -123,11 +131,14 @@ class Scenario(BaseModel):
 
 
 def scenario_from_document(data: dict, source: str = "") -> Scenario:
+    """A scenario from a parsed file; paths in it (checkpoint folders, data files) are relative to
+    the file's folder (`source`), or to the working folder when there is no file."""
     body = {k: v for k, v in data.items() if k != "schema"}
     if data.get("schema", SCENARIO_SCHEMA) != SCENARIO_SCHEMA:
         raise ConfigError(f"expected schema {SCENARIO_SCHEMA}, got {data.get('schema')!r}", "schema", source)
+    base = Path(source).parent if source else Path(".")
     try:
-        return validate_model(Scenario, body)
+        return validate_model(Scenario, body, context={"base": str(base)})
     except ConfigError as e:
         raise e.in_file(source) from None
 

@@ -23,73 +23,71 @@ from realbench.models import ModelSpec
 CHECKPOINT_SCHEMA = "realbench.checkpoint/1"
 MANIFEST = "checkpoint.json"
 
-_HF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "wq.weight",
-    "self_attn.k_proj.weight": "wk.weight",
-    "self_attn.v_proj.weight": "wv.weight",
-    "self_attn.o_proj.weight": "wo.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "w_gate.weight",
-    "mlp.up_proj.weight": "w_up.weight",
-    "mlp.down_proj.weight": "w_down.weight",
-}
+def fresh_value_head(spec: ModelSpec, seed: int = 0) -> torch.Tensor:
+    """A new scalar head on a decoder started from a language model: normal(0, 1/sqrt(h + 1))
+    (OpenRLHF's and TRL's value heads start this way), the same on every rank for a seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, spec.hidden, generator=g) / (spec.hidden + 1) ** 0.5
 
 
-def _hf_name(name: str) -> str | None:
-    if name == "model.embed_tokens.weight":
-        return "embed.weight"
-    if name == "model.norm.weight":
-        return "norm.weight"
-    if name in ("lm_head.weight", "score.weight"):
-        return "head.weight"
-    if name.startswith("model.layers."):
-        _, _, idx, rest = name.split(".", 3)
-        if rest in _HF_LAYER:
-            return f"layers.{idx}.{_HF_LAYER[rest]}"
-    return None
+def load_hf_checkpoint(folder: str | Path, name: str | None = None, value_head: bool | None = None,
+                       seed: int = 0) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """(spec, full fp32 weights by realbench name) of a Hugging Face checkpoint in a local folder,
+    read whole (tests, small models). The config is read by `realbench.models.hf`, which refuses
+    what the runtime would compute differently, and so is the list of tensors (each must map to
+    a parameter, with its shape, and every parameter must be there)."""
+    from realbench.models.hf import spec_from_checkpoint_entry
 
-
-# buffers some exporters write that carry nothing the config does not say
-_DERIVED = ("rotary_emb.inv_freq",)
-
-
-def load_hf_checkpoint(folder: str | Path, name: str | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """(spec, full fp32 weights by realbench name) of a Hugging Face checkpoint in a local folder.
-    The config is read by `realbench.models.hf` (which refuses what the runtime would compute
-    differently); every tensor of the files must map to a parameter of the spec, with its
-    shape, and every parameter must be there."""
-    from realbench.models.hf import spec_from_folder
+    entry = {"path": str(folder), **({"name": name} if name else {}),
+             **({"value_head": value_head} if value_head is not None else {})}
+    spec = spec_from_checkpoint_entry(entry, Path("."))
     from realbench.runtime.shards import param_specs
 
-    folder = Path(folder)
-    spec = spec_from_folder(folder, name)
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
-    for f in files:
-        if not (folder / f).is_file():
-            raise ConfigError(f"missing weights file {f}", source=str(folder))
-    expected = {p.name: p.shape for p in param_specs(spec)}
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        for k, v in load_file(str(folder / f)).items():
-            ours = _hf_name(k)
-            if ours is None:
-                if k.endswith(_DERIVED):
-                    continue
-                raise ConfigError(f"tensor {k!r} has no counterpart in the model", source=str(folder / f))
-            if ours == "head.weight" and spec.tie_embeddings:
-                continue  # the tied head is the embedding (transformers ignores a stored copy too)
-            if ours not in expected or tuple(v.shape) != expected[ours]:
-                raise ConfigError(f"tensor {k!r} has shape {tuple(v.shape)}, the config gives "
-                                  f"{expected.get(ours, 'no such parameter')}", source=str(folder / f))
-            weights[ours] = v.float()
-    if spec.tie_embeddings and "embed.weight" in weights:
-        weights["head.weight"] = weights["embed.weight"]
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ConfigError(f"{len(missing)} parameter(s) missing, the first {missing[0]!r}", source=str(folder))
-    return spec, weights
+    full = {p.name: None for p in param_specs(spec)}
+    return spec, load_hf_shards(spec, 1, 0, 1, 0, seed, names=list(full))
+
+
+def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, seed: int = 0,
+                   names: list[str] | None = None, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The shards that tp rank `tp_rank` of pipeline stage `stage` holds, read from the
+    checkpoint folder `spec.path` slice by slice (safetensors reads a slice without the rest of
+    its tensor), so a process's memory stays near its shard. A tied head on the embedding's stage
+    is the embedding (not listed); a fresh value head is made here. `names`: every parameter of
+    one unsharded stage instead (the full model with tp = pp = 1)."""
+    from safetensors import safe_open
+
+    from realbench.models.hf import checkpoint_tensors
+    from realbench.runtime.shards import flat_offsets, param_specs, tied_aliases, tp_range
+
+    folder = Path(spec.path)
+    where = checkpoint_tensors(spec, folder)
+    specs = {p.name: p for p in param_specs(spec)}
+    wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage)[0]
+                                              if n not in tied_aliases(spec, pp)]
+    out: dict[str, torch.Tensor] = {}
+    by_file: dict[str, list[str]] = {}
+    for name in wanted:
+        if name in where:
+            by_file.setdefault(where[name][0], []).append(name)
+        elif name == "head.weight" and spec.tie_embeddings:
+            by_file.setdefault(where["embed.weight"][0], []).append(name)
+        else:
+            out[name] = fresh_value_head(spec, seed)
+    for f, members in by_file.items():
+        with safe_open(str(folder / f), framework="pt") as st:
+            for name in members:
+                hf = where["embed.weight" if name not in where else name][1]
+                p = specs[name]
+                lo, hi = tp_range(p, tp, tp_rank)
+                piece = st.get_slice(hf)
+                if p.split is None:
+                    t = piece[:]
+                elif p.split == 0:
+                    t = piece[lo:hi]
+                else:
+                    t = piece[:, lo:hi]
+                out[name] = t.to(dtype)
+    return out
 
 
 def save_weights(path: str | Path, weights: dict[str, torch.Tensor], metadata: dict | None = None) -> None:

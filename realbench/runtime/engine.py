@@ -4,8 +4,9 @@ gradient averaging over data parallelism, and the weights as a dict of named sha
 Pipeline schedule: GPipe (all micro-batches forward, then all backward). Between stages,
 activations go forward and their gradients backward with point-to-point messages to the rank of
 the same (dp, tp) coordinates in the neighbouring stage. Every rank of the layout is given the
-token ids of its data-parallel share (so each stage knows the shapes it will receive); the last
-stage returns the outputs (logits or values) and owns the loss.
+token ids of its data-parallel share (so each stage knows the shapes it will receive, and which
+positions are padding: id -1, left of a prompt or after the end of a response); the last stage
+returns the outputs (logits or values) and owns the loss.
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ class PlacedModel:
     # -- compute ----------------------------------------------------------------------------------------
     def _stage_forward(self, tokens: torch.Tensor, grad: bool):
         """One micro-batch through this stage: (input that may need a gradient, output)."""
+        valid = tokens >= 0
+        valid = None if bool(valid.all()) else valid
         if self.prev is None:
             x = tokens
         else:
-            x = torch.empty(*tokens.shape, self.spec.hidden, device=self.device)
+            x = torch.empty(*tokens.shape, self.spec.hidden, device=self.device, dtype=self.stage.flat.dtype)
             dist.recv(x, self.prev)
             x.requires_grad_(grad)
         with torch.set_grad_enabled(grad):
-            y = self.stage(x)
+            y = self.stage(x, valid=valid)
         if self.next is not None:
             dist.send(y.detach().contiguous(), self.next)
         return x, y
@@ -127,9 +130,13 @@ class PlacedModel:
 
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator: torch.Generator,
-             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1
+             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1, eos: Optional[int] = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch.
+    Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`,
+    a row stops after its end-of-sequence token: the positions after it hold -1 (its
+    log-probabilities there are 0); every row still takes `gen_len` steps, the shape the
+    pipeline and the cost model share.
 
     Pipelined over micro-batches: every rank handles the slots (token t, micro-batch j) in
     lexicographic order. A stage sends its hidden states on without waiting; the last stage
@@ -150,16 +157,26 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
     seqs = torch.empty(B, P + gen_len, dtype=torch.long, device=dev)
     seqs[:, :P] = prompts
     logprobs = torch.empty(B, gen_len, device=dev)
+    valid = prompts >= 0
+    padded = not bool(valid.all())
+    first_free = valid.sum(1)  # each row's position after its prompt
+    finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (on the last stage) rows past their end
     pipeline = model.layout.pp_group(model.coord)
     first, last = pipeline[0], pipeline[-1]
     pending = []  # (request, tensor): a tensor must live until its send completes
+    dtype = model.stage.flat.dtype
     for t in range(gen_len):
         new = P if t == 0 else 1
-        positions = torch.arange(P + t - new, P + t, device=dev)
         for j, chunk in enumerate(chunks):
             rows = slice(starts[j], starts[j] + len(chunk))
+            if not padded:
+                positions, keys = torch.arange(P + t - new, P + t, device=dev), None
+            elif t == 0:  # every stage knows the prompts, so each derives the same positions
+                positions, keys = None, valid[rows]
+            else:  # generated tokens count as valid on every stage (a finished row's are unused)
+                positions, keys = (first_free[rows] + t - 1)[:, None], None
             if model.prev is not None:
-                x = torch.empty(len(chunk), new, model.spec.hidden, device=dev)
+                x = torch.empty(len(chunk), new, model.spec.hidden, device=dev, dtype=dtype)
                 dist.recv(x, model.prev)
             elif t == 0:
                 x = chunk
@@ -169,7 +186,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
                     dist.recv(token, last, group=model.loop_group)
                     seqs[rows, P + t - 1] = token
                 x = seqs[rows, P + t - 1:P + t]
-            y = model.stage(x, positions, caches[j])
+            y = model.stage(x, positions, caches[j], valid=keys)
             if model.next is not None:
                 y = y.contiguous()
                 pending.append((dist.isend(y, model.next), y))
@@ -177,8 +194,13 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
                 logits = y[:, -1].float() / (1.0 if greedy else temperature)
                 logp = torch.log_softmax(logits, dim=-1)
                 token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-                seqs[rows, P + t] = token
                 logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+                if eos is not None:
+                    done = finished[rows]
+                    token = torch.where(done, -1, token)
+                    logprobs[rows, t] = logprobs[rows, t].masked_fill(done, 0.0)
+                    finished[rows] = done | (token == eos)
+                seqs[rows, P + t] = token
                 if first != model.rank and t + 1 < gen_len:
                     pending.append((dist.isend(token, first, group=model.loop_group), token))
     for req, _ in pending:

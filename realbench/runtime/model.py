@@ -89,15 +89,36 @@ class RMSNorm(nn.Module):
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding, rotate-half form, base period `theta`. x: (batch, heads, seq, head_dim);
-    positions: (seq,)."""
+    positions: (seq,), or (batch, seq) when rows start at different offsets (left padding)."""
     d = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    angles = positions.to(torch.float32)[:, None] * inv[None, :]
+    angles = positions.to(torch.float32)[..., None] * inv
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
+    if positions.dim() == 2:  # (batch, 1, seq, d): the same for every head
+        cos, sin = cos[:, None], sin[:, None]
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def attention_mask(valid: Optional[torch.Tensor], S: int, T: int, device) -> torch.Tensor:
+    """Which of T keys each of the last S queries sees: causally, over absolute positions (query i
+    sees keys 0..T - S + i), and none of the padding keys (`valid`: (batch, T), None when there
+    are none). A query always sees itself, so a padding query's output stays finite (it is
+    never used): a row of keys all masked would make NaN, which attention would then spread."""
+    causal = torch.ones(S, T, dtype=torch.bool, device=device).tril(diagonal=T - S)
+    if valid is None:
+        return causal
+    own = torch.zeros(S, T, dtype=torch.bool, device=device)
+    own[torch.arange(S, device=device), torch.arange(T - S, T, device=device)] = True
+    return causal & (valid[:, None, None, :] | own)
+
+
+def positions_of(valid: torch.Tensor) -> torch.Tensor:
+    """Positions of the tokens of rows with padding: 0 at each row's first real token (as
+    Hugging Face counts them), so a left-padded prompt computes what the unpadded one does."""
+    return (valid.long().cumsum(1) - 1).clamp(min=0)
 
 
 class Block(nn.Module):
@@ -107,9 +128,9 @@ class Block(nn.Module):
         self.heads, self.kv_heads, self.head_dim = spec.n_heads // tp, spec.n_kv_heads // tp, hd
         self.group, self.tp, self.rope_theta = group, tp, spec.rope_theta
         self.attn_norm, self.ffn_norm = RMSNorm(h, spec.norm_eps), RMSNorm(h, spec.norm_eps)
-        self.wq = nn.Linear(h, self.heads * hd, bias=False)
-        self.wk = nn.Linear(h, self.kv_heads * hd, bias=False)
-        self.wv = nn.Linear(h, self.kv_heads * hd, bias=False)
+        self.wq = nn.Linear(h, self.heads * hd, bias=spec.qkv_bias)
+        self.wk = nn.Linear(h, self.kv_heads * hd, bias=spec.qkv_bias)
+        self.wv = nn.Linear(h, self.kv_heads * hd, bias=spec.qkv_bias)
         self.wo = nn.Linear(self.heads * hd, h, bias=False)
         self.w_gate = nn.Linear(h, spec.ffn // tp, bias=False)
         self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
@@ -121,7 +142,8 @@ class Block(nn.Module):
     def _leave(self, x):
         return _ReduceFromTP.apply(x, self.group) if self.tp > 1 else x
 
-    def forward(self, x, positions, cache: Optional[dict] = None):
+    def forward(self, x, positions, cache: Optional[dict] = None, mask: Optional[torch.Tensor] = None):
+        """`mask`: which keys each query sees, (S, T) or (B, 1, S, T); None: causal."""
         B, S, _ = x.shape
         a = self._enter(self.attn_norm(x))
         q = self.wq(a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
@@ -134,9 +156,8 @@ class Block(nn.Module):
             cache["k"], cache["v"] = k, v
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        T = k.shape[2]
-        # causal over absolute positions: query i sees keys 0..(T - S + i)
-        mask = torch.ones(S, T, dtype=torch.bool, device=x.device).tril(diagonal=T - S)
+        if mask is None:
+            mask = attention_mask(None, S, k.shape[2], x.device)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self._leave(self.wo(y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim)))
         f = self._enter(self.ffn_norm(x))
@@ -187,15 +208,29 @@ class LlamaStage(nn.Module):
         return flat
 
     def new_caches(self) -> dict:
-        return {name: {} for name in self.layers}
+        """KV caches for generation: each layer's keys and values, and which keys are padding."""
+        return {"valid": None, "layers": {name: {} for name in self.layers}}
 
-    def forward(self, x, positions=None, caches: Optional[dict] = None):
+    def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None):
+        """x: token ids (first stage; -1 marks padding) or hidden states. `valid` (batch, seq):
+        which positions are tokens rather than padding (None: all). Positions default to the
+        count of valid tokens before each one."""
+        B, S = x.shape[:2]
         if self.first:
-            x = self.embed_tokens(x)
+            x = self.embed_tokens(x.clamp(min=0))  # padding ids are never attended to
         if positions is None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            positions = torch.arange(S, device=x.device) if valid is None else positions_of(valid)
+        mask = None
+        if caches is not None:
+            if valid is not None or caches["valid"] is not None:
+                new = valid if valid is not None else torch.ones(B, S, dtype=torch.bool, device=x.device)
+                keys = new if caches["valid"] is None else torch.cat([caches["valid"], new], dim=1)
+                caches["valid"] = keys
+                mask = attention_mask(keys, S, keys.shape[1], x.device)
+        elif valid is not None:
+            mask = attention_mask(valid, S, S, x.device)
         for name, block in self.layers.items():
-            x = block(x, positions, None if caches is None else caches[name])
+            x = block(x, positions, None if caches is None else caches["layers"][name], mask)
         return self.output(x) if self.last else x
 
     def embed_tokens(self, tokens):
@@ -244,6 +279,8 @@ def init_full_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02) -> dict
     for s in param_specs(spec):
         if s.name.endswith("norm.weight"):
             out[s.name] = torch.ones(s.shape)
+        elif s.name.endswith(".bias"):
+            out[s.name] = torch.zeros(s.shape)
         else:
             scale = std / math.sqrt(2 * spec.n_layers) if s.name.endswith(("wo.weight", "w_down.weight")) else std
             out[s.name] = torch.randn(s.shape, generator=g) * scale

@@ -40,11 +40,12 @@ def param_specs(model: ModelSpec) -> list[ParamSpec]:
     specs = [ParamSpec("embed.weight", (model.vocab, h), 0, -1)]
     for i in range(L):
         p = f"layers.{i}."
+        specs += [ParamSpec(p + "attn_norm.weight", (h,), None, i)]
+        for name, rows in (("wq", q), ("wk", kv), ("wv", kv)):
+            specs.append(ParamSpec(p + f"{name}.weight", (rows, h), 0, i))
+            if model.qkv_bias:  # column-parallel: the bias splits with its rows
+                specs.append(ParamSpec(p + f"{name}.bias", (rows,), 0, i))
         specs += [
-            ParamSpec(p + "attn_norm.weight", (h,), None, i),
-            ParamSpec(p + "wq.weight", (q, h), 0, i),
-            ParamSpec(p + "wk.weight", (kv, h), 0, i),
-            ParamSpec(p + "wv.weight", (kv, h), 0, i),
             ParamSpec(p + "wo.weight", (h, q), 1, i),
             ParamSpec(p + "ffn_norm.weight", (h,), None, i),
             ParamSpec(p + "w_gate.weight", (model.ffn, h), 0, i),

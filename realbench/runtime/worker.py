@@ -35,6 +35,7 @@ from realbench.models import ModelSpec
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
+from realbench.runtime.checkpoint import load_hf_shards
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
@@ -175,7 +176,11 @@ class Worker:
             c = self.calls[m]
             spec = scenario.models[c.model]
             model = PlacedModel(spec, lay, rank, self.groups, self.device)
-            model.stage.load_full(self.initial_weights(c.model, spec))
+            if spec.path:  # a checkpoint folder: this rank reads its own slices only
+                model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
+                                                 seed=self.seed))
+            else:
+                model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
             if c.kind == CallKind.TRAIN:  # a learning rate for every model, or per model role
                 rate = lr.get(c.model, DEFAULT_LR) if isinstance(lr, dict) else lr
