@@ -167,13 +167,30 @@ def test_dpo_loss_prefers_the_chosen_rows_and_reports_the_margin():
 
 def test_sft_and_normalizers():
     y = logits_for([0.75])
-    loss, _ = SFT().loss(y, {"seqs": torch.tensor([[0, 1]])}, value_model=False)
+    loss, _ = SFT().loss(y, SFT().targets({"sequences": torch.tensor([[0, 1]])}, False, 1), value_model=False)
     close(loss, -LN(0.75))
+    # prompt (2 tokens) and completion: targets at positions 2 and 3 of row 0, 2 of row 1 (the
+    # prompt's and the padding's are not trained on)
+    t = SFT(prompt_len=2).targets({"sequences": torch.tensor([[5, 6, 7, 8, -1], [-1, 6, 7, -1, -1]])}, False, 1)
+    close(t["mask"], [[0.0, 1, 1, 0], [0, 1, 0, 0]])
+    assert SFT(prompt_len=2).normalizer(t, torch.arange(2)) == 3
     t = {"seqs": torch.zeros(4, 5, dtype=torch.long), "old_logp": torch.zeros(4, 3),
          "mask": torch.tensor([[1.0, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]])}
     assert GRPO().normalizer(t, torch.tensor([0, 2])) == 3  # response tokens of the step's rows
     assert GRPO().normalizer({k: v for k, v in t.items() if k != "mask"}, torch.tensor([0, 2])) == 6
-    assert SFT().normalizer(t, torch.arange(4)) == 16
+
+
+def test_masks_come_from_the_padding_of_the_responses():
+    seqs = torch.tensor([[3, 4, 5, 6], [-1, 4, 5, -1]])
+    close(losses.response_mask(seqs, 2), [[1.0, 1.0], [1.0, 0.0]])
+    assert losses.response_mask(seqs[:1], 2) is None  # no padding: the exact unmasked formulas
+    data = {"seqs": seqs, "logprobs": torch.zeros(2, 2), "rewards": torch.tensor([1.0, 3.0])}
+    t = GRPO().targets(data, False, 2)
+    close(t["mask"], [[1.0, 1.0], [1.0, 0.0]])
+    # DPO sums the log-probabilities of the response's tokens only
+    y = torch.zeros(2, 4, 2)
+    lp = DPO(prompt_len=2).reference_logprobs(y, torch.tensor([[0, 1, 1, 0], [0, 1, 1, -1]]), 0)
+    close(lp, [2 * LN(0.5), LN(0.5)])
 
 
 def test_a_custom_dataflow_is_refused_by_the_runtime():

@@ -13,6 +13,7 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     ring all-reduce of the bf16 gradients over the slowest link of the dp group, then Adam.
+  * function (a reward function): `seconds_per_sample` per response, split over dp processes.
   * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
     small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from realbench.cost import comm
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
-from realbench.models import ModelSpec
+from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Option
 
 BF16 = 2
@@ -114,7 +115,10 @@ def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 
 
 # -- calls ----------------------------------------------------------------------------------------
-def call_cost(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> CallCost:
+def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
+    if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
+        t = call.seqs / option.strategy.dp * model.seconds_per_sample
+        return CallCost(t, t, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
     layers = math.ceil(model.n_layers / pp)

@@ -40,7 +40,10 @@ class _Silent(Exception):
 
 
 def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile: Profile) -> Optional[float]:
-    """Seconds of one call under one option from the profile, or None where it is silent."""
+    """Seconds of one call under one option from the profile, or None where it is silent (a
+    reward function's time is its own: the analytic model's `seconds_per_sample`)."""
+    if call.kind == CallKind.FUNCTION:
+        return None
     found = profile.model_for(model)
     if found is None:
         return None

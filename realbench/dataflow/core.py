@@ -16,6 +16,7 @@ class CallKind(str, Enum):
     GENERATE = "generate"
     INFERENCE = "inference"
     TRAIN = "train"
+    FUNCTION = "function"  # a Python function (a reward function) rather than a model
 
 
 class CallDef(BaseModel):

@@ -117,6 +117,27 @@ class ModelSpec(BaseModel):
                                        "tie_embeddings": self.tie_embeddings and not value_head})
 
 
+class FunctionSpec(BaseModel):
+    """A reward computed by a Python function instead of a model, with TRL's convention:
+    `f(prompts, completions, **columns) -> list[float]`, the dataset's other columns as keyword
+    arguments. It runs on the CPU of the processes its call is placed on; the cost model charges
+    `seconds_per_sample` per response (the run measures the real time)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    function: str  # "<absolute path of the file>:<function name>"
+    seconds_per_sample: float = Field(default=1e-4, ge=0)
+
+    @property
+    def file(self) -> str:
+        return self.function.rsplit(":", 1)[0]
+
+    @property
+    def attribute(self) -> str:
+        return self.function.rsplit(":", 1)[1]
+
+
 def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
     """Layer range [lo, hi) of pipeline stage `stage` of `pp`: the first stages take the extra
     layers. The one split that the cost model and the runtime share."""

@@ -17,19 +17,26 @@ from typing import Optional
 
 from realbench.dataflow import CallDef
 from realbench.hardware import ClusterSpec
-from realbench.models import ModelSpec
+from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, all_meshes, is_pow2, mesh_problem
 
 MAX_MICRO_BATCHES = 16
 
 
-def strategy_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, mesh: Mesh,
+def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, mesh: Mesh,
                      s: Strategy) -> Optional[tuple[str, str]]:
-    """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys."""
+    """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
+    A reward function has no model to split: its processes share the responses (dp only)."""
     if min(s.dp, s.tp, s.pp, s.micro_batches) < 1:
         return "dp", "dp, tp, pp and micro_batches must be at least 1"
     if s.size != mesh.size:
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
+    if isinstance(model, FunctionSpec):
+        if (s.tp, s.pp, s.micro_batches) != (1, 1, 1):
+            return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
+        if call.seqs % s.dp:
+            return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
+        return None
     if cluster.gpus_per_node % s.tp:
         return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node"
     if model.n_heads % s.tp or model.n_kv_heads % s.tp:

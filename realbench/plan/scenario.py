@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from typing import Any
+from typing import Any, Optional, Union
 
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from realbench.dataflow import ALGORITHMS, CallDef, Dataflow, build_algorithm
+from realbench.dataflow import ALGORITHMS, CallDef, CallKind, Dataflow, build_algorithm
 from realbench.errors import ConfigError
 from realbench.hardware import LINKS, ClusterSpec, get_device
-from realbench.models import PRESETS, ModelSpec, get_model
+from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
 from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
+from realbench.plan.data import DataSpec
+from realbench.runtime.rewards import function_spec
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
 from realbench.plan.schema import SCENARIO_SCHEMA, read_document, validate_model
@@ -43,8 +45,33 @@ class Scenario(BaseModel):
     algorithm: str = "custom"
     description: str = ""
     cluster: ClusterSpec
-    models: dict[str, ModelSpec] = Field(min_length=1)
+    models: dict[str, Union[ModelSpec, FunctionSpec]] = Field(min_length=1)
+    data: Optional[DataSpec] = None
     dataflow: Dataflow
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data(cls, v: Any, info: ValidationInfo) -> Any:
+        """Read the data files once: the dataflow's lengths come from them (a percentile of the
+        tokenized prompts, `max_new_tokens`), so the plan is costed for the job that will run."""
+        if not isinstance(v, dict) or v.get("data") is None or isinstance(v["data"], DataSpec):
+            return v
+        base = Path((info.context or {}).get("base", "."))
+        algorithm = v.get("algorithm") or (v.get("dataflow") or {}).get("algorithm")
+        spec = read_data_section(v["data"], base, v.get("models"), algorithm)
+        df = v.get("dataflow")
+        if isinstance(df, dict) and "algorithm" in df:
+            given = sorted({"prompt_len", "gen_len", "seq_len"} & set(df))
+            if given:
+                raise ConfigError("comes from the data (data.prompt_percentile, data.max_new_tokens); remove it",
+                                  f"dataflow.{given[0]}")
+            if df["algorithm"] in ("ppo", "grpo", "rloo", "remax"):
+                if not spec.max_new_tokens:
+                    raise ConfigError("must be given: the generated tokens per response", "data.max_new_tokens")
+                df = {**df, "prompt_len": spec.prompt_len, "gen_len": spec.max_new_tokens}
+            else:
+                df = {**df, "seq_len": spec.prompt_len + spec.completion_len}
+        return {**v, "data": spec, "dataflow": df}
 
     @field_validator("cluster", mode="before")
     @classmethod
@@ -66,6 +93,8 @@ class Scenario(BaseModel):
                     spec = get_model(spec)
                 elif isinstance(spec, dict) and "path" in spec and set(spec) <= CHECKPOINT_KEYS:
                     spec = spec_from_checkpoint_entry(spec, base)
+                elif isinstance(spec, dict) and "function" in spec and "name" not in spec:
+                    spec = function_spec(spec, base, role)
                 elif isinstance(spec, dict) and "arch" in spec:
                     base = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
                     if base is None:
@@ -79,16 +108,22 @@ class Scenario(BaseModel):
 
     @field_validator("dataflow", mode="before")
     @classmethod
-    def _dataflow(cls, v: Any) -> Any:
+    def _dataflow(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, dict) and "algorithm" in v:
             args = {k: x for k, x in v.items() if k != "algorithm"}
             if v["algorithm"] not in ALGORITHMS:
                 raise ConfigError(f"unknown algorithm {v['algorithm']!r} (known: {', '.join(ALGORITHMS)})",
                                   "algorithm")
             try:
-                return build_algorithm(v["algorithm"], **args)
+                v = build_algorithm(v["algorithm"], **args)
             except TypeError as e:  # an argument the builder does not take
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
+        functions = {r for r, m in (info.data.get("models") or {}).items() if isinstance(m, FunctionSpec)}
+        if functions:  # the reward role is a function: its inference calls are function calls
+            v = validate_model(Dataflow, v) if isinstance(v, dict) else v
+            calls = tuple(c.model_copy(update={"kind": CallKind.FUNCTION})
+                          if c.model in functions and c.kind == CallKind.INFERENCE else c for c in v.calls)
+            v = Dataflow(name=v.name, calls=calls, dataset_keys=v.dataset_keys)
         return v
 
     @model_validator(mode="after")
@@ -97,10 +132,23 @@ class Scenario(BaseModel):
             if c.model not in self.models:
                 raise ConfigError(f"call {c.name!r} runs unknown model {c.model!r} "
                                   f"(models: {', '.join(self.models)})", f"dataflow.calls.{i}.model")
+            function = isinstance(self.models[c.model], FunctionSpec)
+            if function != (c.kind == CallKind.FUNCTION):
+                raise ConfigError(f"call {c.name!r} is a {c.kind.value} call of "
+                                  f"{'function' if function else 'model'} {c.model!r}: a function only scores "
+                                  "(kind: function), a model does not", f"dataflow.calls.{i}.kind")
+            if function and self.data is None:
+                raise ConfigError("a reward function scores text: the scenario needs data files (data:) and a "
+                                  "tokenizer", f"models.{c.model}")
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:
                 raise ConfigError(f"model {role!r} is used by no call", f"models.{role}")
+        if self.data is not None:
+            for role, m in self.models.items():
+                if isinstance(m, ModelSpec) and m.vocab < self.data.vocab:
+                    raise ConfigError(f"the tokenizer has {self.data.vocab} tokens, the model's vocabulary "
+                                      f"{m.vocab}: they do not match", f"models.{role}")
         return self
 
     # -- derived --------------------------------------------------------------------------------
@@ -122,12 +170,53 @@ class Scenario(BaseModel):
 
     def summary(self) -> dict:
         return {"name": self.name, "algorithm": self.algorithm,
-                "models": {r: m.name + (" (value head)" if m.value_head else "") for r, m in self.models.items()},
+                "models": {r: m.name + (" (reward function)" if isinstance(m, FunctionSpec) else
+                                        " (value head)" if m.value_head else "") for r, m in self.models.items()},
                 "gpus": self.cluster.n_devices, "nodes": self.cluster.nodes,
                 "device": self.cluster.device.name, "calls": list(self.dataflow.call_names),
                 "plan_space": self.plan_space_size,
                 "plan_space_log10": round(math.log10(self.plan_space_size), 2),
                 "description": self.description}
+
+
+def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> DataSpec:
+    """The `data:` section, its paths resolved against `base`, with what reading the files and
+    tokenizing them found (rows, widths, truncated rows, tokenizer size)."""
+    from realbench.runtime.data import Dataset
+
+    if not isinstance(raw, dict):
+        raise ConfigError("must be a mapping (train: FILE, fields: {...}, ...)", "data")
+
+    def resolve(p):
+        return str((base / Path(p).expanduser()).resolve()) if isinstance(p, str) else p
+
+    raw = dict(raw)
+    for key in ("train", "eval"):
+        if isinstance(raw.get(key), (list, tuple)):
+            raw[key] = [resolve(p) for p in raw[key]]
+        elif key in raw:
+            raw[key] = resolve(raw[key])
+    if raw.get("tokenizer") is not None:
+        raw["tokenizer"] = resolve(raw["tokenizer"])
+    else:  # the actor's checkpoint folder
+        actor = (models or {}).get("actor") if isinstance(models, dict) else None
+        if isinstance(actor, dict) and isinstance(actor.get("path"), str):
+            raw["tokenizer"] = resolve(actor["path"])
+        elif isinstance(actor, ModelSpec) and actor.path:
+            raw["tokenizer"] = actor.path
+        else:
+            raise ConfigError("data needs a tokenizer: give the actor a checkpoint folder ({path: DIR}) or "
+                              "data.tokenizer", "data.tokenizer")
+    try:
+        spec = validate_model(DataSpec, raw)
+    except ConfigError as e:
+        raise e.within("data") from None
+    if spec.rows:  # read before (a scenario written out by realbench)
+        return spec
+    ds = Dataset(spec, algorithm if isinstance(algorithm, str) else "", spec.tokenizer)
+    prompt, completion, truncated = ds.widths()
+    return spec.model_copy(update=dict(rows=len(ds.train), prompt_len=prompt, completion_len=completion,
+                                       truncated=truncated, vocab=len(ds.tokenizer)))
 
 
 def scenario_from_document(data: dict, source: str = "") -> Scenario:

@@ -55,10 +55,12 @@ class Algorithm:
     def loss(self, y: Tensor, t: dict[str, Tensor], value_model: bool) -> tuple[Tensor, dict[str, Tensor]]:
         """Policy loss summed over the micro-batch's response tokens, plus the KL penalty to the
         reference when the targets carry reference log-probabilities."""
-        logp = losses.token_logprobs(y, t["seqs"], t["old_logp"].shape[1])
+        gen = t["old_logp"].shape[1]
+        logp = losses.token_logprobs(y, t["seqs"], gen)
         mask = t.get("mask")
         per_token = losses.policy_loss(logp, t["old_logp"], t["adv"], self.clip)
-        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, t["old_logp"], t["adv"], self.clip), mask)}
+        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, t["old_logp"], t["adv"], self.clip), mask),
+                "entropy": _sum(losses.entropy(y.detach(), gen), mask)}
         if "ref_logp" in t:
             k3 = losses.k3_kl(logp, t["ref_logp"])
             per_token = per_token + self.kl_coef * k3
@@ -92,8 +94,8 @@ class PPO(Algorithm):
     value_clip: float = 0.2
 
     def targets(self, data, value_model, group_size):
-        mask = data.get("mask")
         lp, values = data["logprobs"], data["values"]
+        mask = losses.response_mask(data["seqs"], lp.shape[1])
         rewards = losses.kl_shaped_rewards(data["rewards"], lp, data["ref_logprobs"], self.kl_coef, mask)
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
         out = {"seqs": data["seqs"], "old_logp": lp, "adv": losses.whiten(adv, mask), "ret": ret,
@@ -130,8 +132,9 @@ class GRPO(Algorithm):
                "adv": _sequence_advantages(self.advantages(data, group_size), lp)}
         if "ref_logprobs" in data:
             out["ref_logp"] = data["ref_logprobs"]
-        if "mask" in data:
-            out["mask"] = data["mask"]
+        mask = losses.response_mask(data["seqs"], lp.shape[1])
+        if mask is not None:
+            out["mask"] = mask
         return out
 
 
@@ -153,14 +156,19 @@ class ReMax(GRPO):
 
 @dataclass(frozen=True)
 class DPO(Algorithm):
-    """Pairs are consecutive rows (chosen, rejected); the response is the second half of each
-    sequence (or the mask's tokens)."""
+    """Pairs are consecutive rows (chosen, rejected); the response is what follows the first
+    `prompt_len` positions (half of the sequence when not given: the toy task), its padding
+    excluded."""
 
     name: str = "dpo"
     beta: float = 0.1
+    prompt_len: Optional[int] = None
 
     def reference_logprobs(self, logits, seqs, gen_len):
-        return losses.token_logprobs(logits, seqs, seqs.shape[1] // 2).sum(-1)
+        gen = seqs.shape[1] - (seqs.shape[1] // 2 if self.prompt_len is None else self.prompt_len)
+        lp = losses.token_logprobs(logits, seqs, gen)
+        mask = losses.response_mask(seqs, gen)
+        return (lp if mask is None else lp * mask).sum(-1)
 
     def targets(self, data, value_model, group_size):
         return {"seqs": data["pairs"], "ref": data["ref_logprobs"]}
@@ -182,16 +190,24 @@ class DPO(Algorithm):
 
 @dataclass(frozen=True)
 class SFT(Algorithm):
+    """Next-token cross-entropy on the tokens after the first `prompt_len` positions (0: every
+    token of a text; a prompt/completion pair trains on the completion only, as TRL does), padding
+    excluded."""
+
     name: str = "sft"
+    prompt_len: int = 0
 
     def targets(self, data, value_model, group_size):
-        return {"seqs": data["sequences"]}
+        seqs = data["sequences"]
+        target = seqs[:, 1:]
+        mask = (target >= 0) & (torch.arange(1, seqs.shape[1], device=seqs.device) >= self.prompt_len)
+        return {"seqs": seqs, "mask": mask.float()}
 
     def normalizer(self, t, rows):
-        return float(len(rows) * (t["seqs"].shape[1] - 1))
+        return float(t["mask"][rows].sum())
 
     def loss(self, y, t, value_model):
-        return losses.sft_loss(y, t["seqs"]).sum(), {}
+        return (losses.sft_loss(y, t["seqs"]) * t["mask"]).sum(), {}
 
     def metrics(self, t, value_model):
         return {}
@@ -201,11 +217,16 @@ ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "rloo": RLOO
                                           "sft": SFT}
 
 
-def make_algorithm(name: str) -> Algorithm:
-    """The algorithm of a scenario. A custom dataflow can be planned and estimated, but the
-    runtime would not know what its keys mean: it is refused by name."""
+def make_algorithm(name: str, scenario=None) -> Algorithm:
+    """The algorithm of a scenario (DPO and SFT learn where their responses start from the
+    scenario's data). A custom dataflow can be planned and estimated, but the runtime would not
+    know what its keys mean: it is refused by name."""
+    data = getattr(scenario, "data", None)
     try:
-        return ALGORITHMS[name]()
+        cls = ALGORITHMS[name]
     except KeyError:
         raise ConfigError(f"the runtime trains {', '.join(ALGORITHMS)}; a {name!r} dataflow can be planned "
                           "and estimated but not run", "algorithm") from None
+    if data is not None and cls in (DPO, SFT):
+        return cls(prompt_len=data.prompt_len)
+    return cls()

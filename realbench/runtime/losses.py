@@ -32,9 +32,23 @@ import torch.nn.functional as F
 
 
 def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor, gen_len: int) -> torch.Tensor:
-    """Log-probabilities (fp32) of the last `gen_len` tokens of `seqs` under `logits` (batch, seq, vocab)."""
+    """Log-probabilities (fp32) of the last `gen_len` tokens of `seqs` under `logits` (batch, seq,
+    vocab); padding (-1) gets a value that a mask must drop."""
     logp = torch.log_softmax(logits[:, -gen_len - 1:-1].float(), dim=-1)
-    return logp.gather(-1, seqs[:, -gen_len:, None]).squeeze(-1)
+    return logp.gather(-1, seqs[:, -gen_len:, None].clamp(min=0)).squeeze(-1)
+
+
+def response_mask(seqs: torch.Tensor, gen_len: int) -> Optional[torch.Tensor]:
+    """1 for the tokens of the last `gen_len` positions that are not padding (-1); None when none
+    is padding (the toy task), so that the unmasked formulas apply exactly."""
+    mask = seqs[:, -gen_len:] >= 0
+    return None if bool(mask.all()) else mask.float()
+
+
+def entropy(logits: torch.Tensor, gen_len: int) -> torch.Tensor:
+    """Entropy (nats) of the distribution of each of the last `gen_len` tokens, (batch, gen_len)."""
+    logp = torch.log_softmax(logits[:, -gen_len - 1:-1].float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -138,5 +152,5 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta: float =
 
 
 def sft_loss(logits: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy per position, (batch, seq - 1)."""
-    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), seqs[:, 1:], reduction="none")
+    """Next-token cross-entropy per position, (batch, seq - 1) (padding targets: a mask drops them)."""
+    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), seqs[:, 1:].clamp(min=0), reduction="none")

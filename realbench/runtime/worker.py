@@ -36,6 +36,8 @@ from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
+from realbench.runtime.data import Dataset
+from realbench.runtime.rewards import call_reward_function, load_function
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
@@ -124,7 +126,11 @@ class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
                  lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu"):
         self.rank, self.scenario, self.seed = rank, scenario, seed
-        self.algorithm = make_algorithm(scenario.algorithm)
+        self.algorithm = make_algorithm(scenario.algorithm, scenario)
+        # the data files, tokenized (every rank reads the same rows for a step); None: the toy task
+        self.dataset = Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed) \
+            if scenario.data is not None else None
+        self.eos = self.dataset.tokenizer.eos_token_id if self.dataset is not None else None
         self.device = torch.device(device)  # where this rank's models and messages live
         self.current = "start-up"
         df = scenario.dataflow
@@ -169,9 +175,11 @@ class Worker:
         # step so that a reallocation writes into tensors that already exist
         self.placed: dict[int, PlacedModel] = {}
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        self.functions = {i: load_function(scenario.models[c.model].file, scenario.models[c.model].attribute)
+                          for i, c in enumerate(self.calls) if c.kind == CallKind.FUNCTION}
         for m in sorted(set(self.master_of)):
             lay = self.layouts[m]
-            if lay.coord(rank) is None:
+            if lay.coord(rank) is None or m in self.functions:
                 continue
             c = self.calls[m]
             spec = scenario.models[c.model]
@@ -271,13 +279,38 @@ class Worker:
         c = self.calls[i]
         data = dict(self.data.get(i, {}))
         for k in c.inputs:
-            if k not in data:  # a dataset key
+            if k in data:
+                continue
+            if self.dataset is None:  # the toy task's random tokens
                 data[k] = make_dataset(c, k, self.scenario.models[c.model].vocab, self.seed, step).to(self.device)
+                continue
+            spec = self.scenario.data
+            count, group = self._rows_per_step(c, k)
+            idx = self.dataset.indices(step, count)
+            width = c.prompt_len if k == "prompts" else spec.prompt_len
+            data[k] = self.dataset.batch(k, idx, width, spec.completion_len, group).to(self.device)
         return data
+
+    def _rows_per_step(self, c: CallDef, key: str) -> tuple[int, int]:
+        """How many dataset rows a step reads, and how many times each is repeated: a generate
+        call's prompts (`group_size` samples each), DPO's pairs (two sequences a row), SFT's
+        sequences."""
+        if key == "prompts":
+            return c.seqs // c.group_size, c.group_size
+        return (c.seqs // 2, 1) if key == "pairs" else (c.seqs, 1)
+
+    def _step_columns(self, step: int) -> tuple[list, dict[str, list]]:
+        """The prompts (as the data gives them) and the other columns of the step's rows, one
+        entry per response, for reward functions."""
+        gen = next(c for c in self.calls if c.kind == CallKind.GENERATE)
+        count, group = self._rows_per_step(gen, "prompts")
+        columns = self.dataset.columns(self.dataset.indices(step, count), group)
+        prompts = columns.pop(self.scenario.data.column("prompt"))
+        return prompts, columns
 
     def _call(self, i: int, step: int, rec: StepRecord) -> None:
         c = self.calls[i]
-        model = self._model(i)
+        model = self._model(i) if i not in self.functions else None
         data = self._inputs(i, step)
         lay = self.layouts[i]
         coord = lay.coord(self.rank)
@@ -286,10 +319,15 @@ class Worker:
             prompts = data["prompts"].chunk(dp)[coord.dp]
             g = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
             greedy = "greedy" in c.name
-            seqs, lps = generate(model, prompts, c.gen_len, g, greedy=greedy, micro_batches=m)
+            seqs, lps = generate(model, prompts, c.gen_len, g, greedy=greedy, micro_batches=m, eos=self.eos)
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
+                response = seqs[:, -c.gen_len:] >= 0
+                rec.metrics[f"{c.name}/response_len"] = float(response.sum(1).float().mean())
+                rec.metrics[f"{c.name}/tokens"] = float(response.sum())  # summed over ranks into tokens/s
+        elif c.kind == CallKind.FUNCTION:
+            self._reward_function(i, data, coord, step, rec)
         elif c.kind == CallKind.INFERENCE:
             batch = data[next(k for k in c.inputs)].chunk(dp)[coord.dp]
             outs = model.forward(list(batch.chunk(m)))
@@ -297,7 +335,7 @@ class Worker:
                 y = torch.cat(outs)
                 self.outputs[i] = {k: self._inference_output(c, k, y, batch) for k in c.outputs}
                 if "rewards" in c.outputs:
-                    rec.reward = float(self.outputs[i]["rewards"].mean())
+                    self._record_rewards(c, self.outputs[i]["rewards"], rec)
         else:
             loss = self._train(i, model, data, coord, rec)
             if loss is not None:
@@ -305,10 +343,34 @@ class Worker:
                 if i == self.policy_train:
                     rec.loss = loss  # the step's headline loss is the policy's
 
+    def _record_rewards(self, c: CallDef, rewards: torch.Tensor, rec: StepRecord) -> None:
+        rec.reward = float(rewards.mean())
+        rec.metrics[f"{c.name}/reward_std"] = float(rewards.std()) if len(rewards) > 1 else 0.0
+
+    def _reward_function(self, i: int, data: dict, coord: Coord, step: int, rec: StepRecord) -> None:
+        """Decode this rank's share of the responses and score them with the reward function;
+        its share of the prompts and columns go with them."""
+        c, dp = self.calls[i], self.layouts[i].dims.dp
+        seqs = data[c.inputs[0]].chunk(dp)[coord.dp]
+        gen = self._gen_len(c)
+        prompts, columns = self._step_columns(step)
+        rows = range(len(prompts))
+        mine = list(torch.tensor(list(rows)).chunk(dp)[coord.dp].tolist())
+        tok = self.dataset.tokenizer
+        completions = [tok.decode([t for t in row if t >= 0], skip_special_tokens=True)
+                       for row in seqs[:, -gen:].tolist()]
+        values = call_reward_function(self.functions[i], self.scenario.models[c.model], [prompts[r] for r in mine],
+                                      completions, {k: [v[r] for r in mine] for k, v in columns.items()}, step)
+        rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
+        self.outputs[i] = {c.outputs[0]: rewards}
+        if c.outputs[0] == "rewards":
+            self._record_rewards(c, rewards, rec)
+
     def _inference_output(self, c: CallDef, key: str, y: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         gen = self._gen_len(c)
-        if key.endswith("rewards"):
-            return y[:, -1].float()
+        if key.endswith("rewards"):  # the score at each sequence's last token (before any padding)
+            last = (batch >= 0).long().cumsum(1).argmax(1)
+            return y[torch.arange(len(y), device=y.device), last].float()
         if key == "values":
             return y[:, -gen - 1:-1].float()
         return self.algorithm.reference_logprobs(y, batch, gen)

@@ -93,7 +93,7 @@ class SearchSpace:
         est, c = self.est, self.est.cluster
         out = []
         for i, cands in enumerate(self.pruned):
-            model = est.scenario.models[est.calls[i].model]
+            layers = getattr(est.scenario.models[est.calls[i].model], "n_layers", 1)  # a function has none
             rows = []
             for k in cands:
                 o = est.options[i][k]
@@ -102,7 +102,7 @@ class SearchSpace:
                     math.log2(o.mesh.size) / max(1.0, math.log2(c.n_devices)),
                     o.mesh.start(c.gpus_per_node) / max(1, c.n_devices - o.mesh.size) if o.mesh.size < c.n_devices else 0.0,
                     math.log2(s.tp) / max(1.0, math.log2(c.gpus_per_node)),
-                    math.log2(s.pp) / max(1.0, math.log2(model.n_layers)),
+                    math.log2(s.pp) / max(1.0, math.log2(layers)),
                     math.log2(s.micro_batches) / 4.0,
                 ))
             out.append(np.array(rows))

@@ -1,0 +1,67 @@
+"""The `data:` section of a scenario: which files an RLHF job trains on and how their columns
+map to what each algorithm needs. Reading and tokenizing them is `realbench.runtime.data`'s.
+
+    data:
+      train: prompts.jsonl             # JSON Lines or Parquet (or a list of files), relative to the scenario
+      eval: held-out.jsonl             # optional; else `eval_size` rows are held out of train
+      eval_size: 16
+      fields: {prompt: question}       # realbench field -> column; the defaults are the field names
+      max_new_tokens: 64               # generated tokens per response (the dataflow's gen_len)
+      prompt_percentile: 100           # prompt_len = this percentile of the tokenized prompt lengths
+      tokenizer: ckpt/                 # default: the actor's checkpoint folder
+      chat: false                      # true: plain-text prompts become user messages (chat template)
+
+Fields per algorithm (TRL's names): PPO, GRPO, RLOO and ReMax read `prompt`; DPO `prompt`,
+`chosen`, `rejected`; SFT `text`, or `prompt` and `completion` (trained on the completion only).
+A prompt that is a list of {role, content} messages goes through the tokenizer's chat template.
+Every other column reaches reward functions as keyword arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+FIELDS = {"ppo": ("prompt",), "grpo": ("prompt",), "rloo": ("prompt",), "remax": ("prompt",),
+          "dpo": ("prompt", "chosen", "rejected"), "sft": ("text",)}
+SFT_PAIR = ("prompt", "completion")
+ALL_FIELDS = ("prompt", "chosen", "rejected", "text", "completion")
+
+
+class DataSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    train: tuple[str, ...] = Field(min_length=1)  # absolute paths once the scenario is read
+    eval: tuple[str, ...] = ()
+    eval_size: int = Field(default=0, ge=0)
+    fields: dict[str, str] = Field(default_factory=dict)
+    max_new_tokens: int = Field(default=0, ge=0)
+    prompt_percentile: float = Field(default=100.0, gt=0, le=100)
+    tokenizer: Optional[str] = None
+    chat: bool = False
+    shuffle: bool = True
+    # what reading the files found (filled in when the scenario is read; reported by `validate`)
+    rows: int = 0
+    prompt_len: int = 0  # padded width of prompts (DPO/SFT: of the prompt part)
+    completion_len: int = 0  # DPO/SFT: of the completion part (with its end-of-sequence token)
+    truncated: int = 0  # rows cut to fit those widths
+    vocab: int = 0  # the tokenizer's size: no model may have fewer embedding rows
+
+    @field_validator("train", "eval", mode="before")
+    @classmethod
+    def _files(cls, v: Union[str, list, tuple, None]):
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(ALL_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r} (fields: {', '.join(ALL_FIELDS)})")
+        return v
+
+    def column(self, field: str) -> str:
+        return self.fields.get(field, field)
