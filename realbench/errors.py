@@ -18,7 +18,9 @@ class ConfigError(ValueError):
         return ConfigError(self.message, field, self.source)
 
     def in_file(self, source: str) -> "ConfigError":
-        return ConfigError(self.message, self.field, source)
+        """The same error in file `source`, unless it already names the file where the problem
+        lies (a checkpoint folder or data file that a scenario refers to)."""
+        return ConfigError(self.message, self.field, self.source or source)
 
 
 def _one_line(text: str) -> str:

@@ -38,6 +38,14 @@ def run(args) -> int:
                   "calls": len(s.dataflow.calls), "plan_space": s.plan_space_size}
         text = (f"{args.file}: valid scenario {s.name} ({len(s.dataflow.calls)} calls, "
                 f"plan space {s.plan_space_size:.3g})")
+        if s.data is not None:
+            d = s.data
+            result["data"] = {"rows": d.rows, "prompt_len": d.prompt_len, "completion_len": d.completion_len,
+                              "truncated": d.truncated, "tokenizer_size": d.vocab}
+            widths = f"prompts padded to {d.prompt_len} tokens" + (
+                f", completions to {d.completion_len}" if d.completion_len else "")
+            text += (f"\n  data: {d.rows} training rows, {widths} ({d.prompt_percentile:g}th percentile; "
+                     f"{d.truncated} row(s) cut to fit)")
     if args.json:
         emit_json(result)
     else:

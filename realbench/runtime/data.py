@@ -67,6 +67,8 @@ def load_tokenizer(folder: str):
     """The tokenizer of a checkpoint folder (local files only: nothing is downloaded)."""
     import transformers
 
+    if not Path(folder).is_dir():
+        raise ConfigError("no such folder", source=folder)
     if not Path(folder, "tokenizer_config.json").is_file() and not Path(folder, "tokenizer.json").is_file():
         raise ConfigError("no tokenizer (tokenizer.json / tokenizer_config.json)", source=folder)
     level = transformers.logging.get_verbosity()

@@ -106,9 +106,19 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         for r in records:  # a call's metric from each rank that reports it (its dp ranks' shares)
             for k, v in r[s].get("metrics", {}).items():
                 named.setdefault(k, []).append(v)
+        tokens = {k: sum(v) for k, v in named.items() if k.endswith("/tokens")}  # counts add up over ranks
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
                         "loss": sum(losses_) / len(losses_) if losses_ else None,
-                        **{k: sum(v) / len(v) for k, v in sorted(named.items())}})
+                        **{k: tokens.get(k, sum(v) / len(v)) for k, v in sorted(named.items())}})
+    for name in estimated:  # generated tokens per second: all ranks' tokens over the call's slowest rank
+        per_step = []
+        for s in warm:
+            tokens = sum(r[s].get("metrics", {}).get(f"{name}/tokens", 0.0) for r in records)
+            seconds = max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0)
+            if tokens and seconds:
+                per_step.append(tokens / seconds)
+        if per_step:
+            calls[name]["tokens_per_s"] = statistics.median(per_step)
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
     step_s = [max(r[s]["step_s"] for r in records) for s in warm]
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,

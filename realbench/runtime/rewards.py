@@ -24,7 +24,9 @@ def load_function(file: str, name: str) -> Callable:
     path = Path(file)
     if not path.is_file():
         raise ConfigError("no such file", "function", str(path))
-    module_name = f"realbench_reward_{abs(hash(str(path.resolve())))}"
+    # a module per version of the file: an edited file is imported again, not served stale
+    stat = path.stat()
+    module_name = f"realbench_reward_{abs(hash((str(path.resolve()), stat.st_mtime_ns, stat.st_size)))}"
     module = sys.modules.get(module_name)
     if module is None:
         spec = importlib.util.spec_from_file_location(module_name, path)

@@ -325,7 +325,8 @@ class Worker:
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
                 response = seqs[:, -c.gen_len:] >= 0
                 rec.metrics[f"{c.name}/response_len"] = float(response.sum(1).float().mean())
-                rec.metrics[f"{c.name}/tokens"] = float(response.sum())  # summed over ranks into tokens/s
+                if coord.tp == 0:  # once per data-parallel replica: summed over ranks into tokens/s
+                    rec.metrics[f"{c.name}/tokens"] = float(response.sum())
         elif c.kind == CallKind.FUNCTION:
             self._reward_function(i, data, coord, step, rec)
         elif c.kind == CallKind.INFERENCE:

@@ -1,0 +1,182 @@
+"""Training what a user brings: checkpoint folders saved by transformers (LLaMA, Qwen2), a
+tokenizer trained with `tokenizers`, data files, a reward function or a reward-model folder. The
+tests make all of it themselves."""
+
+import json
+
+import pytest
+import yaml
+
+from realbench.cost import Estimator
+from realbench.cost.baselines import symmetric_plan
+from realbench.plan import load_scenario, plan_from_options
+from realbench.runtime.worker import Worker
+from tiny_checkpoints import (arithmetic_prompts, grpo_job, save_model, write_jsonl, write_scenario)
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """One tiny LLaMA checkpoint with its tokenizer, shared by the tests of this file."""
+    return save_model(tmp_path_factory.mktemp("llama") / "ckpt")
+
+
+def job(tmp_path, ckpt, **kwargs):
+    (tmp_path / "ckpt").symlink_to(ckpt)
+    return grpo_job(tmp_path, **kwargs)
+
+
+def symmetric_plan_file(scenario_path, folder):
+    est = Estimator(load_scenario(str(scenario_path)))
+    path = folder / "plan.yaml"
+    plan_from_options(est.scenario, est.options_of(symmetric_plan(est))).save(path)
+    return path
+
+
+def one_device(scenario):
+    est = Estimator(scenario)
+    return {n: next(o for o in est.options[i] if o.mesh.size == 1 and o.mesh.gpu == 0
+                    and o.strategy.micro_batches == 1) for i, n in enumerate(est.call_names)}
+
+
+def test_grpo_with_a_reward_function_raises_the_reward(cli, tmp_path, ckpt):
+    """40 steps of GRPO on 2 processes: the checkpoint folder, a JSONL of arithmetic prompts with
+    answers, and a rule-based reward function (TRL's convention, the answer column as keyword)."""
+    scenario = job(tmp_path, ckpt)
+    code, out, err = cli("validate", scenario)
+    assert code == 0 and "40 training rows, prompts padded to 6 tokens" in out, err
+    plan = symmetric_plan_file(scenario, tmp_path)
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 40, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    rewards = [m["reward"] for m in r["metrics"]]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last > first + 0.15, (first, last)
+    assert r["calls"]["reward_inf"]["measured_s"] > 0 and r["calls"]["actor_gen"]["tokens_per_s"] > 0
+    lengths = [m["actor_gen/response_len"] for m in r["metrics"]]
+    assert all(0 < x <= 6 for x in lengths) and min(lengths) < 6  # rows stop at the end-of-sequence token
+    assert all(m["actor_train/kl"] == pytest.approx(m["actor_train/kl"]) for m in r["metrics"])  # finite
+
+
+def test_a_failing_reward_function_stops_the_run_with_one_line_and_keeps_checkpoints(cli, tmp_path, ckpt):
+    scenario = job(tmp_path, ckpt, reward="rewards.py:short")
+    plan = symmetric_plan_file(scenario, tmp_path)
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 2)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "reward function rewards.py:short at step 0 returned 1 values for 8 completions" in err
+    # raising: at step 2, after two checkpoints; they stay whole and resumable
+    (tmp_path / "rewards.py").write_text((tmp_path / "rewards.py").read_text() + '''
+CALLS = []
+
+
+def late(prompts, completions, **columns):
+    CALLS.append(1)
+    if len(CALLS) > 2:
+        raise ZeroDivisionError("division by zero")
+    return [0.5] * len(completions)
+''')
+    doc = yaml.safe_load(scenario.read_text())
+    doc["models"]["reward"]["function"] = "rewards.py:late"
+    scenario.write_text(yaml.safe_dump(doc))
+    ck = tmp_path / "ck"
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 4,
+                         "--save-every", 1, "--checkpoint-dir", ck)
+    assert code == 1 and err.count("\n") == 1
+    assert "reward function rewards.py:late at step 2 raised ZeroDivisionError: division by zero" in err
+    assert sorted(p.name for p in ck.iterdir()) == ["step1", "step2"]
+    assert all((ck / s / "checkpoint.json").is_file() for s in ("step1", "step2"))
+
+
+def test_bad_inputs_are_one_line_and_exit_2(cli, tmp_path, ckpt):
+    scenario = job(tmp_path, ckpt)
+    base = yaml.safe_load(scenario.read_text())
+
+    def check(change, needle):
+        doc = json.loads(json.dumps(base))
+        change(doc)
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        code, _, err = cli("validate", path)
+        assert code == 2 and err.count("\n") == 1 and needle in err, err
+
+    check(lambda d: d["models"]["actor"].update(path="nope"), "nope: no such folder")
+    check(lambda d: d["data"].update(train="missing.jsonl"), "missing.jsonl: no such file")
+    check(lambda d: d["data"]["fields"].update(prompt="query"), "no column 'query' for the prompt")
+    check(lambda d: d["models"]["reward"].update(function="rewards.py:nothing"), "defines no function 'nothing'")
+    check(lambda d: d["models"]["reward"].update(function="gone.py:digits"), "gone.py: models.reward.function: no such file")
+    check(lambda d: d["dataflow"].update(prompt_len=8), "dataflow.prompt_len: comes from the data")
+    check(lambda d: d["data"].pop("max_new_tokens"), "data.max_new_tokens: must be given")
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    check(lambda d: d["models"]["ref"].update(path="gpt2"), "architecture 'GPT2LMHeadModel' is not supported")
+    save_model(tmp_path / "small-vocab", vocab=32, tokenizer=False)
+    size = len(transformers.AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True))
+    assert size > 32
+    check(lambda d: d["models"].update(ref={"path": "small-vocab"}),
+          f"models.ref: the tokenizer has {size} tokens, the model's vocabulary 32")
+    (tmp_path / "bad.jsonl").write_text('{"question": "what is 1 + 1 ?"}\n[1, 2]\n')
+    check(lambda d: d["data"].update(train="bad.jsonl"), "bad.jsonl: line 2 is not a JSON object")
+    assert (tmp_path / "train.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in arithmetic_prompts())
+
+
+def pairs(n=24):
+    """Preference pairs: the right sum chosen over a wrong one."""
+    return [{"prompt": r["question"], "chosen": r["answer"], "rejected": str(int(r["answer"]) + 3)}
+            for r in arithmetic_prompts(n, seed=1)]
+
+
+def test_dpo_on_a_jsonl_of_pairs(tmp_path, ckpt):
+    write_jsonl(tmp_path / "pairs.jsonl", pairs())
+    path = write_scenario(tmp_path, "dpo-pairs", "dpo", {"actor": {"path": str(ckpt)}, "ref": {"path": str(ckpt)}},
+                          {"train": "pairs.jsonl"}, {"pairs": 8})
+    s = load_scenario(str(path))
+    assert s.data.prompt_len == 6 and s.dataflow.calls[0].seq_len == 6 + s.data.completion_len
+    w = Worker(0, s, one_device(s))
+    records = [w.step(k) for k in range(12)]
+    losses = [r.loss for r in records]
+    margins = [r.metrics["actor_train/margin"] for r in records]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
+    assert margins[-1] > margins[0] + 0.15, margins
+
+
+@pytest.mark.parametrize("fmt", ["text", "prompt-completion"])
+def test_sft_on_text_and_on_prompt_completion_pairs(tmp_path, ckpt, fmt):
+    rows = arithmetic_prompts(24, seed=2)
+    if fmt == "text":
+        write_jsonl(tmp_path / "sft.jsonl", [{"text": f"{r['question']} {r['answer']}"} for r in rows])
+    else:
+        write_jsonl(tmp_path / "sft.jsonl", [{"prompt": r["question"], "completion": r["answer"]} for r in rows])
+    path = write_scenario(tmp_path, "sft", "sft", {"actor": {"path": str(ckpt)}}, {"train": "sft.jsonl"},
+                          {"seqs": 8})
+    s = load_scenario(str(path))
+    assert s.data.prompt_len == (0 if fmt == "text" else 6)
+    w = Worker(0, s, one_device(s))
+    losses = [w.step(k).loss for k in range(10)]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+
+def test_ppo_with_a_reward_model_folder_and_a_critic_from_the_checkpoint(tmp_path, ckpt):
+    rm = save_model(tmp_path / "rm", cls="LlamaForSequenceClassification", num_labels=1, seed=5)
+    write_jsonl(tmp_path / "train.jsonl", arithmetic_prompts())
+    path = write_scenario(tmp_path, "ppo-rm", "ppo",
+                          {"actor": {"path": str(ckpt)}, "ref": {"path": str(ckpt)},
+                           "critic": {"path": str(ckpt), "value_head": True}, "reward": {"path": "rm"}},
+                          {"train": "train.jsonl", "fields": {"prompt": "question"}, "max_new_tokens": 5},
+                          {"prompts": 4, "minibatches": 2})
+    s = load_scenario(str(path))
+    assert s.models["reward"].value_head and s.models["critic"].value_head and not s.models["actor"].value_head
+    w = Worker(0, s, one_device(s))
+    records = [w.step(k) for k in range(3)]
+    for r in records:
+        assert r.reward is not None and r.loss is not None and r.metrics["critic_train/value_error"] >= 0
+    assert len({r.reward for r in records}) == 3  # the reward model scores what was generated
+
+
+def test_a_qwen2_checkpoint_trains_with_grpo(tmp_path):
+    save_model(tmp_path / "ckpt", family="Qwen2", tie_word_embeddings=True)
+    s = load_scenario(str(grpo_job(tmp_path)))
+    assert s.models["actor"].qkv_bias and s.models["actor"].tie_embeddings
+    w = Worker(0, s, one_device(s))
+    records = [w.step(k) for k in range(3)]
+    assert all(r.reward is not None and r.loss == r.loss for r in records)
