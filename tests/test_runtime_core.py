@@ -204,14 +204,14 @@ def _realloc_worker(rank, world, pairs):
 
     groups = Groups()
     out = []
-    for spec, a, b in pairs:
+    for spec, a, b, dtype in pairs:
         full = init_full_weights(spec, seed=2)
 
         def shards_of(lay, flat):
             c = lay.coord(rank)
             if c is None:
                 return {}
-            st = LlamaStage(spec, lay.dims.tp, c.tp, lay.dims.pp, c.pp)
+            st = LlamaStage(spec, lay.dims.tp, c.tp, lay.dims.pp, c.pp, dtype=dtype)
             st.load_full(full)
             # a stage's own tensors are views of its flat buffer (messages in place); clones are not
             return dict(st.state_dict()) if flat else {k: v.clone() for k, v in st.state_dict().items()}
@@ -219,7 +219,7 @@ def _realloc_worker(rank, world, pairs):
         start = shards_of(a, flat=True)
         recorder = Recorder().install()  # what is actually posted, message by message
         try:
-            moved = reallocate(spec, a, b, start, rank)  # into fresh flat tensors
+            moved = reallocate(spec, a, b, start, rank, dtype=dtype)  # into fresh flat tensors
         finally:
             recorder.uninstall()
         sent = {}
@@ -236,14 +236,15 @@ def _realloc_worker(rank, world, pairs):
         if a.coord(rank) is not None:
             for alias, target in tied_aliases(spec, a.dims.pp).items():  # one tensor, two names
                 separate[alias] = separate[target]
-        for into in (separate, empty_shards(spec, a, rank)):
+        for into in (separate, empty_shards(spec, a, rank, dtype)):
             for v in into.values():
                 v.fill_(float("nan"))
-            back = reallocate(spec, b, a, moved, rank, out=into)
+            back = reallocate(spec, b, a, moved, rank, out=into, dtype=dtype)
             ok_round = ok_round and back.keys() == start.keys() and all(torch.equal(back[k], start[k]) for k in start)
             ok_round = ok_round and all(back[k] is into[k] for k in into)
         # between flat buffers, a message that lies in order on both sides is copied by nobody
-        staged = BoundReallocation(rank_plan(spec, a, b, rank), start, empty_shards(spec, b, rank)).staged_values
+        staged = BoundReallocation(rank_plan(spec, a, b, rank), start, empty_shards(spec, b, rank, dtype),
+                                   dtype).staged_values
         out.append((ok_b and ok_round, staged, sent))
     del groups
     return out
@@ -267,18 +268,20 @@ MAX_SENT_PER_NEEDED = 8 / 7
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_realloc_round_trip_is_bit_identical_and_sends_only_what_is_needed(world):
-    """A -> B -> A is bit-identical on random layout pairs (tied and untied heads), and the
+    """A -> B -> A is bit-identical on random layout pairs (tied and untied heads, fp32 and bf16), and the
     messages actually posted carry, between every pair of ranks, the values the destination
     needs from that sender (plus at most the gap allowance), and nothing between other pairs."""
     from realbench.runtime.realloc import _numel
 
     rng = random.Random(world)
-    pairs = [(spec, random_layout(rng, world), random_layout(rng, world)) for _ in range(20) for spec in (SPEC, TIED)]
+    pairs = [(spec, random_layout(rng, world), random_layout(rng, world), torch.float32)
+             for _ in range(20) for spec in (SPEC, TIED)]
+    pairs += [(SPEC, random_layout(rng, world), random_layout(rng, world), torch.bfloat16) for _ in range(6)]
     results = spawn(_realloc_worker, world, pairs)
     for rank in range(world):
         assert all(r[0] for r in results[rank]), [p for p, r in zip(pairs, results[rank]) if not r[0]]
     compared = 0
-    for i, (spec, a, b) in enumerate(pairs):
+    for i, (spec, a, b, _) in enumerate(pairs):
         if a.dims == b.dims and set(a.ranks).isdisjoint(b.ranks):  # same layout, another mesh
             assert all(results[r][i][1] == 0 for r in range(world)), (a, b)
         # values each destination needs from each sender: its shard of layout B, less what it

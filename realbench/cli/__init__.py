@@ -59,6 +59,9 @@ def add_device_args(p, cuda_help: str) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help=f"cuda: {cuda_help} over NCCL; cpu: gloo; auto (default): cuda when every "
                         "process on this machine can have a GPU")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="what the models compute in (trained models keep fp32 master weights and Adam "
+                        "state; losses and log-probabilities are fp32); auto: bf16 on CUDA, fp32 on the CPU")
 
 
 def profile_for(args, scenario):

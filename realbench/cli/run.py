@@ -32,7 +32,8 @@ def run(args) -> int:
     _, _, options = load_plan(args.plan, scenario)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
-                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario), device=args.device)
+                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario), device=args.device,
+                          dtype=args.dtype)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1
@@ -44,7 +45,8 @@ def run(args) -> int:
 
 
 def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
-    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes ({result['device']}); "
+    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes ({result['device']}, "
+          f"{result.get('dtype', 'fp32')}); "
           f"reallocated {result['realloc_bytes']} bytes per step")
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():

@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from realbench.plan.plan import plan_from_options
-    from realbench.runtime.device import resolve_device
+    from realbench.runtime.device import resolve_device, resolve_dtype
     from realbench.runtime.launch import check_run, summarize_run, worker_process
 
     missing = [k for k in LAUNCHER_ENV if k not in os.environ]
@@ -47,6 +47,7 @@ def run(args) -> int:
                           "(or use `realbench run`)", ", ".join(missing))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device_type = resolve_device(args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    dtype = resolve_dtype(args.dtype, device_type)
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
@@ -55,7 +56,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
-                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type)
+                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype)
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
@@ -63,7 +64,7 @@ def run(args) -> int:
     if rank != 0:
         return 0
     result = {**summarize_run(scenario, options, json.loads((out / "records.json").read_text()), resume_step),
-              "device": device_type}
+              "device": device_type, "dtype": dtype}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:
         emit_json(result)

@@ -39,6 +39,23 @@ def resolve_device(requested: str, local_processes: int) -> str:
     return requested
 
 
+DTYPES = ("auto", "bf16", "fp32")
+
+
+def resolve_dtype(requested: str, device_type: str) -> str:
+    """"bf16" or "fp32": auto takes bf16 on CUDA (what its tensor cores run fast) and fp32 on the
+    CPU (where bf16 matmuls are slower than fp32 ones)."""
+    if requested not in DTYPES:
+        raise ConfigError(f"unknown dtype {requested!r} ({', '.join(DTYPES)})", "--dtype")
+    if requested == "auto":
+        return "bf16" if device_type == "cuda" else "fp32"
+    return requested
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
 def backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 

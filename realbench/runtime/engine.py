@@ -23,7 +23,7 @@ from realbench.runtime.model import LlamaStage
 
 class PlacedModel:
     def __init__(self, spec: ModelSpec, layout: Layout, rank: int, groups: Groups,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         c = layout.coord(rank)
         if c is None:
             raise ValueError(f"rank {rank} is not in the layout")
@@ -33,7 +33,7 @@ class PlacedModel:
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
         self.device = torch.device(device)
-        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype)
         self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
@@ -119,7 +119,7 @@ class PlacedModel:
         grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([g.reshape(-1).float() for g in grads])  # summed in fp32 whatever the dtype
         dist.all_reduce(flat, group=self.dp_group)
         flat /= len(self.dp_ranks)
         offset = 0

@@ -36,14 +36,14 @@ class RunError(RuntimeError):
 
 def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
                    save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0,
-                   device_type: str = "cpu") -> None:
+                   device_type: str = "cpu", dtype: str = "fp32") -> None:
     import torch
     import torch.distributed as dist
 
     from realbench.plan.plan import plan_from_document, resolve_plan
     from realbench.plan.scenario import scenario_from_document
     from realbench.runtime.checkpoint import write_manifest
-    from realbench.runtime.device import init_process_group
+    from realbench.runtime.device import init_process_group, torch_dtype
     from realbench.runtime.worker import Worker
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -54,7 +54,7 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         device = init_process_group(device_type, COLLECTIVE_TIMEOUT_S)
         scenario = scenario_from_document(scenario_doc)
         options = resolve_plan(plan_from_document(plan_doc), scenario)
-        worker = Worker(rank, scenario, options, seed, device=device)
+        worker = Worker(rank, scenario, options, seed, device=device, dtype=torch_dtype(dtype))
         if resume_step:
             worker.load(os.path.join(checkpoint_dir, f"step{resume_step}"))
         records = []
@@ -257,7 +257,7 @@ def _wait(proc, stop) -> None:
 
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
              checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
-             device: str = "auto", stop=None) -> dict:
+             device: str = "auto", stop=None, dtype: str = "auto") -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
     the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
@@ -266,17 +266,18 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
     import subprocess
 
     from realbench.plan.plan import plan_from_options
-    from realbench.runtime.device import resolve_device
+    from realbench.runtime.device import resolve_device, resolve_dtype
     from realbench.runtime.local import free_port
 
     device_type = resolve_device(device, nproc)
+    dtype = resolve_dtype(dtype, device_type)
     resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume)
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
         scenario_file, plan_file = Path(out_dir, "scenario.json"), Path(out_dir, "plan.json")
         scenario_file.write_text(json.dumps(scenario.to_document()))
         plan_file.write_text(json.dumps(plan_from_options(scenario, options).to_document()))
         args = ["--scenario", str(scenario_file), "--plan", str(plan_file), "--steps", str(steps), "--seed", str(seed),
-                "--out", out_dir, "--device", device_type]
+                "--out", out_dir, "--device", device_type, "--dtype", dtype]
         if save_every:
             args += ["--save-every", str(save_every)]
         if save_every or resume:
@@ -310,4 +311,4 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             raise RunError(f"the launcher exited with status {proc.returncode}"
                            + (f": {lines[-1].strip()}" if lines else ""))
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return {**summarize_run(scenario, options, records, resume_step, profile), "device": device_type}
+    return {**summarize_run(scenario, options, records, resume_step, profile), "device": device_type, "dtype": dtype}

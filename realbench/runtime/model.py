@@ -171,10 +171,11 @@ class LlamaStage(nn.Module):
     logits (batch, seq, vocab) or values (batch, seq). The parameters are views of one flat
     buffer on `device` (`self.flat`, laid out by `flat_offsets`), which reallocation reads and
     writes in place; moving the module with `.to()` would give each parameter its own storage
-    again, so the device is given here."""
+    again, so the device is given here, and the dtype the stage computes in (bf16 or fp32; norms,
+    softmax and log-probabilities are computed in fp32 whatever it is)."""
 
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
-                 tp_group=None, device: torch.device | str = "cpu"):
+                 tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         super().__init__()
         if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
             raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
@@ -193,11 +194,11 @@ class LlamaStage(nn.Module):
             self.head = nn.Linear(spec.hidden, out, bias=False)
             if self.aliases:
                 self.head.weight = self.embed.weight
-        self.flat = self._flatten(torch.device(device))
+        self.flat = self._flatten(torch.device(device), dtype)
 
     @torch.no_grad()
-    def _flatten(self, device: torch.device) -> torch.Tensor:
-        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage)[1], device=device)
+    def _flatten(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage)[1], device=device, dtype=dtype)
         views = flat_views(flat, self.spec, self.tp, self.pp, self.stage)
         params = dict(self.named_parameters())  # an alias is listed once, under its target's name
         stored = {k: v for k, v in views.items() if k not in self.aliases}

@@ -37,6 +37,7 @@ from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
 from realbench.runtime.data import Dataset
+from realbench.runtime.optim import MixedPrecisionAdam
 from realbench.runtime.rewards import call_reward_function, load_function
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
@@ -124,8 +125,10 @@ class StepRecord:
 
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
-                 lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu"):
+                 lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
         self.rank, self.scenario, self.seed = rank, scenario, seed
+        self.dtype = dtype  # what the models compute in; trained models keep fp32 master weights
         self.algorithm = make_algorithm(scenario.algorithm, scenario)
         # the data files, tokenized (every rank reads the same rows for a step); None: the toy task
         self.dataset = Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed) \
@@ -159,7 +162,7 @@ class Worker:
                 spec = scenario.models[c.model]
                 transfers = plan_transfers(spec, self.layouts[m], self.layouts[i])
                 self.realloc_plans[i] = rank_plan(spec, self.layouts[m], self.layouts[i], rank, transfers)
-                self.realloc_bytes[i] = bytes_received(transfers, spec).get(rank, 0)
+                self.realloc_bytes[i] = bytes_received(transfers, spec, dtype.itemsize).get(rank, 0)
                 self.events.append(Event("realloc", i, frozenset(self.layouts[m].ranks) | frozenset(self.layouts[i].ranks)))
             by_producer: dict[int, list[str]] = {}
             for k in c.inputs:
@@ -174,7 +177,7 @@ class Worker:
         # copies of models on other calls' layouts, filled by reallocation and kept from step to
         # step so that a reallocation writes into tensors that already exist
         self.placed: dict[int, PlacedModel] = {}
-        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        self.optimizers: dict[int, MixedPrecisionAdam] = {}
         self.functions = {i: load_function(scenario.models[c.model].file, scenario.models[c.model].attribute)
                           for i, c in enumerate(self.calls) if c.kind == CallKind.FUNCTION}
         for m in sorted(set(self.master_of)):
@@ -183,7 +186,7 @@ class Worker:
                 continue
             c = self.calls[m]
             spec = scenario.models[c.model]
-            model = PlacedModel(spec, lay, rank, self.groups, self.device)
+            model = PlacedModel(spec, lay, rank, self.groups, self.device, self.dtype)
             if spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
                                                  seed=self.seed))
@@ -192,7 +195,7 @@ class Worker:
             self.masters[m] = model
             if c.kind == CallKind.TRAIN:  # a learning rate for every model, or per model role
                 rate = lr.get(c.model, DEFAULT_LR) if isinstance(lr, dict) else lr
-                self.optimizers[m] = torch.optim.Adam(model.stage.parameters(), lr=rate)
+                self.optimizers[m] = MixedPrecisionAdam(model, rate)
 
     def initial_weights(self, role: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
         if role == "reward":
@@ -237,10 +240,10 @@ class Worker:
         spec = self.scenario.models[c.model]
         if i not in self.reallocations:
             if self.layouts[i].coord(self.rank) is not None:
-                self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device)
-            self.reallocations[i] = BoundReallocation(
+                self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device, self.dtype)
+            self.reallocations[i] = BoundReallocation(  # the compute weights move, in their dtype
                 self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
-                self.placed[i].shards() if i in self.placed else {}, device=self.device)
+                self.placed[i].shards() if i in self.placed else {}, dtype=self.dtype, device=self.device)
         self.reallocations[i]()
         rec.realloc_bytes += self.realloc_bytes[i]
 
@@ -407,7 +410,7 @@ class Worker:
                     sums[k] = sums.get(k, 0.0) + float(v.detach()) * scale / c.optimizer_steps
                 return loss * scale
 
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn)
             opt.step()
             if loss is not None:
@@ -420,22 +423,22 @@ class Worker:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self, folder: str, step: int) -> None:
-        """This rank's master shards and Adam state after `step` steps, as safetensors."""
+        """This rank's master shards after `step` steps, as safetensors: a trained model's fp32
+        master weights and Adam moments (`model/<role>/<name>`, `adam/<role>/<name>/exp_avg`,
+        `.../exp_avg_sq`), a frozen model's weights as it holds them."""
         from realbench.runtime.checkpoint import save_weights
 
-        tensors, meta = {}, {"step": step}
+        tensors, meta = {}, {"step": step, "dtype": str(self.dtype).removeprefix("torch.")}
         for m, model in self.masters.items():
             role = self.calls[m].model
-            for k, v in model.shards(aliases=False).items():  # safetensors refuses shared storage
-                tensors[f"model/{role}/{k}"] = v
             if m in self.optimizers:
-                opt = self.optimizers[m]
-                for k, p in model.stage.named_parameters():
-                    st = opt.state.get(p)
-                    if st:
-                        tensors[f"adam/{role}/{k}/exp_avg"] = st["exp_avg"]
-                        tensors[f"adam/{role}/{k}/exp_avg_sq"] = st["exp_avg_sq"]
-                        meta[f"adam_step/{role}"] = int(st["step"])
+                state, adam_step = self.optimizers[m].tensors()
+                for k, v in state.items():
+                    tensors[f"adam/{role}/{k}" if "/" in k else f"model/{role}/{k}"] = v
+                meta[f"adam_step/{role}"] = adam_step
+            else:
+                for k, v in model.shards(aliases=False).items():  # safetensors refuses shared storage
+                    tensors[f"model/{role}/{k}"] = v
         save_weights(os.path.join(folder, f"rank{self.rank}.safetensors"), tensors, meta)
 
     def load(self, folder: str) -> None:
@@ -444,17 +447,15 @@ class Worker:
         path = os.path.join(folder, f"rank{self.rank}.safetensors")
         with safe_open(path, "pt") as f:
             meta = f.metadata()
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k).to(self.device) for k in f.keys()}
         for m, model in self.masters.items():
             role = self.calls[m].model
-            model.load_shards({k[len(f"model/{role}/"):]: v for k, v in tensors.items()
-                               if k.startswith(f"model/{role}/")})
-            if m in self.optimizers and f"adam_step/{role}" in meta:
-                opt = self.optimizers[m]
-                for k, p in model.stage.named_parameters():
-                    opt.state[p] = {"step": torch.tensor(float(meta[f"adam_step/{role}"])),  # on the CPU, as Adam keeps it
-                                    "exp_avg": tensors[f"adam/{role}/{k}/exp_avg"].to(self.device),
-                                    "exp_avg_sq": tensors[f"adam/{role}/{k}/exp_avg_sq"].to(self.device)}
+            mine = {k[len(f"model/{role}/"):]: v for k, v in tensors.items() if k.startswith(f"model/{role}/")}
+            if m in self.optimizers:
+                mine.update({k[len(f"adam/{role}/"):]: v for k, v in tensors.items() if k.startswith(f"adam/{role}/")})
+                self.optimizers[m].load(mine, int(meta.get(f"adam_step/{role}", 0)))
+            else:
+                model.load_shards(mine)
 
 
 def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -473,6 +474,7 @@ def _exchange(sends: list[tuple[int, torch.Tensor]], receives: list[tuple[int, t
 
 
 def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0,
-              device: torch.device | str = "cpu", lr: float | dict[str, float] = DEFAULT_LR) -> list[StepRecord]:
-    worker = Worker(rank, scenario, options, seed, lr=lr, device=device)
+              device: torch.device | str = "cpu", lr: float | dict[str, float] = DEFAULT_LR,
+              dtype: torch.dtype = torch.float32) -> list[StepRecord]:
+    worker = Worker(rank, scenario, options, seed, lr=lr, device=device, dtype=dtype)
     return [worker.step(s) for s in range(steps)]

@@ -1,0 +1,77 @@
+"""The optimizer of a trained model on one rank, in mixed precision.
+
+The stage computes in its buffer's dtype (bf16 or fp32). The optimizer keeps fp32 master weights
+and Adam's two moments as flat tensors laid out like the stage's buffer (`shards.flat_offsets`),
+so they can be saved, loaded and moved by the names of the shards. In fp32 the master weights are
+the stage's own buffer; in bf16 they are an fp32 copy, and after each step the new weights are
+rounded into the stage. Per parameter that is 2 bytes of bf16 weights, 2 of bf16 gradients, and
+12 of fp32 master weights and moments: the 16 bytes the cost model assumes (the gradient is
+widened to fp32 only for the update itself).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from realbench.runtime.shards import flat_views
+
+
+class MixedPrecisionAdam:
+    def __init__(self, model, lr: float):
+        self.model = model
+        flat = model.stage.flat
+        # fp32: one storage with the stage (updated in place); bf16: a copy that the stage follows
+        self.master = torch.nn.Parameter(flat if flat.dtype == torch.float32 else flat.float())
+        self.adam = torch.optim.Adam([self.master], lr=lr)
+
+    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        st = self.model.stage
+        return flat_views(flat, st.spec, st.tp, st.pp, st.stage)
+
+    def zero_grad(self) -> None:
+        for p in self.model.stage.parameters():
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One Adam update of the master weights from the stage's gradients (averaged over data
+        parallelism already), then the stage's weights from the master's."""
+        grad = torch.zeros_like(self.master)
+        views = self._views(grad)
+        for name, p in self.model.stage.named_parameters():
+            if p.grad is not None:
+                views[name].copy_(p.grad)
+        self.master.grad = grad
+        self.adam.step()
+        self.master.grad = None
+        if self.model.stage.flat.dtype != torch.float32:
+            self.model.stage.flat.copy_(self.master)
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+    def tensors(self) -> tuple[dict[str, torch.Tensor], int]:
+        """{name, name/exp_avg, name/exp_avg_sq: fp32 tensors} of the stage's shards, and the step."""
+        out = {k: v.detach() for k, v in self._views(self.master).items() if k not in self.model.stage.aliases}
+        state = self.adam.state.get(self.master)
+        if not state:
+            return out, 0
+        for moment in ("exp_avg", "exp_avg_sq"):
+            for k, v in self._views(state[moment]).items():
+                if k not in self.model.stage.aliases:
+                    out[f"{k}/{moment}"] = v
+        return out, int(state["step"])
+
+    @torch.no_grad()
+    def load(self, tensors: dict[str, torch.Tensor], step: int) -> None:
+        for k, v in self._views(self.master).items():
+            if k not in self.model.stage.aliases:
+                v.copy_(tensors[k])
+        if self.model.stage.flat.dtype != torch.float32:
+            self.model.stage.flat.copy_(self.master)
+        if step:
+            moments = {m: torch.zeros_like(self.master) for m in ("exp_avg", "exp_avg_sq")}
+            for m, flat in moments.items():
+                for k, v in self._views(flat).items():
+                    if k not in self.model.stage.aliases:
+                        v.copy_(tensors[f"{k}/{m}"])
+            # the step count on the CPU, as Adam keeps it
+            self.adam.state[self.master] = {"step": torch.tensor(float(step)), **moments}
