@@ -5,7 +5,9 @@ tests make all of it themselves."""
 import json
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from realbench.cost import Estimator
 from realbench.cost.baselines import symmetric_plan
@@ -47,9 +49,27 @@ def test_grpo_with_a_reward_function_raises_the_reward(cli, tmp_path, ckpt):
     code, out, err = cli("validate", scenario)
     assert code == 0 and "40 training rows, prompts padded to 6 tokens" in out, err
     plan = symmetric_plan_file(scenario, tmp_path)
-    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 40, "--json")
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 40, "--json",
+                         "--save-hf", tmp_path / "hf", "--eval-every", 20, "--out", tmp_path / "run")
     assert code == 0, err
     r = json.loads(out)
+    # progress: a line per step on stderr, with a decoded sample; the same steps in metrics.jsonl
+    assert [line.split(":")[0] for line in err.splitlines() if line.startswith("step")] == \
+        [f"step {k}/40" for k in range(1, 41)]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(40)) and all(x["seconds"] > 0 for x in lines)
+    assert {"reward", "loss", "actor_train/kl", "actor_train/entropy", "actor_train/k3_kl", "actor_train/clipfrac",
+            "actor_gen/response_len", "actor_gen/tokens_per_s", "reward_inf/reward_std"} <= set(lines[5])
+    assert "eval/reward" in lines[19] and "eval/reward" in lines[39] and "eval/reward" not in lines[20]
+    assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 40
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 40
+    # the trained actor as a Hugging Face folder: transformers loads it, with its tokenizer, and
+    # computes what realbench computes with it; and it is not the checkpoint it started from
+    hf_logits_equal(tmp_path / "hf" / "actor", "AutoModelForCausalLM")
+    start = load_file(ckpt / "model.safetensors")
+    trained = load_file(tmp_path / "hf" / "actor" / "model.safetensors")
+    assert set(trained) == set(start) and not torch.equal(trained["model.layers.0.mlp.up_proj.weight"],
+                                                          start["model.layers.0.mlp.up_proj.weight"])
     rewards = [m["reward"] for m in r["metrics"]]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.15, (first, last)
@@ -57,6 +77,24 @@ def test_grpo_with_a_reward_function_raises_the_reward(cli, tmp_path, ckpt):
     lengths = [m["actor_gen/response_len"] for m in r["metrics"]]
     assert all(0 < x <= 6 for x in lengths) and min(lengths) < 6  # rows stop at the end-of-sequence token
     assert all(m["actor_train/kl"] == pytest.approx(m["actor_train/kl"]) for m in r["metrics"])  # finite
+
+
+def hf_logits_equal(folder, auto_class):
+    """transformers' logits for a folder realbench wrote equal realbench's own for it."""
+    from realbench.runtime.checkpoint import load_hf_checkpoint
+    from realbench.runtime.model import LlamaStage
+
+    hf = getattr(transformers, auto_class).from_pretrained(str(folder), local_files_only=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    ids = torch.tensor([tok("what is 2 + 3 ?")["input_ids"]])
+    spec, weights = load_hf_checkpoint(folder)
+    ours = LlamaStage(spec)
+    ours.load_full(weights)
+    with torch.no_grad():
+        got, want = ours(ids), hf(ids).logits
+    if spec.value_head:  # sequence classification scores the last token
+        got = got[:, -1:]
+    assert torch.allclose(got.reshape(want.shape), want, atol=1e-5), float((got.reshape(want.shape) - want).abs().max())
 
 
 def test_a_failing_reward_function_stops_the_run_with_one_line_and_keeps_checkpoints(cli, tmp_path, ckpt):
@@ -82,8 +120,13 @@ def late(prompts, completions, **columns):
     ck = tmp_path / "ck"
     code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--steps", 4,
                          "--save-every", 1, "--checkpoint-dir", ck)
-    assert code == 1 and err.count("\n") == 1
-    assert "reward function rewards.py:late at step 2 raised ZeroDivisionError: division by zero" in err
+    # stderr: the two finished steps' progress lines (and a sample each), then the one failure line
+    lines = err.splitlines()
+    assert code == 1 and [x.split(":")[0] for x in lines if x.startswith("step")] == ["step 1/4", "step 2/4"]
+    assert all(x.startswith(("step ", "  ")) for x in lines[:-1]) and len(lines) == 5, err
+    assert lines[-1].startswith("realbench: run failed: rank ") and lines[-1].endswith(
+        "failed in call reward_inf: RuntimeError: reward function rewards.py:late at step 2 raised "
+        "ZeroDivisionError: division by zero"), lines[-1]
     assert sorted(p.name for p in ck.iterdir()) == ["step1", "step2"]
     assert all((ck / s / "checkpoint.json").is_file() for s in ("step1", "step2"))
 
@@ -171,6 +214,13 @@ def test_ppo_with_a_reward_model_folder_and_a_critic_from_the_checkpoint(tmp_pat
     for r in records:
         assert r.reward is not None and r.loss is not None and r.metrics["critic_train/value_error"] >= 0
     assert len({r.reward for r in records}) == 3  # the reward model scores what was generated
+    # the actor and the critic (a sequence-classification model now) as Hugging Face folders
+    from realbench.runtime.launch import export_hf
+
+    export_hf(w, str(tmp_path / "hf"))
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["actor", "critic"]
+    hf_logits_equal(tmp_path / "hf" / "actor", "AutoModelForCausalLM")
+    hf_logits_equal(tmp_path / "hf" / "critic", "AutoModelForSequenceClassification")
 
 
 def test_a_qwen2_checkpoint_trains_with_grpo(tmp_path):
@@ -180,6 +230,11 @@ def test_a_qwen2_checkpoint_trains_with_grpo(tmp_path):
     w = Worker(0, s, one_device(s))
     records = [w.step(k) for k in range(3)]
     assert all(r.reward is not None and r.loss == r.loss for r in records)
+    from realbench.runtime.launch import export_hf
+
+    export_hf(w, str(tmp_path / "hf"))  # the tied head is the embedding, stored once
+    assert "lm_head.weight" not in load_file(tmp_path / "hf" / "actor" / "model.safetensors")
+    hf_logits_equal(tmp_path / "hf" / "actor", "AutoModelForCausalLM")
 
 
 def test_a_bf16_run_resumes_exactly_from_its_checkpoint(cli, tmp_path, ckpt):

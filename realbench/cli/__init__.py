@@ -64,6 +64,14 @@ def add_device_args(p, cuda_help: str) -> None:
                         "state; losses and log-probabilities are fp32); auto: bf16 on CUDA, fp32 on the CPU")
 
 
+def add_output_args(p) -> None:
+    p.add_argument("--save-hf", default="", metavar="DIR",
+                   help="write the trained models as Hugging Face folders DIR/actor (and DIR/critic) at the end "
+                        "(and into each --save-every checkpoint); DIR must be new or empty")
+    p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
+                   help="every N steps, evaluate on the held-out rows (data.eval or data.eval_size)")
+
+
 def profile_for(args, scenario):
     """The profile the arguments name, checked against the scenario's devices; None if none."""
     if not getattr(args, "profile", None):

@@ -1,10 +1,19 @@
-"""`realbench run`: execute a plan on local processes (launched through Accelerate)."""
+"""`realbench run`: execute a plan on local processes (launched through Accelerate).
+
+While it runs, one line per finished step goes to stderr (reward, loss, KL, response length,
+seconds) with a decoded sample; `--out DIR` also writes `metrics.jsonl` (a line per step: the
+metrics and the step's timings), `samples.jsonl` and, at the end, `summary.json`."""
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
+from pathlib import Path
 
-from realbench.cli import add_device_args, add_profile_args, emit_json, non_negative_int, profile_for
+from realbench.cli import (add_device_args, add_output_args, add_profile_args, emit_json, log, non_negative_int,
+                           profile_for)
+from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
 
@@ -19,10 +28,55 @@ def add_parser(sub) -> None:
                    help="write safetensors checkpoints every N steps into --checkpoint-dir")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--out", default="", metavar="DIR",
+                   help="write metrics.jsonl, samples.jsonl and summary.json into DIR (new or empty)")
+    add_output_args(p)
     add_device_args(p, "one GPU per process")
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
+
+
+class Progress:
+    """Prints the steps as they finish (stderr), and appends them to the --out files."""
+
+    def __init__(self, total: int, out: str):
+        self.total, self.out, self.shown = total, Path(out) if out else None, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, summary: dict) -> None:
+        with self.lock:
+            timings = {t["step"]: t for t in summary["timings"]}
+            samples = {x["step"]: x["samples"] for x in summary["samples"]}
+            for m in summary["metrics"][self.shown:]:
+                step = m["step"]
+                log(step_line(m, timings.get(step, {}), self.total))
+                for sample in samples.get(step, [])[:1]:
+                    log(f"  {json.dumps(sample['prompt'])} -> {json.dumps(sample['completion'])}")
+                if self.out:
+                    with open(self.out / "metrics.jsonl", "a") as f:
+                        f.write(json.dumps({**m, **{k: v for k, v in timings.get(step, {}).items()}}) + "\n")
+                    if step in samples:
+                        with open(self.out / "samples.jsonl", "a") as f:
+                            f.write(json.dumps({"step": step, "samples": samples[step]}) + "\n")
+            self.shown = len(summary["metrics"])
+
+
+def step_line(m: dict, timing: dict, total: int) -> str:
+    parts = [f"step {m['step'] + 1}/{total}:"]
+    if m.get("reward") is not None:
+        parts.append(f"reward {m['reward']:+.4f}")
+    if m.get("loss") is not None:
+        parts.append(f"loss {m['loss']:.4f}")
+    for key, label in (("kl", "kl"), ("response_len", "len"), ("margin", "margin")):
+        value = next((v for k, v in m.items() if k.endswith("/" + key)), None)
+        if value is not None:
+            parts.append(f"{label} {value:.3g}")
+    if any(k.startswith("eval/") for k in m):
+        parts.append("eval " + " ".join(f"{k[5:]} {v:.4g}" for k, v in m.items() if k.startswith("eval/")))
+    if "seconds" in timing:
+        parts.append(f"({timing['seconds']:.2f} s)")
+    return " ".join(parts)
 
 
 def run(args) -> int:
@@ -30,13 +84,22 @@ def run(args) -> int:
 
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError("exists and is not empty: name a new folder", "--out", args.out)
+        out.mkdir(parents=True, exist_ok=True)
+    progress = Progress(args.steps, args.out)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
                           args.checkpoint_dir, args.resume, profile=profile_for(args, scenario), device=args.device,
-                          dtype=args.dtype)
+                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1
+    progress(result)  # the steps the watcher had not shown yet
+    if args.out:
+        (Path(args.out) / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         emit_json(result)
         return 0
@@ -46,8 +109,7 @@ def run(args) -> int:
 
 def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
     print(f"{result['steps']} steps of {scenario_name} on {nproc} processes ({result['device']}, "
-          f"{result.get('dtype', 'fp32')}); "
-          f"reallocated {result['realloc_bytes']} bytes per step")
+          f"{result.get('dtype', 'fp32')}); reallocated {result['realloc_bytes']} bytes per step")
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():
         print(f"{name:14s} {c['measured_s']:11.4f} {c['estimated_s']:12.4f}")

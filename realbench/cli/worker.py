@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from realbench.cli import add_device_args, emit_json, non_negative_int
+from realbench.cli import add_device_args, add_output_args, emit_json, non_negative_int
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", action="store_true")
+    add_output_args(p)
     add_device_args(p, "the GPU LOCAL_RANK")
     p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
     p.set_defaults(handler=run)
@@ -39,7 +40,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from realbench.plan.plan import plan_from_options
     from realbench.runtime.device import resolve_device, resolve_dtype
-    from realbench.runtime.launch import check_run, summarize_run, worker_process
+    from realbench.runtime.launch import RunSummary, check_run, worker_process
 
     missing = [k for k in LAUNCHER_ENV if k not in os.environ]
     if missing:
@@ -51,19 +52,21 @@ def run(args) -> int:
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
-                            args.resume, flag="WORLD_SIZE")
+                            args.resume, flag="WORLD_SIZE", save_hf=args.save_hf if rank == 0 else "",
+                            eval_every=args.eval_every)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
-                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype)
+                       args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype,
+                       args.save_hf, args.eval_every)
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
         return 1
     if rank != 0:
         return 0
-    result = {**summarize_run(scenario, options, json.loads((out / "records.json").read_text()), resume_step),
+    result = {**RunSummary(scenario, options, resume_step)(json.loads((out / "records.json").read_text())),
               "device": device_type, "dtype": dtype}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:

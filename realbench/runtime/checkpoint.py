@@ -116,3 +116,56 @@ def read_manifest(folder: str | Path) -> dict:
     if not isinstance(doc, dict) or doc.get("schema") != CHECKPOINT_SCHEMA:
         raise ConfigError(f"not a {CHECKPOINT_SCHEMA} manifest", source=str(path))
     return doc
+
+
+def hf_config(spec: ModelSpec, dtype: str) -> dict:
+    """The config.json of a model: its source checkpoint's, with the head it has now (a critic
+    or reward model started from a language model becomes `<family>ForSequenceClassification`
+    with one label) and the dtype it is saved in; for a model without a source, a LLaMA (or,
+    with q/k/v biases, Qwen2) config of its shapes."""
+    from realbench.models.hf import read_config
+
+    if spec.path:
+        cfg = read_config(spec.path)
+        family = cfg["architectures"][0].split("For")[0]
+    else:
+        family = "Qwen2" if spec.qkv_bias else "Llama"
+        cfg = {"model_type": family.lower(), "hidden_act": "silu", "max_position_embeddings": 4096,
+               "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02}
+    cfg = {**cfg, "hidden_size": spec.hidden, "intermediate_size": spec.ffn, "num_hidden_layers": spec.n_layers,
+           "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads, "vocab_size": spec.vocab,
+           "rms_norm_eps": spec.norm_eps, "rope_theta": spec.rope_theta,
+           "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+           "tie_word_embeddings": spec.tie_embeddings, "torch_dtype": dtype, "dtype": dtype}
+    cfg.pop("rope_scaling", None)
+    if spec.value_head:
+        cfg.update(architectures=[f"{family}ForSequenceClassification"], num_labels=1, id2label={"0": "LABEL_0"},
+                   label2id={"LABEL_0": 0})
+    else:
+        cfg["architectures"] = [f"{family}ForCausalLM"]
+    return cfg
+
+
+def save_hf(folder: str | Path, spec: ModelSpec, full: dict[str, torch.Tensor], tokenizer_dir: str | None = None) -> Path:
+    """Write a model's full weights as a Hugging Face folder: config.json, model.safetensors (its
+    tensors under transformers' names; a tied head is the embedding, not stored twice) and the
+    tokenizer, which transformers loads as it loads the checkpoints it wrote itself."""
+    from realbench.models.hf import hf_of
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(next(iter(full.values())).dtype, "float32")
+    tensors = {hf_of(k, spec): v.detach().contiguous().cpu() for k, v in full.items()
+               if not (spec.tie_embeddings and k == "head.weight")}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_config(spec, dtype), indent=2) + "\n")
+    if tokenizer_dir:
+        from realbench.runtime.data import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+        if spec.value_head and tok.pad_token_id is not None:  # sequence classification finds the last token
+            cfg = json.loads((folder / "config.json").read_text())
+            cfg["pad_token_id"] = tok.pad_token_id
+            (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        tok.save_pretrained(str(folder))
+    return folder

@@ -36,7 +36,7 @@ class RunError(RuntimeError):
 
 def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
                    save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0,
-                   device_type: str = "cpu", dtype: str = "fp32") -> None:
+                   device_type: str = "cpu", dtype: str = "fp32", save_hf: str = "", eval_every: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -60,7 +60,11 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         records = []
         for s in range(resume_step, steps):
             worker.current = f"step {s}"
-            records.append(dataclasses.asdict(worker.step(s)))
+            rec = worker.step(s)
+            if eval_every and (s + 1) % eval_every == 0:
+                worker.current = f"evaluating after step {s}"
+                rec.metrics.update(worker.evaluate(s))
+            records.append(dataclasses.asdict(rec))
             with open(os.path.join(out_dir, f"steps.{rank}.jsonl"), "a") as f:  # for live monitors
                 f.write(json.dumps(records[-1]) + "\n")
             if save_every and (s + 1) % save_every == 0:
@@ -68,9 +72,14 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
                 folder = os.path.join(checkpoint_dir, f"step{s + 1}")
                 os.makedirs(folder, exist_ok=True)
                 worker.save(folder, s + 1)
+                if save_hf:  # the same checkpoint as Hugging Face folders too
+                    export_hf(worker, os.path.join(folder, "hf"))
                 dist.barrier()  # every rank's file is on disk: the checkpoint is complete
                 if rank == 0:
                     write_manifest(folder, s + 1, scenario.name, plan_doc["calls"], world)
+        if save_hf:
+            worker.current = "saving the trained models"
+            export_hf(worker, save_hf)
         if worker is not None:
             worker.current = "gathering results"
         everyone = [None] * world
@@ -87,18 +96,40 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         raise
 
 
+def export_hf(worker, folder: str) -> None:
+    """Every trained model (the actor, and the critic if there is one) as a Hugging Face folder
+    `<folder>/<role>`: its shards gathered on rank 0, which writes them. Every rank calls it."""
+    from realbench.dataflow import CallKind
+    from realbench.runtime.checkpoint import save_hf
+
+    scenario = worker.scenario
+    for i, c in enumerate(worker.calls):
+        if c.kind != CallKind.TRAIN:
+            continue
+        full = worker.gather_full(i)
+        if full is not None:
+            spec = scenario.models[c.model]
+            tokenizer = scenario.data.tokenizer if scenario.data is not None else None
+            save_hf(os.path.join(folder, c.model), spec, full, tokenizer)
+
+
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
     """Per call: measured seconds (slowest rank, median over the steps after the first: robust
-    to a step slowed by the machine) beside the estimate; reallocated bytes per step; reward,
-    loss and the calls' metrics ("<call>/<name>", averaged over the ranks that report them) per
-    step."""
+    to a step slowed by the machine) beside the estimate, and generated tokens per second;
+    reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
+    averaged over the ranks that report them; token counts summed), which a seeded run
+    reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
+    it does not; and a few decoded samples."""
     steps = len(records[0])
     warm = range(1, steps) if steps > 1 else range(steps)
+
+    def slowest(name: str, s: int) -> float:
+        return max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0)
+
     calls = {}
     for name, est in estimated.items():
-        per_step = [max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0) for s in warm]
-        calls[name] = {"measured_s": statistics.median(per_step), "estimated_s": est}
-    metrics = []
+        calls[name] = {"measured_s": statistics.median([slowest(name, s) for s in warm]), "estimated_s": est}
+    metrics, timings, samples = [], [], []
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]
         losses_ = [r[s]["loss"] for r in records if r[s]["loss"] is not None]
@@ -106,24 +137,27 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         for r in records:  # a call's metric from each rank that reports it (its dp ranks' shares)
             for k, v in r[s].get("metrics", {}).items():
                 named.setdefault(k, []).append(v)
-        tokens = {k: sum(v) for k, v in named.items() if k.endswith("/tokens")}  # counts add up over ranks
+        row = {k: sum(v) if k.endswith("/tokens") else sum(v) / len(v) for k, v in sorted(named.items())}
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
-                        "loss": sum(losses_) / len(losses_) if losses_ else None,
-                        **{k: tokens.get(k, sum(v) / len(v)) for k, v in sorted(named.items())}})
-    for name in estimated:  # generated tokens per second: all ranks' tokens over the call's slowest rank
-        per_step = []
-        for s in warm:
-            tokens = sum(r[s].get("metrics", {}).get(f"{name}/tokens", 0.0) for r in records)
-            seconds = max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0)
-            if tokens and seconds:
-                per_step.append(tokens / seconds)
-        if per_step:
-            calls[name]["tokens_per_s"] = statistics.median(per_step)
+                        "loss": sum(losses_) / len(losses_) if losses_ else None, **row})
+        timing = {"step": s, "seconds": max(r[s]["step_s"] for r in records)}
+        for k in [k for k in row if k.endswith("/tokens")]:  # counts add up over ranks
+            seconds = slowest(k[:-len("/tokens")], s)
+            if seconds:
+                timing[k + "_per_s"] = row[k] / seconds
+        timings.append(timing)
+        shown = next((r[s]["samples"] for r in records if r[s].get("samples")), [])
+        if shown:
+            samples.append({"step": s, "samples": shown})
+    for name in estimated:
+        rates = [timings[s][f"{name}/tokens_per_s"] for s in warm if f"{name}/tokens_per_s" in timings[s]]
+        if rates:
+            calls[name]["tokens_per_s"] = statistics.median(rates)
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
-    step_s = [max(r[s]["step_s"] for r in records) for s in warm]
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
-            "estimated_realloc_s": estimated_realloc, "measured_iter_s": statistics.median(step_s),
-            "metrics": metrics}
+            "estimated_realloc_s": estimated_realloc,
+            "measured_iter_s": statistics.median([timings[s]["seconds"] for s in warm]),
+            "metrics": metrics, "timings": timings, "samples": samples}
 
 
 def latest_checkpoint(checkpoint_dir: str) -> int:
@@ -144,7 +178,7 @@ def needed_processes(scenario, options: dict) -> int:
 
 
 def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, checkpoint_dir: str,
-              resume: bool, flag: str = "--nproc") -> int:
+              resume: bool, flag: str = "--nproc", save_hf: str = "", eval_every: int = 0) -> int:
     """Check the run's arguments against the plan; returns the step to resume from. A checkpoint
     resumes under the plan and process count it was written with (its manifest says which)."""
     from realbench.plan.plan import plan_from_options
@@ -176,20 +210,38 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
     if save_every and not resume and Path(checkpoint_dir).exists() and any(Path(checkpoint_dir).iterdir()):
         raise ConfigError("exists and is not empty; use --resume to continue, or another folder",
                           "--checkpoint-dir", checkpoint_dir)
+    if save_hf and Path(save_hf).exists() and (not Path(save_hf).is_dir() or any(Path(save_hf).iterdir())):
+        raise ConfigError("exists and is not empty: name a new folder", "--save-hf", save_hf)
+    if eval_every and (scenario.data is None or not (scenario.data.eval or scenario.data.eval_size)):
+        raise ConfigError("evaluates on held-out rows: give the scenario data.eval or data.eval_size", "--eval-every")
     return resume_step
 
 
-def summarize_run(scenario, options: dict, records: list[list[dict]], resume_step: int, profile=None) -> dict:
-    """The summary of a finished run: measured beside estimated times (from `profile` when
-    given), metrics per step."""
-    from realbench.cost import Estimator
+class RunSummary:
+    """The summary of a run's records so far (`summarize`, with the plan's estimates from
+    `profile` when given, computed once), its steps counted from `resume_step`."""
 
-    est = Estimator(scenario, profile=profile)
-    estimate = est.estimate(est.choice_of(options))
+    def __init__(self, scenario, options: dict, resume_step: int, profile=None):
+        self.args, self.resume_step, self._estimate = (scenario, options, profile), resume_step, None
+
+    def __call__(self, records: list[list[dict]]) -> dict:
+        if self._estimate is None:
+            from realbench.cost import Estimator
+
+            scenario, options, profile = self.args
+            est = Estimator(scenario, profile=profile)
+            self._estimate = est.estimate(est.choice_of(options)), dict(zip(est.call_names, est.cost_source))
+        return summarize_run(records, self.resume_step, *self._estimate)
+
+
+def summarize_run(records: list[list[dict]], resume_step: int, estimate, sources: dict) -> dict:
+    """The summary of a run: measured beside estimated times, metrics per step."""
     result = summarize(records, {n: c.time_s for n, c in estimate.calls.items()}, estimate.realloc_s)
     result["estimated_iter_s"] = estimate.time_per_iter_s
-    result["estimate_source"] = dict(zip(est.call_names, est.cost_source))
+    result["estimate_source"] = sources
     for m in result["metrics"]:
+        m["step"] += resume_step
+    for m in result["timings"] + result["samples"]:
         m["step"] += resume_step
     result["first_step"] = resume_step
     return result
@@ -257,7 +309,7 @@ def _wait(proc, stop) -> None:
 
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
              checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
-             device: str = "auto", stop=None, dtype: str = "auto") -> dict:
+             device: str = "auto", stop=None, dtype: str = "auto", save_hf: str = "", eval_every: int = 0) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
     the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
@@ -271,7 +323,9 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
 
     device_type = resolve_device(device, nproc)
     dtype = resolve_dtype(dtype, device_type)
-    resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume)
+    resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume, save_hf=save_hf,
+                            eval_every=eval_every)
+    summary = RunSummary(scenario, options, resume_step, profile)
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
         scenario_file, plan_file = Path(out_dir, "scenario.json"), Path(out_dir, "plan.json")
         scenario_file.write_text(json.dumps(scenario.to_document()))
@@ -284,13 +338,15 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             args += ["--checkpoint-dir", checkpoint_dir]
         if resume:
             args.append("--resume")
+        if save_hf:
+            args += ["--save-hf", str(Path(save_hf).resolve())]
+        if eval_every:
+            args += ["--eval-every", str(eval_every)]
         cmd, env = launch_command(nproc, free_port(), args)
         done = threading.Event()
         watcher = None
         if on_step is not None:
-            watcher = threading.Thread(target=_watch_steps, daemon=True, args=(
-                out_dir, nproc, done, on_step,
-                lambda recs: summarize_run(scenario, options, recs, resume_step, profile)))
+            watcher = threading.Thread(target=_watch_steps, daemon=True, args=(out_dir, nproc, done, on_step, summary))
             watcher.start()
         log_path = Path(out_dir, "launcher.log")
         try:
@@ -311,4 +367,4 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             raise RunError(f"the launcher exited with status {proc.returncode}"
                            + (f": {lines[-1].strip()}" if lines else ""))
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return {**summarize_run(scenario, options, records, resume_step, profile), "device": device_type, "dtype": dtype}
+    return {**summary(records), "device": device_type, "dtype": dtype}

@@ -44,7 +44,7 @@ from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_full_weights
 from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
-from realbench.runtime.shards import param_specs
+from realbench.runtime.shards import param_specs, tied_aliases
 
 FAULT_ENV = "REALBENCH_FAULT"
 DEFAULT_LR = 1e-3
@@ -121,6 +121,7 @@ class StepRecord:
     loss: Optional[float] = None
     # per call that reports them: "<call>/<name>" -> value (kl, value_error, margin, ...)
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)  # a few decoded prompts and completions
 
 
 class Worker:
@@ -129,6 +130,7 @@ class Worker:
                  dtype: torch.dtype = torch.float32):
         self.rank, self.scenario, self.seed = rank, scenario, seed
         self.dtype = dtype  # what the models compute in; trained models keep fp32 master weights
+        self.evaluating = False  # a pass over the held-out rows (no training) is under way
         self.algorithm = make_algorithm(scenario.algorithm, scenario)
         # the data files, tokenized (every rank reads the same rows for a step); None: the toy task
         self.dataset = Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed) \
@@ -206,12 +208,43 @@ class Worker:
     # -- one RLHF step ----------------------------------------------------------------------------------
     def step(self, step: int) -> StepRecord:
         rec = StepRecord()
+        start = time.perf_counter()
+        self._walk(step, rec, set(range(len(self.calls))))
+        rec.step_s = time.perf_counter() - start
+        return rec
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """A pass over the held-out rows with the current weights, training nothing: generation
+        algorithms generate greedily and score the responses (`eval/reward`, `eval/response_len`);
+        DPO and SFT compute their loss and metrics without a step (`eval/loss`, ...). Every rank
+        calls it at the same step."""
+        if self.dataset is None or not self.dataset.held_out:
+            return {}
+        gen = [i for i, c in enumerate(self.calls) if c.kind == CallKind.GENERATE]
+        if gen:  # the (first) generation and the call that scores it
+            scorer = next(i for i, c in enumerate(self.calls) if "rewards" in c.outputs)
+            calls = {gen[0], scorer}
+        else:
+            calls = set(range(len(self.calls)))
+        rec = StepRecord()
+        self.evaluating = True
+        try:
+            self._walk(step, rec, calls)
+        finally:
+            self.evaluating = False
+        out = {"eval/reward": rec.reward, "eval/loss": rec.loss}
+        for k, v in rec.metrics.items():
+            if k.endswith(("/response_len", "/margin", "/accuracy", "/reward_std")):
+                out["eval/" + k.split("/", 1)[1]] = v
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _walk(self, step: int, rec: StepRecord, calls: set[int]) -> None:
+        """The events of `calls` that this rank takes part in, in the plan's order."""
         fault = os.environ.get(FAULT_ENV, "")  # "rank:call": fail there, to test failure handling
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
-        start = time.perf_counter()
         for e in self.events:
-            if self.rank not in e.ranks:
+            if self.rank not in e.ranks or e.call not in calls or (e.kind == "transfer" and e.producer not in calls):
                 continue
             self.current = f"{e.kind} {self.calls[e.call].name}"
             if fault == f"{self.rank}:{self.calls[e.call].name}" and e.kind == "call":
@@ -228,8 +261,6 @@ class Worker:
                 self._call(e.call, step, rec)
                 synchronize(self.device)
                 rec.call_s[self.calls[e.call].name] = time.perf_counter() - t0
-        rec.step_s = time.perf_counter() - start
-        return rec
 
     def _model(self, i: int) -> PlacedModel:
         m = self.master_of[i]
@@ -289,10 +320,18 @@ class Worker:
                 continue
             spec = self.scenario.data
             count, group = self._rows_per_step(c, k)
-            idx = self.dataset.indices(step, count)
+            idx = self._row_indices(step, count)
             width = c.prompt_len if k == "prompts" else spec.prompt_len
-            data[k] = self.dataset.batch(k, idx, width, spec.completion_len, group).to(self.device)
+            data[k] = self.dataset.batch(k, idx, width, spec.completion_len, group,
+                                         held_out=self.evaluating).to(self.device)
         return data
+
+    def _row_indices(self, step: int, count: int) -> list[int]:
+        """The dataset rows of a step, or, in an evaluation, the held-out rows (repeated to fill
+        the call's batch, whose shape the plan fixes)."""
+        if self.evaluating:
+            return [k % len(self.dataset.held_out) for k in range(count)]
+        return self.dataset.indices(step, count)
 
     def _rows_per_step(self, c: CallDef, key: str) -> tuple[int, int]:
         """How many dataset rows a step reads, and how many times each is repeated: a generate
@@ -307,7 +346,7 @@ class Worker:
         entry per response, for reward functions."""
         gen = next(c for c in self.calls if c.kind == CallKind.GENERATE)
         count, group = self._rows_per_step(gen, "prompts")
-        columns = self.dataset.columns(self.dataset.indices(step, count), group)
+        columns = self.dataset.columns(self._row_indices(step, count), group, held_out=self.evaluating)
         prompts = columns.pop(self.scenario.data.column("prompt"))
         return prompts, columns
 
@@ -321,7 +360,7 @@ class Worker:
         if c.kind == CallKind.GENERATE:
             prompts = data["prompts"].chunk(dp)[coord.dp]
             g = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
-            greedy = "greedy" in c.name
+            greedy = "greedy" in c.name or self.evaluating
             seqs, lps = generate(model, prompts, c.gen_len, g, greedy=greedy, micro_batches=m, eos=self.eos)
             if model.is_last:
                 names = list(c.outputs)
@@ -330,6 +369,8 @@ class Worker:
                 rec.metrics[f"{c.name}/response_len"] = float(response.sum(1).float().mean())
                 if coord.tp == 0:  # once per data-parallel replica: summed over ranks into tokens/s
                     rec.metrics[f"{c.name}/tokens"] = float(response.sum())
+                    if coord.dp == 0 and not rec.samples:
+                        rec.samples = self._samples(seqs, c.gen_len)
         elif c.kind == CallKind.FUNCTION:
             self._reward_function(i, data, coord, step, rec)
         elif c.kind == CallKind.INFERENCE:
@@ -340,12 +381,28 @@ class Worker:
                 self.outputs[i] = {k: self._inference_output(c, k, y, batch) for k in c.outputs}
                 if "rewards" in c.outputs:
                     self._record_rewards(c, self.outputs[i]["rewards"], rec)
+        elif self.evaluating:  # a train call's loss on held-out rows, without a step
+            loss = self._evaluate_train(i, model, data, coord, rec)
+            if loss is not None:
+                rec.loss = loss
         else:
             loss = self._train(i, model, data, coord, rec)
             if loss is not None:
                 rec.metrics[f"{c.name}/loss"] = loss
                 if i == self.policy_train:
                     rec.loss = loss  # the step's headline loss is the policy's
+
+    def _samples(self, seqs: torch.Tensor, gen_len: int, count: int = 2) -> list[dict]:
+        """The first responses of the batch, decoded (token ids for the toy task)."""
+        out = []
+        for row in seqs[:count].tolist():
+            prompt, completion = [t for t in row[:-gen_len] if t >= 0], [t for t in row[-gen_len:] if t >= 0]
+            if self.dataset is not None:
+                tok = self.dataset.tokenizer
+                out.append({"prompt": tok.decode(prompt), "completion": tok.decode(completion)})
+            else:
+                out.append({"prompt": prompt, "completion": completion})
+        return out
 
     def _record_rewards(self, c: CallDef, rewards: torch.Tensor, rec: StepRecord) -> None:
         rec.reward = float(rewards.mean())
@@ -420,6 +477,45 @@ class Worker:
         for k, v in sums.items():  # this rank's share; the summary averages over the dp ranks
             rec.metrics[f"{c.name}/{k}"] = v
         return total
+
+    @torch.no_grad()
+    def _evaluate_train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord) -> Optional[float]:
+        """The train call's loss and forward metrics on the (held-out) batch, as one step would
+        see them, but nothing learnt."""
+        c, algo = self.calls[i], self.algorithm
+        dp, m = self.layouts[i].dims.dp, self.micro_batches[i]
+        value_model = self.scenario.models[c.model].value_head
+        targets = algo.targets(data, value_model, 1)
+        rows = torch.arange(len(targets["seqs"]), device=self.device)
+        scale = dp / algo.normalizer(targets, rows)
+        mbs = list(rows.chunk(dp)[coord.dp].chunk(m))
+        outs = model.forward([targets["seqs"][idx] for idx in mbs])
+        if outs is None:
+            return None
+        total, sums = 0.0, {}
+        for idx, y in zip(mbs, outs):
+            loss, parts = algo.loss(y, {k: v[idx] for k, v in targets.items()}, value_model)
+            total += float(loss) * scale
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * scale
+        for k, v in sums.items():
+            rec.metrics[f"{c.name}/{k}"] = v
+        return total
+
+    def gather_full(self, call: int) -> Optional[dict[str, torch.Tensor]]:
+        """The full weights of a call's model (as its master holds them now) on rank 0: every rank
+        of the master's layout sends its slices through the reallocation engine. Every rank calls
+        it; the others get None."""
+        from realbench.runtime.realloc import empty_shards
+
+        m = self.master_of[call]
+        spec, src = self.scenario.models[self.calls[m].model], self.layouts[m]
+        dst = Layout.on([0], 1, 1, 1)
+        plan = rank_plan(spec, src, dst, self.rank)
+        out = empty_shards(spec, dst, self.rank, self.dtype, self.device)
+        BoundReallocation(plan, self.masters[m].shards() if m in self.masters else {}, out, self.dtype,
+                          self.device)()
+        return {k: v for k, v in out.items() if k not in tied_aliases(spec, 1)} if self.rank == 0 else None
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self, folder: str, step: int) -> None:
