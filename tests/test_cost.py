@@ -187,3 +187,34 @@ def test_bench_estimator_quick(cli):
     code, out, _ = cli("bench", "estimator", "--quick", "--json")
     r = json.loads(out)
     assert code == 0 and r["plans_per_s"] > 0 and r["deterministic"]
+
+
+def test_activation_checkpointing_costs_a_forward_and_keeps_only_layer_inputs():
+    from realbench.dataflow import build_algorithm
+
+    call = build_algorithm("sft", seqs=64, seq_len=4096).call("actor_train")
+    plain = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 4)))
+    ckpt = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 4, checkpointing=True)))
+    assert ckpt.compute_s == pytest.approx(plain.compute_s * 4 / 3)  # forward + backward (3) + forward again
+    assert ckpt.tp_comm_s == pytest.approx(plain.tp_comm_s * 6 / 4)  # 2 all-reduces per layer more
+    tokens, h = 64 / 4 * 4096, M7.hidden
+    act = tokens * h * (10 + 24 / 8)  # one layer's activations, tp = 8 (Korthikanti et al.)
+    # in flight: min(m, pp) = 1 micro-batch; 32 layers keep their input (bf16) instead of all activations,
+    # plus the one layer being recomputed
+    assert plain.working_bytes - ckpt.working_bytes == pytest.approx(32 * act - 32 * tokens * h * 2 - act, rel=1e-9)
+    assert plain.master_bytes == ckpt.master_bytes and plain.weights_bytes == ckpt.weights_bytes
+
+
+def test_the_search_checkpoints_activations_where_nothing_else_fits():
+    """SFT of a 7B model on sequences of 16,384 tokens, 8 H100s: no option fits without
+    activation checkpointing; the search finds a plan with it."""
+    from realbench.plan.scenario import Scenario
+    from realbench.search import run_search
+
+    s = Scenario.model_validate(dict(name="sft-long", algorithm="sft", cluster=dict(nodes=1, gpus_per_node=8, device="h100"),
+                                     models={"actor": "llama-7b"}, dataflow=dict(algorithm="sft", seqs=64, seq_len=16384)))
+    est = Estimator(s)
+    assert not any(est.fits_alone(0, k) for k, o in enumerate(est.options[0]) if not o.strategy.checkpointing)
+    r = run_search(est, "mcmc", 5, seed=0, max_evaluations=2000)
+    assert r.best_choice is not None and est.options_of(r.best_choice)["actor_train"].strategy.checkpointing
+    assert not est.estimate(r.best_choice).oom

@@ -50,8 +50,8 @@ def brute_force_options(call, model, c):
             continue
         size = mesh.size
         for dp, tp, pp in itertools.product(range(1, size + 1), repeat=3):
-            for m in range(1, MAX_MICRO_BATCHES + 1):
-                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m))) is None:
+            for m, ckpt in itertools.product(range(1, MAX_MICRO_BATCHES + 1), (False, True)):
+                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt))) is None:
                     count += 1
     return count
 
@@ -65,6 +65,18 @@ def test_enumeration_matches_brute_force(nodes, gpus):
         opts = enumerate_options(call, model, c)
         assert len(opts) == len(set(opts)) == brute_force_options(call, model, c)
         assert all(option_problem(call, model, c, o) is None for o in opts)
+
+
+def test_activation_checkpointing_is_an_option_of_train_calls_only():
+    c = cluster(1, 4, "cpu")
+    model = get_model("llama-tiny")
+    df = build_algorithm("ppo", prompts=8, prompt_len=4, gen_len=4, minibatches=2)
+    train = enumerate_options(df.call("actor_train"), model, c)
+    assert sum(o.strategy.checkpointing for o in train) * 2 == len(train)  # each strategy with and without
+    assert not any(o.strategy.checkpointing for o in enumerate_options(df.call("actor_gen"), model, c))
+    mesh = Mesh(0, 1, 0, 4)
+    assert option_problem(df.call("ref_inf"), model, c, Option(mesh, Strategy(4, 1, 1, 1, True)))[0] == \
+        "activation_checkpointing"
 
 
 def test_strategy_rules():

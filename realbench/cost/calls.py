@@ -13,6 +13,8 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     ring all-reduce of the bf16 gradients over the slowest link of the dp group, then Adam.
+    Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
+    layer's input (t h bf16 values) plus one layer's activations.
   * function (a reward function): `seconds_per_sample` per response, split over dp processes.
   * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
@@ -167,16 +169,21 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
                         int(weights), int(weights), int(working))
 
-    # train: forward + backward (2x forward flops; weights read again in each)
-    fwd_bwd = 3 * fwd
+    # train: forward + backward (2x forward flops; weights read again in each); with activation
+    # checkpointing, the forward again during the backward (its all-reduces too), and only each
+    # layer's input kept (bf16, t*h) besides the one layer being recomputed
+    recompute = s.checkpointing
+    fwd_bwd = (4 if recompute else 3) * fwd
     compute = steps * slots * fwd_bwd
-    tp_comm = steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 4)
+    tp_comm = steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
     pp_comm = steps * slots * 2 * p2p_one
     grads = shard_params(model, tp, pp) * BF16
     dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option))
     optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
     in_flight = min(m, pp)
-    working = in_flight * layers * _activation_bytes(model, tp, tokens) + 2 * _logits_bytes(model, tp, tokens)
+    kept = tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, tokens)
+    working = (in_flight * layers * kept + (_activation_bytes(model, tp, tokens) if recompute else 0)
+               + 2 * _logits_bytes(model, tp, tokens))
     master = shard_params(model, tp, pp) * TRAINED_BYTES_PER_PARAM
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

@@ -118,8 +118,11 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
             post = 0.0 if value else op("logprobs.fwd", call.seqs / dp, S)
             return pipeline(forward) + post
 
+        recompute = s.checkpointing  # each block's forward again in the backward
+
         def forward_backward(j):
-            return ((op("embed.fwd_bwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd_bwd", b, S)
+            block = op("block.fwd_bwd", b, S) + (op("block.fwd", b, S) if recompute else 0.0)
+            return ((op("embed.fwd_bwd", b, S) if j == 0 else 0.0) + layers[j] * block
                     + (op(f"{head}.fwd_bwd", b, S) if j == pp - 1 else 0.0)
                     + (op("loss.fwd_bwd", b, S) if j == pp - 1 and not value else 0.0)
                     + (2 * p2p(act) if j < pp - 1 else 0.0))

@@ -125,13 +125,16 @@ class Strategy:
     tp: int
     pp: int
     micro_batches: int = 1
+    # train calls: keep only each layer's input and recompute the layer in the backward pass
+    # (one more forward, far fewer activations in memory)
+    checkpointing: bool = False
 
     @property
     def size(self) -> int:
         return self.dp * self.tp * self.pp
 
     def label(self) -> str:
-        return f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}"
+        return f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
 
 
 @dataclass(frozen=True, slots=True)

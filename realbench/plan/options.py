@@ -6,7 +6,8 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
     both the attention heads and the KV heads;
   * 1 <= pp <= number of layers;
   * the batch splits evenly into dp x micro_batches (per optimizer step for train calls);
-  * micro_batches is a power of two up to MAX_MICRO_BATCHES.
+  * micro_batches is a power of two up to MAX_MICRO_BATCHES;
+  * train calls may checkpoint activations (recompute each layer in the backward pass), others not.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 from functools import lru_cache
 from typing import Optional
 
-from realbench.dataflow import CallDef
+from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, all_meshes, is_pow2, mesh_problem
@@ -44,6 +45,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                       f"{model.n_kv_heads} KV heads of {model.name}")
     if s.pp > model.n_layers:
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
+    if s.checkpointing and call.kind != CallKind.TRAIN:
+        return "activation_checkpointing", "activation checkpointing is for train calls (it saves backward memory)"
     if not is_pow2(s.micro_batches) or s.micro_batches > MAX_MICRO_BATCHES:
         return "micro_batches", f"micro_batches {s.micro_batches} is not a power of two up to {MAX_MICRO_BATCHES}"
     batch = call.seqs // call.optimizer_steps
@@ -79,9 +82,10 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
             dp = size // tp // pp
             m = 1
             while m <= MAX_MICRO_BATCHES:
-                s = Strategy(dp, tp, pp, m)
-                if strategy_problem(call, model, cluster, probe, s) is None:
-                    out.append(s)
+                for checkpointing in ((False, True) if call.kind == CallKind.TRAIN else (False,)):
+                    s = Strategy(dp, tp, pp, m, checkpointing)
+                    if strategy_problem(call, model, cluster, probe, s) is None:
+                        out.append(s)
                 m *= 2
     return tuple(out)
 

@@ -31,6 +31,7 @@ class Placement(BaseModel):
     tp: int = Field(ge=1)
     pp: int = Field(ge=1)
     micro_batches: int = Field(default=1, ge=1)
+    activation_checkpointing: Optional[bool] = None  # train calls; absent: off
 
 
 class Origin(BaseModel):
@@ -65,7 +66,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                       scenario_ref: Optional[str] = None) -> Plan:
     G = scenario.cluster.gpus_per_node
     calls = {name: Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
-                             micro_batches=o.strategy.micro_batches)
+                             micro_batches=o.strategy.micro_batches,
+                             activation_checkpointing=True if o.strategy.checkpointing else None)
              for name, o in options.items()}
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, origin=origin)
 
@@ -87,7 +89,7 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
             mesh = parse_mesh(p.mesh, scenario.cluster)
         except ConfigError as e:
             raise ConfigError(e.message, f"calls.{name}.mesh") from None
-        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches))
+        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches, bool(p.activation_checkpointing)))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")

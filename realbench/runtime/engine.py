@@ -54,7 +54,7 @@ class PlacedModel:
             v.copy_(shards[k])
 
     # -- compute ----------------------------------------------------------------------------------------
-    def _stage_forward(self, tokens: torch.Tensor, grad: bool):
+    def _stage_forward(self, tokens: torch.Tensor, grad: bool, checkpointing: bool = False):
         """One micro-batch through this stage: (input that may need a gradient, output)."""
         valid = tokens >= 0
         valid = None if bool(valid.all()) else valid
@@ -65,7 +65,7 @@ class PlacedModel:
             dist.recv(x, self.prev)
             x.requires_grad_(grad)
         with torch.set_grad_enabled(grad):
-            y = self.stage(x, valid=valid)
+            y = self.stage(x, valid=valid, checkpointing=checkpointing)
         if self.next is not None:
             dist.send(y.detach().contiguous(), self.next)
         return x, y
@@ -77,11 +77,13 @@ class PlacedModel:
         return outs if self.is_last else None
 
     def forward_backward(self, micro_batches: list[torch.Tensor],
-                         loss_fn: Callable[[int, torch.Tensor], torch.Tensor]) -> Optional[float]:
+                         loss_fn: Callable[[int, torch.Tensor], torch.Tensor],
+                         checkpointing: bool = False) -> Optional[float]:
         """GPipe forward and backward. loss_fn(index, output) gives each micro-batch's loss on the
         last stage (already scaled: the gradients are summed over micro-batches and averaged
-        over dp). Returns the summed loss on the last stage."""
-        saved = [self._stage_forward(mb, grad=True) for mb in micro_batches]
+        over dp). Returns the summed loss on the last stage. `checkpointing`: activation
+        checkpointing of every block (see LlamaStage.forward)."""
+        saved = [self._stage_forward(mb, grad=True, checkpointing=checkpointing) for mb in micro_batches]
         total = 0.0
         for i in reversed(range(len(saved))):
             x, y = saved[i]

@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -212,10 +213,12 @@ class LlamaStage(nn.Module):
         """KV caches for generation: each layer's keys and values, and which keys are padding."""
         return {"valid": None, "layers": {name: {} for name in self.layers}}
 
-    def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None):
+    def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None,
+                checkpointing: bool = False):
         """x: token ids (first stage; -1 marks padding) or hidden states. `valid` (batch, seq):
         which positions are tokens rather than padding (None: all). Positions default to the
-        count of valid tokens before each one."""
+        count of valid tokens before each one. `checkpointing`: keep only each block's input for
+        the backward pass, which runs the block again (activation checkpointing)."""
         B, S = x.shape[:2]
         if self.first:
             x = self.embed_tokens(x.clamp(min=0))  # padding ids are never attended to
@@ -231,7 +234,10 @@ class LlamaStage(nn.Module):
         elif valid is not None:
             mask = attention_mask(valid, S, S, x.device)
         for name, block in self.layers.items():
-            x = block(x, positions, None if caches is None else caches["layers"][name], mask)
+            if checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, mask, use_reentrant=False)
+            else:
+                x = block(x, positions, None if caches is None else caches["layers"][name], mask)
         return self.output(x) if self.last else x
 
     def embed_tokens(self, tokens):

@@ -143,6 +143,7 @@ class Worker:
         self.calls = [df.call(n) for n in df.order]
         self.layouts = [layout_of(options[c.name], G) for c in self.calls]
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]
+        self.checkpointing = [options[c.name].strategy.checkpointing for c in self.calls]
         index = {c.name: i for i, c in enumerate(self.calls)}
         trains = {c.model: i for i, c in enumerate(self.calls) if c.kind == CallKind.TRAIN}
         # the call whose loss is the step's `loss`: the actor's train call (every built-in algorithm
@@ -468,7 +469,7 @@ class Worker:
                 return loss * scale
 
             opt.zero_grad()
-            loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn)
+            loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn, self.checkpointing[i])
             opt.step()
             if loss is not None:
                 total += loss / c.optimizer_steps
