@@ -254,3 +254,13 @@ def test_a_bf16_run_resumes_exactly_from_its_checkpoint(cli, tmp_path, ckpt):
     assert code == 0, err
     resumed = json.loads(out)["metrics"]
     assert [m["step"] for m in resumed] == [2, 3] and resumed == whole["metrics"][2:]
+
+
+def test_bench_runtime_quick(cli):
+    code, out, err = cli("bench", "runtime", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["generate_ratio"] > 0 and r["train_ratio"] > 0 and r["targets"] == {"generate_ratio": 1.0, "train_ratio": 0.9}
+    for part in ("generate", "train"):
+        assert r[part]["realbench_tokens_per_s"] > 0 and r[part]["transformers_tokens_per_s"] > 0
+    assert r["meets_target"] == (r["generate_ratio"] >= 1.0 and r["train_ratio"] >= 0.9)

@@ -7,7 +7,8 @@ import importlib
 from realbench.cli import emit_json
 
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
-              "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration"}
+              "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
+              "runtime": "realbench.bench.runtime"}
 
 
 def add_parser(sub) -> None:

@@ -86,7 +86,7 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
 
             def prefill(j):
                 return ((op("embed.fwd", b, P) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, P)
-                        + (op(f"{head}.fwd", b, P) if j == pp - 1 else 0.0)
+                        + (op(f"{head}.fwd", b, 1) if j == pp - 1 else 0.0)  # the last position's logits only
                         + (p2p(b * P * hidden_bytes) if j < pp - 1 else 0.0))
 
             def decode(j, ctx):

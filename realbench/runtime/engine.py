@@ -188,7 +188,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
                     dist.recv(token, last, group=model.loop_group)
                     seqs[rows, P + t - 1] = token
                 x = seqs[rows, P + t - 1:P + t]
-            y = model.stage(x, positions, caches[j], valid=keys)
+            y = model.stage(x, positions, caches[j], valid=keys, last_only=True)
             if model.next is not None:
                 y = y.contiguous()
                 pending.append((dist.isend(y, model.next), y))

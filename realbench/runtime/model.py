@@ -88,17 +88,24 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding, rotate-half form, base period `theta`. x: (batch, heads, seq, head_dim);
-    positions: (seq,), or (batch, seq) when rows start at different offsets (left padding)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of the rotary embedding at `positions`: (seq,) gives (seq, head_dim), (batch,
+    seq) (rows starting at different offsets: left padding) gives (batch, 1, seq, head_dim).
+    Computed once per stage forward and shared by its layers."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     angles = positions.to(torch.float32)[..., None] * inv
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    if positions.dim() == 2:  # (batch, 1, seq, d): the same for every head
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
+    if positions.dim() == 2:  # the same for every head
         cos, sin = cos[:, None], sin[:, None]
-    half = d // 2
+    return cos, sin
+
+
+def rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary embedding, rotate-half form. x: (batch, heads, seq, head_dim)."""
+    cos, sin = tables
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -143,23 +150,31 @@ class Block(nn.Module):
     def _leave(self, x):
         return _ReduceFromTP.apply(x, self.group) if self.tp > 1 else x
 
-    def forward(self, x, positions, cache: Optional[dict] = None, mask: Optional[torch.Tensor] = None):
-        """`mask`: which keys each query sees, (S, T) or (B, 1, S, T); None: causal."""
+    def forward(self, x, positions, cache: Optional[dict] = None, mask: Optional[torch.Tensor] = None,
+                rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+        """`mask`: which keys each query sees, (S, T) or (B, 1, S, T); None: causal. `rotary`: the
+        (cos, sin) tables of `positions`, when the stage computed them already."""
         B, S, _ = x.shape
         a = self._enter(self.attn_norm(x))
         q = self.wq(a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, self.rope_theta), rope(k, positions, self.rope_theta)
+        tables = rotary or rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
+        q, k = rope(q, tables), rope(k, tables)
         if cache is not None:  # decoding: attend to the cached keys and values too
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        rep = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        if mask is None:
-            mask = attention_mask(None, S, k.shape[2], x.device)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # grouped-query attention without copying the keys and values per head (enable_gqa);
+        # causal by SDPA's own path where no padding needs a mask, and no mask for one query
+        gqa = self.heads != self.kv_heads
+        if mask is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif S == 1 or S == k.shape[2]:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=S > 1, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(None, S, k.shape[2], x.device),
+                                               enable_gqa=gqa)
         x = x + self._leave(self.wo(y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim)))
         f = self._enter(self.ffn_norm(x))
         return x + self._leave(self.w_down(F.silu(self.w_gate(f)) * self.w_up(f)))
@@ -214,11 +229,12 @@ class LlamaStage(nn.Module):
         return {"valid": None, "layers": {name: {} for name in self.layers}}
 
     def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None,
-                checkpointing: bool = False):
+                checkpointing: bool = False, last_only: bool = False):
         """x: token ids (first stage; -1 marks padding) or hidden states. `valid` (batch, seq):
         which positions are tokens rather than padding (None: all). Positions default to the
         count of valid tokens before each one. `checkpointing`: keep only each block's input for
-        the backward pass, which runs the block again (activation checkpointing)."""
+        the backward pass, which runs the block again (activation checkpointing). `last_only`:
+        the last stage's output at the last position only (what generation samples from)."""
         B, S = x.shape[:2]
         if self.first:
             x = self.embed_tokens(x.clamp(min=0))  # padding ids are never attended to
@@ -233,12 +249,15 @@ class LlamaStage(nn.Module):
                 mask = attention_mask(keys, S, keys.shape[1], x.device)
         elif valid is not None:
             mask = attention_mask(valid, S, S, x.device)
+        tables = rotary_tables(positions, self.spec.head_dim, self.spec.rope_theta, x.dtype)
         for name, block in self.layers.items():
             if checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, mask, tables, use_reentrant=False)
             else:
-                x = block(x, positions, None if caches is None else caches["layers"][name], mask)
-        return self.output(x) if self.last else x
+                x = block(x, positions, None if caches is None else caches["layers"][name], mask, tables)
+        if not self.last:
+            return x
+        return self.output(x[:, -1:] if last_only else x)
 
     def embed_tokens(self, tokens):
         """First stage: token ids -> hidden states. Each tp rank holds the rows of its slice of

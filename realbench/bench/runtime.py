@@ -1,0 +1,113 @@
+"""`realbench bench runtime`: realbench's model against transformers' on the same weights, batch
+and lengths, in one process (fp32 on the CPU; on a GPU its dtype):
+
+  * generation: tokens per second of realbench's `generate` (KV cache, greedy) against
+    transformers' `generate` (KV cache, greedy, every sequence made to run its `new_tokens`);
+  * training: tokens per second of a realbench train step (forward, backward, Adam on the
+    flat master weights) against a plain transformers forward, backward and AdamW step.
+
+The two are timed in alternation (A B A B ...), and each ratio is the median of the per-round
+ratios, so a machine whose speed drifts affects both sides of a round alike. Targets: generation
+>= 1.0 (both keep a KV cache: realbench has no reason to be slower), training >= 0.9.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+QUICK = {"rounds": 2, "hidden": 256, "layers": 2, "new_tokens": 16, "train_batch": 4, "train_len": 64}
+
+TARGETS = {"generate_ratio": 1.0, "train_ratio": 0.9}
+
+
+def _model(folder: str, hidden: int, layers: int, vocab: int):
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 8 * 8,
+                                   num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                   num_key_value_heads=max(1, hidden // 128), max_position_embeddings=1024,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def run(rounds: int = 7, hidden: int = 512, layers: int = 4, vocab: int = 4096, batch: int = 8, prompt: int = 64,
+        new_tokens: int = 64, train_batch: int = 8, train_len: int = 256, device: str = "cpu") -> dict:
+    import torch
+
+    from realbench.runtime.checkpoint import load_hf_checkpoint
+    from realbench.runtime.engine import PlacedModel, generate
+    from realbench.runtime.layout import Groups, Layout
+    from realbench.runtime.optim import MixedPrecisionAdam
+
+    torch.set_num_threads(1)  # as each worker process runs
+    with tempfile.TemporaryDirectory() as folder:
+        hf = _model(folder, hidden, layers, vocab)
+        spec, weights = load_hf_checkpoint(folder)
+    ours = PlacedModel(spec, Layout.on([0], 1, 1, 1), 0, Groups(), device)
+    ours.stage.load_full(weights)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, vocab, (batch, prompt), generator=g)
+    ids = torch.randint(0, vocab, (train_batch, train_len), generator=g)
+
+    def ours_generate():
+        with torch.no_grad():
+            generate(ours, prompts, new_tokens, torch.Generator().manual_seed(0), greedy=True)
+
+    def hf_generate():
+        with torch.no_grad():
+            hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+
+    opt = MixedPrecisionAdam(ours, lr=1e-5)
+    hf.train()
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5, weight_decay=0.0)
+
+    def ours_train():
+        opt.zero_grad()
+        ours.forward_backward([ids], lambda i, y: torch.nn.functional.cross_entropy(
+            y[:, :-1].reshape(-1, vocab).float(), ids[:, 1:].reshape(-1)))
+        opt.step()
+
+    def hf_train():
+        hf_opt.zero_grad(set_to_none=True)
+        hf(ids, labels=ids).loss.backward()
+        hf_opt.step()
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    for fn in (ours_generate, hf_generate, ours_train, hf_train):  # warm-up
+        fn()
+    gen_ratios, train_ratios, times = [], [], {"ours_generate": [], "hf_generate": [], "ours_train": [], "hf_train": []}
+    for _ in range(rounds):
+        a, b = timed(ours_generate), timed(hf_generate)
+        c, d = timed(ours_train), timed(hf_train)
+        for k, v in zip(times, (a, b, c, d)):
+            times[k].append(v)
+        gen_ratios.append(b / a)  # tokens/s ours over theirs = their seconds over ours
+        train_ratios.append(d / c)
+    gen_tokens, train_tokens = batch * new_tokens, train_batch * train_len
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "benchmark": "runtime", "device": device, "dtype": "fp32", "rounds": rounds,
+        "model": {"hidden": hidden, "layers": layers, "vocab": vocab, "params": spec.n_params},
+        "generate": {"batch": batch, "prompt_len": prompt, "new_tokens": new_tokens,
+                     "realbench_tokens_per_s": gen_tokens / med["ours_generate"],
+                     "transformers_tokens_per_s": gen_tokens / med["hf_generate"]},
+        "train": {"batch": batch, "seq_len": train_len,
+                  "realbench_tokens_per_s": train_tokens / med["ours_train"],
+                  "transformers_tokens_per_s": train_tokens / med["hf_train"]},
+        "generate_ratio": statistics.median(gen_ratios),
+        "train_ratio": statistics.median(train_ratios),
+        "targets": TARGETS,
+    }
+    result["meets_target"] = all(result[k] >= v for k, v in TARGETS.items())
+    return result
