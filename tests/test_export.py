@@ -173,6 +173,43 @@ def test_two_nodes_through_the_exported_launcher_match_one_node(cli, two_node_pl
     assert set(summary["calls"]) == set(TWO_NODE_PLAN["calls"])
 
 
+def test_a_job_on_checkpoint_folders_and_data_files_runs_on_two_nodes(cli, tmp_path):
+    """The exported torchrun script of a GRPO job (a checkpoint folder, a data file and a reward
+    function, named in the scenario relative to it) runs on 2 "nodes" of 2 processes launched
+    from another folder: every node finds them through the scenario's path, and node 0 writes the
+    trained model."""
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan import load_scenario, plan_from_options
+    from tiny_checkpoints import grpo_job
+
+    scenario = grpo_job(tmp_path / "job", nodes=2)
+    est = Estimator(load_scenario(str(scenario)))
+    options = est.options_of(symmetric_plan(est))
+    assert {o.mesh.nodes for o in options.values()} == {2}  # every call spans both nodes
+    plan_from_options(est.scenario, options).save(tmp_path / "job" / "plan.yaml")
+    port = free_port()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, _, err = cli("export", "--plan", "job/plan.yaml", "--scenario", "job/grpo-arithmetic.yaml", "--format",
+                           "torchrun", "--out", "launch.sh", "--steps", 2, "--port", port, "--save-hf", "trained",
+                           "--dtype", "fp32")
+    finally:
+        os.chdir(cwd)
+    assert code == 0, err
+    text = (tmp_path / "launch.sh").read_text()
+    assert "--scenario job/grpo-arithmetic.yaml" in text and "--save-hf trained" in text and "--dtype fp32" in text
+    env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"], "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RUN_DIR": str(tmp_path / "run")}
+    results = _run_nodes([(["bash", "launch.sh"], {**env, "NODE_RANK": str(k)}) for k in (0, 1)], tmp_path)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and all(m["reward"] is not None for m in summary["metrics"])
+    assert (tmp_path / "trained" / "actor" / "model.safetensors").is_file()
+
+
 def test_worker_outside_a_launcher_is_a_clear_error(cli, two_node_plan, tmp_path, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)

@@ -92,9 +92,9 @@ def short(prompts, completions, **columns):
 
 
 def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: dict, dataflow: dict,
-                   devices: int = 2) -> Path:
+                   devices: int = 2, nodes: int = 1) -> Path:
     doc = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm,
-           "cluster": {"nodes": 1, "gpus_per_node": devices, "device": "cpu"}, "models": models, "data": data,
+           "cluster": {"nodes": nodes, "gpus_per_node": devices, "device": "cpu"}, "models": models, "data": data,
            "dataflow": {"algorithm": algorithm, **dataflow}}
     path = Path(folder) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -102,7 +102,7 @@ def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: 
 
 
 def grpo_job(folder: Path, devices: int = 2, reward: str = "rewards.py:digits", prompts: int = 4,
-             group_size: int = 4, max_new_tokens: int = 6, **data) -> Path:
+             group_size: int = 4, max_new_tokens: int = 6, nodes: int = 1, **data) -> Path:
     """The three files of a GRPO job (checkpoint folder, data file, reward function) and its
     scenario, in `folder`."""
     folder = Path(folder)
@@ -115,4 +115,4 @@ def grpo_job(folder: Path, devices: int = 2, reward: str = "rewards.py:digits", 
                                             "reward": {"function": reward}},
         {"train": "train.jsonl", "fields": {"prompt": "question"}, "max_new_tokens": max_new_tokens,
          "eval_size": 8, **data},
-        {"prompts": prompts, "group_size": group_size, "minibatches": 1}, devices)
+        {"prompts": prompts, "group_size": group_size, "minibatches": 1}, devices, nodes)

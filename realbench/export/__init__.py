@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from realbench.errors import ConfigError
 from realbench.export.launchers import (DEFAULT_PORT, LaunchSpec, accelerate_config, accelerate_script,
@@ -17,7 +17,8 @@ FORMATS = ("accelerate", "torchrun", "slurm", "html")
 
 
 def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optional[int] = None,
-                gpus_per_node: Optional[int] = None, steps: int = 100, port: int = DEFAULT_PORT) -> LaunchSpec:
+                gpus_per_node: Optional[int] = None, steps: int = 100, port: int = DEFAULT_PORT,
+                **worker: Any) -> LaunchSpec:
     """The launch of a plan file; `nodes`/`gpus_per_node`, when given, must match the plan's cluster."""
     scenario = load_scenario(scenario_arg) if scenario_arg else None
     plan, scenario, _ = load_plan(plan_path, scenario)
@@ -34,18 +35,20 @@ def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optio
     else:  # what the plan names: a built-in name, or a file relative to the plan's folder
         beside = Path(plan_path).parent / plan.scenario
         ref = os.path.normpath(beside) if beside.is_file() else plan.scenario
+    if worker.get("eval_every") and (scenario.data is None or not (scenario.data.eval or scenario.data.eval_size)):
+        raise ConfigError("evaluates on held-out rows: give the scenario data.eval or data.eval_size", "--eval-every")
     return LaunchSpec(scenario_name=scenario.name, scenario_ref=ref, plan_path=plan_path, nodes=c.nodes,
-                      procs_per_node=c.gpus_per_node, steps=steps, port=port)
+                      procs_per_node=c.gpus_per_node, steps=steps, port=port, **worker)
 
 
 def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,
                 nodes: Optional[int] = None, gpus_per_node: Optional[int] = None, steps: int = 100,
-                port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False) -> list[Path]:
+                port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False, **worker: Any) -> list[Path]:
     """Write the plan in format `fmt` to `out` (the Accelerate form also writes its launch script
     beside the config, as <out stem>-launch.sh); returns the files written."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
-    spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port)
+    spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port, **worker)
     if fmt == "html":
         from realbench.export.html import plan_report_html
 

@@ -27,16 +27,24 @@ class LaunchSpec:
     steps: int
     port: int = DEFAULT_PORT
     run_dir: str = "realbench-run"
+    dtype: str = "auto"
+    save_hf: str = ""  # where node 0 writes the trained models, relative to the launch folder
+    eval_every: int = 0
 
     @property
     def world(self) -> int:
         return self.nodes * self.procs_per_node
 
     def worker_args(self, run_dir: str = '"$RUN_DIR"') -> str:
-        """`realbench worker ...` arguments (run_dir is left as given: it may be a shell variable)."""
+        """`realbench worker ...` arguments (run_dir is left as given: it may be a shell variable).
+        The scenario goes by path: every node reads it, and the checkpoint folders and data files
+        it names, relative to the scenario file (a shared file system, at the same path)."""
         q = shlex.quote
+        extra = f" --dtype {self.dtype}" if self.dtype != "auto" else ""
+        extra += f" --save-hf {q(self.save_hf)}" if self.save_hf else ""
+        extra += f" --eval-every {self.eval_every}" if self.eval_every else ""
         return (f"worker --scenario {q(self.scenario_ref)} --plan {q(self.plan_path)} "
-                f"--steps {self.steps} --out {run_dir}")
+                f"--steps {self.steps} --out {run_dir}{extra}")
 
 
 def _header(spec: LaunchSpec, what: str) -> str:
