@@ -1,6 +1,7 @@
 """Run monitor: run a plan on local processes (Accelerate's launcher, started from a background
-thread) with live reward and loss curves, measured beside estimated time per call, and a stop
-button (the processes end; checkpoints already written stay)."""
+thread) with live reward and loss curves, measured beside estimated time per call, the latest
+decoded samples, a stop button (the processes end; checkpoints already written stay) and,
+optionally, the trained models saved as Hugging Face folders at the end."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ class RunMonitor:
         self.seed_box = w.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play", disabled=True)
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
+        self.save_box = w.Text(value="", placeholder="folder (optional)", description="save HF to")
         self.status = w.HTML("<i>no plan yet</i>")
+        self.samples = w.HTML()
         self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
         self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
         self.plot = BokehModel(self._figures([]))
         self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
-                                      self.stop_button]), self.status, self.plot])
+                                      self.stop_button]), self.save_box, self.status, self.plot, self.samples])
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self._stop = threading.Event()
@@ -69,7 +72,7 @@ class RunMonitor:
             return False
         try:
             check_run(self.scenario, self.options, self.nproc_box.value, self.steps_box.value, 0, "", False,
-                      flag="processes")
+                      flag="processes", save_hf=self.save_box.value.strip())
         except ConfigError as e:
             self.status.value = f"<span style='color:#c00'>{html.escape(str(e))}</span>"
             return False
@@ -77,7 +80,8 @@ class RunMonitor:
         self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
         self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
         self.plot = BokehModel(self._figures(list(self.scenario.dataflow.call_names)))
-        self.widget.children = self.widget.children[:2] + (self.plot,)
+        self.widget.children = self.widget.children[:3] + (self.plot, self.samples)
+        self.samples.value = ""
         self.result, self.error = None, None
         self._stop.clear()
         self.run_button.disabled, self.stop_button.disabled = True, False
@@ -106,7 +110,7 @@ class RunMonitor:
         try:
             result = run_plan(self.scenario, self.options, self.nproc_box.value, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
-                              stop=self._stop.is_set)
+                              stop=self._stop.is_set, save_hf=self.save_box.value.strip())
             self.result = result  # at once: wait() returns it even while the kernel's loop is busy
             send(self._finish, result, None)
         except Exception as e:
@@ -121,6 +125,12 @@ class RunMonitor:
         calls = summary["calls"]
         self.calls.data = dict(call=list(calls), measured=[c["measured_s"] for c in calls.values()],
                                estimated=[c["estimated_s"] for c in calls.values()])
+        if summary.get("samples"):
+            latest = summary["samples"][-1]
+            rows = "".join(f"<tr><td>{html.escape(str(x['prompt']))}</td><td>{html.escape(str(x['completion']))}</td></tr>"
+                           for x in latest["samples"])
+            self.samples.value = (f"<b>samples at step {latest['step']}</b><table><tr><th>prompt</th>"
+                                  f"<th>completion</th></tr>{rows}</table>")
 
     def _finish(self, result: Optional[dict], error: Optional[str]) -> None:
         self.run_button.disabled, self.stop_button.disabled = False, True
