@@ -51,11 +51,27 @@ def test_the_scenario_list_is_the_built_in_one():
     assert set(re.findall(r"`([a-z0-9-]+)`", text)) == set(BUILTIN)
 
 
+def yaml_blocks():
+    return [yaml.safe_load(b.replace("  ...\n", "")) for b in re.findall(r"```yaml\n(.*?)```", README, re.S)]
+
+
+def test_the_three_file_recipe_is_the_example_job(tmp_path):
+    """The recipe's scenario validates beside the files `realbench.examples.tiny_grpo_job`
+    makes, and is the scenario it writes."""
+    from realbench.examples import tiny_grpo_job
+
+    recipe = next(b for b in yaml_blocks() if b.get("name") == "grpo-arithmetic")
+    made = tiny_grpo_job(tmp_path)
+    assert recipe == yaml.safe_load(made.read_text())
+    s = scenario_from_document(recipe, str(made))
+    assert s.data.rows == 40 and s.models["reward"].name == "rewards.py:digits"
+
+
 def test_the_file_examples_are_valid():
-    blocks = re.findall(r"```yaml\n(.*?)```", README, re.S)
-    scenario = yaml.safe_load(blocks[0])
+    blocks = yaml_blocks()
+    scenario = next(b for b in blocks if b.get("name") == "my-ppo")
     assert scenario_from_document(scenario).name == "my-ppo"
-    plan = yaml.safe_load(blocks[1].replace("  ...\n", ""))
+    plan = next(b for b in blocks if b.get("schema") == "realbench.plan/1")
     assert plan["schema"] == "realbench.plan/1"
     s = load_scenario(plan["scenario"])
     for call, placement in plan["calls"].items():  # the example placements are options of the scenario

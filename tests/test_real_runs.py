@@ -245,10 +245,13 @@ def test_a_bf16_run_resumes_exactly_from_its_checkpoint(cli, tmp_path, ckpt):
     ck = tmp_path / "ck"
     base = ("run", "--scenario", scenario, "--plan", plan, "--nproc", 2, "--dtype", "bf16", "--json",
             "--checkpoint-dir", ck)
-    code, out, err = cli(*base, "--steps", 4, "--save-every", 2)
+    code, out, err = cli(*base, "--steps", 4, "--save-every", 2, "--save-hf", tmp_path / "hf")
     assert code == 0, err
     whole = json.loads(out)
     assert whole["dtype"] == "bf16"
+    # each checkpoint holds the Hugging Face folders too, saved in the dtype the run computed in
+    config = json.loads((ck / "step2" / "hf" / "actor" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and (tmp_path / "hf" / "actor" / "model.safetensors").is_file()
     (ck / "step4" / "checkpoint.json").unlink()  # as if the run had stopped while saving step 4
     code, out, err = cli(*base, "--steps", 4, "--resume")
     assert code == 0, err

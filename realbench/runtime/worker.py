@@ -212,6 +212,10 @@ class Worker:
         start = time.perf_counter()
         self._walk(step, rec, set(range(len(self.calls))))
         rec.step_s = time.perf_counter() - start
+        if self.dataset is not None:  # how far through the data: epochs, fractional
+            reader = next(c for c in self.calls for k in c.inputs if k in self.scenario.dataflow.input_keys)
+            count, _ = self._rows_per_step(reader, next(k for k in reader.inputs if k in self.scenario.dataflow.input_keys))
+            rec.metrics["data/epoch"] = self.dataset.epoch(step + 1, count)
         return rec
 
     def evaluate(self, step: int) -> dict[str, float]:
