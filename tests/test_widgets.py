@@ -158,6 +158,7 @@ def test_run_monitor_shows_live_steps():
     assert "samples at step 2" in mon.samples.value  # the latest decoded (here: token id) samples
     mon.save_box.value = str(__import__("pathlib").Path(__file__))  # a file: not a folder to save into
     assert mon.start() is False and "--save-hf" in mon.status.value
+    mon.save_box.value = ""
     # stopped during a long run: the processes end at once and the monitor says so
     mon.steps_box.value = 10_000
     assert mon.start() and not mon.stop_button.disabled
