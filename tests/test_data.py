@@ -1,8 +1,6 @@
 """Data files: JSON Lines and Parquet, field maps, chat templates, seeded shuffling epoch by
 epoch, the held-out split, and the fixed-width batches with -1 padding."""
 
-import json
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -10,7 +8,7 @@ import pytest
 from realbench.errors import ConfigError
 from realbench.plan.data import DataSpec
 from realbench.runtime.data import Dataset, read_rows
-from tiny_checkpoints import arithmetic_prompts, train_tokenizer, write_jsonl
+from realbench.examples import arithmetic_prompts, train_tokenizer, write_jsonl
 
 transformers = pytest.importorskip("transformers")
 

@@ -181,9 +181,9 @@ def test_a_job_on_checkpoint_folders_and_data_files_runs_on_two_nodes(cli, tmp_p
     from realbench.cost import Estimator
     from realbench.cost.baselines import symmetric_plan
     from realbench.plan import load_scenario, plan_from_options
-    from tiny_checkpoints import grpo_job
+    from realbench.examples import tiny_grpo_job
 
-    scenario = grpo_job(tmp_path / "job", nodes=2)
+    scenario = tiny_grpo_job(tmp_path / "job", nodes=2)
     est = Estimator(load_scenario(str(scenario)))
     options = est.options_of(symmetric_plan(est))
     assert {o.mesh.nodes for o in options.values()} == {2}  # every call spans both nodes

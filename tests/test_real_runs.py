@@ -13,7 +13,7 @@ from realbench.cost import Estimator
 from realbench.cost.baselines import symmetric_plan
 from realbench.plan import load_scenario, plan_from_options
 from realbench.runtime.worker import Worker
-from tiny_checkpoints import (arithmetic_prompts, grpo_job, save_model, write_jsonl, write_scenario)
+from realbench.examples import (arithmetic_prompts, save_model, tiny_grpo_job, write_jsonl, write_scenario)
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,7 +26,7 @@ def ckpt(tmp_path_factory):
 
 def job(tmp_path, ckpt, **kwargs):
     (tmp_path / "ckpt").symlink_to(ckpt)
-    return grpo_job(tmp_path, **kwargs)
+    return tiny_grpo_job(tmp_path, **kwargs)
 
 
 def symmetric_plan_file(scenario_path, folder):
@@ -200,7 +200,7 @@ def test_sft_on_text_and_on_prompt_completion_pairs(tmp_path, ckpt, fmt):
 
 
 def test_ppo_with_a_reward_model_folder_and_a_critic_from_the_checkpoint(tmp_path, ckpt):
-    rm = save_model(tmp_path / "rm", cls="LlamaForSequenceClassification", num_labels=1, seed=5)
+    save_model(tmp_path / "rm", cls="LlamaForSequenceClassification", num_labels=1, seed=5)
     write_jsonl(tmp_path / "train.jsonl", arithmetic_prompts())
     path = write_scenario(tmp_path, "ppo-rm", "ppo",
                           {"actor": {"path": str(ckpt)}, "ref": {"path": str(ckpt)},
@@ -225,7 +225,7 @@ def test_ppo_with_a_reward_model_folder_and_a_critic_from_the_checkpoint(tmp_pat
 
 def test_a_qwen2_checkpoint_trains_with_grpo(tmp_path):
     save_model(tmp_path / "ckpt", family="Qwen2", tie_word_embeddings=True)
-    s = load_scenario(str(grpo_job(tmp_path)))
+    s = load_scenario(str(tiny_grpo_job(tmp_path)))
     assert s.models["actor"].qkv_bias and s.models["actor"].tie_embeddings
     w = Worker(0, s, one_device(s))
     records = [w.step(k) for k in range(3)]

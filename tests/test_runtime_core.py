@@ -117,12 +117,13 @@ def _parity_worker(rank, world, spec, layouts):
     return report
 
 
-def _generation_worker(rank, world, cases):
-    from realbench.runtime.engine import PlacedModel, generate
+def _on_each_layout(rank, cases, prompts, fn):
+    """fn(coordinates, model, micro-batches, this rank's share of `prompts`) on every (layout,
+    micro-batches) case with the model placed on this rank (weights from seed 3); None where the
+    rank is not in the layout."""
+    from realbench.runtime.engine import PlacedModel
 
     full = init_full_weights(SPEC, seed=3)
-    torch.manual_seed(1)
-    prompts = torch.randint(0, SPEC.vocab, (4, 5))
     groups = Groups()
     groups.prepare([lay for lay, _ in cases])
     out = []
@@ -133,12 +134,22 @@ def _generation_worker(rank, world, cases):
             continue
         model = PlacedModel(SPEC, lay, rank, groups)
         model.stage.load_full(full)
-        mine = prompts.chunk(lay.dims.dp)[c.dp]
+        out.append(fn(c, model, m, prompts.chunk(lay.dims.dp)[c.dp]))
+    return out
+
+
+def _generation_worker(rank, world, cases):
+    from realbench.runtime.engine import generate
+
+    torch.manual_seed(1)
+
+    def both(c, model, m, mine):
         greedy = generate(model, mine, 6, torch.Generator().manual_seed(0), greedy=True, micro_batches=m)
         sampled = generate(model, mine, 6, torch.Generator().manual_seed(c.dp), micro_batches=m)
         # plain lists: tensors would go through shared memory that ends with this process
-        out.append((c.dp, [t.tolist() for t in greedy], [t.tolist() for t in sampled]))
-    return out
+        return c.dp, [t.tolist() for t in greedy], [t.tolist() for t in sampled]
+
+    return _on_each_layout(rank, cases, torch.randint(0, SPEC.vocab, (4, 5)), both)
 
 
 def test_generation_on_any_layout_matches_the_unsharded_model():
@@ -390,23 +401,13 @@ def test_spawn_reports_a_process_that_died_without_a_result_at_once():
 
 
 def _padded_generation_worker(rank, world, layouts, prompts, eos):
-    from realbench.runtime.engine import PlacedModel, generate
+    from realbench.runtime.engine import generate
 
-    full = init_full_weights(SPEC, seed=3)
-    groups = Groups()
-    groups.prepare([lay for lay, _ in layouts])
-    out = []
-    for lay, m in layouts:
-        c = lay.coord(rank)
-        if c is None:
-            out.append(None)
-            continue
-        model = PlacedModel(SPEC, lay, rank, groups)
-        model.stage.load_full(full)
-        mine = prompts.chunk(lay.dims.dp)[c.dp]
+    def greedy(c, model, m, mine):
         seqs, lps = generate(model, mine, 7, torch.Generator().manual_seed(0), greedy=True, micro_batches=m, eos=eos)
-        out.append((c.dp, seqs.tolist(), lps.tolist()))
-    return out
+        return c.dp, seqs.tolist(), lps.tolist()
+
+    return _on_each_layout(rank, layouts, prompts, greedy)
 
 
 def test_generation_of_left_padded_prompts_stops_at_eos_on_any_layout():
