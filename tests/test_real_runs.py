@@ -267,3 +267,21 @@ def test_bench_runtime_quick(cli):
     for part in ("generate", "train"):
         assert r[part]["realbench_tokens_per_s"] > 0 and r[part]["transformers_tokens_per_s"] > 0
     assert r["meets_target"] == (r["generate_ratio"] >= 1.0 and r["train_ratio"] >= 0.9)
+
+
+def test_the_reward_function_is_in_the_report_and_its_timeline(tmp_path, ckpt):
+    """Its call is costed (seconds_per_sample per response, over its processes) and drawn in the
+    dataflow graph and the Gantt chart of the HTML report, as a function call."""
+    from realbench.export.html import plan_report_html
+    from realbench.report.figures import KIND_COLORS, timeline_figure
+
+    s = load_scenario(str(job(tmp_path, ckpt)))
+    est = Estimator(s)
+    choice = symmetric_plan(est)
+    estimate = est.estimate(choice)
+    fn = est.options_of(choice)["reward_inf"]
+    assert estimate.calls["reward_inf"].time_s == pytest.approx(16 / fn.strategy.dp * s.models["reward"].seconds_per_sample)
+    bars = timeline_figure(s, estimate).renderers[0].data_source.data
+    row = bars["call"].index("reward_inf")
+    assert bars["what"][row] == "function" and bars["color"][row] == KIND_COLORS["function"]
+    assert "reward_inf" in plan_report_html(s, est.options_of(choice))

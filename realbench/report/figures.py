@@ -19,7 +19,7 @@ from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 
 GIB = 1024**3
-KIND_COLORS = {"generate": "#1f77b4", "inference": "#2ca02c", "train": "#d62728"}
+KIND_COLORS = {"generate": "#1f77b4", "inference": "#2ca02c", "train": "#d62728", "function": "#9467bd"}
 REALLOC_COLOR = "#ff7f0e"
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
