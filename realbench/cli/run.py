@@ -113,7 +113,5 @@ def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():
         print(f"{name:14s} {c['measured_s']:11.4f} {c['estimated_s']:12.4f}")
-    for m in result["metrics"]:
-        reward = "" if m["reward"] is None else f" reward {m['reward']:+.4f}"
-        loss = "" if m["loss"] is None else f" loss {m['loss']:.4f}"
-        print(f"step {m['step']}:{reward}{loss}")
+    print(f"per iteration: measured {result['measured_iter_s']:.4f} s, estimated {result['estimated_iter_s']:.4f} s "
+          "(the steps' rewards and losses are above, on stderr)")
