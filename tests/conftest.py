@@ -1,9 +1,30 @@
 import io
 import contextlib
+import os
 
 import pytest
 
 from realbench.cli import main
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_profile_cache(tmp_path_factory):
+    """The tests never touch the user's profile cache: a session's own (inherited by the
+    processes and notebook kernels the tests start), with this machine's quick profiles for 2
+    and 4 processes of the tiny models taken once up front, so that no test's output depends on
+    whether it happened to be the first to need one."""
+    from realbench.hardware.cache import CACHE_ENV, machine_profile
+    from realbench.models import get_model
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("realbench-cache"))
+    for processes in (2, 4):
+        machine_profile(processes, [get_model("llama-tiny")])
+    yield os.environ[CACHE_ENV]
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture

@@ -55,6 +55,9 @@ def test_validate_errors_are_one_line(cli, tmp_path):
         "noschema.yaml": "name: x\n",
         "badtype.json": json.dumps({"schema": "realbench.scenario/1", "name": "x", "cluster": "big",
                                     "models": {}, "dataflow": {}}),
+        "fraction.yaml": "schema: realbench.scenario/1\nname: x\nalgorithm: sft\nmodels: {actor: llama-7b}\n"
+                         "cluster: {nodes: 1, gpus_per_node: 8, device: h100, memory_fraction: 1.5}\n"
+                         "dataflow: {algorithm: sft, seqs: 64, seq_len: 512}\n",
     }
     for fname, text in cases.items():
         p = tmp_path / fname
@@ -64,6 +67,8 @@ def test_validate_errors_are_one_line(cli, tmp_path):
         assert code == 2, fname
         assert err.count("\n") == 1 and err.startswith("realbench: error: "), (fname, err)
         assert str(p) in err
+        if fname == "fraction.yaml":
+            assert "cluster.memory_fraction" in err and "1.5" in err
 
 
 def test_bad_flags_are_one_line(cli):

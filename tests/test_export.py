@@ -92,6 +92,30 @@ def test_bad_input_is_one_line(cli, tmp_path):
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_a_plan_searched_on_1024_gpus_validates_estimates_and_exports(cli, tmp_path):
+    """At scale: MCMC on ppo-70b-8b-1024gpu (128 nodes of 8) writes a plan that validates,
+    fits within the usable memory, beats the symmetric baseline, and exports for 128 nodes."""
+    plan = tmp_path / "p1024.yaml"
+    code, out, err = cli("search", "--scenario", "ppo-70b-8b-1024gpu", "--method", "mcmc", "--time-budget", 60,
+                         "--max-evals", 3000, "--seed", 0, "--out", plan, "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["best_time_s"] < found["baselines"]["symmetric"]
+    code, out, err = cli("validate", plan)
+    assert code == 0 and "valid plan" in out, err
+    code, out, err = cli("estimate", "--scenario", "ppo-70b-8b-1024gpu", "--plan", plan, "--json")
+    e = json.loads(out)
+    assert code == 0 and not e["oom"] and e["peak_mem_bytes"] <= e["usable_memory_bytes"] == 72 * 1024**3
+    assert e["time_per_iter_s"] == pytest.approx(found["best_time_s"]) and len(e["device_peak_bytes"]) == 1024
+    for fmt in ("slurm", "html"):
+        out_file = tmp_path / f"p1024.{fmt}"
+        code, _, err = cli("export", "--plan", plan, "--format", fmt, "--out", out_file, "--nodes", 128,
+                           "--gpus-per-node", 8)
+        assert code == 0, err
+    assert "#SBATCH --nodes=128" in (tmp_path / "p1024.slurm").read_text()
+    assert "ppo-70b-8b-1024gpu" in (tmp_path / "p1024.html").read_text()
+
+
 # -- the runtime through the exported launchers, two "nodes" on this machine -----------------------------
 @pytest.fixture(scope="module")
 def two_node_plan(tmp_path_factory):

@@ -61,6 +61,12 @@ def test_plan_viewer_compares_two_plans():
     viewer = PlanViewer()
     viewer.show(scenario, sym, "symmetric")
     assert "symmetric" in viewer.title.value and f"{viewer.estimate.time_per_iter_s:.4g}" in viewer.title.value
+    # memory per device against two lines: the device's 80 GiB and the 72 GiB plans may use
+    from bokeh.models import Span
+
+    spans = {m.name: m.location for m in viewer.body.children[0]._model.references() if isinstance(m, Span)
+             and m.name in ("capacity", "usable")}
+    assert spans == {"capacity": 80.0, "usable": 72.0}
     viewer.compare(heur, names=("symmetric", "heuristic"))
     doc_model = viewer.body.children[0]
     titles = [m.title.text for m in doc_model._model.references() if getattr(m, "title", None) is not None

@@ -5,6 +5,7 @@ line on stderr and exit status 2; `--json` prints one JSON document on stdout, l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any, Optional, Sequence
@@ -50,7 +51,9 @@ def non_negative_int(text: str) -> int:
 
 def add_profile_args(p) -> None:
     p.add_argument("--profile", help="a profile file (realbench profile): measured call times where it "
-                                     "has them, the analytic model elsewhere")
+                                     "has them, the analytic model elsewhere; 'none': the analytic model only. "
+                                     "Default: CPU scenarios use this machine's cached profile (measured once, "
+                                     "under a minute), GPU scenarios the device presets")
     p.add_argument("--force-profile", action="store_true",
                    help="use a profile measured on another kind of device than the scenario's")
 
@@ -72,14 +75,47 @@ def add_output_args(p) -> None:
                    help="every N steps, evaluate on the held-out rows (data.eval or data.eval_size)")
 
 
-def profile_for(args, scenario):
-    """The profile the arguments name, checked against the scenario's devices; None if none."""
-    if not getattr(args, "profile", None):
+@contextlib.contextmanager
+def progress_bar(label: str):
+    """A bar on stderr; yields the callback on_progress(done, total) that moves it. The bar
+    appears with the first call: work that turns out to have nothing to do prints nothing."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    shown: dict = {}
+
+    def update(done: int, total: int) -> None:
+        if not shown:
+            shown["bar"] = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                    transient=True, console=Console(file=sys.stderr))
+            shown["bar"].start()
+            shown["task"] = shown["bar"].add_task(label, total=None)
+        shown["bar"].update(shown["task"], completed=done, total=total)
+    try:
+        yield update
+    finally:
+        if shown:
+            shown["bar"].stop()
+
+
+def profile_for(args, scenario, processes: Optional[int] = None, device_type: str = "cpu"):
+    """The profile the arguments name, checked against the scenario's devices; by default this
+    machine's cached profile for a CPU scenario planned or run on the CPU (realbench.hardware.cache);
+    None: the analytic model."""
+    name = getattr(args, "profile", None)
+    if name == "none":
         return None
+    if not name:
+        if device_type != "cpu":
+            return None
+        from realbench.hardware.cache import scenario_profile
+
+        with progress_bar("profiling this machine") as on_progress:
+            return scenario_profile(scenario, processes, note=log, on_progress=on_progress)
     from realbench.hardware.profile import check_profile_device, load_profile
 
-    profile = load_profile(args.profile)
-    check_profile_device(profile, scenario.cluster, args.profile, args.force_profile)
+    profile = load_profile(name)
+    check_profile_device(profile, scenario.cluster, name, args.force_profile)
     return profile
 
 

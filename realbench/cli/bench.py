@@ -8,7 +8,7 @@ from realbench.cli import emit_json
 
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
-              "runtime": "realbench.bench.runtime"}
+              "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity"}
 
 
 def add_parser(sub) -> None:

@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     scenario = load_scenario(args.scenario)
+    options = load_plan(args.plan, scenario)[2] if args.plan else None  # a bad file is refused before profiling
     est = Estimator(scenario, profile=profile_for(args, scenario))
     if args.plan:
-        _, _, options = load_plan(args.plan, scenario)
         choice = est.choice_of(options)
         source = args.plan
     else:
@@ -42,7 +42,7 @@ def run(args) -> int:
         log(f"wrote {args.out}")
     if args.json:
         emit_json({"scenario": scenario.name, "plan": source, **result.to_json(),
-                   "cost_source": dict(zip(est.call_names, est.cost_source)),
+                   "cost_source": result.cost_source,
                    "placements": {n: o.label(scenario.cluster.gpus_per_node)
                                   for n, o in est.options_of(choice).items()}})
         return 0
@@ -66,9 +66,9 @@ def print_estimate(scenario, est, choice, result, source: str) -> None:
     console = Console(width=140)
     console.print(table)
     status = "[red]OUT OF MEMORY[/red]" if result.oom else "fits"
-    sources = sorted(set(est.cost_source))
+    sources = sorted(set(result.cost_source.values()))
     console.print(f"call times from: {', '.join(sources)}"
                   + (f" ({est.profile.device.name}, {est.profile.date})" if any("profile" in x for x in sources) else ""))
     console.print(f"time per iteration {result.time_per_iter_s:.3f} s, reallocation {result.realloc_s:.3f} s, "
-                  f"peak memory {result.peak_mem_bytes / gib:.1f} of {result.device_memory_bytes / gib:.0f} GiB "
-                  f"per device: {status}")
+                  f"peak memory {result.peak_mem_bytes / gib:.1f} GiB per device of {result.usable_memory_bytes / gib:.1f} "
+                  f"usable ({result.device_memory_bytes / gib:.0f} GiB device): {status}")

@@ -1,4 +1,6 @@
-"""`realbench profile`: measure this machine's layer and collective costs into a profile file."""
+"""`realbench profile`: measure this machine's layer and collective costs into a profile file, or
+(without --out) into the cached profile that local plans and runs are costed with by default
+(realbench.hardware.cache): that refreshes it."""
 
 from __future__ import annotations
 
@@ -22,9 +24,12 @@ def add_parser(sub) -> None:
 
     d = ProfileRequest()
     p = sub.add_parser("profile", help="measure this machine (layers of the runtime's model, collectives)")
-    p.add_argument("--out", required=True, help="profile file to write (JSON)")
+    p.add_argument("--out", help="profile file to write (JSON); without it, this machine's cached profile for "
+                                 "--nproc processes is measured again (what CPU scenarios are costed with)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--nproc", type=non_negative_int, default=d.nproc,
+    p.add_argument("--scenario", help="also measure this scenario's model shapes, on its number of devices "
+                                      "unless --nproc is given")
+    p.add_argument("--nproc", type=non_negative_int, default=None,
                    help=f"processes: tensor-parallel degrees and collective groups up to this (default {d.nproc})")
     p.add_argument("--model", action="append", dest="models", metavar="NAME",
                    help="model architecture to profile (repeatable; default llama-tiny)")
@@ -41,23 +46,36 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from realbench.cli import progress_bar
     from realbench.errors import ConfigError
+    from realbench.hardware.cache import cache_path, machine_identity, machine_profile, shape_named
     from realbench.hardware.profiler import ProfileRequest, check_request, profile_machine, profile_summary
+    from realbench.plan import load_scenario
 
-    req = ProfileRequest(models=tuple(args.models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
-                         repeats=args.repeats, warmup=args.warmup, passes=args.passes, nproc=args.nproc, device=args.device)
+    models, nproc = list(args.models or ()), args.nproc
+    if args.scenario:
+        scenario = load_scenario(args.scenario)
+        models += shape_named(scenario.models.values())
+        nproc = nproc or scenario.cluster.n_devices
+    req = ProfileRequest(models=tuple(models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
+                         repeats=args.repeats, warmup=args.warmup, passes=args.passes,
+                         nproc=ProfileRequest().nproc if nproc is None else nproc, device=args.device)
     check_request(req)
+    if not args.out:
+        path = cache_path(*machine_identity(req.nproc, req.device))
+        with progress_bar("profiling") as on_progress:
+            profile = machine_profile(req.nproc, device=req.device, refresh=True, request=req, on_progress=on_progress)
+        for line in profile_summary(profile):
+            log(line)
+        log(f"refreshed this machine's cached profile for {req.nproc} processes: {path}")
+        return 0
     out = Path(args.out)
     if out.exists() and not args.force:  # refuse before measuring, not after
         raise ConfigError("exists; pass --force to overwrite it", source=str(out))
     if not out.parent.exists():
         raise ConfigError("its folder does not exist", source=str(out))
-    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task("profile", total=None)
-        profile = profile_machine(req, lambda done, total: bar.update(task, completed=done, total=total))
+    with progress_bar("profiling") as on_progress:
+        profile = profile_machine(req, on_progress)
     profile.save(out, overwrite=args.force)
     for line in profile_summary(profile):
         log(line)

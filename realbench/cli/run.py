@@ -80,7 +80,8 @@ def step_line(m: dict, timing: dict, total: int) -> str:
 
 
 def run(args) -> int:
-    from realbench.runtime.launch import RunError, run_plan
+    from realbench.runtime.device import resolve_device
+    from realbench.runtime.launch import RunError, check_run, run_plan
 
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
@@ -88,11 +89,16 @@ def run(args) -> int:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError("exists and is not empty: name a new folder", "--out", args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    # bad flags are refused before this machine is profiled (which may take a minute the first time)
+    check_run(scenario, options, args.nproc, args.steps, args.save_every, args.checkpoint_dir, args.resume,
+              save_hf=args.save_hf, eval_every=args.eval_every)
+    profile = profile_for(args, scenario, args.nproc, resolve_device(args.device, args.nproc))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     progress = Progress(args.steps, args.out)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
-                          args.checkpoint_dir, args.resume, profile=profile_for(args, scenario), device=args.device,
+                          args.checkpoint_dir, args.resume, profile=profile, device=args.device,
                           dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)

@@ -34,10 +34,9 @@ def symmetric_plan(est: Estimator) -> tuple[int, ...]:
     by_strategy: list[dict[tuple, list[int]]] = []
     for i in range(est.n):
         groups: dict[tuple, list[int]] = {}
-        for k in est.candidates(i):
+        for k in _fitting(est, i, est.options[i].on_mesh(mesh)):
             o = est.options[i][k]
-            if o.mesh == mesh:
-                groups.setdefault((o.strategy.dp, o.strategy.tp, o.strategy.pp), []).append(int(k))
+            groups.setdefault((o.strategy.dp, o.strategy.tp, o.strategy.pp), []).append(int(k))
         by_strategy.append(groups)
     common = set(by_strategy[0]).intersection(*by_strategy[1:])
     rows = []
@@ -51,6 +50,15 @@ def symmetric_plan(est: Estimator) -> tuple[int, ...]:
     if not rows:
         raise ValueError("no 3D strategy fits every call on the whole cluster")
     return _best(est, np.array(rows, dtype=np.int64))
+
+
+def _fitting(est: Estimator, i: int, indices) -> list[int]:
+    """The options among `indices` that fit in memory alone (costing only their blocks)."""
+    k = np.asarray(list(indices), dtype=np.int64)
+    if not len(k):
+        return []
+    own = (est.master_bytes if est.master_of[i] == i else est.weights)[i][k]
+    return k[own + est.working[i][k] <= est.capacity].tolist()
 
 
 def _best(est: Estimator, rows: np.ndarray) -> tuple[int, ...]:
@@ -87,6 +95,29 @@ def _split(est: Estimator, parts: int) -> list[Mesh]:
     return meshes
 
 
+LOOKAHEAD_TRIES = 64  # options of a call tried, fastest first, before settling for the fastest that fits
+
+
+def _completes(est: Estimator, partial: np.ndarray, later: list[tuple[int, Mesh]]) -> bool:
+    """Whether the later calls can still be placed beside the partial plan: each takes, in
+    turn, its least memory-hungry option (on its mesh, else anywhere), and every step fits."""
+    row = partial.copy()
+    for j, mesh in later:
+        best = None
+        for pool in (_fitting(est, j, est.options[j].on_mesh(mesh)), [int(k) for k in est.candidates(j)]):
+            if pool:
+                rows = np.tile(row, (len(pool), 1))
+                rows[:, j] = pool
+                mem = est.peak_memory_batch(rows)
+                if mem.min() <= est.capacity:
+                    best = pool[int(np.argmin(mem))]
+                    break
+        if best is None:
+            return False
+        row[j] = best
+    return True
+
+
 def heuristic_plan(est: Estimator) -> tuple[int, ...]:
     whole = _whole_cluster(est)
     df = est.scenario.dataflow
@@ -113,19 +144,25 @@ def heuristic_plan(est: Estimator) -> tuple[int, ...]:
     choice = [-1] * est.n
     for i in order:
         mesh = target.get(i, whole)
-        cands = est.candidates(i)
-        on_mesh = [int(k) for k in cands if est.options[i][k].mesh == mesh]
-        for pool in (on_mesh, [int(k) for k in cands]):
+        later = [(j, target.get(j, whole)) for j in order if choice[j] < 0 and j != i]
+        for pool in (_fitting(est, i, est.options[i].on_mesh(mesh)), None):
+            if pool is None:  # nothing on its mesh fits alone: any option (the whole table)
+                pool = [int(k) for k in est.candidates(i)]
             if not pool:
                 continue
             pool.sort(key=lambda k: est.dur[i][k])
             rows = np.tile(np.array(choice, dtype=np.int64), (len(pool), 1))
             rows[:, i] = pool
-            fits = est.peak_memory_batch(rows) <= est.capacity
-            if fits.any():
-                choice[i] = pool[int(np.argmax(fits))]
-                break
+            fitting = np.flatnonzero(est.peak_memory_batch(rows) <= est.capacity)
+            if not len(fitting):
+                continue
+            # the fastest option after which every later call still has one that fits (a greedy
+            # that packs the first trained model tightly can leave generation no room at all)
+            choice[i] = next((pool[r] for r in fitting[:LOOKAHEAD_TRIES]
+                              if _completes(est, rows[r], later)), pool[fitting[0]])
+            break
         if choice[i] < 0:  # nothing fits: keep the fastest, the plan will report oom
+            cands = est.candidates(i)
             choice[i] = int(min(cands if len(cands) else range(len(est.options[i])), key=lambda k: est.dur[i][k]))
     return tuple(choice)
 

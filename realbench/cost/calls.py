@@ -12,7 +12,8 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots.
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
-    ring all-reduce of the bf16 gradients over the slowest link of the dp group, then Adam.
+    all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
+    realbench.cost.comm), then Adam.
     Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
     layer's input (t h bf16 values) plus one layer's activations.
   * function (a reward function): `seconds_per_sample` per response, split over dp processes.
@@ -178,7 +179,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     tp_comm = steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
     pp_comm = steps * slots * 2 * p2p_one
     grads = shard_params(model, tp, pp) * BF16
-    dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option))
+    # a dp group that spans nodes has gpus_per_node / tp members on each (ranks are tp apart)
+    dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option),
+                                      per_node=max(1, cluster.gpus_per_node // tp))
     optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
     in_flight = min(m, pp)
     kept = tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, tokens)

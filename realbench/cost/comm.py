@@ -1,11 +1,23 @@
 """Collective communication costs over the cluster's links (alpha-beta model).
 
-For a group of n devices whose slowest link has bandwidth B and latency a:
+For a group of n devices inside one node (NVLink bandwidth B per device, latency a):
   * ring all-reduce of S bytes:   2 (n-1)/n * S / B + 2 (n-1) a
   * all-gather of S bytes total:  (n-1)/n * S / B + (n-1) a
   * broadcast of S bytes (pipelined ring): S / B + (n-1) a
   * point-to-point of S bytes:    S / B + a
-A group is intra-node when all its devices sit on one node, otherwise its slowest link is a NIC.
+
+A group that spans N nodes with k devices on each is reduced hierarchically, as NCCL does with
+one NIC per GPU: the k devices of a node split the data over NVLink, each device exchanges its
+S/k share with its peers on the other nodes over its own NIC (bandwidth B_out, latency a_out),
+and the shares come back together over NVLink. The two phases are pipelined, so the slower sets
+the pace:
+
+    all-reduce: 2 (k-1) a + 2 (N-1) a_out + max(2 (k-1)/k * S / B,  2 (N-1)/N * (S/k) / B_out)
+    all-gather:   (k-1) a +   (N-1) a_out + max(  (k-1)/k * S / B,    (N-1)/N * (S/k) / B_out)
+
+With k = 1 (one device per node, as in a data-parallel group of tp = 8 replicas) this is the
+plain ring over the NICs. `realbench bench fidelity` checks these formulas against published
+nccl-tests bus bandwidths inside a node and across nodes (AWS p4de/p5, GCP A3 Mega, 8 x H200).
 """
 
 from __future__ import annotations
@@ -20,17 +32,31 @@ def link(cluster: ClusterSpec, spans_nodes: bool) -> tuple[float, float]:
     return cluster.intra_bw, cluster.intra_latency_s
 
 
-def all_reduce(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool) -> float:
+def _hierarchical(cluster: ClusterSpec, n: int, nbytes: float, per_node: int, factor: float) -> float:
+    """factor 2: all-reduce; 1: all-gather (see the module doc)."""
+    k = max(1, min(per_node, n))
+    nodes = max(1, n // k)
+    t_in = factor * (k - 1) / k * nbytes / cluster.intra_bw
+    t_out = factor * (nodes - 1) / nodes * (nbytes / k) / cluster.inter_bw
+    return factor * ((k - 1) * cluster.intra_latency_s + (nodes - 1) * cluster.inter_latency_s) + max(t_in, t_out)
+
+
+def all_reduce(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool, per_node: int = 1) -> float:
+    """`per_node`: the group's devices on each node when it spans nodes."""
     if n <= 1:
         return 0.0
-    bw, lat = link(cluster, spans_nodes)
+    if spans_nodes:
+        return _hierarchical(cluster, n, nbytes, per_node, 2.0)
+    bw, lat = link(cluster, False)
     return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
 
 
-def all_gather(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool) -> float:
+def all_gather(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool, per_node: int = 1) -> float:
     if n <= 1:
         return 0.0
-    bw, lat = link(cluster, spans_nodes)
+    if spans_nodes:
+        return _hierarchical(cluster, n, nbytes, per_node, 1.0)
+    bw, lat = link(cluster, False)
     return (n - 1) / n * nbytes / bw + (n - 1) * lat
 
 

@@ -20,79 +20,82 @@ producer (4 bytes per token per key) over the slowest link between the two meshe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from realbench.hardware import ClusterSpec
-from realbench.models import ModelSpec
-from realbench.models import stage_layers
+from realbench.models import ModelSpec, stage_layers
 from realbench.plan.mesh import Option
 
 BF16 = 2
 BYTES_PER_TOKEN_PER_KEY = 4
 
 
-def holds_same_shards(src: Option, dst: Option, gpus_per_node: int) -> bool:
-    s, d = src.strategy, dst.strategy
-    if src.mesh == dst.mesh and (s.tp, s.pp) == (d.tp, d.pp):
-        return True
-    if s.pp == 1 and d.pp == 1 and s.tp in (1, d.tp):
-        a, b = src.mesh.devices(gpus_per_node), dst.mesh.devices(gpus_per_node)
-        return a.start <= b.start and b.stop <= a.stop
-    return False
+@dataclass(frozen=True)
+class Layouts:
+    """Many layouts as arrays, one entry each: first device, device count, tp and pp. (dp and
+    micro-batches do not matter: every dp replica holds the same shards.)"""
+
+    start: np.ndarray
+    size: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+
+    @classmethod
+    def of(cls, options: list[Option], gpus_per_node: int) -> "Layouts":
+        col = lambda f: np.array([f(o) for o in options], dtype=np.int64)  # noqa: E731
+        return cls(col(lambda o: o.mesh.start(gpus_per_node)), col(lambda o: o.mesh.size),
+                   col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp))
 
 
-def source_coverage(model: ModelSpec, cluster: ClusterSpec, src: Option) -> dict[int, tuple[int, int]]:
-    """Layers [lo, hi) that the source layout holds complete copies of, per node (a contiguous
-    range, as pipeline stages are contiguous and every node of a stage holds whole tp groups)."""
-    G, s = cluster.gpus_per_node, src.strategy
-    start, width = src.mesh.start(G), s.dp * s.tp  # width: devices per source stage
-    out = {}
-    for node in range(src.mesh.node, src.mesh.node + src.mesh.nodes):
-        first = max(node * G, start) - start
-        last = min((node + 1) * G, start + src.mesh.size) - 1 - start
-        out[node] = (stage_layers(model.n_layers, s.pp, first // width)[0],
-                     stage_layers(model.n_layers, s.pp, last // width)[1])
-    return out
+def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
+    """Per pair: whether every destination device already holds its shard (no transfer)."""
+    same_layout = (src.start == dst.start) & (src.size == dst.size) & (src.tp == dst.tp) & (src.pp == dst.pp)
+    inside = (src.pp == 1) & (dst.pp == 1) & ((src.tp == 1) | (src.tp == dst.tp)) \
+        & (src.start <= dst.start) & (dst.start + dst.size <= src.start + src.size)
+    return same_layout | inside
 
 
-def destination_stages(model: ModelSpec, cluster: ClusterSpec, dst: Option) -> list[tuple[float, int, int, range]]:
-    """Per destination stage: (bytes per device, first layer, end layer, nodes it occupies)."""
-    G, d = cluster.gpus_per_node, dst.strategy
-    start, width = dst.mesh.start(G), d.dp * d.tp
-    out = []
-    for j in range(d.pp):
-        lo, hi = stage_layers(model.n_layers, d.pp, j)
-        nbytes = (hi - lo) * model.layer_params
-        if d.pp == 1:
-            nbytes += model.ends_params(1)
-        elif j == 0:
-            nbytes += model.embedding_params
-        elif j == d.pp - 1:
-            nbytes += model.head_params
-        first = start + j * width
-        out.append((nbytes * BF16 / d.tp, lo, hi, range(first // G, (first + width - 1) // G + 1)))
-    return out
+def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
+    """Seconds to move the weights from each layout of `src` to the same entry of `dst` (see the
+    module doc), for all pairs at once: one column per destination stage, padded to the largest pp.
+
+    A destination stage is local when every node it occupies lies in the source mesh and holds
+    complete copies of the stage's layers. The layers a source node holds run from the first
+    layer of the stage of its first device to the end of the stage of its last device, and both
+    grow with the node (stages follow device order), so over a stage's nodes f..l it is enough
+    that node l's first layer and node f's end layer enclose the stage's layers."""
+    G, L = cluster.gpus_per_node, model.n_layers
+    if len(dst.pp) == 0:
+        return np.zeros(0)
+    j = np.arange(int(dst.pp.max()))[None, :]  # destination stage
+    pp = dst.pp[:, None]
+    lo, hi = stage_layers(L, pp, j)
+    ends = np.where(pp == 1, model.ends_params(1),
+                    np.where(j == 0, model.embedding_params, np.where(j == pp - 1, model.head_params, 0)))
+    nbytes = ((hi - lo) * model.layer_params + ends) * BF16 / dst.tp[:, None]
+    width = dst.size[:, None] // pp  # devices per destination stage (dp * tp)
+    first = dst.start[:, None] + j * width
+    first_node, last_node = first // G, (first + width - 1) // G
+    s_start, s_size, s_pp = src.start[:, None], src.size[:, None], src.pp[:, None]
+    s_width = s_size // s_pp
+    local = (s_start // G <= first_node) & (last_node <= (s_start + s_size - 1) // G)
+    # node `last`'s first device and node `first`'s last device, as stages of the source mesh
+    # (clipped where the stage is not local anyway)
+    a = np.clip((np.maximum(last_node * G, s_start) - s_start) // s_width, 0, s_pp - 1)
+    b = np.clip((np.minimum((first_node + 1) * G, s_start + s_size) - 1 - s_start) // s_width, 0, s_pp - 1)
+    local &= (stage_layers(L, s_pp, a)[0] <= lo) & (stage_layers(L, s_pp, b)[1] >= hi)
+    t = np.where(local, nbytes / cluster.intra_bw + cluster.intra_latency_s,
+                 nbytes / cluster.inter_bw + cluster.inter_latency_s)
+    worst = np.where(j < pp, t, 0.0).max(axis=1)
+    return np.where(holds_same_shards(src, dst), 0.0, worst)
 
 
-def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option,
-                 coverage: dict | None = None, stages: list | None = None) -> float:
-    """Seconds to move the weights from layout `src` to layout `dst` (see the module doc).
-    `coverage` and `stages` may be passed in precomputed (the simulator caches them)."""
-    if holds_same_shards(src, dst, cluster.gpus_per_node):
-        return 0.0
-    coverage = source_coverage(model, cluster, src) if coverage is None else coverage
-    stages = destination_stages(model, cluster, dst) if stages is None else stages
-    worst = 0.0
-    for nbytes, lo, hi, nodes in stages:
-        local = True
-        for node in nodes:
-            held = coverage.get(node)
-            if held is None or lo < held[0] or held[1] < hi:
-                local = False
-                break
-        t = nbytes / cluster.intra_bw + cluster.intra_latency_s if local else \
-            nbytes / cluster.inter_bw + cluster.inter_latency_s
-        if t > worst:
-            worst = t
-    return worst
+def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option) -> float:
+    """Seconds to move the weights from layout `src` to layout `dst`."""
+    G = cluster.gpus_per_node
+    return float(realloc_times(model, cluster, Layouts.of([src], G), Layouts.of([dst], G))[0])
 
 
 def transfer_time(cluster: ClusterSpec, nbytes: float, src: Option, dst: Option) -> float:
@@ -106,9 +109,4 @@ def transfer_time(cluster: ClusterSpec, nbytes: float, src: Option, dst: Option)
 
 def transfer_bytes(seqs: int, seq_len: int, n_keys: int) -> float:
     return float(seqs * seq_len * n_keys * BYTES_PER_TOKEN_PER_KEY)
-
-
-def layout_key(option: Option) -> tuple:
-    """What a reallocation depends on: the mesh, tp and pp (not dp or micro-batches)."""
-    return (option.mesh, option.strategy.tp, option.strategy.pp)
 

@@ -31,13 +31,37 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from realbench.cost.calls import CallCost, call_cost
+from realbench.cost.calls import call_cost
 from realbench.cost.profiled import profiled_call_time, profiled_links
-from realbench.cost.realloc import (destination_stages, holds_same_shards, layout_key, realloc_time,
-                                    source_coverage, transfer_bytes)
+from realbench.cost.realloc import Layouts, holds_same_shards, realloc_times, transfer_bytes
 from realbench.dataflow import CallKind
 from realbench.plan.mesh import Option
+from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
+
+COLUMNS = ("dur", "lo", "hi", "tp", "pp", "micro_batches", "node", "mesh_id", "working", "weights", "master_bytes")
+
+
+class _Column:
+    """One call's column of per-option numbers, computed on demand (see Estimator._gather):
+    `column[k]` for option indices k, `np.asarray(column)` for all of them."""
+
+    __slots__ = ("est", "i", "key")
+
+    def __init__(self, est: "Estimator", i: int, key: str):
+        self.est, self.i, self.key = est, i, key
+
+    def __getitem__(self, k):
+        if isinstance(k, (int, np.integer)):
+            return self.est._gather(self.i, self.key, np.array([k]))[0]
+        return self.est._gather(self.i, self.key, np.asarray(k))
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.est._table(self.i)[self.key]
+        return a if dtype is None else a.astype(dtype)
+
+    def __len__(self) -> int:
+        return len(self.est.options[self.i])
 
 Choice = Sequence[int]  # an option index per call, in Estimator.call_names order
 
@@ -70,8 +94,11 @@ class PlanEstimate:
     realloc_s: float  # reallocation time per iteration, summed over calls
     calls: dict[str, CallTiming]
     device_peak_bytes: tuple[int, ...]
-    device_memory_bytes: int
+    device_memory_bytes: int  # the device's capacity
+    usable_memory_bytes: int  # what plans may use of it (ClusterSpec.memory_fraction); oom beyond
     tasks: tuple[Task, ...] = field(repr=False)
+    # per call: where its time came from (profile, or analytic where the profile is silent)
+    cost_source: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -83,6 +110,7 @@ class PlanEstimate:
                           "time_s": c.time_s, "realloc_s": c.realloc_s} for n, c in self.calls.items()},
             "device_peak_bytes": list(self.device_peak_bytes),
             "device_memory_bytes": self.device_memory_bytes,
+            "usable_memory_bytes": self.usable_memory_bytes,
         }
 
 
@@ -97,9 +125,11 @@ class _Schedule:
 class Estimator:
     """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
 
-    def __init__(self, scenario: Scenario, iterations: int = 2, profile=None):
+    def __init__(self, scenario: Scenario, iterations: int = 2, profile=None,
+                 only: Optional[dict[str, Sequence[Option]]] = None):
         """`profile` (a realbench.hardware.profile.Profile) replaces the analytic call times
-        where it has measurements (see `cost_source`) and the links by its measured ones."""
+        where it has measurements (see `cost_source`) and the links by its measured ones.
+        `only`: the options to consider per call instead of all of them."""
         if iterations < 2:
             raise ValueError("the steady state needs at least 2 iterations")
         self.scenario = scenario
@@ -113,8 +143,10 @@ class Estimator:
         self.calls = [df.call(n) for n in self.call_names]
         self.n = len(self.calls)
         idx = {n: i for i, n in enumerate(self.call_names)}
-        self.options: list[list[Option]] = [scenario.options[n] for n in self.call_names]
-        self.capacity = self.cluster.device.memory_bytes
+        # every option of each call (lazy OptionSets), or given ones (one plan's, see `estimate`)
+        self.options: list[Sequence[Option]] = [scenario.options[n] if only is None else list(only[n])
+                                                for n in self.call_names]
+        self.capacity = self.cluster.usable_memory_bytes  # plans must fit in this (the headroom)
 
         # dependency structure, by call index
         self.data_preds: list[list[tuple[int, float]]] = []
@@ -147,48 +179,118 @@ class Estimator:
             self.task_call.append(i)
             self.task_is_realloc.append(False)
 
-        # per-option tables (numpy, gathered by option index)
+        # per-option columns (numpy, gathered by option index), computed lazily: a column indexed
+        # with option indices costs only the blocks (mesh shapes) those options belong to; the
+        # whole column (what a search needs) is built per block and spread over positions
+        self._tables: list[Optional[dict[str, np.ndarray]]] = [None] * self.n
+        self._block_cache: dict[tuple[int, int], tuple[dict[str, np.ndarray], int]] = {}
+        for key in COLUMNS:
+            setattr(self, key, [_Column(self, i, key) for i in range(self.n)])
+
+    # -- the option tables ---------------------------------------------------------------------------
+    def _costs(self, i: int, options: Sequence[Option]) -> tuple[dict[str, np.ndarray], int]:
+        """The cost columns of some options of call i, and how many came from the profile."""
+        c = self.calls[i]
+        model = self.scenario.models[c.model]
+        costs = [call_cost(c, model, self.cluster, o) for o in options]
+        measured = 0
+        if self.profile is not None:
+            times = [profiled_call_time(c, model, o, self.profile) for o in options]
+            costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
+            measured = sum(t is not None for t in times)
+        own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
+        return {"dur": np.array([x.time_s for x in costs], dtype=np.float64),
+                "working": np.array([x.working_bytes for x in costs], dtype=np.float64),
+                "weights": np.array([x.weights_bytes for x in costs], dtype=np.float64),
+                "master_bytes": np.array(own, dtype=np.float64)}, measured
+
+    def _block(self, i: int, j: int) -> tuple[dict[str, np.ndarray], int]:
+        """Costs of block j's strategies (every position of the block costs the same)."""
+        hit = self._block_cache.get((i, j))
+        if hit is None:
+            b = self.options[i].blocks[j]
+            mesh = b.mesh(0, self.cluster.gpus_per_node)
+            hit = self._block_cache[(i, j)] = self._costs(i, [Option(mesh, st) for st in b.strategies])
+        return hit
+
+    def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
+        """Where options run: first and end device, the node (-1 across nodes), and ids that are
+        equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
+        micro-batches) per option, see `_strategy_fields`."""
+        G, D = self.cluster.gpus_per_node, self.cluster.n_devices
+        mesh_id = lo * (D + 1) + size
+        node = np.where(size <= G, lo // G, -1)
+        return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
+                "micro_batches": strategy[:, 2], "node": node, "mesh_id": mesh_id}
+
+    @staticmethod
+    def _strategy_fields(strategies) -> np.ndarray:
+        return np.array([(s.tp, s.pp, s.micro_batches) for s in strategies], dtype=np.int64).reshape(-1, 3)
+
+    def _table(self, i: int) -> dict[str, np.ndarray]:
+        """Every column of call i (built once)."""
+        if self._tables[i] is not None:
+            return self._tables[i]
+        opts = self.options[i]
         G = self.cluster.gpus_per_node
-        mesh_ids: dict = {}  # scenario-wide, so that ids compare across calls
-        self.costs: list[list[CallCost]] = []
-        self.cost_source: list[str] = []  # per call: profile | analytic | profile+analytic
-        self.dur, self.lo, self.hi, self.node, self.mesh_id, self.layout_id = [], [], [], [], [], []
-        self.working, self.weights, self.master_bytes = [], [], []
-        for i, c in enumerate(self.calls):
-            model = scenario.models[c.model]
-            opts = self.options[i]
-            costs = [call_cost(c, model, self.cluster, o) for o in opts]
-            if profile is not None:
-                measured = [profiled_call_time(c, model, o, profile) for o in opts]
-                costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, measured)]
-                n_measured = sum(t is not None for t in measured)
-                self.cost_source.append("profile" if n_measured == len(opts) else
-                                        "analytic" if n_measured == 0 else "profile+analytic")
+        if isinstance(opts, OptionSet):
+            parts: dict[str, list[np.ndarray]] = {k: [] for k in ("dur", "working", "weights", "master_bytes")}
+            lo, size, strategies, measured = [], [], [], 0
+            for j, b in enumerate(opts.blocks):
+                costs, m = self._block(i, j)
+                for k in parts:
+                    parts[k].append(np.tile(costs[k], b.positions))
+                measured += m * b.positions
+                n_s = len(b.strategies)
+                lo.append(np.repeat(b.starts(G), n_s))
+                size.append(np.full(len(b), b.size, dtype=np.int64))
+                strategies.append(np.tile(self._strategy_fields(b.strategies), (b.positions, 1)))
+            table = {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+            cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)  # noqa: E731
+            table.update(self._placement(cat(lo), cat(size), np.concatenate(strategies) if strategies
+                                         else self._strategy_fields([])))
+        else:  # a plain list of options (one plan's, see `estimate`)
+            table, measured = self._costs(i, opts)
+            table.update(self._placement(np.array([o.mesh.start(G) for o in opts], dtype=np.int64),
+                                         np.array([o.mesh.size for o in opts], dtype=np.int64),
+                                         self._strategy_fields(o.strategy for o in opts)))
+        total = len(opts)
+        table["source"] = "profile" if total and measured == total else \
+            "analytic" if measured == 0 else "profile+analytic"
+        self._tables[i] = table
+        return table
+
+    def _gather(self, i: int, key: str, k: np.ndarray) -> np.ndarray:
+        """Column `key` of call i at option indices `k`, from the blocks of those options only."""
+        if self._tables[i] is not None or not isinstance(self.options[i], OptionSet):
+            return self._table(i)[key][k]
+        opts = self.options[i]
+        flat = np.asarray(k, dtype=np.int64).ravel()
+        bases = np.array([b.base for b in opts.blocks], dtype=np.int64)
+        which = np.searchsorted(bases, flat, side="right") - 1
+        out = np.empty(flat.shape, dtype=np.float64 if key in ("dur", "working", "weights", "master_bytes")
+                       else np.int64)
+        G = self.cluster.gpus_per_node
+        for j in np.unique(which):
+            b = opts.blocks[int(j)]
+            sel = which == j
+            p, st = np.divmod(flat[sel] - b.base, len(b.strategies))
+            if key in ("dur", "working", "weights", "master_bytes"):
+                out[sel] = self._block(i, int(j))[0][key][st]
             else:
-                self.cost_source.append("analytic")
-            self.costs.append(costs)
-            self.dur.append(np.array([x.time_s for x in costs]))
-            self.lo.append(np.array([o.mesh.start(G) for o in opts], dtype=np.int64))
-            self.hi.append(self.lo[i] + np.array([o.mesh.size for o in opts], dtype=np.int64))
-            self.node.append(np.array([o.mesh.node if o.mesh.nodes == 1 else -1 for o in opts], dtype=np.int64))
-            self.mesh_id.append(np.array([mesh_ids.setdefault(o.mesh, len(mesh_ids)) for o in opts], dtype=np.int64))
-            layouts: dict = {}
-            self.layout_id.append(np.array([layouts.setdefault(layout_key(o), len(layouts)) for o in opts],
-                                           dtype=np.int64))
-            self.working.append(np.array([x.working_bytes for x in costs], dtype=np.float64))
-            self.weights.append(np.array([x.weights_bytes for x in costs], dtype=np.float64))
-            own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
-            self.master_bytes.append(np.array(own, dtype=np.float64))
-        self._pair_cache: dict[tuple[int, int, int], tuple[float, bool]] = {}
-        self._coverage: dict = {}
-        self._stages: dict = {}
-        self._index: list[Optional[dict[Option, int]]] = [None] * self.n
+                place = self._placement(b.starts(G)[p], np.full(p.shape, b.size, dtype=np.int64),
+                                        self._strategy_fields(b.strategies)[st])
+                out[sel] = place[key]
+        return out.reshape(np.shape(k))
+
+    @property
+    def cost_source(self) -> list[str]:
+        """Per call: where its times come from (profile, analytic, or profile+analytic)."""
+        return [self._table(i)["source"] for i in range(self.n)]
 
     # -- options ----------------------------------------------------------------------------------
     def index_of(self, call: int, option: Option) -> int:
-        if self._index[call] is None:
-            self._index[call] = {o: k for k, o in enumerate(self.options[call])}
-        return self._index[call][option]
+        return self.options[call].index(option)
 
     def choice_of(self, options: dict[str, Option]) -> tuple[int, ...]:
         return tuple(self.index_of(i, options[n]) for i, n in enumerate(self.call_names))
@@ -199,36 +301,23 @@ class Estimator:
     def fits_alone(self, call: int, k: int) -> bool:
         """Whether option k of a call fits in device memory with nothing else on the device
         (its master copy or weights plus its working set). Others can never be in a valid plan."""
-        own = self.master_bytes[call][k] if self.master_of[call] == call else self.weights[call][k]
+        own = (self.master_bytes if self.master_of[call] == call else self.weights)[call][k]
         return bool(own + self.working[call][k] <= self.capacity)
 
     def candidates(self, call: int) -> np.ndarray:
         """Indices of the options of a call that fit alone (the search space)."""
-        own = self.master_bytes[call] if self.master_of[call] == call else self.weights[call]
-        return np.flatnonzero(own + self.working[call] <= self.capacity)
+        t = self._table(call)
+        own = t["master_bytes"] if self.master_of[call] == call else t["weights"]
+        return np.flatnonzero(own + t["working"] <= self.capacity)
 
     # -- reallocation -------------------------------------------------------------------------------
-    def _pair(self, call: int, src_layout: int, dst_layout: int, src_k: int, dst_k: int) -> tuple[float, bool]:
-        """(realloc seconds, whether the call needs its own copy of the weights) from the
-        master's layout to the call's; cached per layout pair."""
-        key = (call, src_layout, dst_layout)
-        hit = self._pair_cache.get(key)
-        if hit is None:
-            m = self.master_of[call]
-            src, dst = self.options[m][src_k], self.options[call][dst_k]
-            model = self.scenario.models[self.calls[call].model]
-            coverage = self._coverage.get((m, src_layout))
-            if coverage is None:
-                coverage = self._coverage[(m, src_layout)] = source_coverage(model, self.cluster, src)
-            stages = self._stages.get((call, dst_layout))
-            if stages is None:
-                stages = self._stages[(call, dst_layout)] = destination_stages(model, self.cluster, dst)
-            t = realloc_time(model, self.cluster, src, dst, coverage, stages)
-            hit = self._pair_cache[key] = (t, not holds_same_shards(src, dst, self.cluster.gpus_per_node))
-        return hit
+    def _layouts(self, i: int, k: np.ndarray) -> Layouts:
+        lo = self.lo[i][k]
+        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k])
 
     def _realloc_columns(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(B, n) realloc seconds and (B, n) needs-a-copy flags; zero/False for master calls."""
+        """(B, n) realloc seconds from the master's layout to each call's, and (B, n) whether
+        the call needs its own copy of the weights; zero/False for master calls."""
         B = C.shape[0]
         R = np.zeros((B, self.n))
         copy = np.zeros((B, self.n), dtype=bool)
@@ -236,40 +325,44 @@ class Estimator:
             m = self.master_of[i]
             if m == i:
                 continue
-            width = len(self.options[i])
-            keys, first, inverse = np.unique(C[:, m] * width + C[:, i], return_index=True, return_inverse=True)
-            src_l = self.layout_id[m][C[first, m]].tolist()
-            dst_l = self.layout_id[i][C[first, i]].tolist()
-            src_k, dst_k = C[first, m].tolist(), C[first, i].tolist()
-            values = np.array([self._pair(i, a, b, x, y) for a, b, x, y in zip(src_l, dst_l, src_k, dst_k)])
-            R[:, i] = values[inverse.ravel(), 0]
-            copy[:, i] = values[inverse.ravel(), 1] > 0
+            src, dst = self._layouts(m, C[:, m]), self._layouts(i, C[:, i])
+            R[:, i] = realloc_times(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
+            copy[:, i] = ~holds_same_shards(src, dst)
         return R, copy
 
     # -- memory -----------------------------------------------------------------------------------
     def _memory(self, C: np.ndarray, copy: np.ndarray, per_device: bool = False):
         """Peak bytes per plan (B,), or per device (B, devices). Calls whose column is negative
-        (not chosen yet) are left out, which makes the result a lower bound for any completion."""
-        devices = np.arange(self.cluster.n_devices)
-        persist = np.zeros((C.shape[0], devices.size))
+        (not chosen yet) are left out, which makes the result a lower bound for any completion.
+
+        A device holds the master copies of the meshes it lies in, plus the working set of the
+        call it runs. The master bytes are a step function of the device that rises only where a
+        master mesh starts, so their maximum over a call's mesh is taken at the mesh's first
+        device or at a master mesh's first device inside it: (1 + masters) points per call
+        instead of every device."""
         chosen = C[0] >= 0
-        inside = {}
-        for i in range(self.n):
-            if chosen[i]:
-                k = C[:, i]
-                inside[i] = (devices >= self.lo[i][k][:, None]) & (devices < self.hi[i][k][:, None])
-        for m in self.masters:
-            if chosen[m]:
-                persist += inside[m] * self.master_bytes[m][C[:, m]][:, None]
-        working = np.zeros_like(persist)
+        masters = [m for m in self.masters if chosen[m]]
+        m_lo = np.stack([self.lo[m][C[:, m]] for m in masters], axis=1) if masters else np.zeros((len(C), 0))
+        m_hi = np.stack([self.hi[m][C[:, m]] for m in masters], axis=1) if masters else m_lo
+        m_bytes = np.stack([self.master_bytes[m][C[:, m]] for m in masters], axis=1) if masters else \
+            np.zeros(m_lo.shape)
+        if per_device:
+            devices = np.arange(self.cluster.n_devices)[None, :, None]
+            persist = (m_bytes[:, None, :] * ((m_lo[:, None, :] <= devices) & (devices < m_hi[:, None, :]))).sum(2)
+            working = np.zeros_like(persist)
         peak = np.zeros(C.shape[0])
-        for i in inside:
+        for i in np.flatnonzero(chosen):
             k = C[:, i]
+            lo, hi = self.lo[i][k], self.hi[i][k]
             t = self.working[i][k] + np.where(copy[:, i] & chosen[self.master_of[i]], self.weights[i][k], 0.0)
             if per_device:
-                np.maximum(working, inside[i] * t[:, None], out=working)
-            else:
-                np.maximum(peak, t + (persist * inside[i]).max(axis=1), out=peak)
+                inside = (devices[:, :, 0] >= lo[:, None]) & (devices[:, :, 0] < hi[:, None])
+                np.maximum(working, inside * t[:, None], out=working)
+                continue
+            points = np.concatenate([lo[:, None], np.clip(m_lo, lo[:, None], hi[:, None] - 1)], axis=1)
+            held = (m_bytes[:, None, :] * ((m_lo[:, None, :] <= points[:, :, None])
+                                           & (points[:, :, None] < m_hi[:, None, :]))).sum(axis=2)
+            np.maximum(peak, t + held.max(axis=1), out=peak)
         return persist + working if per_device else peak
 
     # -- time ---------------------------------------------------------------------------------------
@@ -367,7 +460,13 @@ class Estimator:
         return int(self.peak_memory_batch(np.array([[-1 if k is None else k for k in choice]]))[0])
 
     def estimate(self, choice: Choice) -> PlanEstimate:
-        """The full estimate of one plan: timeline, per-call timings, memory per device."""
+        """The full estimate of one plan: timeline, per-call timings, memory per device. It costs
+        the plan's own options only (on a cluster of thousands of devices, building every
+        option's costs would take longer than the estimate)."""
+        if any(isinstance(o, OptionSet) for o in self.options):
+            one = Estimator(self.scenario, self.iterations, self.profile,
+                            only={n: [o] for n, o in self.options_of(choice).items()})
+            return one.estimate([0] * self.n)
         C = np.asarray([choice], dtype=np.int64)
         R, copy = self._realloc_columns(C)
         s = self._schedule(C, R, record=True)
@@ -393,4 +492,6 @@ class Estimator:
                                              float(self.dur[i][k]), float(R[0, i]))
         peak = max(peaks)
         return PlanEstimate(float(s.time[0]), peak, peak > self.capacity, float(s.realloc[0]),
-                            {n: calls[n] for n in self.call_names}, tuple(peaks), self.capacity, tuple(tasks))
+                            {n: calls[n] for n in self.call_names}, tuple(peaks),
+                            self.cluster.device.memory_bytes, self.capacity, tuple(tasks),
+                            dict(zip(self.call_names, self.cost_source)))

@@ -50,11 +50,12 @@ def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optio
         f"<h1>realbench plan report: {html.escape(scenario.name)}</h1>"
         f"<p>{html.escape(scenario.description)}</p>"
         f"<p>Cluster: {c.nodes} node(s) x {c.gpus_per_node} {html.escape(c.device.name)} "
-        f"({c.device.memory_bytes / gib:.0f} GiB each). Algorithm: {html.escape(scenario.algorithm)}. "
+        f"({c.device.memory_bytes / gib:.0f} GiB each, {c.memory_fraction:.0%} of it usable by plans). Algorithm: {html.escape(scenario.algorithm)}. "
         f"Plan space: 10^{summary['plan_space_log10']} plans. "
         f"Made {datetime.datetime.now().isoformat(timespec='seconds')}.</p>"
         f"<p><b>Simulated time per iteration: {estimate.time_per_iter_s:.4g} s</b>; reallocation "
         f"{estimate.realloc_s:.3g} s; peak memory {estimate.peak_mem_bytes / gib:.2f} GiB per device "
+        f"of {estimate.usable_memory_bytes / gib:.3g} GiB usable "
         f"({'OUT OF MEMORY' if estimate.oom else 'fits'}).</p>"
         + _table(["call", "model", "kind", "sequences", "tokens each", "mesh", "dp", "tp", "pp", "micro-batches",
                   "start s", "end s", "alone s", "realloc s"],

@@ -105,6 +105,7 @@ class DeviceInfo(BaseModel):
     preset: str  # the hardware preset it stands for (cpu, h100, a100, ...)
     processes: int = Field(ge=1)
     threads_per_process: int = Field(ge=1)
+    cores: int = Field(default=0, ge=0)  # CPU cores this process may use (0: not recorded)
 
 
 class Profile(BaseModel):
@@ -290,7 +291,8 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
 
         name = torch.cuda.get_device_name(0)
         preset = "h100" if "H100" in name else "a100" if "A100" in name else name.lower().replace(" ", "-")
-        return DeviceInfo(kind="cuda", name=name, preset=preset, processes=processes, threads_per_process=threads)
+        return DeviceInfo(kind="cuda", name=name, preset=preset, processes=processes, threads_per_process=threads,
+                          cores=_cores())
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -300,4 +302,14 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
                     break
     except OSError:
         pass
-    return DeviceInfo(kind="cpu", name=name, preset="cpu", processes=processes, threads_per_process=threads)
+    return DeviceInfo(kind="cpu", name=name, preset="cpu", processes=processes, threads_per_process=threads,
+                      cores=_cores())
+
+
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (containers limit it)
+    except AttributeError:
+        return os.cpu_count() or 1

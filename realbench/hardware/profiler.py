@@ -17,12 +17,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from realbench.errors import ConfigError
 from realbench.hardware.profile import COLLECTIVES, Profile, this_machine
+from realbench.models import ModelSpec
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_LENGTHS = (4, 8, 16, 32)
@@ -31,7 +32,8 @@ DEFAULT_SIZES = tuple(4**k for k in range(5, 12))  # 1 KiB .. 4 MiB
 
 @dataclass(frozen=True)
 class ProfileRequest:
-    models: tuple[str, ...] = ("llama-tiny",)
+    # architectures to measure: preset names or ModelSpecs (a scenario's own shapes, say)
+    models: tuple[Union[str, ModelSpec], ...] = ("llama-tiny",)
     batches: tuple[int, ...] = DEFAULT_BATCHES
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     sizes: tuple[int, ...] = DEFAULT_SIZES
@@ -40,6 +42,21 @@ class ProfileRequest:
     passes: int = 3  # the grid is measured this many times, spread over the run
     nproc: int = 2
     device: str = "cpu"
+    collectives: bool = True  # False: layers only (adding a model to a profile that has them)
+
+    def specs(self) -> list[tuple[str, ModelSpec]]:
+        """(name in the profile, spec) of each requested architecture, once per shape (what a
+        profile is matched on: critics and actors of one shape share their measurements)."""
+        from realbench.models import get_model
+
+        out, seen = [], set()
+        for m in self.models:
+            name, spec = (m, get_model(m)) if isinstance(m, str) else (m.name, m)
+            shape = (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn, spec.vocab)
+            if shape not in seen:
+                seen.add(shape)
+                out.append((name, spec))
+        return out
 
     def tp_degrees(self, spec) -> list[int]:
         out, tp = [], 1
@@ -58,8 +75,6 @@ class ProfileRequest:
 
 
 def check_request(req: ProfileRequest) -> None:
-    from realbench.models import get_model
-
     if req.device not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device {req.device!r} (cpu or cuda)", "--device")
     if req.nproc < 1:
@@ -72,8 +87,7 @@ def check_request(req: ProfileRequest) -> None:
         raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
     if req.passes < 1:
         raise ConfigError("must be at least 1", "--passes")
-    for name in req.models:
-        get_model(name)
+    req.specs()  # unknown preset names fail here
 
 
 # -- measurement inside one process -------------------------------------------------------------------------
@@ -253,8 +267,6 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
     import torch
     import torch.distributed as dist
 
-    from realbench.models import get_model
-
     dev = torch.device("cuda", torch.cuda.current_device()) if req.device == "cuda" else torch.device("cpu")
     done = [0]
 
@@ -264,8 +276,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
             progress.put(done[0])
 
     models: dict = {}
-    for name in req.models:
-        spec = get_model(name)
+    for name, spec in req.specs():
         entry = {"hidden": spec.hidden, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
                  "ffn": spec.ffn, "vocab": spec.vocab, "ops": {}, "optimizer": {}}
         for tp in req.tp_degrees(spec):
@@ -281,17 +292,15 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
         models[name] = entry
-    collectives = _collectives(rank, world, req, tick, dev)
+    collectives = _collectives(rank, world, req, tick, dev) if req.collectives else {}
     return {"models": models, "collectives": collectives} if rank == 0 else None
 
 
 def planned_measurements(req: ProfileRequest) -> int:
-    from realbench.models import get_model
-
     per_tp = (len(req.batches) * (len(req.lengths) * 11 + 1) + 6) * req.passes
-    layers = sum(per_tp * len(req.tp_degrees(get_model(m))) for m in req.models)
+    layers = sum(per_tp * len(req.tp_degrees(spec)) for _, spec in req.specs())
     colls = sum(len(req.sizes) * (len(COLLECTIVES) if n == 2 else len(COLLECTIVES) - 1) for n in req.group_sizes())
-    return layers + colls
+    return layers + (colls if req.collectives else 0)
 
 
 def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, int], None]] = None) -> Profile:

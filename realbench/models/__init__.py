@@ -140,10 +140,13 @@ class FunctionSpec(BaseModel):
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
     """Layer range [lo, hi) of pipeline stage `stage` of `pp`: the first stages take the extra
-    layers. The one split that the cost model and the runtime share."""
-    per, extra = divmod(n_layers, pp)
-    lo = stage * per + min(stage, extra)
-    return lo, lo + per + (1 if stage < extra else 0)
+    layers. The one split that the cost model and the runtime share. Written with arithmetic
+    only, so that `pp` and `stage` may also be numpy arrays (the simulator splits thousands of
+    layouts at once)."""
+    per, extra = n_layers // pp, n_layers % pp
+    first_stages = stage < extra
+    lo = stage * per + extra + (stage - extra) * first_stages  # stage * per + min(stage, extra)
+    return lo, lo + per + first_stages * 1
 
 
 def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000, rope_theta=10000.0,
@@ -162,6 +165,12 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama-13b", 40, 5120, 40, 40, 13824),
         _llama("llama-34b", 48, 8192, 64, 8, 22016, rope_theta=1e6),
         _llama("llama-70b", 80, 8192, 64, 8, 28672),
+        # LLaMA-3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3; the config.json files of
+        # Meta-Llama-3-8B/70B and Llama-3.1-405B): grouped-query attention with 8 KV heads, a
+        # vocabulary of 128,256, rope_theta 5 x 10^5, rms_norm_eps 10^-5
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, vocab=128256, rope_theta=5e5),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, vocab=128256, rope_theta=5e5),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, vocab=128256, rope_theta=5e5),
         # Tiny models: small enough to train on a laptop CPU in seconds.
         _llama("llama-tiny", 4, 64, 4, 2, 176, vocab=128),
         _llama("llama-small", 8, 128, 8, 4, 344, vocab=256),
@@ -174,6 +183,7 @@ PUBLISHED_PARAMS = {
     "llama-13b": 13_015_864_320,
     "llama-34b": 33_743_970_304,
     "llama-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
 }
 
 

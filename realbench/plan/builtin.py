@@ -34,6 +34,11 @@ _SPECS = [
           dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 34B actor/ref, 7B critic/reward, 8x8 H100"),
     _spec("ppo-70b-7b-128gpu", "ppo", 16, 8, "h100", _ppo_models("llama-70b", "llama-7b"),
           dict(prompts=512, prompt_len=256, gen_len=768), "PPO, 70B actor/ref, 7B critic/reward, 16x8 H100"),
+    # At scale: LLaMA-3 models on 128 and 512 nodes of 8 H100s.
+    _spec("ppo-70b-8b-1024gpu", "ppo", 128, 8, "h100", _ppo_models("llama3-70b", "llama3-8b"),
+          dict(prompts=1024, prompt_len=512, gen_len=1024), "PPO, LLaMA-3 70B actor/ref, 8B critic/reward, 128x8 H100"),
+    _spec("ppo-405b-70b-4096gpu", "ppo", 512, 8, "h100", _ppo_models("llama3-405b", "llama3-70b"),
+          dict(prompts=2048, prompt_len=512, gen_len=1024), "PPO, LLaMA-3 405B actor/ref, 70B critic/reward, 512x8 H100"),
     _spec("ppo-7b-7b-16gpu-long", "ppo", 2, 8, "h100", _ppo_models("llama-7b", "llama-7b"),
           dict(prompts=128, prompt_len=2048, gen_len=6144), "PPO with 8k-token sequences, 2x8 H100"),
     _spec("grpo-7b-16gpu", "grpo", 2, 8, "h100", _PG_MODELS,

@@ -12,14 +12,17 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
+from typing import Iterator, Optional
 
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Mesh, Option, Strategy, all_meshes, is_pow2, mesh_problem
+from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2, mesh_problem
 
 MAX_MICRO_BATCHES = 16
 
@@ -65,7 +68,8 @@ def option_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def strategies_for(call: CallDef, model: ModelSpec, cluster: ClusterSpec, mesh: Mesh) -> list[Strategy]:
@@ -77,11 +81,15 @@ def strategies_for(call: CallDef, model: ModelSpec, cluster: ClusterSpec, mesh: 
 def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int) -> tuple[Strategy, ...]:
     out = []
     probe = Mesh(0, 1, 0, size)  # only the size matters to strategy_problem
+    layers = getattr(model, "n_layers", 1)
+    batch = call.seqs // call.optimizer_steps
     for tp in _divisors(math.gcd(size, cluster.gpus_per_node)):
         for pp in _divisors(size // tp):
             dp = size // tp // pp
+            if pp > layers or batch % dp:  # what strategy_problem would refuse, skipped cheaply
+                continue
             m = 1
-            while m <= MAX_MICRO_BATCHES:
+            while m <= MAX_MICRO_BATCHES and batch % (dp * m) == 0:
                 for checkpointing in ((False, True) if call.kind == CallKind.TRAIN else (False,)):
                     s = Strategy(dp, tp, pp, m, checkpointing)
                     if strategy_problem(call, model, cluster, probe, s) is None:
@@ -90,6 +98,137 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     return tuple(out)
 
 
-def enumerate_options(call: CallDef, model: ModelSpec, cluster: ClusterSpec) -> list[Option]:
+@dataclass(frozen=True)
+class Block:
+    """The options of one mesh shape: `gpus` devices on each of `nodes` nodes (an aligned block
+    inside a node when nodes == 1, whole consecutive nodes otherwise), at every position the
+    cluster has for it, each with every strategy the shape accepts. Position-major: option
+    `base + p * len(strategies) + s` is strategy s on the mesh at position p. What a call costs
+    depends on the shape and the strategy, not on the position, so a cost model computes it once
+    per block and strategy."""
+
+    nodes: int
+    gpus: int
+    positions: int
+    strategies: tuple[Strategy, ...]
+    base: int
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.gpus
+
+    def __len__(self) -> int:
+        return self.positions * len(self.strategies)
+
+    def mesh(self, position: int, gpus_per_node: int) -> Mesh:
+        if self.nodes > 1:
+            return Mesh(position, self.nodes, 0, gpus_per_node)
+        node, slot = divmod(position, gpus_per_node // self.gpus)
+        return Mesh(node, 1, slot * self.gpus, self.gpus)
+
+    def position(self, mesh: Mesh, gpus_per_node: int) -> int:
+        return mesh.node if self.nodes > 1 else mesh.node * (gpus_per_node // self.gpus) + mesh.gpu // self.gpus
+
+    def starts(self, gpus_per_node: int):
+        """First device of the mesh at every position (numpy, int64)."""
+        import numpy as np
+
+        if self.nodes > 1:
+            return np.arange(self.positions, dtype=np.int64) * gpus_per_node
+        return np.arange(self.positions, dtype=np.int64) * self.gpus
+
+
+class OptionSet(Sequence):
+    """Every feasible option of a call, in the order of `all_meshes` (smallest meshes first, then
+    by position), each mesh with its strategies, without making them: a cluster of 512 nodes
+    offers millions. Options are computed from their index (`[k]`) and indices from options
+    (`index`); the numbers a cost model needs are computed per `Block` and spread over
+    positions with numpy."""
+
+    def __init__(self, call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec):
+        self.cluster = cluster
+        G, N = cluster.gpus_per_node, cluster.nodes
+        shapes = [(1, g) for g in (1 << e for e in range(G.bit_length())) if g <= G]
+        shapes += [(k, G) for k in range(2, N + 1)]
+        blocks, base = [], 0
+        for nodes, gpus in shapes:
+            strategies = _strategies(call, model, cluster, nodes * gpus)
+            positions = N - nodes + 1 if nodes > 1 else N * (G // gpus)
+            if strategies:
+                blocks.append(Block(nodes, gpus, positions, strategies, base))
+                base += positions * len(strategies)
+        self.blocks = blocks
+        self._length = base
+        self._bases = [b.base for b in blocks]
+        self._by_shape = {(b.nodes, b.gpus): j for j, b in enumerate(blocks)}
+        self._strategy_index = [{s: i for i, s in enumerate(b.strategies)} for b in blocks]
+
+    def __len__(self) -> int:
+        return self._length
+
+    def locate(self, k: int) -> tuple[int, int, int]:
+        """(block, position, strategy index) of option k."""
+        if not -self._length <= k < self._length:
+            raise IndexError(f"option {k} of {self._length}")
+        k %= self._length
+        j = bisect.bisect_right(self._bases, k) - 1
+        b = self.blocks[j]
+        p, s = divmod(k - b.base, len(b.strategies))
+        return j, p, s
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._length))]
+        j, p, s = self.locate(int(k))
+        b = self.blocks[j]
+        return Option(b.mesh(p, self.cluster.gpus_per_node), b.strategies[s])
+
+    def __iter__(self) -> Iterator[Option]:
+        G = self.cluster.gpus_per_node
+        for b in self.blocks:
+            for p in range(b.positions):
+                mesh = b.mesh(p, G)
+                for s in b.strategies:
+                    yield Option(mesh, s)
+
+    def strategy_ids(self, k):
+        """Per option index (numpy): a number that two options share exactly when they have the
+        same strategy (blocks differ in device count, so a strategy belongs to one block)."""
+        import numpy as np
+
+        k = np.asarray(k, dtype=np.int64)
+        j = np.searchsorted(self._bases, k, side="right") - 1
+        n_s = np.array([len(b.strategies) for b in self.blocks], dtype=np.int64)
+        return j * int(n_s.max()) + (k - np.asarray(self._bases, dtype=np.int64)[j]) % n_s[j]
+
+    def block_of(self, mesh: Mesh) -> Optional[int]:
+        return self._by_shape.get((mesh.nodes, mesh.gpus))
+
+    def index(self, option: Option, start: int = 0, stop: Optional[int] = None) -> int:
+        j = self.block_of(option.mesh)
+        s = self._strategy_index[j].get(option.strategy) if j is not None else None
+        if s is None or mesh_problem(option.mesh, self.cluster):
+            raise ValueError(f"{option} is not an option of this call")
+        b = self.blocks[j]
+        return b.base + b.position(option.mesh, self.cluster.gpus_per_node) * len(b.strategies) + s
+
+    def __contains__(self, option) -> bool:
+        try:
+            self.index(option)
+        except (ValueError, AttributeError):
+            return False
+        return True
+
+    def on_mesh(self, mesh: Mesh) -> range:
+        """The indices of the options on `mesh` (empty when the call has none there)."""
+        j = self.block_of(mesh)
+        if j is None or mesh_problem(mesh, self.cluster):
+            return range(0)
+        b = self.blocks[j]
+        first = b.base + b.position(mesh, self.cluster.gpus_per_node) * len(b.strategies)
+        return range(first, first + len(b.strategies))
+
+
+def enumerate_options(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec) -> OptionSet:
     """Every feasible option of a call, ordered by mesh (small first) then strategy."""
-    return [Option(mesh, s) for mesh in all_meshes(cluster) for s in _strategies(call, model, cluster, mesh.size)]
+    return OptionSet(call, model, cluster)

@@ -6,6 +6,7 @@ File form (`realbench.scenario/1`):
     name: my-ppo
     algorithm: ppo
     cluster: {nodes: 2, gpus_per_node: 8, device: h100}     # or device: {name: ..., ...}
+                                                             # memory_fraction: 0.9 (usable by plans)
     models:
       actor: llama-7b                                        # a preset ...
       critic: {arch: llama-7b, value_head: true}             # ... with overrides

@@ -130,16 +130,21 @@ def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640
 
 
 def memory_figure(estimate: PlanEstimate, width: int = 640, height: int = 260):
-    """Peak memory of every device against the device's capacity."""
+    """Peak memory of every device against two lines: the device's capacity (black) and the
+    usable part that plans are searched within (red; the rest is headroom for fragmentation)."""
     peaks = [b / GIB for b in estimate.device_peak_bytes]
-    cap = estimate.device_memory_bytes / GIB
+    cap, usable = estimate.device_memory_bytes / GIB, estimate.usable_memory_bytes / GIB
     src = ColumnDataSource(dict(device=list(range(len(peaks))), gib=peaks,
-                                color=["#d62728" if x > cap else "#1f77b4" for x in peaks]))
+                                color=["#d62728" if x > usable else "#1f77b4" for x in peaks]))
     p = figure(width=width, height=height, tools=TOOLS, x_axis_label="device (rank)", y_axis_label="GiB",
-               title=f"peak memory per device (capacity {cap:.3g} GiB{', OUT OF MEMORY' if estimate.oom else ''})",
+               title=f"peak memory per device (usable {usable:.3g} of {cap:.3g} GiB"
+                     f"{', OUT OF MEMORY' if estimate.oom else ''})",
                y_range=Range1d(0, max(cap, max(peaks)) * 1.1))
     bars = p.vbar(x="device", top="gib", width=0.8, source=src, fill_color="color")
-    p.add_layout(Span(location=cap, dimension="width", line_color="black", line_dash="dashed"))
+    for where, color, text in ((cap, "black", "capacity"), (usable, "#d62728", "usable")):
+        p.add_layout(Span(location=where, dimension="width", line_color=color, line_dash="dashed", name=text))
+        p.add_layout(Label(x=5, y=where, x_units="screen", text=f"{text} {where:.3g} GiB", text_font_size="8pt",
+                           text_color=color, y_offset=2))
     p.add_tools(HoverTool(renderers=[bars], tooltips=[("device", "@device"), ("GiB", "@gib{0.00}")]))
     return p
 

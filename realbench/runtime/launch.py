@@ -230,7 +230,8 @@ class RunSummary:
 
             scenario, options, profile = self.args
             est = Estimator(scenario, profile=profile)
-            self._estimate = est.estimate(est.choice_of(options)), dict(zip(est.call_names, est.cost_source))
+            estimate = est.estimate(est.choice_of(options))
+            self._estimate = estimate, estimate.cost_source
         return summarize_run(records, self.resume_step, *self._estimate)
 
 

@@ -23,22 +23,31 @@ from realbench.search.events import Tracker
 from realbench.search.space import SearchSpace
 
 
-def _neighbours(space: SearchSpace) -> list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]]:
-    """Per call: candidate array, and for each candidate the candidates sharing its mesh and
-    those sharing its (dp, tp, pp, micro_batches)."""
-    out = []
-    est = space.est
-    for i, cands in enumerate(space.pruned):
-        by_mesh: dict = {}
-        by_strategy: dict = {}
-        for pos, k in enumerate(cands):
-            o = est.options[i][k]
-            by_mesh.setdefault(o.mesh, []).append(pos)
-            by_strategy.setdefault(o.strategy, []).append(pos)
-        mesh_groups = [np.array(by_mesh[est.options[i][k].mesh]) for k in cands]
-        strategy_groups = [np.array(by_strategy[est.options[i][k].strategy]) for k in cands]
-        out.append((cands, mesh_groups, strategy_groups))
-    return out
+@dataclass(frozen=True)
+class _Groups:
+    """Candidates grouped by a key, for drawing a uniform member of a candidate's group:
+    positions sorted by key, and per candidate position where its group starts and its size."""
+
+    order: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def by(cls, key: np.ndarray) -> "_Groups":
+        order = np.argsort(key, kind="stable")
+        values, first, count = np.unique(key[order], return_index=True, return_counts=True)
+        group = np.searchsorted(values, key)
+        return cls(order, first[group], count[group])
+
+    def draw(self, rng: np.random.Generator, position: int) -> int:
+        return int(self.order[self.first[position] + rng.integers(self.count[position])])
+
+
+def _neighbours(space: SearchSpace) -> list[tuple[np.ndarray, _Groups, _Groups]]:
+    """Per call: candidate array, and the candidates grouped by mesh and by strategy (dp, tp,
+    pp, micro-batches, recomputation)."""
+    return [(cands, _Groups.by(space.mesh_ids(i, cands)), _Groups.by(space.strategy_ids(i, cands)))
+            for i, cands in enumerate(space.pruned)]
 
 
 @dataclass
@@ -59,7 +68,6 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
     rng = np.random.default_rng(seed)
     n = space.n
     neigh = _neighbours(space)
-    position = [{int(k): p for p, k in enumerate(c)} for c, _, _ in neigh]
     betas = np.geomspace(beta_min, beta_max, chains)
     stats = MCMCStats(betas, np.zeros(chains, dtype=np.int64), np.zeros(chains, dtype=np.int64))
     state = np.tile(np.asarray(start, dtype=np.int64), (chains, 1))
@@ -77,8 +85,8 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
             if kinds[c] == 0:
                 proposal[c, i] = cands[rng.integers(len(cands))]
             else:
-                group = (by_mesh if kinds[c] == 1 else by_strategy)[position[i][int(state[c, i])]]
-                proposal[c, i] = cands[group[rng.integers(len(group))]]
+                groups = by_mesh if kinds[c] == 1 else by_strategy
+                proposal[c, i] = cands[groups.draw(rng, int(np.searchsorted(cands, state[c, i])))]
         t, mem, ok = space.objective(proposal)
         tracker.observe(proposal, t, mem, ok)
         # relative slowdown in floating point (the reference code's integer division made it 0)

@@ -19,6 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from realbench.cost import Estimator
+from realbench.plan.options import OptionSet
 
 FEATURES = ("size", "position", "tp", "pp", "micro_batches")
 
@@ -56,20 +57,50 @@ class SearchSpace:
         resident = sum(float(est.master_bytes[m][self.candidates[m]].max()) for m in est.masters)
         out = []
         for i, cands in enumerate(self.candidates):
+            opts = est.options[i]
+            if isinstance(opts, OptionSet):  # decided per block and spread over its positions
+                out.append(self._pruned_blocks(i, opts, resident))
+                continue
             groups: dict[int, list[int]] = {}
             for k in cands:
                 groups.setdefault(int(est.layout_id[i][k]), []).append(int(k))
             keep = []
             for members in groups.values():
-                members.sort(key=lambda k: (est.dur[i][k], est.working[i][k], k))
-                best_working = math.inf
-                for k in members:  # by time: keep each new low of working memory ...
-                    if est.working[i][k] < best_working:
-                        keep.append(k)
-                        best_working = est.working[i][k]
-                    if est.working[i][k] + est.weights[i][k] + resident <= est.capacity:
-                        break  # ... up to the first memory-safe option
+                keep += self._undominated([(float(est.dur[i][k]), float(est.working[i][k]),
+                                            float(est.weights[i][k]), k) for k in members], resident)
             out.append(np.array(sorted(keep), dtype=np.int64))
+        return out
+
+    def _undominated(self, members: list[tuple[float, float, float, int]], resident: float) -> list[int]:
+        """Of one layout's (time, working bytes, weight bytes, index): by time, each new low of
+        working memory, up to the first memory-safe one."""
+        keep, best_working = [], math.inf
+        for dur, working, weights, k in sorted(members):
+            if working < best_working:
+                keep.append(k)
+                best_working = working
+            if working + weights + resident <= self.est.capacity:
+                break
+        return keep
+
+    def _pruned_blocks(self, i: int, opts: OptionSet, resident: float) -> np.ndarray:
+        """Pruning of an OptionSet: every position of a block costs the same, so the strategies a
+        block keeps (within each tp, pp) are kept at every position."""
+        est, kept = self.est, []
+        for j, b in enumerate(opts.blocks):
+            costs, _ = est._block(i, j)
+            own = costs["master_bytes"] if est.master_of[i] == i else costs["weights"]
+            alone = own + costs["working"] <= est.capacity
+            groups: dict[tuple[int, int], list] = {}
+            for s, st in enumerate(b.strategies):
+                if alone[s]:
+                    groups.setdefault((st.tp, st.pp), []).append(
+                        (float(costs["dur"][s]), float(costs["working"][s]), float(costs["weights"][s]), s))
+            chosen = sorted(s for members in groups.values() for s in self._undominated(members, resident))
+            if chosen:
+                rows = b.base + np.arange(b.positions, dtype=np.int64)[:, None] * len(b.strategies)
+                kept.append((rows + np.array(chosen, dtype=np.int64)[None, :]).ravel())
+        out = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
         return out
 
     def dominating(self, call: int, k: int) -> int:
@@ -77,35 +108,48 @@ class SearchSpace:
         layout, no slower, and either no more working memory or memory-safe."""
         est = self.est
         kept = self.pruned[call]
-        if k in set(kept.tolist()):
+        pos = np.searchsorted(kept, k)
+        if pos < len(kept) and kept[pos] == k:
             return int(k)
-        same = [int(j) for j in kept if est.layout_id[call][j] == est.layout_id[call][k]
-                and est.dur[call][j] <= est.dur[call][k]]
-        leaner = [j for j in same if est.working[call][j] <= est.working[call][k]]
-        return min(leaner or same, key=lambda j: (est.dur[call][j], j))
+        layout = est.layout_id[call][kept]
+        same = kept[(layout == est.layout_id[call][k]) & (est.dur[call][kept] <= est.dur[call][k])]
+        leaner = same[est.working[call][same] <= est.working[call][k]]
+        pool = leaner if len(leaner) else same
+        return int(min(pool.tolist(), key=lambda j: (float(est.dur[call][j]), j)))
 
     def start_plan(self, choice) -> np.ndarray:
         return np.array([self.dominating(i, int(k)) for i, k in enumerate(choice)], dtype=np.int64)
 
     # -- numeric samplers' view --------------------------------------------------------------------------
+    def mesh_ids(self, call: int, k: np.ndarray) -> np.ndarray:
+        """Per option index: a number options share exactly when they run on the same mesh."""
+        return self.est.mesh_id[call][k]
+
+    def strategy_ids(self, call: int, k: np.ndarray) -> np.ndarray:
+        """Per option index: a number two options of the call share exactly when their
+        strategies are equal."""
+        opts = self.est.options[call]
+        if isinstance(opts, OptionSet):
+            return opts.strategy_ids(k)
+        ids: dict = {}
+        return np.array([ids.setdefault(opts[int(x)].strategy, len(ids)) for x in k], dtype=np.int64)
+
     @cached_property
     def features(self) -> list[np.ndarray]:
         est, c = self.est, self.est.cluster
+        D, G = c.n_devices, c.gpus_per_node
         out = []
         for i, cands in enumerate(self.pruned):
             layers = getattr(est.scenario.models[est.calls[i].model], "n_layers", 1)  # a function has none
-            rows = []
-            for k in cands:
-                o = est.options[i][k]
-                s = o.strategy
-                rows.append((
-                    math.log2(o.mesh.size) / max(1.0, math.log2(c.n_devices)),
-                    o.mesh.start(c.gpus_per_node) / max(1, c.n_devices - o.mesh.size) if o.mesh.size < c.n_devices else 0.0,
-                    math.log2(s.tp) / max(1.0, math.log2(c.gpus_per_node)),
-                    math.log2(s.pp) / max(1.0, math.log2(layers)),
-                    math.log2(s.micro_batches) / 4.0,
-                ))
-            out.append(np.array(rows))
+            lo, size = est.lo[i][cands], est.hi[i][cands] - est.lo[i][cands]
+            whole = size >= D
+            out.append(np.stack([
+                np.log2(size) / max(1.0, math.log2(D)),
+                np.where(whole, 0.0, lo / np.maximum(1, D - size)),
+                np.log2(est.tp[i][cands]) / max(1.0, math.log2(G)),
+                np.log2(est.pp[i][cands]) / max(1.0, math.log2(layers)),
+                np.log2(est.micro_batches[i][cands]) / 4.0,
+            ], axis=1))
         return out
 
     def nearest(self, call: int, point: np.ndarray) -> int:

@@ -22,8 +22,12 @@ from realbench.widgets.search import dispatcher, ensure_bokehjs
 
 
 class RunMonitor:
-    def __init__(self, nproc: int = 2, steps: int = 5, seed: int = 0):
+    def __init__(self, nproc: int = 2, steps: int = 5, seed: int = 0, profile="cached"):
+        """`profile`: what the estimates beside the measured times come from: "cached" (this
+        machine's cached profile for CPU runs, measured once when there is none; see
+        realbench.hardware.cache), a Profile, or None (the analytic model)."""
         ensure_bokehjs()
+        self.profile = profile
         self.nproc_box = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
         self.steps_box = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
         self.seed_box = w.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed")
@@ -108,9 +112,22 @@ class RunMonitor:
         from realbench.runtime.launch import run_plan
 
         try:
-            result = run_plan(self.scenario, self.options, self.nproc_box.value, self.steps_box.value,
+            nproc, running = self.nproc_box.value, self.status.value
+            profile = self.profile
+            if isinstance(profile, str):
+                from realbench.hardware.cache import scenario_profile
+                from realbench.runtime.device import resolve_device
+
+                def say(text):
+                    send(setattr, self.status, "value", html.escape(text))
+
+                profile = scenario_profile(self.scenario, nproc, note=say,
+                                           on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}")) \
+                    if resolve_device("auto", nproc) == "cpu" else None
+                send(setattr, self.status, "value", running)
+            result = run_plan(self.scenario, self.options, nproc, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
-                              stop=self._stop.is_set, save_hf=self.save_box.value.strip())
+                              stop=self._stop.is_set, save_hf=self.save_box.value.strip(), profile=profile)
             self.result = result  # at once: wait() returns it even while the kernel's loop is busy
             send(self._finish, result, None)
         except Exception as e:

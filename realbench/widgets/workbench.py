@@ -35,8 +35,9 @@ class Workbench:
         self.search.scenario_override = scenario
         self.search.scenario_box.value = scenario.name  # shown; the editor's scenario is what runs
 
-    def _profile_changed(self, profile) -> None:
+    def _profile_changed(self, profile) -> None:  # a loaded or measured profile costs searches and runs
         self.search.profile = profile
+        self.monitor.profile = profile
 
     def apply_cluster(self) -> bool:
         """Put the edited scenario on the cluster panel's cluster (errors shown in the editor)."""

@@ -1,0 +1,133 @@
+"""The GPU presets against published measurements (realbench.bench.fidelity and its data file)."""
+
+import json
+
+import pytest
+
+from realbench.bench import fidelity
+from realbench.cost import comm
+from realbench.hardware import FITTED, ClusterSpec, DeviceSpec
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fidelity.load_published()
+
+
+@pytest.fixture(scope="module")
+def bench(cli_module):
+    code, out, err = cli_module("bench", "fidelity", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def cli_module():
+    import contextlib
+    import io
+
+    from realbench.cli import main
+
+    def run(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in argv])
+        return code, out.getvalue(), err.getvalue()
+    return run
+
+
+def test_the_data_file_has_30_rows_of_every_kind_from_3_independent_sources(data):
+    rows = data.rows()
+    assert len(rows) >= 30
+    used = {}
+    for kind, _, row in rows:
+        used.setdefault(row.source, set()).add(kind)
+        assert data.sources[row.source].cite.strip()
+    assert {k for kinds in used.values() for k in kinds} == set(fidelity.KINDS)
+    fitted_sources = {s for s in used if not data.sources[s].reserved and not data.sources[s].excluded}
+    assert len(fitted_sources) >= 3
+    reserved = [row for kind, _, row in rows if data.sources[row.source].reserved]
+    assert len(reserved) == 10 and {row.source for row in reserved} == {"megatron-sc21"}
+
+
+def test_the_presets_are_the_fit_and_the_held_out_rows_meet_the_target(bench):
+    assert bench["presets_match_fit"], {k: (bench["fitted"][k], bench["presets"][k]) for k in bench["presets"]}
+    assert bench["rows"] == len(bench["predictions"]) >= 30
+    for kind in fidelity.KINDS:
+        held = bench["summary"][kind]["held-out"]
+        assert held["rows"] >= 2 and held["median_error"] <= fidelity.TARGET_MEDIAN_ERROR, (kind, held)
+    assert bench["meets_target"]
+    assert bench["reserved_sources"] == ["megatron-sc21"]
+    for row in bench["predictions"]:  # predicted beside published, and the error between them
+        assert row["error"] == pytest.approx(row["predicted"] / row["published"] - 1)
+
+
+def test_reserved_and_excluded_rows_never_move_the_fit(data):
+    base = fidelity.fit(data)
+    changed = data.model_copy(update={
+        "train": [r.model_copy(update={"tflops_per_gpu": r.tflops_per_gpu * 3}) if r.source == "megatron-sc21" else r
+                  for r in data.train],
+        "collective": [r.model_copy(update={"busbw_GBps": r.busbw_GBps / 3}) if r.source == "gcp-a3mega" else r
+                       for r in data.collective]})
+    assert fidelity.fit(changed) == pytest.approx(base, rel=1e-9)
+    moved = data.model_copy(update={"train": [r.model_copy(update={"tokens_per_s_per_gpu": r.tokens_per_s_per_gpu * 2})
+                                              if r.source == "torchtitan" else r for r in data.train]})
+    assert fidelity.fit(moved)["matmul_efficiency"] > base["matmul_efficiency"] * 1.1  # fit rows do
+
+
+def test_published_training_flops_convert_to_tokens_per_second_by_the_sources_formula(data):
+    sc21 = next(r for r in data.train if r.source == "megatron-sc21" and r.model == "gpt-1.7b")
+    # 96 B s l h^2 (1 + s/6h + V/16lh) / (B s): 24 layers, h 2304, s 2048, V 51200, 137 TFLOP/s
+    per_token = 96 * 24 * 2304**2 * (1 + 2048 / 13824 + 51200 / 884736)
+    assert per_token == pytest.approx(14.750e9, rel=1e-4)
+    assert fidelity.published_value(data, "train", sc21) == pytest.approx(137e12 / 14.750e9, rel=1e-4)
+    meta = next(r for r in data.train if r.source == "llama3" and r.gpus == 8192)
+    # 6 N + 12 l h s with N = 405,853,388,800, l 126, h 16384, s 8192; 430 TFLOP/s
+    assert fidelity.published_value(data, "train", meta) == pytest.approx(430e12 / (6 * 405_853_388_800 + 12 * 126 * 16384 * 8192))
+
+
+def test_hierarchical_collectives_match_hand_worked_times():
+    d = DeviceSpec(name="x", memory_bytes=1, flops=1, mem_bw=1)
+    c = ClusterSpec(nodes=2, gpus_per_node=4, device=d, intra_bw=100, inter_bw=10, intra_latency_s=1, inter_latency_s=2)
+    # k = 4 per node, N = 2 nodes, S = 800: NVLink 2*3/4*800/100 = 12, NICs 2*1/2*200/10 = 20,
+    # latencies 2 (3*1 + 1*2) = 10: 10 + max(12, 20)
+    assert comm.all_reduce(c, 8, 800, True, per_node=4) == pytest.approx(30.0)
+    assert comm.all_gather(c, 8, 800, True, per_node=4) == pytest.approx(5.0 + max(6.0, 10.0))
+    # one device per node: the plain ring over the NICs, 2*1/2*800/10 + 2*1*2
+    assert comm.all_reduce(c, 2, 800, True) == pytest.approx(84.0)
+    assert comm.all_reduce(c, 4, 800, False) == pytest.approx(2 * 3 / 4 * 800 / 100 + 2 * 3 * 1)
+
+
+def test_a_cross_node_data_parallel_all_reduce_uses_every_nic_of_a_node():
+    from realbench.cost.calls import call_cost, shard_params
+    from realbench.dataflow import CallDef, CallKind
+    from realbench.hardware import cluster
+    from realbench.models import get_model
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    spec, c = get_model("llama-7b"), cluster(2, 8, "h100")
+    call = CallDef(name="t", model="m", kind=CallKind.TRAIN, seqs=64, seq_len=1024)
+    mesh = Mesh(node=0, nodes=2, gpu=0, gpus=8)
+    grads = lambda tp: shard_params(spec, tp, 1) * 2  # noqa: E731 (bf16 gradients of a tp shard, pp 1)
+    for tp, per_node in ((1, 8), (2, 4), (8, 1)):
+        dp = 16 // tp
+        cost = call_cost(call, spec, c, Option(mesh, Strategy(dp=dp, tp=tp, pp=1, micro_batches=1)))
+        assert cost.dp_comm_s == pytest.approx(comm.all_reduce(c, dp, grads(tp), True, per_node), rel=1e-6)
+    assert FITTED["nic_efficiency"] > 0
+
+
+def test_the_readme_table_is_what_bench_fidelity_prints(bench):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("## How far to trust the GPU presets"):text.index("## Running on a cluster")]
+    table = re.findall(r"^\| (train|decode|collective) \| ([a-z-]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|$", section, re.M)
+    expected = {(k, role): v for k, roles in bench["summary"].items() for role, v in roles.items()}
+    assert {(k, role) for k, role, *_ in table} == set(expected)
+    for kind, role, n, median, worst in table:
+        got = expected[(kind, role)]
+        assert int(n) == got["rows"] and float(median) == round(got["median_error"] * 100, 1), (kind, role)
+        assert float(worst) == round(got["worst_error"] * 100, 1), (kind, role)
+    assert f"{bench['rows']} rows" in section
+    assert ("is met for all three" in section) == bench["meets_target"]

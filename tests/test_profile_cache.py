@@ -1,0 +1,135 @@
+"""Local estimates are calibrated by default: this machine's profile is taken once, cached,
+reused, refused when it is another machine's, refreshed on request, and skipped with
+`--profile none` (realbench.hardware.cache)."""
+
+import json
+
+import pytest
+
+from realbench.hardware import cache
+from realbench.hardware.cache import CACHE_ENV, cache_path, machine_identity, machine_profile
+from realbench.models import get_model
+
+ESTIMATE = ("estimate", "--scenario", "ppo-tiny-2cpu", "--baseline", "symmetric", "--json")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    return tmp_path
+
+
+def cached_files(folder):
+    return sorted((folder / "profiles").glob("*.json"))
+
+
+def seeded(session_cache, processes=2):
+    """This machine's profile, copied from the session's cache (measured there once) into the
+    test's own: what a cache holds after a first use."""
+    import shutil
+    from pathlib import Path
+
+    path = cache_path(*machine_identity(processes))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(session_cache) / "profiles" / path.name, path)
+    return path
+
+
+def test_a_cpu_scenario_is_costed_with_this_machines_profile_measured_once(cli, own_cache):
+    code, out, err = cli(*ESTIMATE)
+    assert code == 0, err
+    [path] = cached_files(own_cache)
+    assert path == cache_path(*machine_identity(2))
+    identity, torch_version = machine_identity(2)
+    assert f"{identity.cores}cores" in path.name and "2proc" in path.name and torch_version in path.name
+    assert f"no profile of this machine for 2 processes yet: measuring one (once), cached at {path}" in err
+    first = json.loads(out)
+    assert set(first["cost_source"].values()) == {"profile"}
+    saved = path.read_text()
+    assert json.loads(saved)["device"]["cores"] == identity.cores
+
+    code, out, err = cli(*ESTIMATE)  # reused: nothing measured, nothing said, the same estimate
+    assert code == 0 and err == ""
+    assert path.read_text() == saved
+    assert json.loads(out)["time_per_iter_s"] == first["time_per_iter_s"]
+
+    code, out, err = cli(*ESTIMATE, "--profile", "none")  # opted out: the analytic model
+    assert code == 0 and err == ""
+    assert set(json.loads(out)["cost_source"].values()) == {"analytic"}
+    assert json.loads(out)["time_per_iter_s"] != first["time_per_iter_s"]
+
+    # a GPU scenario keeps the presets and measures nothing
+    code, out, err = cli("estimate", "--scenario", "sft-7b-8gpu", "--baseline", "symmetric", "--json")
+    assert code == 0 and err == "" and set(json.loads(out)["cost_source"].values()) == {"analytic"}
+    assert cached_files(own_cache) == [path]
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("name", "Another CPU", "name 'Another CPU'"),
+    ("cores", 977, "cores 977"),
+    ("processes", 3, "processes 3"),
+    ("torch", "1.0.0", "torch '1.0.0'"),
+])
+def test_a_cached_profile_of_another_machine_is_refused_and_measured_again(own_cache, machine_profile_cache,
+                                                                             monkeypatch, field, value, said):
+    path = seeded(machine_profile_cache)
+    real = machine_profile(2, [get_model("llama-tiny")])  # this machine's: used as it is
+    doc = json.loads(path.read_text())
+    if field == "torch":
+        doc["versions"]["torch"] = value
+    else:
+        doc["device"][field] = value
+    path.write_text(json.dumps(doc))
+    measured = []
+
+    def profile_machine(request, on_progress=None):  # the measurement, counted (its result: the real one)
+        measured.append(request)
+        return real
+    monkeypatch.setattr("realbench.hardware.profiler.profile_machine", profile_machine)
+    notes = []
+    again = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
+    assert len(measured) == 1 and measured[0].nproc == 2
+    assert len(notes) == 1 and f"the cached profile {path} is another machine's ({said}" in notes[0]
+    assert again.device == real.device
+    assert json.loads(path.read_text())["device"] == real.device.model_dump()
+    machine_profile(2, [get_model("llama-tiny")], note=notes.append)  # now it is this machine's
+    assert len(measured) == 1 and len(notes) == 1
+
+
+def test_realbench_profile_without_out_refreshes_the_cached_profile(cli, own_cache, machine_profile_cache):
+    path = seeded(machine_profile_cache)
+    before = json.loads(path.read_text())
+    code, _, err = cli("profile", "--nproc", 2, "--batches", "1,2", "--lengths", "4,8", "--repeats", 3, "--passes", 1)
+    assert code == 0, err
+    assert f"refreshed this machine's cached profile for 2 processes: {path}" in err
+    after = json.loads(path.read_text())
+    assert after["date"] >= before["date"]
+    points = next(iter(after["models"].values()))["ops"]["1"]["block.fwd"]
+    assert {(p["batch"], p["length"]) for p in points} == {(1, 4), (1, 8), (2, 4), (2, 8)}  # the request's grid
+    code, out, err = cli(*ESTIMATE)  # used as it is: it has the scenario's model
+    assert code == 0 and err == "" and set(json.loads(out)["cost_source"].values()) == {"profile"}
+    assert json.loads(path.read_text()) == after
+
+
+def test_a_model_shape_the_cached_profile_lacks_is_measured_and_added(own_cache, machine_profile_cache):
+    tiny = get_model("llama-tiny")
+    seeded(machine_profile_cache)
+    other = tiny.model_copy(update={"name": "wider", "hidden": 96, "n_heads": 4, "n_kv_heads": 2, "ffn": 256})
+    notes = []
+    profile = machine_profile(2, [tiny, other], note=notes.append)
+    assert len(notes) == 1 and "has no measurements of h96-a4-kv2-f256-v128: measuring them (once)" in notes[0]
+    assert profile.model_for(other) is not None and profile.model_for(tiny) is not None
+    assert profile.collectives  # kept from the first measurement
+    notes.clear()
+    machine_profile(2, [other], note=notes.append)
+    assert notes == []
+
+
+def test_the_profile_a_local_run_uses_is_this_machines_for_its_process_count(own_cache, machine_profile_cache):
+    from realbench.plan import load_scenario
+
+    seeded(machine_profile_cache)
+    scenario = load_scenario("ppo-tiny-cpu")
+    profile = cache.scenario_profile(scenario, processes=2)
+    assert profile.device.processes == 2 and cached_files(own_cache) == [cache_path(*machine_identity(2))]
+    assert cache.scenario_profile(load_scenario("ppo-7b-7b-16gpu")) is None
