@@ -133,3 +133,16 @@ def test_the_profile_a_local_run_uses_is_this_machines_for_its_process_count(own
     profile = cache.scenario_profile(scenario, processes=2)
     assert profile.device.processes == 2 and cached_files(own_cache) == [cache_path(*machine_identity(2))]
     assert cache.scenario_profile(load_scenario("ppo-7b-7b-16gpu")) is None
+
+
+def test_the_html_report_of_a_local_plan_shows_the_time_estimate_prints(cli, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    assert cli("estimate", "--scenario", "ppo-tiny-2cpu", "--baseline", "symmetric", "--out", plan)[0] == 0
+    times = {}
+    for setting in ((), ("--profile", "none")):
+        code, out, err = cli("estimate", "--scenario", "ppo-tiny-2cpu", "--plan", plan, "--json", *setting)
+        times[setting] = json.loads(out)["time_per_iter_s"]
+        report = tmp_path / f"report{len(setting)}.html"
+        assert cli("export", "--plan", plan, "--format", "html", "--out", report, *setting)[0] == 0
+        assert f"Simulated time per iteration: {times[setting]:.4g} s" in report.read_text()
+    assert times[()] != times[("--profile", "none")]

@@ -27,6 +27,17 @@ def test_search_dashboard_races_methods_and_hands_the_best_plan_to_the_viewer():
     best = min(r.best_time_s for r in results.values())
     assert viewer.estimate is not None and viewer.estimate.time_per_iter_s == pytest.approx(best)
     assert "best plan of" in viewer.title.value and len(viewer.body.children) == 1
+    # a CPU scenario is searched on this machine's cached profile, as `realbench search` does
+    assert dash._profile is not None and dash._profile.device.processes == 2
+    assert set(viewer.estimate.cost_source.values()) == {"profile"}
+
+
+def test_search_dashboard_without_a_profile_costs_with_the_analytic_model():
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("mcmc",), budget_s=0.5, profile=None)
+    assert dash.start()
+    results = dash.wait(60)
+    est = dash._estimators["mcmc"]
+    assert dash._profile is None and set(est.estimate(results["mcmc"].best_choice).cost_source.values()) == {"analytic"}
 
 
 def test_stop_button_ends_the_searches_early_with_the_best_plan_so_far():

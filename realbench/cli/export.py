@@ -3,7 +3,7 @@ a Slurm batch script, or a standalone HTML report."""
 
 from __future__ import annotations
 
-from realbench.cli import log, non_negative_int
+from realbench.cli import add_profile_args, log, non_negative_int, profile_for
 from realbench.export import DEFAULT_PORT, FORMATS, export_plan
 
 
@@ -34,13 +34,15 @@ def add_parser(sub) -> None:
     p.add_argument("--save-hf", default="", metavar="DIR", help="node 0 writes the trained models there at the end")
     p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                    help="evaluate on the held-out rows every N steps")
+    add_profile_args(p)  # the html report's times, as `estimate` computes them
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     written = export_plan(args.format, args.plan, args.out, args.scenario, args.nodes, args.gpus_per_node,
                           args.steps, args.port, args.master_addr, args.force, dtype=args.dtype,
-                          save_hf=args.save_hf, eval_every=args.eval_every)
+                          save_hf=args.save_hf, eval_every=args.eval_every,
+                          profile_for=lambda scenario: profile_for(args, scenario))
     for path in written:
         log(f"wrote {path}")
     return 0

@@ -43,9 +43,11 @@ def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optio
 
 def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,
                 nodes: Optional[int] = None, gpus_per_node: Optional[int] = None, steps: int = 100,
-                port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False, **worker: Any) -> list[Path]:
+                port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False, profile_for=None,
+                **worker: Any) -> list[Path]:
     """Write the plan in format `fmt` to `out` (the Accelerate form also writes its launch script
-    beside the config, as <out stem>-launch.sh); returns the files written."""
+    beside the config, as <out stem>-launch.sh); returns the files written. `profile_for(scenario)`
+    gives the profile the html report's times come from (None: the analytic model)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
     spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port, **worker)
@@ -53,7 +55,9 @@ def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] 
         from realbench.export.html import plan_report_html
 
         plan, scenario, options = load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)
-        return [write_text(plan_report_html(scenario, options, plan, plan_name=Path(plan_path).name), out, overwrite)]
+        profile = profile_for(scenario) if profile_for else None  # the html report's times
+        return [write_text(plan_report_html(scenario, options, plan, plan_name=Path(plan_path).name, profile=profile),
+                           out, overwrite)]
     if fmt == "torchrun":
         return [write_text(torchrun_script(spec), out, overwrite, mode=0o755)]
     if fmt == "slurm":

@@ -35,11 +35,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optional[Plan] = None,
-                  plan_name: str = "this plan"):
-    """The report as one bokeh layout (also shown by the plan viewer widget)."""
+                  plan_name: str = "this plan", profile=None):
+    """The report as one bokeh layout (also shown by the plan viewer widget); times from
+    `profile` where it has them."""
     from realbench.search import baseline_plans
 
-    est = Estimator(scenario)
+    est = Estimator(scenario, profile=profile)
     choice = est.choice_of(dict(options))
     estimate = est.estimate(choice)
     G = scenario.cluster.gpus_per_node
@@ -84,6 +85,6 @@ def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optio
 
 
 def plan_report_html(scenario: Scenario, options: Mapping[str, Option], plan: Optional[Plan] = None,
-                     plan_name: str = "this plan") -> str:
-    return file_html(report_layout(scenario, options, plan, plan_name), resources=INLINE,
+                     plan_name: str = "this plan", profile=None) -> str:
+    return file_html(report_layout(scenario, options, plan, plan_name, profile), resources=INLINE,
                      title=f"realbench: {scenario.name}")

@@ -140,3 +140,15 @@ def scenario_profile(scenario, processes: Optional[int] = None, note: Callable[[
         return None
     return machine_profile(processes or scenario.cluster.n_devices, scenario.models.values(), "cpu",
                            note=note, on_progress=on_progress)
+
+
+def resolve_profile(setting, scenario, processes: Optional[int] = None, note: Callable[[str], None] = lambda line: None,
+                    on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[Profile]:
+    """What a widget's or report's `profile` setting means for a scenario: "cached" is
+    scenario_profile (this machine's cached profile for a CPU scenario, None for a GPU one); a
+    Profile or None is used as it is."""
+    if isinstance(setting, str):
+        if setting != "cached":
+            raise ValueError(f"profile setting {setting!r}: 'cached', a Profile or None")
+        return scenario_profile(scenario, processes, note=note, on_progress=on_progress)
+    return setting

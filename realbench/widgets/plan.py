@@ -17,8 +17,11 @@ from realbench.widgets.search import ensure_bokehjs
 
 
 class PlanViewer:
-    def __init__(self):
+    def __init__(self, profile="cached"):
+        """`profile`: what the shown plans are costed with ("cached", a Profile or None; see
+        realbench.hardware.cache.resolve_profile): the same as the search that found them."""
         ensure_bokehjs()
+        self.profile = profile
         self.title = w.HTML("<i>no plan yet: run a search, or call show(scenario, options)</i>")
         self.body = w.VBox([])
         self.widget = w.VBox([self.title, self.body])
@@ -29,14 +32,16 @@ class PlanViewer:
     def show(self, scenario: Scenario, options: Mapping[str, Option], name: str = "plan") -> None:
         from realbench.cost import Estimator
         from realbench.export.html import report_layout
+        from realbench.hardware.cache import resolve_profile
 
-        est = Estimator(scenario)
+        self._profile = resolve_profile(self.profile, scenario)
+        est = Estimator(scenario, profile=self._profile)
         self.scenario, self.options = scenario, dict(options)
         self.estimate = est.estimate(est.choice_of(self.options))
         self.title.value = (f"<b>{html.escape(name)}</b> for {html.escape(scenario.name)}: "
                             f"{self.estimate.time_per_iter_s:.4g} s per iteration"
                             + (" <span style='color:#c00'>OUT OF MEMORY</span>" if self.estimate.oom else ""))
-        self.body.children = [BokehModel(report_layout(scenario, self.options, plan_name=name))]
+        self.body.children = [BokehModel(report_layout(scenario, self.options, plan_name=name, profile=self._profile))]
 
     def listen(self, scenario: Scenario, options: Mapping[str, Option], method: str) -> None:
         """A SearchDashboard listener: show the best plan the search found."""
@@ -49,7 +54,7 @@ class PlanViewer:
 
         if self.scenario is None:
             raise ValueError("show a plan first")
-        est = Estimator(self.scenario)
+        est = Estimator(self.scenario, profile=self._profile)
         plans = [self.options, dict(other)]
         estimates = [est.estimate(est.choice_of(p)) for p in plans]
         columns = [column(figures.mesh_map_figure(self.scenario, p, width=460),

@@ -113,18 +113,17 @@ class RunMonitor:
 
         try:
             nproc, running = self.nproc_box.value, self.status.value
-            profile = self.profile
-            if isinstance(profile, str):
-                from realbench.hardware.cache import scenario_profile
-                from realbench.runtime.device import resolve_device
+            from realbench.hardware.cache import resolve_profile
+            from realbench.runtime.device import resolve_device
 
-                def say(text):
-                    send(setattr, self.status, "value", html.escape(text))
+            def say(text):
+                send(setattr, self.status, "value", html.escape(text))
 
-                profile = scenario_profile(self.scenario, nproc, note=say,
-                                           on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}")) \
-                    if resolve_device("auto", nproc) == "cpu" else None
-                send(setattr, self.status, "value", running)
+            # a run on GPUs is not costed with this CPU's profile
+            setting = self.profile if resolve_device("auto", nproc) == "cpu" or not isinstance(self.profile, str) else None
+            profile = resolve_profile(setting, self.scenario, nproc, note=say,
+                                      on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"))
+            send(setattr, self.status, "value", running)
             result = run_plan(self.scenario, self.options, nproc, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
                               stop=self._stop.is_set, save_hf=self.save_box.value.strip(), profile=profile)

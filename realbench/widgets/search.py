@@ -43,10 +43,14 @@ class SearchDashboard:
     """`SearchDashboard().widget` in a notebook; `start()`, `stop()`, `wait()` from Python."""
 
     def __init__(self, scenario: str = "ppo-7b-7b-16gpu", methods=("mcmc", "tpe"), budget_s: float = 10.0,
-                 seed: int = 0, profile=None):
+                 seed: int = 0, profile="cached"):
+        """`profile`: what the searches cost plans with: "cached" (for a CPU scenario, this
+        machine's cached profile, measured once when there is none: realbench.hardware.cache; the
+        presets for a GPU one), a Profile, or None (the analytic model)."""
         from realbench.plan.builtin import BUILTIN
 
         self.profile = profile
+        self._profile = None  # what the running searches use
         ensure_bokehjs()
         self.scenario_box = w.Combobox(value=scenario, options=list(BUILTIN), description="scenario",
                                        placeholder="built-in name or scenario file", ensure_option=False)
@@ -102,12 +106,22 @@ class SearchDashboard:
         from realbench.cost import Estimator
         from realbench.search import baseline_plans
 
+        from realbench.hardware.cache import resolve_profile
+
+        def say(text):
+            self.status.value = html.escape(text)
+        try:
+            self._profile = resolve_profile(self.profile, scenario, note=say,
+                                            on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"))
+        except Exception as e:  # shown inline, never a traceback in the notebook
+            self.status.value = f"<span style='color:#c00'>profiling failed: {html.escape(str(e))}</span>"
+            return False
         self.scenario = scenario
         self._send = dispatcher()
         self._stop.clear()
         self.results, self.latest, self._estimators = {}, {}, {}
         self._finished = False
-        est = Estimator(scenario, profile=self.profile)
+        est = Estimator(scenario, profile=self._profile)
         self.baselines = {k: t for k, (_, t) in baseline_plans(est).items() if math.isfinite(t)}
         self.sources = {m: ColumnDataSource(dict(seconds=[], best=[])) for m in methods}
         self.plot = BokehModel(curves_figure(self.sources, self.baselines))
@@ -137,7 +151,7 @@ class SearchDashboard:
         from realbench.cost import Estimator
 
         try:
-            est = Estimator(self.scenario, profile=self.profile)
+            est = Estimator(self.scenario, profile=self._profile)
             result = run_search(est, method, budget, seed, on_event=lambda e: self._dispatch(self._on_event, e),
                                 stop=self._stop.is_set)
             # the results are kept here, at once, so that wait() returns them even while the
