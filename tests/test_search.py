@@ -321,3 +321,21 @@ def test_mcmc_beats_random_sampling_on_a_budget_far_below_the_space():
         random_best.append(min(t[ok].min(), min(r.baselines.values())))
     ratios = [m / x for m, x in zip(mcmc_best, random_best)]
     assert max(ratios) < 1 and sum(ratios) / len(ratios) < 0.97, ratios
+
+
+def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
+    import json
+
+    code, out, err = cli("bench", "search", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    row = r["scenarios"]["ppo-7b-7b-16gpu"]
+    for method in ("mcmc", "tpe"):
+        m = row[method]
+        assert m["speedup_vs_symmetric"] == pytest.approx(row["baselines"]["symmetric"] / m["median_best_time_s"])
+        assert m["median_best_time_s"] <= min(row["baselines"].values()) + 1e-12  # searches start at the best baseline
+    assert r["exact"]["dpo-7b-8gpu"]["complete"]
+    scale = r["scale"]
+    assert scale["scenario"] == "ppo-70b-8b-1024gpu" and scale["gpus"] == 1024 and scale["evaluations"] > 0
+    assert scale["speedup_vs_symmetric"] == pytest.approx(scale["baselines"]["symmetric"] / scale["best_time_s"])
+    assert scale["beats_symmetric"] == (scale["best_time_s"] < scale["baselines"]["symmetric"])
