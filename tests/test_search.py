@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import math
 import threading
 import time
 
@@ -213,9 +212,13 @@ def test_search_cli_storage_keeps_the_study(cli, tmp_path):
     code, _, err = cli(*args)
     assert code == 0, err
     study = optuna.load_study(study_name="s1", storage=url)
-    assert len(study.trials) >= 15
-    code, _, err = cli(*args)  # same name again: refused, the study is kept
-    assert code == 2 and "already exists" in err
+    first = len(study.trials)
+    assert first >= 15 and {t.user_attrs["method"] for t in study.trials} == {"tpe"}
+    code, _, err = cli(*args)  # the same name again: joined, its trials kept and more added
+    assert code == 0, err
+    assert len(optuna.load_study(study_name="s1", storage=url).trials) >= first + 15
+    code, _, err = cli("search", "--scenario", "ppo-tiny-cpu", *args[3:])  # another scenario's study: refused
+    assert code == 2 and "holds plans of scenario 'ppo-tiny-2cpu'" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -223,7 +226,7 @@ def test_search_cli_storage_keeps_the_study(cli, tmp_path):
     (["--method", "mcmc", "--time-budget", "-1"], "positive"),
     (["--method", "mcmc", "--time-budget", "nan"], "positive"),
     (["--method", "mcmc", "--time-budget", "1", "--seed", "x"], "whole number"),
-    (["--method", "mcmc", "--time-budget", "1", "--storage", "sqlite:///x.db"], "Optuna method"),
+    (["--method", "mcmc", "--time-budget", "1", "--storage", "nosuchdb:///x.db"], "cannot open the study storage"),
     (["--method", "exhaustive", "--time-budget", "1", "--scenario-x"], "unrecognized"),
 ])
 def test_search_cli_bad_input(cli, argv, needle):
@@ -234,16 +237,6 @@ def test_search_cli_bad_input(cli, argv, needle):
 def test_exhaustive_refuses_huge_spaces(cli):
     code, _, err = cli("search", "--scenario", "ppo-70b-7b-128gpu", "--method", "exhaustive", "--time-budget", "5")
     assert code == 2 and "exhaustive" in err and err.count("\n") == 1
-
-
-def test_bench_search_quick(cli):
-    code, out, err = cli("bench", "search", "--quick", "--json")
-    assert code == 0, err
-    r = json.loads(out)
-    row = r["scenarios"]["ppo-7b-7b-16gpu"]
-    assert row["mcmc"]["best_time_s"] <= row["baselines"]["symmetric"]
-    assert r["exact"]["dpo-7b-8gpu"]["complete"]
-    assert math.isfinite(r["encodings"]["cmaes"]["median_best_time_s"])
 
 
 # -- the Metropolis rule itself, on a space of two plans -----------------------------------------------
@@ -339,3 +332,65 @@ def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
     assert scale["scenario"] == "ppo-70b-8b-1024gpu" and scale["gpus"] == 1024 and scale["evaluations"] > 0
     assert scale["speedup_vs_symmetric"] == pytest.approx(scale["baselines"]["symmetric"] / scale["best_time_s"])
     assert scale["beats_symmetric"] == (scale["best_time_s"] < scale["baselines"]["symmetric"])
+
+
+def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_path):
+    """MCMC, exhaustive and TPE write to one study: Optuna's trials, and MCMC's and exhaustive's
+    improvements and periodic samples, each with its method, plan and time; optuna-dashboard,
+    started on that storage, lists the study and its trials."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    best = {}
+    for method, budget in (("mcmc", "2"), ("exhaustive", "30"), ("tpe", "2")):
+        code, out, err = cli("search", "--scenario", "ppo-tiny-2cpu", "--method", method, "--time-budget", budget,
+                             "--storage", url, "--study-name", "race", "--json")
+        assert code == 0, err
+        best[method] = json.loads(out)["best_time_s"]
+    study = optuna.load_study(study_name="race", storage=url)
+    by_method = {}
+    for t in study.trials:
+        by_method.setdefault(t.user_attrs["method"], []).append(t)
+        assert t.user_attrs["time_per_iter_s"] == pytest.approx(t.value) and set(t.user_attrs["plan"]) >= {"actor_gen"}
+    assert set(by_method) == {"mcmc", "exhaustive", "tpe"}
+    for method in ("mcmc", "exhaustive"):  # the last improvement recorded is the best the search reports
+        improvements = [t for t in by_method[method] if t.user_attrs["kind"] == "improvement"]
+        assert improvements and min(t.value for t in improvements) == pytest.approx(best[method])
+        assert [t.value for t in improvements] == sorted((t.value for t in improvements), reverse=True)
+    assert any(t.user_attrs["kind"] == "sample" for t in by_method["mcmc"])
+    assert study.best_value == pytest.approx(min(best.values()))
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from pathlib import Path
+
+    command = Path(sys.executable).parent / "optuna-dashboard"  # its console script, beside this Python
+    dashboard = subprocess.Popen([str(command), url, "--host", "127.0.0.1", "--port", str(port)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, studies = time.time() + 60, None
+        while time.time() < deadline and studies is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+            except OSError:
+                time.sleep(0.5)
+        assert studies is not None, "optuna-dashboard did not answer"
+        [summary] = [s for s in studies if s["study_name"] == "race"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0",
+                                    timeout=10) as r:
+            trials = json.load(r)["trials"]
+        assert len(trials) == len(study.trials)
+        methods = {a["value"] for t in trials for a in t["user_attrs"] if a["key"] == "method"}
+        assert methods == {"mcmc", "exhaustive", "tpe"}
+    finally:
+        dashboard.terminate()
+        dashboard.wait(10)

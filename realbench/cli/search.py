@@ -23,8 +23,10 @@ def add_parser(sub) -> None:
                    help="also stop after this many plan evaluations (makes seeded runs reproducible)")
     p.add_argument("--out", help="write the best plan here (.yaml or .json)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.add_argument("--storage", help="Optuna storage URL, e.g. sqlite:///plans.db (Optuna methods)")
-    p.add_argument("--study-name", help="name of the Optuna study in --storage")
+    p.add_argument("--storage", help="Optuna storage URL, e.g. sqlite:///plans.db: every method writes its trials "
+                                     "there (MCMC and exhaustive: improvements and periodic samples)")
+    p.add_argument("--study-name", help="the study in --storage, joined when it exists (one study for a race); "
+                                        "default SCENARIO-METHOD-seedN")
     p.add_argument("--multi-objective", action="store_true",
                    help="Optuna methods: minimize time and peak memory, report the Pareto front")
     add_profile_args(p)
@@ -39,8 +41,6 @@ def run(args) -> int:
 
         if Path(args.out).exists():  # refuse before spending the budget, not after
             raise ConfigError("exists; pass --force to overwrite it", source=args.out)
-    if args.storage and args.method in ("mcmc", "exhaustive"):
-        raise ConfigError("--storage keeps Optuna studies; it needs an Optuna method (tpe, cmaes, gp, random)")
     est = Estimator(scenario, profile=profile_for(args, scenario))
     study_name = args.study_name or f"{scenario.name}-{args.method}-seed{args.seed}"
     with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:

@@ -26,6 +26,7 @@ class SearchEvent:
     best_choice: Optional[tuple[int, ...]]
     budget_s: float
     done: bool = False
+    current_choice: Optional[tuple[int, ...]] = None  # the latest evaluated plan (a study records samples of it)
 
 
 EventSink = Callable[[SearchEvent], None]
@@ -49,6 +50,7 @@ class Tracker:
     curve: list = field(default_factory=list)
     _last_emit: float = 0.0
     _current: float = math.inf
+    _current_row: Optional[np.ndarray] = None
 
     @property
     def elapsed(self) -> float:
@@ -58,7 +60,7 @@ class Tracker:
         """Record a batch of evaluated plans."""
         self.evaluations += len(times)
         if len(times):
-            self._current = float(times[-1])
+            self._current, self._current_row = float(times[-1]), choices[-1]
         if feasible.any():
             k = int(np.argmin(np.where(feasible, times, np.inf)))
             if times[k] < self.best_time:
@@ -74,8 +76,9 @@ class Tracker:
         if self.on_event is None or not (force or done or now - self._last_emit >= self.every_s):
             return
         self._last_emit = now
+        current = None if self._current_row is None else tuple(int(x) for x in self._current_row)
         self.on_event(SearchEvent(self.method, now, self.evaluations, self.best_time, self._current,
-                                  self.best_choice, self.budget_s, done))
+                                  self.best_choice, self.budget_s, done, current))
 
     def should_stop(self) -> bool:
         if self.elapsed >= self.budget_s:

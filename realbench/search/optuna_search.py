@@ -21,6 +21,7 @@ import numpy as np
 import optuna
 
 from realbench.errors import ConfigError
+from realbench.search.record import open_study, plan_labels
 from realbench.search.events import Tracker
 from realbench.search.space import FEATURES, SearchSpace
 
@@ -118,6 +119,10 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
         trial.set_user_attr("time_per_iter_s", t)
         trial.set_user_attr("peak_mem_bytes", mem)
         trial.set_user_attr("overflow", overflow)
+        trial.set_user_attr("method", method)
+        trial.set_user_attr("kind", "trial")
+        trial.set_user_attr("seconds", tracker.elapsed)
+        trial.set_user_attr("plan", plan_labels(space, choice))
         if multi_objective:
             trial.set_constraint("memory_overflow", overflow)  # > 0: infeasible; samplers steer away
             return t, mem
@@ -132,15 +137,15 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = make_sampler(method, seed, multi_objective, encoder.params(start) if method == "cmaes" else None)
-        study = optuna.create_study(
-            storage=storage, study_name=study_name, sampler=sampler,
-            directions=["minimize", "minimize"] if multi_objective else ["minimize"], load_if_exists=False)
-    except optuna.exceptions.DuplicatedStudyError:
-        raise ConfigError(f"a study named {study_name!r} already exists there; pick another --study-name",
-                          "--storage") from None
+        directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
+        if storage:  # joined when it exists: a race, or processes sharing one study (realbench.search.record)
+            study = open_study(storage, study_name or f"{space.est.scenario.name}-{method}", space.est.scenario.name,
+                               sampler, directions)
+        else:
+            study = optuna.create_study(sampler=sampler, directions=directions)
+            study.set_user_attr("scenario", space.est.scenario.name)
     except (ValueError, ImportError, optuna.exceptions.OptunaError) as e:
         raise ConfigError(f"cannot open the study storage: {e}".splitlines()[0], "--storage") from None
-    study.set_user_attr("scenario", space.est.scenario.name)
     study.enqueue_trial(encoder.params(start), skip_if_exists=True)
     remaining = max(1e-3, tracker.budget_s - tracker.elapsed)
     study.optimize(objective, timeout=remaining, callbacks=[callback], gc_after_trial=False,
