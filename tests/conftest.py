@@ -27,15 +27,23 @@ def machine_profile_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = before
 
 
+def run_cli(*argv):
+    """Run the realbench CLI in-process: returns (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture
 def cli():
-    """Run the realbench CLI in-process: returns (exit status, stdout, stderr)."""
-    def run(*argv):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main([str(a) for a in argv])
-            except SystemExit as e:  # argparse
-                code = e.code
-        return code, out.getvalue(), err.getvalue()
-    return run
+    return run_cli
+
+
+@pytest.fixture(scope="module")
+def cli_once():
+    """The same runner, for module-scoped fixtures (a benchmark run once per file)."""
+    return run_cli

@@ -15,25 +15,10 @@ def data():
 
 
 @pytest.fixture(scope="module")
-def bench(cli_module):
-    code, out, err = cli_module("bench", "fidelity", "--json")
+def bench(cli_once):
+    code, out, err = cli_once("bench", "fidelity", "--json")
     assert code == 0, err
     return json.loads(out)
-
-
-@pytest.fixture(scope="module")
-def cli_module():
-    import contextlib
-    import io
-
-    from realbench.cli import main
-
-    def run(*argv):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(a) for a in argv])
-        return code, out.getvalue(), err.getvalue()
-    return run
 
 
 def test_the_data_file_has_30_rows_of_every_kind_from_3_independent_sources(data):

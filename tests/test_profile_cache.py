@@ -146,3 +146,12 @@ def test_the_html_report_of_a_local_plan_shows_the_time_estimate_prints(cli, tmp
         assert cli("export", "--plan", plan, "--format", "html", "--out", report, *setting)[0] == 0
         assert f"Simulated time per iteration: {times[setting]:.4g} s" in report.read_text()
     assert times[()] != times[("--profile", "none")]
+
+
+def test_bad_flags_are_refused_before_this_machine_is_profiled(cli, own_cache, tmp_path):
+    code, _, err = cli("search", "--scenario", "ppo-tiny-2cpu", "--method", "mcmc", "--time-budget", 1,
+                       "--out", tmp_path / "p.yaml", "--storage", f"sqlite:///{tmp_path / 'no' / 'such.db'}")
+    assert code == 2 and err.startswith("realbench: error: --storage: cannot open") and err.count("\n") == 1
+    code, _, err = cli("estimate", "--scenario", "ppo-tiny-2cpu", "--plan", tmp_path / "missing.yaml")
+    assert code == 2 and err.count("\n") == 1
+    assert not (own_cache / "profiles").exists()  # nothing was measured

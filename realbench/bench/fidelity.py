@@ -58,6 +58,11 @@ class _Row(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     source: str
 
+    def _one_of(self, *names: str) -> None:
+        """A row publishes exactly one of these numbers."""
+        if sum(getattr(self, n) is not None for n in names) != 1:
+            raise ValueError(f"give one of {' and '.join(names)}")
+
 
 class TrainRow(_Row):
     device: Literal["a100", "h100"]
@@ -74,8 +79,7 @@ class TrainRow(_Row):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainRow":
-        if (self.tokens_per_s_per_gpu is None) == (self.tflops_per_gpu is None):
-            raise ValueError("give one of tokens_per_s_per_gpu and tflops_per_gpu")
+        self._one_of("tokens_per_s_per_gpu", "tflops_per_gpu")
         if self.gpus % (self.tp * self.pp) or (self.global_batch % (self.dp * self.micro_batch)):
             raise ValueError("gpus must be a multiple of tp*pp and global_batch of dp*micro_batch")
         return self
@@ -97,8 +101,7 @@ class DecodeRow(_Row):
 
     @model_validator(mode="after")
     def _check(self) -> "DecodeRow":
-        if (self.out_tokens_per_s is None) == (self.first_token_ms is None):
-            raise ValueError("give one of out_tokens_per_s and first_token_ms")
+        self._one_of("out_tokens_per_s", "first_token_ms")
         return self
 
 

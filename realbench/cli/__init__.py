@@ -78,13 +78,16 @@ def add_output_args(p) -> None:
 @contextlib.contextmanager
 def progress_bar(label: str):
     """A bar on stderr; yields the callback on_progress(done, total) that moves it. The bar
-    appears with the first call: work that turns out to have nothing to do prints nothing."""
+    appears with the first call: work that turns out to have nothing to do prints nothing; and
+    only on a terminal (rich cannot draw a live bar into a file or pipe, it would leave a blank line)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     shown: dict = {}
 
     def update(done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
         if not shown:
             shown["bar"] = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                     transient=True, console=Console(file=sys.stderr))
@@ -106,12 +109,10 @@ def profile_for(args, scenario, processes: Optional[int] = None, device_type: st
     if name == "none":
         return None
     if not name:
-        if device_type != "cpu":
-            return None
         from realbench.hardware.cache import scenario_profile
 
         with progress_bar("profiling this machine") as on_progress:
-            return scenario_profile(scenario, processes, note=log, on_progress=on_progress)
+            return scenario_profile(scenario, processes, note=log, on_progress=on_progress, device_type=device_type)
     from realbench.hardware.profile import check_profile_device, load_profile
 
     profile = load_profile(name)

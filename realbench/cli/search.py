@@ -41,8 +41,12 @@ def run(args) -> int:
 
         if Path(args.out).exists():  # refuse before spending the budget, not after
             raise ConfigError("exists; pass --force to overwrite it", source=args.out)
-    est = Estimator(scenario, profile=profile_for(args, scenario))
     study_name = args.study_name or f"{scenario.name}-{args.method}-seed{args.seed}"
+    if args.storage:  # a bad storage or another scenario's study is refused before this machine is profiled
+        from realbench.search.record import open_study
+
+        open_study(args.storage, study_name, scenario.name)
+    est = Estimator(scenario, profile=profile_for(args, scenario))
     with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
         result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,
                             max_evaluations=args.max_evals, storage=args.storage, study_name=study_name,

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from realbench.hardware.profile import DeviceInfo, Profile, load_profile, this_machine
+from realbench.hardware.profile import DeviceInfo, Profile, load_profile, shape_key, this_machine
 
 CACHE_ENV = "REALBENCH_CACHE_DIR"
 
@@ -79,9 +79,8 @@ def shape_named(models: Iterable) -> list:
     a profile matches on, so that names cannot collide."""
     from realbench.models import ModelSpec
 
-    return [spec.model_copy(update={"name": "h{}-a{}-kv{}-f{}-v{}".format(
-        spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn, spec.vocab)}) for spec in models
-        if isinstance(spec, ModelSpec)]
+    return [spec.model_copy(update={"name": "h{}-a{}-kv{}-f{}-v{}".format(*shape_key(spec))}) for spec in models
+            if isinstance(spec, ModelSpec)]
 
 
 def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", refresh: bool = False,
@@ -107,24 +106,21 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
                 note(f"the cached profile {path} is another machine's ({why}): measuring this machine again")
                 cached, explained = None, True
     specs = [spec for _, spec in quick_request(processes, shape_named(models)).specs()]  # one per shape
-    if cached is not None:
-        missing = [s for s in specs if cached.model_for(s) is None]
-        if not missing:
-            return cached
-        note(f"the cached profile of this machine has no measurements of {', '.join(s.name for s in missing)}: "
-             f"measuring them (once), added to {path}")
-        extra = profile_machine(quick_request(processes, missing, device, collectives=False), on_progress)
-        profile = cached.model_copy(update={"models": {**cached.models, **extra.models}})
-    else:
-        if request is None:
-            request = quick_request(processes, specs or ["llama-tiny"], device)
+    if cached is None:
         if not explained and not refresh:
             note(f"no profile of this machine for {processes} processes yet: measuring one (once), cached at {path}")
-        profile = profile_machine(request, on_progress)
-        missing = [s for s in specs if profile.model_for(s) is None]
-        if missing:
-            extra = profile_machine(quick_request(processes, missing, device, collectives=False), on_progress)
-            profile = profile.model_copy(update={"models": {**profile.models, **extra.models}})
+        profile = profile_machine(request or quick_request(processes, specs or ["llama-tiny"], device), on_progress)
+    else:
+        profile = cached
+    missing = [s for s in specs if profile.model_for(s) is None]  # (a given request may lack the scenario's)
+    if cached is not None and not missing:
+        return cached
+    if missing:
+        if cached is not None:
+            note(f"the cached profile of this machine has no measurements of {', '.join(s.name for s in missing)}: "
+                 f"measuring them (once), added to {path}")
+        extra = profile_machine(quick_request(processes, missing, device, collectives=False), on_progress)
+        profile = profile.model_copy(update={"models": {**profile.models, **extra.models}})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     profile.save(tmp, overwrite=True)
@@ -133,22 +129,25 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
 
 
 def scenario_profile(scenario, processes: Optional[int] = None, note: Callable[[str], None] = lambda line: None,
-                     on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[Profile]:
+                     on_progress: Optional[Callable[[int, int], None]] = None,
+                     device_type: str = "cpu") -> Optional[Profile]:
     """The profile a local run or plan of `scenario` is costed with by default: this machine's
-    cached profile for CPU scenarios (measured once if needed), None (the presets) for GPU ones."""
-    if scenario.cluster.device.name != "cpu":
+    cached profile for CPU scenarios (measured once if needed), None (the presets) for GPU ones
+    and for a run on GPUs (`device_type` "cuda": this CPU's profile would not describe it)."""
+    if scenario.cluster.device.name != "cpu" or device_type != "cpu":
         return None
     return machine_profile(processes or scenario.cluster.n_devices, scenario.models.values(), "cpu",
                            note=note, on_progress=on_progress)
 
 
 def resolve_profile(setting, scenario, processes: Optional[int] = None, note: Callable[[str], None] = lambda line: None,
-                    on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[Profile]:
+                    on_progress: Optional[Callable[[int, int], None]] = None,
+                    device_type: str = "cpu") -> Optional[Profile]:
     """What a widget's or report's `profile` setting means for a scenario: "cached" is
     scenario_profile (this machine's cached profile for a CPU scenario, None for a GPU one); a
     Profile or None is used as it is."""
     if isinstance(setting, str):
         if setting != "cached":
             raise ValueError(f"profile setting {setting!r}: 'cached', a Profile or None")
-        return scenario_profile(scenario, processes, note=note, on_progress=on_progress)
+        return scenario_profile(scenario, processes, note=note, on_progress=on_progress, device_type=device_type)
     return setting

@@ -93,8 +93,13 @@ class ModelProfile(BaseModel):
         return self
 
     def matches(self, spec) -> bool:
-        return (self.hidden, self.n_heads, self.n_kv_heads, self.ffn, self.vocab) == \
-            (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn, spec.vocab)
+        return shape_key(self) == shape_key(spec)
+
+
+def shape_key(m) -> tuple[int, ...]:
+    """What a profile's measurements depend on (a ModelSpec or a ModelProfile): two models of one
+    shape share them, whatever their names, depths or heads."""
+    return (m.hidden, m.n_heads, m.n_kv_heads, m.ffn, m.vocab)
 
 
 class DeviceInfo(BaseModel):

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from realbench.errors import ConfigError
-from realbench.hardware.profile import COLLECTIVES, Profile, this_machine
+from realbench.hardware.profile import COLLECTIVES, Profile, shape_key, this_machine
 from realbench.models import ModelSpec
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -52,7 +52,7 @@ class ProfileRequest:
         out, seen = [], set()
         for m in self.models:
             name, spec = (m, get_model(m)) if isinstance(m, str) else (m.name, m)
-            shape = (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn, spec.vocab)
+            shape = shape_key(spec)
             if shape not in seen:
                 seen.add(shape)
                 out.append((name, spec))

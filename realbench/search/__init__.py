@@ -67,10 +67,11 @@ def run_search(est: Estimator, method: str, time_budget: float, seed: int = 0,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     baselines = baseline_plans(est)
+    study_name = study_name or f"{est.scenario.name}-{method}"
     if storage and method in ("mcmc", "exhaustive"):  # their improvements and samples become trials
         from realbench.search.record import StudyRecorder, open_study
 
-        study = open_study(storage, study_name or f"{est.scenario.name}-{method}", est.scenario.name)
+        study = open_study(storage, study_name, est.scenario.name)
         on_event = StudyRecorder(study, space, method, then=on_event)
     tracker = Tracker(method, time_budget, max_evaluations, on_event, stop)
     feasible = [(t, c) for c, t in baselines.values() if math.isfinite(t)]

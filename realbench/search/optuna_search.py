@@ -139,8 +139,7 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
             sampler = make_sampler(method, seed, multi_objective, encoder.params(start) if method == "cmaes" else None)
         directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
         if storage:  # joined when it exists: a race, or processes sharing one study (realbench.search.record)
-            study = open_study(storage, study_name or f"{space.est.scenario.name}-{method}", space.est.scenario.name,
-                               sampler, directions)
+            study = open_study(storage, study_name, space.est.scenario.name, sampler, directions)
         else:
             study = optuna.create_study(sampler=sampler, directions=directions)
             study.set_user_attr("scenario", space.est.scenario.name)

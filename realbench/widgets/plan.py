@@ -22,6 +22,7 @@ class PlanViewer:
         realbench.hardware.cache.resolve_profile): the same as the search that found them."""
         ensure_bokehjs()
         self.profile = profile
+        self._profile = None  # what the shown plan was costed with
         self.title = w.HTML("<i>no plan yet: run a search, or call show(scenario, options)</i>")
         self.body = w.VBox([])
         self.widget = w.VBox([self.title, self.body])

@@ -119,10 +119,9 @@ class RunMonitor:
             def say(text):
                 send(setattr, self.status, "value", html.escape(text))
 
-            # a run on GPUs is not costed with this CPU's profile
-            setting = self.profile if resolve_device("auto", nproc) == "cpu" or not isinstance(self.profile, str) else None
-            profile = resolve_profile(setting, self.scenario, nproc, note=say,
-                                      on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"))
+            profile = resolve_profile(self.profile, self.scenario, nproc, note=say,
+                                      on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"),
+                                      device_type=resolve_device("auto", nproc))
             send(setattr, self.status, "value", running)
             result = run_plan(self.scenario, self.options, nproc, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
