@@ -144,8 +144,9 @@ def _generation_worker(rank, world, cases):
     torch.manual_seed(1)
 
     def both(c, model, m, mine):
-        greedy = generate(model, mine, 6, torch.Generator().manual_seed(0), greedy=True, micro_batches=m)
-        sampled = generate(model, mine, 6, torch.Generator().manual_seed(c.dp), micro_batches=m)
+        greedy = generate(model, mine, 6, greedy=True, micro_batches=m)
+        rows = torch.arange(4).chunk(model.layout.dims.dp)[c.dp]  # the global rows this replica samples
+        sampled = generate(model, mine, 6, key=7, micro_batches=m, rows=rows)
         # plain lists: tensors would go through shared memory that ends with this process
         return c.dp, [t.tolist() for t in greedy], [t.tolist() for t in sampled]
 
@@ -155,7 +156,7 @@ def _generation_worker(rank, world, cases):
 def test_generation_on_any_layout_matches_the_unsharded_model():
     """Greedy decoding with KV caches, pipelined over micro-batches, on tp/pp/dp layouts gives the
     tokens and log-probabilities of the unsharded model recomputed without a cache; sampling with
-    the same seed and micro-batches gives the same sequences whatever the tp and pp."""
+    the same key gives the same sequences whatever the dp, tp, pp and micro-batches."""
     world = 4
     cases = [(Layout.on(range(4), 1, 1, 4), 1), (Layout.on(range(4), 1, 1, 4), 2), (Layout.on(range(4), 1, 1, 4), 4),
              (Layout.on(range(4), 1, 2, 2), 2), (Layout.on(range(4), 2, 1, 2), 2), (Layout.on([1, 3], 1, 1, 2), 2),
@@ -182,11 +183,12 @@ def test_generation_on_any_layout_matches_the_unsharded_model():
             rows = slice(dp * 4 // lay.dims.dp, (dp + 1) * 4 // lay.dims.dp)
             assert torch.equal(g_seqs, seqs[rows]), (lay, m, rank)
             assert torch.allclose(g_lps, ref_lps[rows], atol=1e-5), (lay, m, rank)
-            key = (lay.dims.dp, m, dp)
-            if key in sampled_by:
-                assert torch.equal(sampled[0], sampled_by[key][0]), (lay, m, rank)
-            sampled_by.setdefault(key, sampled)
-    assert len(sampled_by) >= 4  # the sampled comparison compared something
+            sampled_by.setdefault((lay, m), {})[rows.start] = sampled[0]
+    # sampling draws per global row: every layout and micro-batch split samples the same rows
+    whole = [torch.cat([parts[k] for k in sorted(parts)]) for parts in sampled_by.values()]
+    assert len(whole) == len(cases) and all(w.shape == (4, 11) for w in whole)
+    assert all(torch.equal(w, whole[0]) for w in whole), [w[:, 5:].tolist() for w in whole]
+    assert not torch.equal(whole[0], seqs)  # sampled, not greedy
 
 
 @pytest.mark.parametrize("world,spec", [(2, SPEC), (4, SPEC), (4, TIED)])
@@ -404,7 +406,7 @@ def _padded_generation_worker(rank, world, layouts, prompts, eos):
     from realbench.runtime.engine import generate
 
     def greedy(c, model, m, mine):
-        seqs, lps = generate(model, mine, 7, torch.Generator().manual_seed(0), greedy=True, micro_batches=m, eos=eos)
+        seqs, lps = generate(model, mine, 7, greedy=True, micro_batches=m, eos=eos)
         return c.dp, seqs.tolist(), lps.tolist()
 
     return _on_each_layout(rank, layouts, prompts, greedy)
@@ -446,3 +448,25 @@ def test_generation_of_left_padded_prompts_stops_at_eos_on_any_layout():
                 i = dp * part + k
                 assert seq[:6] == prompts[i].tolist() and seq[6:] == expected[i], (lay, rank, i, seq, expected[i])
                 assert all(lp == 0.0 for lp, t in zip(lps[k], seq[6:]) if t == -1)
+
+
+def test_row_draws_are_pcg_hashes_and_sampling_inverts_the_cdf():
+    import numpy as np
+
+    from realbench.runtime.engine import _pcg, row_uniforms, sample_rows
+
+    def pcg32(v):  # the reference, in uint32 arithmetic (Jarzynski and Olano 2020, "pcg_hash")
+        v = np.uint32(v)
+        with np.errstate(over="ignore"):
+            state = v * np.uint32(747796405) + np.uint32(2891336453)
+            word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
+        return int((word >> np.uint32(22)) ^ word)
+
+    values = [0, 1, 2, 12345, 2**31, 2**32 - 1]
+    assert _pcg(torch.tensor(values)).tolist() == [pcg32(v) for v in values]
+    u = row_uniforms(5, torch.tensor([0, 1, 2]), 3)
+    expected = [(pcg32(pcg32(pcg32(5) ^ r) ^ 3) + 0.5) / 2**32 for r in (0, 1, 2)]
+    assert u.tolist() == pytest.approx(expected, abs=0, rel=1e-15)
+    probs = torch.tensor([[0.2, 0.5, 0.3]] * 4)
+    # cumulative 0.2, 0.7, 1.0: u below 0.2 -> 0, up to 0.7 -> 1, above -> 2
+    assert sample_rows(probs, torch.tensor([0.1, 0.25, 0.69, 0.71], dtype=torch.float64)).tolist() == [0, 1, 1, 2]

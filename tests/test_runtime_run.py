@@ -190,12 +190,13 @@ def test_resume_takes_the_latest_checkpoint_and_equals_the_uninterrupted_run(cli
     resumed = json.loads(out)["metrics"]
     assert [m["step"] for m in resumed] == [10, 11]
     assert resumed == whole["metrics"][10:]
-    # under another plan: refused by name, before any process starts
+    # under a plan of another scenario: refused by name, before any process starts
+    other_est = Estimator(get_builtin("ppo-tiny-cpu"))
     other = tmp_path / "other.yaml"
-    plan_from_options(est.scenario, {**options, "actor_gen": option(est, "actor_gen", 1, 1, 2)}).save(other)
-    code, _, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", other, "--nproc", 2, "--steps", 12,
+    plan_from_options(other_est.scenario, other_est.options_of(symmetric_plan(other_est))).save(other)
+    code, _, err = cli("run", "--scenario", "ppo-tiny-cpu", "--plan", other, "--nproc", 4, "--steps", 12,
                        "--checkpoint-dir", ck, "--resume")
-    assert code == 2 and err.count("\n") == 1 and "another plan (call 'actor_gen' differs)" in err, err
+    assert code == 2 and err.count("\n") == 1 and "of scenario 'ppo-tiny-2cpu', not 'ppo-tiny-cpu'" in err, err
     # a non-empty checkpoint folder is not overwritten by a fresh run
     code, _, err = cli(*base, "--steps", 2, "--save-every", 1)
     assert code == 2 and "not empty" in err

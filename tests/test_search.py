@@ -208,7 +208,7 @@ def test_search_cli_storage_keeps_the_study(cli, tmp_path):
 
     url = f"sqlite:///{tmp_path / 'plans.db'}"
     args = ("search", "--scenario", "ppo-tiny-2cpu", "--method", "tpe", "--time-budget", "30", "--max-evals", "15",
-            "--storage", url, "--study-name", "s1", "--json")
+            "--no-descent", "--storage", url, "--study-name", "s1", "--json")  # a trial per evaluation
     code, _, err = cli(*args)
     assert code == 0, err
     study = optuna.load_study(study_name="s1", storage=url)
@@ -227,6 +227,9 @@ def test_search_cli_storage_keeps_the_study(cli, tmp_path):
     (["--method", "mcmc", "--time-budget", "nan"], "positive"),
     (["--method", "mcmc", "--time-budget", "1", "--seed", "x"], "whole number"),
     (["--method", "mcmc", "--time-budget", "1", "--storage", "nosuchdb:///x.db"], "cannot open the study storage"),
+    (["--method", "tpe", "--time-budget", "1", "--storage", "sqlite:plans.db"], "neither a database URL"),
+    (["--method", "tpe", "--time-budget", "1", "--workers", "0"], "must be 1 or more"),
+    (["--method", "tpe", "--time-budget", "1", "--startup-trials", "-2"], "must not be negative"),
     (["--method", "exhaustive", "--time-budget", "1", "--scenario-x"], "unrecognized"),
 ])
 def test_search_cli_bad_input(cli, argv, needle):
@@ -394,3 +397,109 @@ def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_
     finally:
         dashboard.terminate()
         dashboard.wait(10)
+
+
+# -- Optuna samplers: descents, warm starts, shared studies ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ppo7b():
+    return Estimator(get_builtin("ppo-7b-7b-16gpu"))
+
+
+def test_penalized_ranks_overflowing_plans_above_every_plan_that_fits(tiny):
+    from realbench.search.descent import penalized
+
+    space = SearchSpace(tiny)
+    cap = tiny.capacity
+    got = penalized(space, np.array([10.0, 10.0, 3.0]), np.array([cap, 1.5 * cap, 1.25 * cap]),
+                    np.array([True, False, False]), penalty_base=20.0)
+    # fits: its time; 50% over: 20 * 1.5 + 10 = 40; 25% over: 20 * 1.25 + 3 = 28
+    assert got.tolist() == pytest.approx([10.0, 40.0, 28.0])
+
+
+def test_a_descent_ends_where_no_single_call_can_be_placed_better(ppo7b):
+    from realbench.search.descent import descend, penalized
+    from realbench.search.events import Tracker
+
+    space = SearchSpace(ppo7b)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        start = np.array([rng.choice(c) for c in space.pruned])
+        tracker = Tracker("descent", 600)
+        end, value = descend(space, start, tracker, penalty_base=30.0)
+        t, mem, ok = space.objective(np.stack([start, end]))
+        v = penalized(space, t, mem, ok, 30.0)
+        assert value == pytest.approx(v[1]) and v[1] <= v[0]
+        # every one-call neighbour of the end plan, enumerated here: none is better
+        neighbours = []
+        for i, options in enumerate(space.pruned):
+            rows = np.repeat(end[None], len(options), axis=0)
+            rows[:, i] = options
+            neighbours.append(rows)
+        neighbours = np.concatenate(neighbours)
+        assert penalized(space, *space.objective(neighbours), 30.0).min() >= value * (1 - 1e-9)
+        assert tracker.evaluations >= len(neighbours)  # at least the last full pass was counted
+
+
+@pytest.mark.parametrize("method", ["tpe", "random", "cmaes", "gp"])
+def test_every_optuna_sampler_beats_the_descent_from_the_best_baseline(ppo7b, method):
+    """The sampled starts matter: with 100,000 evaluations each sampler ends below where a
+    descent from the best baseline alone (its warm start) ends, and below every baseline."""
+    from realbench.search import baseline_plans
+    from realbench.search.descent import descend
+    from realbench.search.events import Tracker
+
+    space = SearchSpace(ppo7b)
+    base = baseline_plans(ppo7b)
+    best_baseline, choice = min((t, c) for c, t in base.values())
+    _, warm = descend(space, space.start_plan(choice), Tracker("descent", 600), 2 * best_baseline)
+    assert warm < best_baseline
+    r = run_search(ppo7b, method, 120, seed=0, max_evaluations=100_000)
+    assert r.best_time_s < warm * (1 - 1e-6), (r.best_time_s, warm)
+    again = run_search(ppo7b, method, 120, seed=0, max_evaluations=100_000)
+    assert again.best_choice == r.best_choice  # seeded: reproducible
+
+
+def test_without_the_descent_tpe_reports_sampled_plans_one_per_evaluation(ppo7b):
+    r = run_search(ppo7b, "tpe", 120, seed=0, max_evaluations=40, descent=False)
+    assert r.evaluations == 40
+
+
+def test_two_worker_processes_share_one_journal_study_and_the_best_of_both_is_reported(ppo7b, tmp_path):
+    """`workers=2`: this process and a spawned one write one journal file. This process is told to
+    stop at once (it keeps the best baseline), so the best reported must be the other's."""
+    import optuna
+
+    from realbench.search.record import open_study
+
+    journal = str(tmp_path / "study.journal")
+    r = run_search(ppo7b, "tpe", 4.0, seed=0, storage=journal, study_name="shared", workers=2, stop=lambda: True)
+    study = open_study(journal, "shared", ppo7b.scenario.name)
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert {(t.user_attrs["worker"], t.user_attrs["seed"]) for t in trials} == {(0, 0), (1, 1)}
+    mine = [t.user_attrs["time_per_iter_s"] for t in trials if t.user_attrs["worker"] == 0 and t.user_attrs["feasible"]]
+    theirs = [t.user_attrs["time_per_iter_s"] for t in trials if t.user_attrs["worker"] == 1 and t.user_attrs["feasible"]]
+    assert min(theirs) < min(mine)
+    assert r.best_time_s == pytest.approx(min(theirs)) and ppo7b.evaluate(r.best_choice)[0] == pytest.approx(r.best_time_s)
+
+
+def test_a_search_joining_a_shared_study_reports_the_best_plan_of_its_method_there(cli, tmp_path):
+    """Two `realbench search` processes on one journal file, one after the other: the second,
+    allowed a single evaluation, reports the first one's best TPE plan (re-estimated), not
+    the MCMC plan another runner wrote there, and both runs' trials are in the study."""
+    from realbench.search.record import open_study
+
+    journal = str(tmp_path / "race.journal")
+    common = ("search", "--scenario", "ppo-7b-7b-16gpu", "--storage", journal, "--study-name", "S", "--json")
+    code, out, err = cli(*common, "--method", "tpe", "--time-budget", "3", "--seed", "0")
+    assert code == 0, err
+    first = json.loads(out)
+    code, out, err = cli(*common, "--method", "mcmc", "--time-budget", "1", "--seed", "0")
+    assert code == 0, err
+    code, out, err = cli(*common, "--method", "tpe", "--time-budget", "60", "--max-evals", "1", "--seed", "9")
+    assert code == 0, err
+    second = json.loads(out)
+    assert second["evaluations"] == 1 and first["best_time_s"] < min(second["baselines"].values())
+    assert second["best_time_s"] == pytest.approx(first["best_time_s"]) and second["plan"] == first["plan"]
+    seeds = {(t.user_attrs["method"], t.user_attrs["seed"]) for t in open_study(journal, "S", "ppo-7b-7b-16gpu").trials}
+    assert {("tpe", 0), ("tpe", 9), ("mcmc", 0)} <= seeds

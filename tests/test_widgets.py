@@ -53,12 +53,41 @@ def test_stop_button_ends_the_searches_early_with_the_best_plan_so_far():
 
 @pytest.mark.parametrize("field, value, words", [
     ("budget_box", -1.0, "budget"), ("scenario_box", "no-such-scenario", "unknown scenario"),
-    ("methods_box", (), "at least one"), ("seed_box", -3, "seed")])
+    ("methods_box", (), "at least one"), ("seed_box", -3, "seed"), ("startup_box", -1, "start-up trials")])
 def test_bad_widget_values_are_shown_inline(field, value, words):
     dash = SearchDashboard(scenario="ppo-tiny-2cpu", budget_s=1)
     getattr(dash, field).value = value
     assert dash.start() is False and not dash.running
     assert words in dash.status.value and "Traceback" not in dash.status.value
+
+
+def test_search_dashboard_passes_the_sampler_settings_and_shows_evaluations_per_second(monkeypatch):
+    import re
+
+    import realbench.search.optuna_search as optuna_search
+
+    made = []
+    real = optuna_search.make_sampler
+
+    def spy(method, seed, multi_objective, x0=None, settings=None):
+        sampler = real(method, seed, multi_objective, x0, settings)
+        made.append((method, sampler))
+        return sampler
+    monkeypatch.setattr(optuna_search, "make_sampler", spy)
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("mcmc", "tpe"), budget_s=1.0)
+    dash.startup_box.value, dash.multivariate_box.value = 3, False
+    assert dash.start()
+    results = dash.wait(60)
+    [(method, sampler)] = made
+    assert method == "tpe" and sampler._n_startup_trials == 3 and sampler._multivariate is False
+    # one row per method: its plans so far and plans per second, from its latest event
+    rows = dict((m, (int(n.replace(",", "")), float(r.replace(",", "")))) for m, n, r in
+                re.findall(r"<tr><td>(\w+)</td><td>([\d,]+)</td><td>([\d,.]+)</td></tr>", dash.rates.value))
+    assert set(rows) == {"mcmc", "tpe"}
+    for m, (plans, rate) in rows.items():
+        e = dash.latest[m]
+        assert plans == e.evaluations == results[m].evaluations and rate == pytest.approx(e.evaluations / e.seconds, abs=0.5)
+    assert dash.rates in dash.widget.children[3].children
 
 
 def test_plan_viewer_compares_two_plans():
@@ -196,3 +225,18 @@ def test_workbench_wires_the_widgets():
     assert wb.search.start()
     wb.search.wait(60)
     assert wb.viewer.estimate is not None and wb.monitor.options is not None and not wb.monitor.run_button.disabled
+
+
+def test_run_monitor_marks_plan_switches_on_the_step_time_curve():
+    from realbench.widgets import RunMonitor
+
+    mon = RunMonitor(steps=3)
+    versions = [0, 0, 1, 1, 2]
+    summary = {"metrics": [{"step": s, "reward": 0.0, "loss": 0.0} for s in range(5)], "calls": {}, "samples": [],
+               "timings": [{"step": s, "seconds": 0.1 * (s + 1), "plan_version": v} for s, v in enumerate(versions)]}
+    mon._show(summary)
+    assert mon.step_times.data["step"] == [0, 1, 2, 3, 4]
+    assert mon.switch_marks.data == {"step": [2, 4], "seconds": [pytest.approx(0.3), pytest.approx(0.5)]}
+    assert mon._replan().every == 0  # off unless asked
+    mon.replan_box.value, mon.replan_budget_box.value = 3, 2.0
+    assert (mon._replan().every, mon._replan().budget_s) == (3, 2.0)

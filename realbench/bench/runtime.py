@@ -57,7 +57,7 @@ def run(rounds: int = 7, hidden: int = 512, layers: int = 4, vocab: int = 4096, 
 
     def ours_generate():
         with torch.no_grad():
-            generate(ours, prompts, new_tokens, torch.Generator().manual_seed(0), greedy=True)
+            generate(ours, prompts, new_tokens, greedy=True)
 
     def hf_generate():
         with torch.no_grad():

@@ -49,6 +49,13 @@ def non_negative_int(text: str) -> int:
     return v
 
 
+def positive_int(text: str) -> int:
+    v = non_negative_int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return v
+
+
 def add_profile_args(p) -> None:
     p.add_argument("--profile", help="a profile file (realbench profile): measured call times where it "
                                      "has them, the analytic model elsewhere; 'none': the analytic model only. "
@@ -73,6 +80,32 @@ def add_output_args(p) -> None:
                         "(and into each --save-every checkpoint); DIR must be new or empty")
     p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                    help="every N steps, evaluate on the held-out rows (data.eval or data.eval_size)")
+
+
+def fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in [0, 1)")
+    return v
+
+
+def add_replan_args(p) -> None:
+    p.add_argument("--replan-every", type=positive_int, default=0, metavar="K",
+                   help="every K steps under one plan, recalibrate the estimator from the measured call times, "
+                        "search a plan beside the training, and switch to it between two steps if it is faster")
+    p.add_argument("--replan-budget", type=positive_float, default=5.0, metavar="SEC",
+                   help="seconds each re-planning search takes (default 5)")
+    p.add_argument("--replan-min-gain", type=fraction, default=0.05, metavar="G",
+                   help="switch only to a plan predicted at least this fraction faster (default 0.05)")
+
+
+def replan_settings(args, profile_file: str = ""):
+    from realbench.runtime.launch import ReplanSettings
+
+    return ReplanSettings(args.replan_every, args.replan_budget, args.replan_min_gain, profile_file)
 
 
 @contextlib.contextmanager
@@ -121,11 +154,12 @@ def profile_for(args, scenario, processes: Optional[int] = None, device_type: st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import bench, estimate, export, lab, profile, run, scenarios, search, validate, worker
+    from realbench.cli import (bench, checkpoint, estimate, export, lab, profile, run, scenarios, search, validate,
+                               worker)
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (scenarios, validate, estimate, search, profile, run, worker, export, bench, lab):
+    for module in (scenarios, validate, estimate, search, profile, run, worker, checkpoint, export, bench, lab):
         module.add_parser(sub)
     return parser
 

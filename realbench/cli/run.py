@@ -11,8 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
-from realbench.cli import (add_device_args, add_output_args, add_profile_args, emit_json, log, non_negative_int,
-                           profile_for)
+from realbench.cli import (add_device_args, add_output_args, add_profile_args, add_replan_args, emit_json, log,
+                           non_negative_int, profile_for, replan_settings)
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="", metavar="DIR",
                    help="write metrics.jsonl, samples.jsonl and summary.json into DIR (new or empty)")
     add_output_args(p)
+    add_replan_args(p)
     add_device_args(p, "one GPU per process")
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
@@ -91,7 +92,7 @@ def run(args) -> int:
             raise ConfigError("exists and is not empty: name a new folder", "--out", args.out)
     # bad flags are refused before this machine is profiled (which may take a minute the first time)
     check_run(scenario, options, args.nproc, args.steps, args.save_every, args.checkpoint_dir, args.resume,
-              save_hf=args.save_hf, eval_every=args.eval_every)
+              save_hf=args.save_hf, eval_every=args.eval_every, replan=replan_settings(args))
     profile = profile_for(args, scenario, args.nproc, resolve_device(args.device, args.nproc))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,8 @@ def run(args) -> int:
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
                           args.checkpoint_dir, args.resume, profile=profile, device=args.device,
-                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress)
+                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress,
+                          replan=replan_settings(args))
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1

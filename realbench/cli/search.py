@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 
-from realbench.cli import add_profile_args, emit_json, log, non_negative_int, positive_float, profile_for
+from realbench.cli import add_profile_args, emit_json, log, non_negative_int, positive_float, positive_int, profile_for
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options
 from realbench.plan.schema import write_document
-from realbench.search import METHODS, SearchEvent, run_search
+from realbench.search import METHODS, SamplerSettings, SearchEvent, run_search
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,15 @@ def add_parser(sub) -> None:
                                      "there (MCMC and exhaustive: improvements and periodic samples)")
     p.add_argument("--study-name", help="the study in --storage, joined when it exists (one study for a race); "
                                         "default SCENARIO-METHOD-seedN")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="search in N processes sharing one study (--storage, or a temporary journal file); "
+                        "seeds SEED..SEED+N-1; the best plan of all is reported")
+    p.add_argument("--startup-trials", type=non_negative_int, default=None, metavar="N",
+                   help="TPE, GP: random trials before the sampler models results (default: Optuna's, 10)")
+    p.add_argument("--multivariate", action=argparse.BooleanOptionalAction, default=True,
+                   help="TPE: model the parameters jointly (default) or one by one")
+    p.add_argument("--no-descent", dest="descent", action="store_false",
+                   help="Optuna methods: report sampled plans as they are, without descending to a local optimum")
     p.add_argument("--multi-objective", action="store_true",
                    help="Optuna methods: minimize time and peak memory, report the Pareto front")
     add_profile_args(p)
@@ -50,7 +60,8 @@ def run(args) -> int:
     with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
         result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,
                             max_evaluations=args.max_evals, storage=args.storage, study_name=study_name,
-                            multi_objective=args.multi_objective)
+                            multi_objective=args.multi_objective, workers=args.workers, descent=args.descent,
+                            settings=SamplerSettings(args.startup_trials, args.multivariate))
     if result.best_choice is None:
         raise ConfigError("no plan that fits in memory was found within the budget", "--time-budget")
     out = result.to_json()

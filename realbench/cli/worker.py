@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from realbench.cli import add_device_args, add_output_args, emit_json, non_negative_int
+from realbench.cli import add_device_args, add_output_args, add_replan_args, emit_json, non_negative_int, replan_settings
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", action="store_true")
     add_output_args(p)
+    add_replan_args(p)
+    p.add_argument("--replan-profile", default="", metavar="FILE", help="the profile re-planning estimates with")
     add_device_args(p, "the GPU LOCAL_RANK")
     p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
     p.set_defaults(handler=run)
@@ -53,13 +55,13 @@ def run(args) -> int:
     _, _, options = load_plan(args.plan, scenario)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
                             args.resume, flag="WORLD_SIZE", save_hf=args.save_hf if rank == 0 else "",
-                            eval_every=args.eval_every)
+                            eval_every=args.eval_every, replan=replan_settings(args, args.replan_profile))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
                        args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype,
-                       args.save_hf, args.eval_every)
+                       args.save_hf, args.eval_every, replan_settings(args, args.replan_profile))
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
@@ -67,7 +69,7 @@ def run(args) -> int:
     if rank != 0:
         return 0
     result = {**RunSummary(scenario, options, resume_step)(json.loads((out / "records.json").read_text())),
-              "device": device_type, "dtype": dtype}
+              "device": device_type, "dtype": dtype, **_switches(out)}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:
         emit_json(result)
@@ -76,3 +78,8 @@ def run(args) -> int:
 
         print_summary(result, scenario.name, world)
     return 0
+
+
+def _switches(out: Path) -> dict:
+    path = out / "switches.json"
+    return {"switches": json.loads(path.read_text())} if path.exists() else {}

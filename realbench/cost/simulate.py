@@ -126,10 +126,13 @@ class Estimator:
     """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
 
     def __init__(self, scenario: Scenario, iterations: int = 2, profile=None,
-                 only: Optional[dict[str, Sequence[Option]]] = None):
+                 only: Optional[dict[str, Sequence[Option]]] = None, call_scale: Optional[dict[str, float]] = None):
         """`profile` (a realbench.hardware.profile.Profile) replaces the analytic call times
         where it has measurements (see `cost_source`) and the links by its measured ones.
-        `only`: the options to consider per call instead of all of them."""
+        `only`: the options to consider per call instead of all of them. `call_scale`: per call,
+        a factor on its time under every option (a run's measured time over the estimate of
+        the plan it ran: re-planning recalibrates the estimator this way)."""
+        self.call_scale = dict(call_scale or {})
         if iterations < 2:
             raise ValueError("the steady state needs at least 2 iterations")
         self.scenario = scenario
@@ -199,7 +202,8 @@ class Estimator:
             costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
             measured = sum(t is not None for t in times)
         own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
-        return {"dur": np.array([x.time_s for x in costs], dtype=np.float64),
+        scale = self.call_scale.get(c.name, 1.0)
+        return {"dur": np.array([x.time_s * scale for x in costs], dtype=np.float64),
                 "working": np.array([x.working_bytes for x in costs], dtype=np.float64),
                 "weights": np.array([x.weights_bytes for x in costs], dtype=np.float64),
                 "master_bytes": np.array(own, dtype=np.float64)}, measured
@@ -465,7 +469,7 @@ class Estimator:
         option's costs would take longer than the estimate)."""
         if any(isinstance(o, OptionSet) for o in self.options):
             one = Estimator(self.scenario, self.iterations, self.profile,
-                            only={n: [o] for n, o in self.options_of(choice).items()})
+                            only={n: [o] for n, o in self.options_of(choice).items()}, call_scale=self.call_scale)
             return one.estimate([0] * self.n)
         C = np.asarray([choice], dtype=np.int64)
         R, copy = self._realloc_columns(C)

@@ -3,10 +3,12 @@
 * Hugging Face checkpoints (a folder with config.json and model.safetensors, or shards listed
   in model.safetensors.index.json) load into realbench's parameter names.
 * realbench checkpoints: a folder `step<N>` per checkpoint, with one safetensors file per rank
-  (its master shards and Adam state, written and read by runtime.worker) and `checkpoint.json`,
-  the manifest: the step, the scenario, the plan's placements and the number of processes. Rank 0
+  (its master shards and Adam state, written by runtime.worker) and `checkpoint.json`, the
+  manifest: the step, the scenario, the plan's placements and the number of processes. Rank 0
   writes the manifest after every rank's file is on disk, so a folder without one is a save that
-  did not finish, and is never resumed from.
+  did not finish, and is never resumed from. `load_resharded` reads one back under any plan of
+  its scenario and any number of processes (as PyTorch's Distributed Checkpoint and Megatron's
+  dist-checkpointing reshard on load); `convert_to_hf` writes one as Hugging Face folders.
 """
 
 from __future__ import annotations
@@ -99,11 +101,14 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-def write_manifest(folder: str | Path, step: int, scenario: str, calls: dict, processes: int) -> None:
-    """Mark a checkpoint complete (an atomic rename: a reader sees all of it or nothing)."""
+def write_manifest(folder: str | Path, step: int, scenario: str, calls: dict, processes: int,
+                   scenario_document: dict | None = None) -> None:
+    """Mark a checkpoint complete (an atomic rename: a reader sees all of it or nothing). The
+    scenario's document goes with it, so that `realbench checkpoint convert` needs nothing else."""
     from realbench.plan.schema import write_text
 
-    doc = {"schema": CHECKPOINT_SCHEMA, "step": step, "scenario": scenario, "processes": processes, "calls": calls}
+    doc = {"schema": CHECKPOINT_SCHEMA, "step": step, "scenario": scenario, "processes": processes, "calls": calls,
+           **({"scenario_document": scenario_document} if scenario_document else {})}
     write_text(json.dumps(doc, indent=2) + "\n", Path(folder) / MANIFEST, overwrite=True)
 
 
@@ -116,6 +121,143 @@ def read_manifest(folder: str | Path) -> dict:
     if not isinstance(doc, dict) or doc.get("schema") != CHECKPOINT_SCHEMA:
         raise ConfigError(f"not a {CHECKPOINT_SCHEMA} manifest", source=str(path))
     return doc
+
+
+def written_options(scenario, manifest: dict) -> dict:
+    """The options of the plan a checkpoint was written under (its manifest's placements)."""
+    from realbench.plan.plan import plan_from_document, resolve_plan
+
+    doc = {"schema": "realbench.plan/1", "scenario": scenario.name, "calls": manifest["calls"]}
+    return resolve_plan(plan_from_document(doc, "the checkpoint's manifest"), scenario)
+
+
+# where each kind of state a worker holds (Worker.master_state) lies in a rank's file
+_FILE_KEYS = {"master": "model/{role}/{name}", "weights": "model/{role}/{name}",
+              "exp_avg": "adam/{role}/{name}/exp_avg", "exp_avg_sq": "adam/{role}/{name}/exp_avg_sq"}
+
+
+class _RankFiles:
+    """The rank files of one checkpoint, opened when first read (a process opens only the files
+    its slices come from)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.open = folder, {}
+
+    def __call__(self, rank: int):
+        if rank not in self.open:
+            from safetensors import safe_open
+
+            path = self.folder / f"rank{rank}.safetensors"
+            if not path.is_file():
+                raise ConfigError(f"missing {path.name}: the checkpoint is incomplete", "--resume", str(self.folder))
+            handle = safe_open(str(path), framework="pt")
+            self.open[rank] = (handle, set(handle.keys()))
+        return self.open[rank]
+
+
+@torch.no_grad()
+def _read_slices(files: _RankFiles, spec: ModelSpec, role: str, src, dst, rank: int,
+                 state: dict[str, dict[str, torch.Tensor]]) -> int:
+    """Fill `state` (kind -> name -> this rank's tensors in layout `dst`) with the slices the
+    reallocation from `src` (the layout the files were written under) would send to `rank`,
+    read from the senders' files; returns the model's Adam step count (0 when not trained)."""
+    from realbench.runtime.realloc import plan_transfers
+    from realbench.runtime.shards import tied_aliases
+
+    stored_as = tied_aliases(spec, src.dims.pp)  # a head kept in the embedding is stored as the embedding
+    steps = None
+    for t in plan_transfers(spec, src, dst):
+        if t.dst != rank:
+            continue
+        f, keys = files(t.src)
+        name, n = stored_as.get(t.name, t.name), t.hi - t.lo
+        for kind, views in state.items():
+            key = _FILE_KEYS[kind].format(role=role, name=name)
+            if key not in keys:
+                if kind.startswith("exp_avg"):  # saved before the first step: zeros, as Adam starts
+                    continue
+                raise ConfigError(f"has no tensor {key!r}", "--resume", str(files.folder / f"rank{t.src}.safetensors"))
+            piece = f.get_slice(key)
+            if t.split is None:
+                value = piece[:]
+            elif t.split == 0:
+                value = piece[t.src_lo:t.src_lo + n]
+            else:
+                value = piece[:, t.src_lo:t.src_lo + n]
+            view = views[t.name]
+            (view if t.split is None else view.narrow(t.split, t.dst_lo, n)).copy_(value)
+        if steps is None:
+            steps = int(f.metadata().get(f"adam_step/{role}", 0))
+    return steps or 0
+
+
+def load_resharded(worker, folder: str | Path) -> int:
+    """Fill `worker`'s models (weights, and trained models' fp32 masters and Adam moments) from
+    a checkpoint written under any plan and any number of processes; returns the step it was
+    written after. The slice arithmetic is the reallocation engine's (realloc.plan_transfers,
+    from the layouts the checkpoint was written under to the worker's): each transfer to this
+    rank becomes a read of that slice from the sending rank's file, and safetensors reads a
+    slice without the rest of its tensor, so a process reads its own shards only."""
+    from realbench.runtime.worker import layout_of
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    scenario, G = worker.scenario, worker.scenario.cluster.gpus_per_node
+    written = written_options(scenario, manifest)
+    files = _RankFiles(folder)
+    for m in sorted(set(worker.master_of) - set(worker.functions)):
+        call = worker.calls[m]
+        steps = _read_slices(files, scenario.models[call.model], call.model, layout_of(written[call.name], G),
+                             worker.layouts[m], worker.rank, worker.master_state(m))
+        if m in worker.optimizers:
+            worker.optimizers[m].moved_in(steps)
+    return int(manifest["step"])
+
+
+def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Path]:
+    """Write the trained models of a realbench checkpoint (its fp32 master weights) as Hugging
+    Face folders `out/<role>`, as `realbench run --save-hf` does; returns the folders. The
+    scenario is the one stored with the checkpoint unless given."""
+    from realbench.dataflow import CallKind
+    from realbench.runtime.layout import Layout
+    from realbench.runtime.realloc import empty_shards
+    from realbench.runtime.shards import tied_aliases
+    from realbench.runtime.worker import layout_of
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if scenario is None:
+        scenario = scenario_of(manifest, folder)
+    elif manifest.get("scenario") != scenario.name:
+        raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
+                          "--scenario", str(folder))
+    written, G = written_options(scenario, manifest), scenario.cluster.gpus_per_node
+    files, whole, made = _RankFiles(folder), Layout.on([0], 1, 1, 1), []
+    tokenizer = scenario.data.tokenizer if scenario.data is not None else None
+    for call in (scenario.dataflow.call(n) for n in scenario.dataflow.order):
+        if call.kind != CallKind.TRAIN:
+            continue
+        spec = scenario.models[call.model]
+        full = empty_shards(spec, whole, 0)
+        _read_slices(files, spec, call.model, layout_of(written[call.name], G), whole, 0, {"weights": full})
+        made.append(save_hf(Path(out) / call.model, spec,
+                            {k: v for k, v in full.items() if k not in tied_aliases(spec, 1)}, tokenizer))
+    return made
+
+
+def scenario_of(manifest: dict, folder: Path):
+    """The scenario a checkpoint was written for: the document stored in its manifest, or the
+    built-in scenario of its name."""
+    from realbench.plan import get_builtin
+    from realbench.plan.scenario import scenario_from_document
+
+    if "scenario_document" in manifest:
+        return scenario_from_document(manifest["scenario_document"])
+    try:
+        return get_builtin(manifest.get("scenario", ""))
+    except (KeyError, ValueError, ConfigError):
+        raise ConfigError(f"names scenario {manifest.get('scenario')!r}, which is not built in; pass --scenario",
+                          source=str(folder / MANIFEST)) from None
 
 
 def hf_config(spec: ModelSpec, dtype: str) -> dict:

@@ -130,10 +130,37 @@ class PlacedModel:
             offset += g.numel()
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _pcg(x: torch.Tensor) -> torch.Tensor:
+    """PCG's output permutation (O'Neill, the RXS-M-XS hash of a 32-bit state) on int64 tensors
+    holding 32-bit values: every product stays below 2^62, so nothing overflows."""
+    state = (x * 747796405 + 2891336453) & _M32
+    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _M32
+    return (word >> 22) ^ word
+
+
+def row_uniforms(key: int, rows: torch.Tensor, t: int) -> torch.Tensor:
+    """One number in (0, 1) per row for token t, a hash of (key, row, t): a row's draws do not
+    depend on which rank, micro-batch or data-parallel shard samples it, so the same seed gives
+    the same samples under every plan (and a run that switches plans samples what it would have)."""
+    x = _pcg(_pcg(torch.full_like(rows, key & _M32)) ^ rows)
+    x = _pcg(x ^ t)
+    return (x.double() + 0.5) / 2.0 ** 32
+
+
+def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: per row, the first token whose cumulative probability exceeds u."""
+    cdf = probs.double().cumsum(-1)
+    token = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).squeeze(-1)
+    return token.clamp(max=probs.shape[-1] - 1)
+
+
 @torch.no_grad()
-def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator: torch.Generator,
-             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1, eos: Optional[int] = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int = 0,
+             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1, eos: Optional[int] = None,
+             rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch.
     Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`,
     a row stops after its end-of-sequence token: the positions after it hold -1 (its
@@ -142,16 +169,16 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
 
     Pipelined over micro-batches: every rank handles the slots (token t, micro-batch j) in
     lexicographic order. A stage sends its hidden states on without waiting; the last stage
-    samples (every tp rank draws the same token: they share the generator's seed and the
-    gathered logits) and sends the token back to the first stage (on a group of its own, see
+    samples (every tp rank draws the same token: the draws are `row_uniforms(key, rows, t)`, a
+    function of the row's global index `rows` (default 0..B-1), and the logits are gathered) and sends the token back to the first stage (on a group of its own, see
     `Groups.loop`), which needs it only for the
     same micro-batch's next slot. So while micro-batch j's token travels the loop, the stages
     work on the other micro-batches: a decode step costs max(m, pp) stage slots (no bubble once
     m >= pp), the schedule that realbench.cost assumes. Every slot depends only on slots
     earlier in that order, so it cannot deadlock.
-    Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline;
-    `generator` must be on the model's device."""
+    Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline."""
     B, P = prompts.shape
+    row_ids = torch.arange(B) if rows is None else rows.cpu()
     chunks = list(prompts.chunk(micro_batches))
     starts = [sum(len(c) for c in chunks[:j]) for j in range(len(chunks))]
     caches = [model.stage.new_caches() for _ in chunks]
@@ -195,7 +222,10 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, generator:
             if model.is_last:
                 logits = y[:, -1].float() / (1.0 if greedy else temperature)
                 logp = torch.log_softmax(logits, dim=-1)
-                token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+                if greedy:
+                    token = logp.argmax(-1)
+                else:
+                    token = sample_rows(logp.exp(), row_uniforms(key, row_ids[rows], t).to(dev))
                 logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
                 if eos is not None:
                     done = finished[rows]

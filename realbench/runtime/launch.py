@@ -34,15 +34,33 @@ class RunError(RuntimeError):
     """A run that started but failed (not bad input): one line naming the rank and the call."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplanSettings:
+    """`realbench run --replan-every K --replan-budget S --replan-min-gain G` (runtime.replan)."""
+    every: int = 0  # 0: never
+    budget_s: float = 5.0
+    min_gain: float = 0.05
+    profile: str = ""  # the profile file the estimates use ("" : the analytic model)
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise ConfigError("must be 1 or more", "--replan-every")
+        if not self.budget_s > 0 or self.budget_s != self.budget_s:
+            raise ConfigError("must be a positive number of seconds", "--replan-budget")
+        if not 0 <= self.min_gain < 1:
+            raise ConfigError("must be a fraction in [0, 1)", "--replan-min-gain")
+
+
 def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
                    save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0,
-                   device_type: str = "cpu", dtype: str = "fp32", save_hf: str = "", eval_every: int = 0) -> None:
+                   device_type: str = "cpu", dtype: str = "fp32", save_hf: str = "", eval_every: int = 0,
+                   replan: ReplanSettings = ReplanSettings()) -> None:
     import torch
     import torch.distributed as dist
 
     from realbench.plan.plan import plan_from_document, resolve_plan
     from realbench.plan.scenario import scenario_from_document
-    from realbench.runtime.checkpoint import write_manifest
+    from realbench.runtime.checkpoint import load_resharded, write_manifest
     from realbench.runtime.device import init_process_group, torch_dtype
     from realbench.runtime.worker import Worker
 
@@ -54,17 +72,22 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         device = init_process_group(device_type, COLLECTIVE_TIMEOUT_S)
         scenario = scenario_from_document(scenario_doc)
         options = resolve_plan(plan_from_document(plan_doc), scenario)
-        worker = Worker(rank, scenario, options, seed, device=device, dtype=torch_dtype(dtype))
+        # a resumed run's weights come from the checkpoint, under whatever plan it was written
+        worker = Worker(rank, scenario, options, seed, device=device, dtype=torch_dtype(dtype), weights=not resume_step)
         if resume_step:
-            worker.load(os.path.join(checkpoint_dir, f"step{resume_step}"))
+            load_resharded(worker, os.path.join(checkpoint_dir, f"step{resume_step}"))
         records = []
+        replanner = _replanner(scenario, options, replan, seed) if replan.every and rank == 0 else None
+        version = 0  # how many times the plan has changed: each step record carries it
         for s in range(resume_step, steps):
             worker.current = f"step {s}"
+            if replanner is not None:
+                replanner.running_step = s
             rec = worker.step(s)
             if eval_every and (s + 1) % eval_every == 0:
                 worker.current = f"evaluating after step {s}"
                 rec.metrics.update(worker.evaluate(s))
-            records.append(dataclasses.asdict(rec))
+            records.append({**dataclasses.asdict(rec), "plan_version": version})
             with open(os.path.join(out_dir, f"steps.{rank}.jsonl"), "a") as f:  # for live monitors
                 f.write(json.dumps(records[-1]) + "\n")
             if save_every and (s + 1) % save_every == 0:
@@ -76,7 +99,16 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
                     export_hf(worker, os.path.join(folder, "hf"))
                 dist.barrier()  # every rank's file is on disk: the checkpoint is complete
                 if rank == 0:
-                    write_manifest(folder, s + 1, scenario.name, plan_doc["calls"], world)
+                    write_manifest(folder, s + 1, scenario.name, plan_doc["calls"], world, scenario_doc)
+            if replan.every and s + 1 < steps:
+                worker.current = f"re-planning after step {s}"
+                new_doc = _replan_boundary(worker, replanner, s, rec, world)
+                if new_doc is not None:
+                    from realbench.runtime.replan import switch_plan
+
+                    worker.current = f"switching plans after step {s}"
+                    worker = switch_plan(worker, resolve_plan(plan_from_document(new_doc), scenario))
+                    plan_doc, version = new_doc, version + 1
         if save_hf:
             worker.current = "saving the trained models"
             export_hf(worker, save_hf)
@@ -86,6 +118,8 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         dist.all_gather_object(everyone, records)
         if rank == 0:
             Path(out_dir, "records.json").write_text(json.dumps(everyone))
+            if replanner is not None:
+                Path(out_dir, "switches.json").write_text(json.dumps([x.to_json() for x in replanner.switches]))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:
@@ -94,6 +128,41 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
             f"rank {rank} failed in {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
             + traceback.format_exc())
         raise
+
+
+def _replanner(scenario, options: dict, replan: ReplanSettings, seed: int):
+    from realbench.runtime.replan import Replanner
+
+    profile = None
+    if replan.profile:
+        from realbench.hardware.profile import load_profile
+
+        profile = load_profile(replan.profile)
+    return Replanner(scenario, options, replan.every, replan.budget_s, replan.min_gain, profile, seed)
+
+
+def _replan_boundary(worker, replanner, step: int, rec, world: int) -> dict | None:
+    """At the boundary after `step`: every rank's call and step seconds go to rank 0, which
+    feeds its replanner and says whether to switch; returns the new plan's document, or None.
+    Every rank calls it."""
+    import torch.distributed as dist
+
+    from realbench.plan.plan import plan_from_options
+
+    timings = [None] * world
+    dist.all_gather_object(timings, (rec.call_s, rec.step_s))
+    decision = [None]
+    if replanner is not None:
+        slowest = {}
+        for call_s, _ in timings:
+            for name, t in call_s.items():
+                slowest[name] = max(slowest.get(name, 0.0), t)
+        replanner.observe(step, slowest, max(t for _, t in timings))
+        options = replanner.poll()
+        if options is not None:
+            decision = [plan_from_options(worker.scenario, options).to_document()]
+    dist.broadcast_object_list(decision, src=0)
+    return decision[0]
 
 
 def export_hf(worker, folder: str) -> None:
@@ -115,13 +184,17 @@ def export_hf(worker, folder: str) -> None:
 
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
     """Per call: measured seconds (slowest rank, median over the steps after the first: robust
-    to a step slowed by the machine) beside the estimate, and generated tokens per second;
+    to a step slowed by the machine; with plan switches, the steps of the first plan) beside the
+    estimate, and generated tokens per second;
     reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
     averaged over the ranks that report them; token counts summed), which a seeded run
     reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
     it does not; and a few decoded samples."""
     steps = len(records[0])
-    warm = range(1, steps) if steps > 1 else range(steps)
+    # the per-call table compares the first plan's measured times with its estimates: steps after
+    # a plan switch (re-planning) ran another plan
+    first_plan = [s for s in range(steps) if records[0][s].get("plan_version", 0) == 0]
+    warm = first_plan[1:] if len(first_plan) > 1 else first_plan
 
     def slowest(name: str, s: int) -> float:
         return max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0)
@@ -140,7 +213,8 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         row = {k: sum(v) if k.endswith("/tokens") else sum(v) / len(v) for k, v in sorted(named.items())}
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
                         "loss": sum(losses_) / len(losses_) if losses_ else None, **row})
-        timing = {"step": s, "seconds": max(r[s]["step_s"] for r in records)}
+        timing = {"step": s, "seconds": max(r[s]["step_s"] for r in records),
+                  "plan_version": max(r[s].get("plan_version", 0) for r in records)}  # +1 at each plan switch
         for k in [k for k in row if k.endswith("/tokens")]:  # counts add up over ranks
             seconds = slowest(k[:-len("/tokens")], s)
             if seconds:
@@ -178,33 +252,32 @@ def needed_processes(scenario, options: dict) -> int:
 
 
 def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, checkpoint_dir: str,
-              resume: bool, flag: str = "--nproc", save_hf: str = "", eval_every: int = 0) -> int:
+              resume: bool, flag: str = "--nproc", save_hf: str = "", eval_every: int = 0,
+              replan: "ReplanSettings" = None) -> int:
     """Check the run's arguments against the plan; returns the step to resume from. A checkpoint
-    resumes under the plan and process count it was written with (its manifest says which)."""
-    from realbench.plan.plan import plan_from_options
-    from realbench.runtime.checkpoint import read_manifest
+    resumes under any plan of its scenario and any number of processes (resharded on load)."""
+    from realbench.runtime.checkpoint import read_manifest, written_options
 
     needed = needed_processes(scenario, options)
     if nproc != needed and nproc != scenario.cluster.n_devices:
         raise ConfigError(f"the plan uses {needed} device(s); run it with {needed} processes, not {nproc}", flag)
     if steps < 1:
         raise ConfigError("must be at least 1", "--steps")
+    if replan is not None and replan.every and nproc != scenario.cluster.n_devices:
+        raise ConfigError(f"re-planning searches plans over all {scenario.cluster.n_devices} devices of the scenario; "
+                          f"run with {scenario.cluster.n_devices} processes", flag)
     resume_step = latest_checkpoint(checkpoint_dir) if resume else 0
     if resume:
         folder = Path(checkpoint_dir, f"step{resume_step}")
         manifest = read_manifest(folder)
-        calls = plan_from_options(scenario, options).to_document()["calls"]
         if manifest.get("scenario") != scenario.name:
             raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
                               "--resume", str(folder))
-        changed = sorted(c for c in set(calls) | set(manifest.get("calls", {}))
-                         if calls.get(c) != manifest.get("calls", {}).get(c))
-        if changed:
-            raise ConfigError(f"the checkpoint was written under another plan (call {changed[0]!r} differs); "
-                              "resume under that plan", "--resume", str(folder))
-        if manifest.get("processes") != nproc:
-            raise ConfigError(f"the checkpoint was written by {manifest.get('processes')} processes; resume with "
-                              "as many", flag, str(folder))
+        try:
+            written_options(scenario, manifest)
+        except (ConfigError, KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"its manifest's plan does not fit scenario {scenario.name!r}: {e}", "--resume",
+                              str(folder)) from None
     if resume_step >= steps:
         raise ConfigError(f"the checkpoint is at step {resume_step}; ask for more --steps", "--steps")
     if save_every and not resume and Path(checkpoint_dir).exists() and any(Path(checkpoint_dir).iterdir()):
@@ -310,7 +383,8 @@ def _wait(proc, stop) -> None:
 
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
              checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
-             device: str = "auto", stop=None, dtype: str = "auto", save_hf: str = "", eval_every: int = 0) -> dict:
+             device: str = "auto", stop=None, dtype: str = "auto", save_hf: str = "", eval_every: int = 0,
+             replan: ReplanSettings = ReplanSettings()) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
     the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
@@ -325,7 +399,7 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
     device_type = resolve_device(device, nproc)
     dtype = resolve_dtype(dtype, device_type)
     resume_step = check_run(scenario, options, nproc, steps, save_every, checkpoint_dir, resume, save_hf=save_hf,
-                            eval_every=eval_every)
+                            eval_every=eval_every, replan=replan)
     summary = RunSummary(scenario, options, resume_step, profile)
     with tempfile.TemporaryDirectory(prefix="realbench-run-") as out_dir:
         scenario_file, plan_file = Path(out_dir, "scenario.json"), Path(out_dir, "plan.json")
@@ -343,6 +417,12 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             args += ["--save-hf", str(Path(save_hf).resolve())]
         if eval_every:
             args += ["--eval-every", str(eval_every)]
+        if replan.every:
+            args += ["--replan-every", str(replan.every), "--replan-budget", str(replan.budget_s),
+                     "--replan-min-gain", str(replan.min_gain)]
+            if profile is not None:  # re-planning estimates with the profile the run's estimates use
+                profile.save(Path(out_dir, "profile.json"))
+                args += ["--replan-profile", str(Path(out_dir, "profile.json"))]
         cmd, env = launch_command(nproc, free_port(), args)
         done = threading.Event()
         watcher = None
@@ -368,4 +448,6 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             raise RunError(f"the launcher exited with status {proc.returncode}"
                            + (f": {lines[-1].strip()}" if lines else ""))
         records = json.loads(Path(out_dir, "records.json").read_text())
-    return {**summary(records), "device": device_type, "dtype": dtype}
+        switches = Path(out_dir, "switches.json")
+        extra = {"switches": json.loads(switches.read_text())} if switches.exists() else {}
+    return {**summary(records), "device": device_type, "dtype": dtype, **extra}

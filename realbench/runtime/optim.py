@@ -47,6 +47,32 @@ class MixedPrecisionAdam:
         if self.model.stage.flat.dtype != torch.float32:
             self.model.stage.flat.copy_(self.master)
 
+    # -- moving and checkpoints ---------------------------------------------------------------------------
+    def state_views(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{"master", "exp_avg", "exp_avg_sq": shard views of the flat fp32 tensors}: what a plan
+        switch moves (the moments start as zeros, step 0, before the first step: the state a
+        fresh Adam builds)."""
+        state = self.adam.state[self.master]
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(self.master),
+                         exp_avg_sq=torch.zeros_like(self.master))
+        return {"master": self._views(self.master), "exp_avg": self._views(state["exp_avg"]),
+                "exp_avg_sq": self._views(state["exp_avg_sq"])}
+
+    @property
+    def steps_taken(self) -> int:
+        state = self.adam.state.get(self.master)
+        return int(state["step"]) if state else 0
+
+    @torch.no_grad()
+    def moved_in(self, steps_taken: int) -> None:
+        """After a switch wrote the master weights and moments: Adam's step count, and the
+        stage's weights from the master's (bf16; in fp32 they share storage)."""
+        self.state_views()["master"]  # the moments exist
+        self.adam.state[self.master]["step"] = torch.tensor(float(steps_taken))
+        if self.model.stage.flat.dtype != torch.float32:
+            self.model.stage.flat.copy_(self.master)
+
     # -- checkpoints --------------------------------------------------------------------------------------
     def tensors(self) -> tuple[dict[str, torch.Tensor], int]:
         """{name, name/exp_avg, name/exp_avg_sq: fp32 tensors} of the stage's shards, and the step."""
@@ -59,19 +85,3 @@ class MixedPrecisionAdam:
                 if k not in self.model.stage.aliases:
                     out[f"{k}/{moment}"] = v
         return out, int(state["step"])
-
-    @torch.no_grad()
-    def load(self, tensors: dict[str, torch.Tensor], step: int) -> None:
-        for k, v in self._views(self.master).items():
-            if k not in self.model.stage.aliases:
-                v.copy_(tensors[k])
-        if self.model.stage.flat.dtype != torch.float32:
-            self.model.stage.flat.copy_(self.master)
-        if step:
-            moments = {m: torch.zeros_like(self.master) for m in ("exp_avg", "exp_avg_sq")}
-            for m, flat in moments.items():
-                for k, v in self._views(flat).items():
-                    if k not in self.model.stage.aliases:
-                        v.copy_(tensors[f"{k}/{m}"])
-            # the step count on the CPU, as Adam keeps it
-            self.adam.state[self.master] = {"step": torch.tensor(float(step)), **moments}

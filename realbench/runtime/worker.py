@@ -127,14 +127,18 @@ class StepRecord:
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
                  lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
-        self.rank, self.scenario, self.seed = rank, scenario, seed
+                 dtype: torch.dtype = torch.float32, groups: Optional[Groups] = None,
+                 dataset: Optional[Dataset] = None, weights: bool = True):
+        """`groups`, `dataset`: an earlier worker's of the same run (a plan switch keeps the
+        process groups it can and the tokenized data); `weights`: fill the models with their
+        initial weights (false when they are about to be moved in, see runtime.replan)."""
+        self.rank, self.scenario, self.seed, self.lr = rank, scenario, seed, lr
         self.dtype = dtype  # what the models compute in; trained models keep fp32 master weights
         self.evaluating = False  # a pass over the held-out rows (no training) is under way
         self.algorithm = make_algorithm(scenario.algorithm, scenario)
         # the data files, tokenized (every rank reads the same rows for a step); None: the toy task
-        self.dataset = Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed) \
-            if scenario.data is not None else None
+        self.dataset = dataset if dataset is not None or scenario.data is None else \
+            Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed)
         self.eos = self.dataset.tokenizer.eos_token_id if self.dataset is not None else None
         self.device = torch.device(device)  # where this rank's models and messages live
         self.current = "start-up"
@@ -152,7 +156,7 @@ class Worker:
         self.master_of = []
         for i, c in enumerate(self.calls):
             self.master_of.append(trains.get(c.model, next(j for j, d in enumerate(self.calls) if d.model == c.model)))
-        self.groups = Groups()
+        self.groups = groups if groups is not None else Groups()
         self.groups.prepare(self.layouts)
         self.realloc_plans = {}  # this rank's messages for each call's reallocation
         self.realloc_bytes = {}  # and the bytes it receives in them
@@ -190,7 +194,9 @@ class Worker:
             c = self.calls[m]
             spec = scenario.models[c.model]
             model = PlacedModel(spec, lay, rank, self.groups, self.device, self.dtype)
-            if spec.path:  # a checkpoint folder: this rank reads its own slices only
+            if not weights:
+                pass
+            elif spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
                                                  seed=self.seed))
             else:
@@ -364,9 +370,10 @@ class Worker:
         dp, m = lay.dims.dp, self.micro_batches[i]
         if c.kind == CallKind.GENERATE:
             prompts = data["prompts"].chunk(dp)[coord.dp]
-            g = torch.Generator(self.device).manual_seed(self.seed * 1_000_003 + step * 131 + i * 17 + coord.dp)
+            rows = torch.arange(len(data["prompts"])).chunk(dp)[coord.dp]  # global row indices: plan-independent draws
             greedy = "greedy" in c.name or self.evaluating
-            seqs, lps = generate(model, prompts, c.gen_len, g, greedy=greedy, micro_batches=m, eos=self.eos)
+            seqs, lps = generate(model, prompts, c.gen_len, self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
+                                 micro_batches=m, eos=self.eos, rows=rows)
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
@@ -522,6 +529,16 @@ class Worker:
                           self.device)()
         return {k: v for k, v in out.items() if k not in tied_aliases(spec, 1)} if self.rank == 0 else None
 
+    def master_state(self, m: int) -> dict[str, dict[str, torch.Tensor]]:
+        """What this rank holds of master m's state, by kind, as shard views (aliases included,
+        as the reallocation engine reads them): a trained model's fp32 master weights and Adam
+        moments, a frozen model's weights; empty when the rank is not on its layout."""
+        if m not in self.masters:
+            return {}
+        if m in self.optimizers:
+            return self.optimizers[m].state_views()
+        return {"weights": self.masters[m].shards()}
+
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self, folder: str, step: int) -> None:
         """This rank's master shards after `step` steps, as safetensors: a trained model's fp32
@@ -541,22 +558,6 @@ class Worker:
                 for k, v in model.shards(aliases=False).items():  # safetensors refuses shared storage
                     tensors[f"model/{role}/{k}"] = v
         save_weights(os.path.join(folder, f"rank{self.rank}.safetensors"), tensors, meta)
-
-    def load(self, folder: str) -> None:
-        from safetensors import safe_open
-
-        path = os.path.join(folder, f"rank{self.rank}.safetensors")
-        with safe_open(path, "pt") as f:
-            meta = f.metadata()
-            tensors = {k: f.get_tensor(k).to(self.device) for k in f.keys()}
-        for m, model in self.masters.items():
-            role = self.calls[m].model
-            mine = {k[len(f"model/{role}/"):]: v for k, v in tensors.items() if k.startswith(f"model/{role}/")}
-            if m in self.optimizers:
-                mine.update({k[len(f"adam/{role}/"):]: v for k, v in tensors.items() if k.startswith(f"adam/{role}/")})
-                self.optimizers[m].load(mine, int(meta.get(f"adam_step/{role}", 0)))
-            else:
-                model.load_shards(mine)
 
 
 def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:

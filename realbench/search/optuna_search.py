@@ -6,10 +6,14 @@ Encodings:
   * CMA-ES and GP do not model categorical parameters (Optuna's CMA-ES silently samples them at
     random), so they get five numbers in [0, 1] per call (SearchSpace.features) and the plan
     takes the nearest feasible option.
+Each trial descends from its sampled plan by one-call moves to a local optimum (realbench.search.
+descent) and reports the optimum's time: the sampler chooses where descents start and learns
+from where they end. The baseline plans are enqueued as the first trials (warm starts).
 Plans that do not fit in memory get a penalty value (twice the start plan's time, growing with
 the overflow) so that every sampler sees an ordering; they are marked infeasible and never
 returned as the best plan. With `multi_objective`, the study minimizes (time, peak memory)
-with infeasible plans as constraint violations, and the Pareto front is reported.
+with infeasible plans as constraint violations (Optuna's constraints_func), no descent (it
+would pull every trial to the fastest plan), and the Pareto front is reported.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import optuna
 
 from realbench.errors import ConfigError
 from realbench.search.record import open_study, plan_labels
+from realbench.search.descent import descend, penalized
 from realbench.search.events import Tracker
+from realbench.search.settings import SamplerSettings
 from realbench.search.space import FEATURES, SearchSpace
 
 CATEGORICAL = ("tpe", "random")
@@ -30,10 +36,12 @@ NUMERIC = ("cmaes", "gp")
 METHODS = CATEGORICAL + NUMERIC
 
 
-def make_sampler(method: str, seed: int, multi_objective: bool, x0: Optional[dict] = None
-                 ) -> optuna.samplers.BaseSampler:
+def make_sampler(method: str, seed: int, multi_objective: bool, x0: Optional[dict] = None,
+                 settings: SamplerSettings = SamplerSettings()) -> optuna.samplers.BaseSampler:
+    startup = {} if settings.startup_trials is None else {"n_startup_trials": settings.startup_trials}
     if method == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=not multi_objective)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=settings.multivariate and not multi_objective,
+                                          **startup)
     if method == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if method == "cmaes":
@@ -41,7 +49,7 @@ def make_sampler(method: str, seed: int, multi_objective: bool, x0: Optional[dic
         return optuna.samplers.CmaEsSampler(seed=seed, x0=x0, sigma0=0.1 if x0 else None,
                                             warn_independent_sampling=False)
     if method == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, **startup)
     raise ConfigError(f"unknown Optuna method {method!r} (known: {', '.join(METHODS)})")
 
 
@@ -94,25 +102,37 @@ class _Encoder:
         return out
 
 
-def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: Tracker, seed: int = 0,
+def optuna_search(space: SearchSpace, method: str, starts: list, tracker: Tracker, seed: int = 0,
                   storage: Optional[str] = None, study_name: Optional[str] = None,
-                  multi_objective: bool = False) -> list[dict]:
-    """Runs the study until the tracker says stop; returns the Pareto front when multi-objective."""
+                  multi_objective: bool = False, descent: bool = True,
+                  settings: SamplerSettings = SamplerSettings(), worker: int = 0) -> list[dict]:
+    """Runs the study until the tracker says stop; returns the Pareto front when multi-objective.
+    `starts` (the baselines, best first) are the first trials; with `descent` (single objective)
+    every trial descends from its sampled plan (realbench.search.descent)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     if method not in METHODS:
         raise ConfigError(f"unknown Optuna method {method!r} (known: {', '.join(METHODS)})")
     if multi_objective and method == "cmaes":
         raise ConfigError("CMA-ES is single-objective; use tpe, random or gp for --multi-objective")
     encoder = _Encoder(space, numeric=method in NUMERIC)
+    start = starts[0]
     start_t, _, start_ok = space.objective(np.asarray([start]))
     penalty_base = 2.0 * float(start_t[0]) if start_ok[0] else 1e6
     capacity = space.est.capacity
 
+    polish = descent and not multi_objective
+
     def objective(trial: optuna.Trial):
-        choice = encoder.suggest(trial)
+        sampled = encoder.suggest(trial)
+        if polish:
+            choice = tuple(int(k) for k in descend(space, sampled, tracker, penalty_base)[0])
+            trial.set_user_attr("sampled", list(sampled))
+        else:
+            choice = sampled
         t, mem, ok = space.objective(np.asarray([choice]))
         t, mem, ok = float(t[0]), float(mem[0]), bool(ok[0])
-        tracker.observe(np.asarray([choice]), np.array([t]), np.array([mem]), np.array([ok]))
+        if not polish:
+            tracker.observe(np.asarray([choice]), np.array([t]), np.array([mem]), np.array([ok]))
         overflow = max(0.0, mem / capacity - 1.0)
         trial.set_user_attr("choice", list(choice))
         trial.set_user_attr("feasible", ok)
@@ -120,13 +140,15 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
         trial.set_user_attr("peak_mem_bytes", mem)
         trial.set_user_attr("overflow", overflow)
         trial.set_user_attr("method", method)
+        trial.set_user_attr("seed", seed)
+        trial.set_user_attr("worker", worker)
         trial.set_user_attr("kind", "trial")
         trial.set_user_attr("seconds", tracker.elapsed)
         trial.set_user_attr("plan", plan_labels(space, choice))
         if multi_objective:
             trial.set_constraint("memory_overflow", overflow)  # > 0: infeasible; samplers steer away
             return t, mem
-        return t if ok else penalty_base * (1.0 + overflow) + t
+        return float(penalized(space, np.array([t]), np.array([mem]), np.array([ok]), penalty_base)[0])
 
     def callback(study, trial):
         if tracker.should_stop():
@@ -136,7 +158,8 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
         with warnings.catch_warnings():  # CmaEsSampler's x0/sigma0 are deprecated but still the way to warm-start
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = make_sampler(method, seed, multi_objective, encoder.params(start) if method == "cmaes" else None)
+            sampler = make_sampler(method, seed, multi_objective, encoder.params(start) if method == "cmaes" else None,
+                                   settings)
         directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
         if storage:  # joined when it exists: a race, or processes sharing one study (realbench.search.record)
             study = open_study(storage, study_name, space.est.scenario.name, sampler, directions)
@@ -145,7 +168,8 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
             study.set_user_attr("scenario", space.est.scenario.name)
     except (ValueError, ImportError, optuna.exceptions.OptunaError) as e:
         raise ConfigError(f"cannot open the study storage: {e}".splitlines()[0], "--storage") from None
-    study.enqueue_trial(encoder.params(start), skip_if_exists=True)
+    for plan in starts:  # warm starts: the baselines, each descending to its local optimum
+        study.enqueue_trial(encoder.params(plan), skip_if_exists=True)
     remaining = max(1e-3, tracker.budget_s - tracker.elapsed)
     study.optimize(objective, timeout=remaining, callbacks=[callback], gc_after_trial=False,
                    catch=())
@@ -159,4 +183,4 @@ def optuna_search(space: SearchSpace, method: str, start: np.ndarray, tracker: T
     return sorted(front, key=lambda r: r["time_per_iter_s"])
 
 
-__all__ = ["optuna_search", "METHODS"]
+__all__ = ["optuna_search", "METHODS", "SamplerSettings"]

@@ -1,5 +1,6 @@
 """Run monitor: run a plan on local processes (Accelerate's launcher, started from a background
-thread) with live reward and loss curves, measured beside estimated time per call, the latest
+thread) with live reward and loss curves, measured beside estimated time per call, seconds per
+step with a marker at each plan switch (re-planning, `replan_box`), the latest
 decoded samples, a stop button (the processes end; checkpoints already written stay) and,
 optionally, the trained models saved as Hugging Face folders at the end."""
 
@@ -34,13 +35,16 @@ class RunMonitor:
         self.run_button = w.Button(description="Run", button_style="primary", icon="play", disabled=True)
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.save_box = w.Text(value="", placeholder="folder (optional)", description="save HF to")
+        # re-planning (realbench.runtime.replan): 0 steps = keep the plan
+        self.replan_box = w.BoundedIntText(value=0, min=0, max=10_000, description="re-plan every")
+        self.replan_budget_box = w.BoundedFloatText(value=5.0, min=0.1, max=600, description="search s")
         self.status = w.HTML("<i>no plan yet</i>")
         self.samples = w.HTML()
-        self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
-        self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
+        self._new_sources()
         self.plot = BokehModel(self._figures([]))
         self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
-                                      self.stop_button]), self.save_box, self.status, self.plot, self.samples])
+                                      self.stop_button]), w.HBox([self.save_box, self.replan_box, self.replan_budget_box]),
+                              self.status, self.plot, self.samples])
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self._stop = threading.Event()
@@ -49,6 +53,13 @@ class RunMonitor:
         self.result: Optional[dict] = None
         self.error: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
+
+    def _new_sources(self) -> None:
+        # new sources for each run: a bokeh model belongs to one document, and an old plot's holds these
+        self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
+        self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
+        self.step_times = ColumnDataSource(dict(step=[], seconds=[]))
+        self.switch_marks = ColumnDataSource(dict(step=[], seconds=[]))  # the first step under each new plan
 
     def _figures(self, names: list[str]):
         curves = figure(width=420, height=260, title="reward and loss per step", x_axis_label="step", tools="save")
@@ -59,7 +70,11 @@ class RunMonitor:
                       y_range=list(reversed(names)) or ["-"], tools="save")
         bars.hbar(y="call", right="measured", height=0.6, source=self.calls, fill_color="#1f77b4")
         bars.scatter(x="estimated", y="call", source=self.calls, size=9, color="#ff7f0e")
-        return row(curves, bars)
+        times = figure(width=380, height=260, title="seconds per step (triangles: plan switches)", x_axis_label="step",
+                       tools="save")
+        times.line("step", "seconds", source=self.step_times, color="#555555", line_width=2)
+        times.scatter("step", "seconds", source=self.switch_marks, marker="triangle", size=14, color="#9467bd")
+        return row(curves, bars, times)
 
     def set_plan(self, scenario: Scenario, options: Mapping[str, Option], method: str = "") -> None:
         from realbench.runtime.launch import needed_processes
@@ -76,13 +91,11 @@ class RunMonitor:
             return False
         try:
             check_run(self.scenario, self.options, self.nproc_box.value, self.steps_box.value, 0, "", False,
-                      flag="processes", save_hf=self.save_box.value.strip())
+                      flag="processes", save_hf=self.save_box.value.strip(), replan=self._replan())
         except ConfigError as e:
             self.status.value = f"<span style='color:#c00'>{html.escape(str(e))}</span>"
             return False
-        # new sources: a bokeh model belongs to one document, and the old plot's document holds these
-        self.metrics = ColumnDataSource(dict(step=[], reward=[], loss=[]))
-        self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
+        self._new_sources()
         self.plot = BokehModel(self._figures(list(self.scenario.dataflow.call_names)))
         self.widget.children = self.widget.children[:3] + (self.plot, self.samples)
         self.samples.value = ""
@@ -125,18 +138,28 @@ class RunMonitor:
             send(setattr, self.status, "value", running)
             result = run_plan(self.scenario, self.options, nproc, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
-                              stop=self._stop.is_set, save_hf=self.save_box.value.strip(), profile=profile)
+                              stop=self._stop.is_set, save_hf=self.save_box.value.strip(), profile=profile,
+                              replan=self._replan())
             self.result = result  # at once: wait() returns it even while the kernel's loop is busy
             send(self._finish, result, None)
         except Exception as e:
             self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
             send(self._finish, None, self.error)
 
+    def _replan(self):
+        from realbench.runtime.launch import ReplanSettings
+
+        return ReplanSettings(int(self.replan_box.value), float(self.replan_budget_box.value))
+
     def _show(self, summary: dict) -> None:
         m = summary["metrics"]
         nan = float("nan")
         self.metrics.data = dict(step=[x["step"] for x in m], reward=[nan if x["reward"] is None else x["reward"] for x in m],
                                  loss=[nan if x["loss"] is None else x["loss"] for x in m])
+        timings = summary["timings"]
+        self.step_times.data = dict(step=[t["step"] for t in timings], seconds=[t["seconds"] for t in timings])
+        switched = [t for a, t in zip(timings, timings[1:]) if t.get("plan_version", 0) > a.get("plan_version", 0)]
+        self.switch_marks.data = dict(step=[t["step"] for t in switched], seconds=[t["seconds"] for t in switched])
         calls = summary["calls"]
         self.calls.data = dict(call=list(calls), measured=[c["measured_s"] for c in calls.values()],
                                estimated=[c["estimated_s"] for c in calls.values()])

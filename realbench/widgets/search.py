@@ -20,7 +20,7 @@ from jupyter_bokeh import BokehModel
 
 from realbench.errors import ConfigError
 from realbench.report.figures import curves_figure
-from realbench.search import METHODS, SearchEvent, SearchResult, run_search
+from realbench.search import METHODS, SamplerSettings, SearchEvent, SearchResult, run_search
 
 SIDE_BY_SIDE = tuple(m for m in METHODS if m != "exhaustive")
 
@@ -57,6 +57,11 @@ class SearchDashboard:
         self.methods_box = w.SelectMultiple(options=SIDE_BY_SIDE, value=tuple(methods), description="methods", rows=5)
         self.budget_box = w.FloatText(value=budget_s, description="budget s")
         self.seed_box = w.IntText(value=seed, description="seed")
+        # the Optuna samplers' key settings (realbench.search.SamplerSettings)
+        self.startup_box = w.IntText(value=10, description="start-up trials",
+                                     tooltip="TPE and GP: random trials before the sampler models the results")
+        self.multivariate_box = w.Checkbox(value=True, description="TPE multivariate", indent=False)
+        self.rates = w.HTML()  # evaluations/s per method, beside the curves
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.status = w.HTML()
@@ -68,6 +73,7 @@ class SearchDashboard:
         self.baselines: dict[str, float] = {}
         self.latest: dict[str, SearchEvent] = {}
         self._estimators: dict = {}
+        self.settings = SamplerSettings()
         self.listeners: list[Callable] = []  # called with (scenario, options, method) of the best plan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -76,8 +82,9 @@ class SearchDashboard:
         self.scenario_override = None  # a Scenario value (the dataflow editor's) instead of the box
         self.plot = BokehModel(curves_figure({}, {}))
         self.widget = w.VBox([
-            w.HBox([w.VBox([self.scenario_box, self.budget_box, self.seed_box]), self.methods_box]),
-            w.HBox([self.run_button, self.stop_button]), self.status, self.plot, self.table])
+            w.HBox([w.VBox([self.scenario_box, self.budget_box, self.seed_box]), self.methods_box,
+                    w.VBox([self.startup_box, self.multivariate_box])]),
+            w.HBox([self.run_button, self.stop_button]), self.status, w.HBox([self.plot, self.rates]), self.table])
 
     # -- control ------------------------------------------------------------------------------------------
     def _inputs(self):
@@ -91,6 +98,9 @@ class SearchDashboard:
             raise ConfigError("pick at least one search method", "methods")
         if self.seed_box.value < 0:
             raise ConfigError("must not be negative", "seed")
+        if self.startup_box.value < 0:
+            raise ConfigError("must not be negative", "start-up trials")
+        self.settings = SamplerSettings(int(self.startup_box.value), bool(self.multivariate_box.value))
         scenario = self.scenario_override or load_scenario(self.scenario_box.value.strip())
         return scenario, methods, float(budget), int(self.seed_box.value)
 
@@ -125,7 +135,8 @@ class SearchDashboard:
         self.baselines = {k: t for k, (_, t) in baseline_plans(est).items() if math.isfinite(t)}
         self.sources = {m: ColumnDataSource(dict(seconds=[], best=[])) for m in methods}
         self.plot = BokehModel(curves_figure(self.sources, self.baselines))
-        self.widget.children = self.widget.children[:3] + (self.plot, self.table)
+        self.rates.value = ""
+        self.widget.children = self.widget.children[:3] + (w.HBox([self.plot, self.rates]), self.table)
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.status.value = f"searching {html.escape(scenario.name)} with {', '.join(methods)} for {budget:g} s ..."
         self._threads = [threading.Thread(target=self._search, args=(m, budget, seed), daemon=True,
@@ -153,7 +164,7 @@ class SearchDashboard:
         try:
             est = Estimator(self.scenario, profile=self._profile)
             result = run_search(est, method, budget, seed, on_event=lambda e: self._dispatch(self._on_event, e),
-                                stop=self._stop.is_set)
+                                stop=self._stop.is_set, settings=self.settings)
             # the results are kept here, at once, so that wait() returns them even while the
             # kernel's loop (which draws) is busy running the cell that waits
             self.results[method], self._estimators[method] = result, est
@@ -168,6 +179,15 @@ class SearchDashboard:
         self.latest[e.method] = e
         if math.isfinite(e.best_time_s):
             self.sources[e.method].stream(dict(seconds=[e.seconds], best=[e.best_time_s]))
+        self.rates.value = self.rates_table()
+
+    def rates_table(self) -> str:
+        """Evaluations per second of each method so far (from its latest event): MCMC's chains and
+        the samplers' descents evaluate plans in batches, a sampler alone one trial at a time."""
+        rows = "".join(f"<tr><td>{html.escape(m)}</td><td>{e.evaluations:,}</td>"
+                       f"<td>{e.evaluations / e.seconds if e.seconds > 0 else 0:,.0f}</td></tr>"
+                       for m, e in sorted(self.latest.items()))
+        return "<table><tr><th>method</th><th>plans</th><th>plans/s</th></tr>" + rows + "</table>"
 
     def _on_result(self) -> None:
         if len(self.results) == len(self.sources) and not self._finished:

@@ -1,0 +1,168 @@
+"""Re-planning while training: switch plans between iterations from measured times.
+
+Every `every` steps under one plan, rank 0 recalibrates the estimator call by call,
+
+    scale_c = median over the last `every` steps of call c's measured seconds (slowest rank)
+              / the estimate of call c under the plan that ran,
+
+and searches (MCMC, `budget_s` seconds) with every call's time under every option multiplied by
+its scale, in a thread beside its training. When the search is done and its plan is predicted at
+least `min_gain` faster than the running plan under the same recalibrated estimator,
+
+    gain = 1 - t_new / t_running,
+
+every process switches before its next step (`switch_plan`): never inside one, so a call in
+flight finishes under the plan it started with. The switch moves each model's state from its old
+master layout to its new one through the reallocation engine (fp32 master weights and both Adam
+moments of trained models, the weights of frozen ones), keeps Adam's step count, and rebuilds the
+process groups the new plan needs. Sampling draws per global row (engine.row_uniforms) and the
+loss is normalized per step whatever the layout, so a run that switches computes what the run
+without switching computes, up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from realbench.runtime.realloc import BoundReallocation, rank_plan
+
+# the kinds of state a switch moves, and the dtype each travels in (None: the models' compute dtype)
+STATE_KINDS = {"master": torch.float32, "exp_avg": torch.float32, "exp_avg_sq": torch.float32, "weights": None}
+
+
+@torch.no_grad()
+def switch_plan(old, options: dict):
+    """The worker of `options`, with every model's state moved from `old`'s layouts. Every rank
+    calls it at the same iteration boundary."""
+    from realbench.runtime.worker import Worker
+
+    new = Worker(old.rank, old.scenario, options, old.seed, lr=old.lr, device=old.device, dtype=old.dtype,
+                 groups=old.groups, dataset=old.dataset, weights=False)
+    masters = sorted(set(old.master_of) - set(old.functions))
+    # Adam's step count, known on the ranks of each trained model's old layout
+    trained = [m for m in masters if old.calls[m].kind.value == "train"]
+    steps = torch.tensor([old.optimizers[m].steps_taken if m in old.optimizers else 0 for m in trained],
+                         dtype=torch.long, device=old.device)
+    if trained:
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    for m in masters:
+        spec = old.scenario.models[old.calls[m].model]
+        plan = rank_plan(spec, old.layouts[m], new.layouts[m], old.rank)
+        src, dst = old.master_state(m), new.master_state(m)
+        kinds = ("master", "exp_avg", "exp_avg_sq") if m in trained else ("weights",)
+        for kind in kinds:
+            BoundReallocation(plan, src.get(kind, {}), dst.get(kind, {}), dtype=STATE_KINDS[kind] or old.dtype,
+                              device=old.device)()
+        if m in new.optimizers:
+            new.optimizers[m].moved_in(int(steps[trained.index(m)]))
+    return new
+
+
+@dataclass
+class Switch:
+    """One plan change, as the run's JSON reports it."""
+    step: int  # the first step under the new plan
+    requested_in_step: int  # the step rank 0 was running when the search finished
+    old_plan: dict
+    new_plan: dict
+    predicted_gain: float
+    predicted_old_s: float
+    predicted_new_s: float
+    search_s: float
+    calibration: dict
+    measured_gain: Optional[float] = None  # 1 - median step after / median step before
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Replanner:
+    """Rank 0's side of re-planning: fed each finished step's per-call seconds (slowest rank)
+    and step seconds, it starts searches and says when to switch (`poll`)."""
+
+    scenario: object
+    options: dict
+    every: int
+    budget_s: float
+    min_gain: float = 0.05
+    profile: object = None
+    seed: int = 0
+    history: list = field(default_factory=list)  # (step, {call: s}, step_s) under the running plan
+    switches: list = field(default_factory=list)
+    before: list = field(default_factory=list)  # step times of the last window before the latest switch
+    running_step: int = -1  # the step the driver is running now (set before each step)
+    _thread: Optional[threading.Thread] = None
+    _result: Optional[dict] = None
+    _observed: int = -1
+
+    def observe(self, step: int, call_s: dict, step_s: float) -> None:
+        self._observed = step
+        self.history.append((step, call_s, step_s))
+        last = self.switches[-1] if self.switches else None
+        # the first step under a new plan binds its reallocations (one-off work): left out
+        after = [t for _, _, t in self.history[1:]]
+        if last is not None and after:
+            last.measured_gain = 1.0 - statistics.median(after) / statistics.median(self.before)
+        if self._thread is None and len(self.history) % self.every == 0:
+            self._start_search()
+
+    def _start_search(self) -> None:
+        from realbench.cost import Estimator
+
+        window = self.history[-self.every:]
+        base = Estimator(self.scenario, profile=self.profile)
+        running = base.estimate(base.choice_of(self.options))
+        scale = {}
+        for name, call in running.calls.items():
+            measured = [c[name] for _, c, _ in window if name in c]
+            if measured and call.time_s > 0:
+                scale[name] = statistics.median(measured) / call.time_s
+        self._thread = threading.Thread(target=self._search, args=(scale, self._observed), daemon=True,
+                                        name="realbench-replan")
+        self._thread.start()
+
+    def _search(self, scale: dict, requested: int) -> None:
+        from realbench.cost import Estimator
+        from realbench.search import run_search
+
+        t0 = time.perf_counter()
+        try:
+            est = Estimator(self.scenario, profile=self.profile, call_scale=scale)
+            result = run_search(est, "mcmc", self.budget_s, seed=self.seed + requested)
+            current = est.evaluate(est.choice_of(self.options))[0]
+            new = est.options_of(result.best_choice) if result.best_choice is not None else None
+            self._result = {"options": new, "new_s": result.best_time_s, "old_s": current, "scale": scale}
+        except Exception as e:  # a failed search keeps the running plan; the run goes on
+            self._result = {"options": None, "error": f"{type(e).__name__}: {e}", "scale": scale}
+        self._result.update(search_s=time.perf_counter() - t0, finished_in_step=self.running_step)
+
+    def poll(self) -> Optional[dict]:
+        """At an iteration boundary: the options to switch to, or None (no search finished, or
+        its plan is not `min_gain` faster)."""
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread.join()
+        r, self._thread, self._result = self._result, None, None
+        if r["options"] is None:
+            return None
+        gain = 1.0 - r["new_s"] / r["old_s"]
+        G = self.scenario.cluster.gpus_per_node
+        if gain < self.min_gain or r["options"] == self.options:
+            return None
+        switch = Switch(step=self._observed + 1, requested_in_step=r["finished_in_step"],
+                        old_plan={n: o.label(G) for n, o in self.options.items()},
+                        new_plan={n: o.label(G) for n, o in r["options"].items()}, predicted_gain=gain,
+                        predicted_old_s=r["old_s"], predicted_new_s=r["new_s"], search_s=r["search_s"],
+                        calibration=r["scale"])
+        self.switches.append(switch)
+        self.before = [t for _, _, t in self.history[-self.every:]]
+        self.history, self.options = [], r["options"]
+        return r["options"]

@@ -1,0 +1,206 @@
+"""Re-planning while training, resharded resume, and checkpoint conversion."""
+
+import json
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from realbench.cost import Estimator
+from realbench.plan import get_builtin, plan_from_options
+from realbench.runtime.local import spawn
+
+SCENARIO = "ppo-tiny-cpu"  # 4 CPU processes
+
+
+def poor_plan(est):
+    """Every call on all 4 processes with tp 2 and pp 2: the issue's deliberately poor plan."""
+    out = {}
+    for i, name in enumerate(est.call_names):
+        out[name] = min((o for o in est.options[i] if (o.strategy.dp, o.strategy.tp, o.strategy.pp) == (1, 2, 2)
+                         and o.mesh.size == 4), key=lambda o: o.strategy.micro_batches)
+    return out
+
+
+@pytest.fixture(scope="module")
+def est():
+    return Estimator(get_builtin(SCENARIO))
+
+
+def by_step(result, key):
+    return [m[key] for m in result["metrics"]]
+
+
+def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cli, est, tmp_path):
+    plan = tmp_path / "poor.yaml"
+    plan_from_options(est.scenario, poor_plan(est)).save(plan)
+    common = ("run", "--scenario", SCENARIO, "--plan", plan, "--nproc", 4, "--steps", 12, "--seed", 3, "--json")
+    code, out, err = cli(*common, "--replan-every", 3, "--replan-budget", 1)
+    assert code == 0, err
+    replanned = json.loads(out)
+    switches = replanned["switches"]
+    assert switches, "no switch in 12 steps"
+    first = switches[0]
+    assert first["step"] <= 11 and first["new_plan"] != first["old_plan"] and first["predicted_gain"] >= 0.05
+    assert first["predicted_gain"] == pytest.approx(1 - first["predicted_new_s"] / first["predicted_old_s"])
+    assert set(first["calibration"]) == set(est.call_names)
+    # the switch waited for the boundary after the step during which its search finished, and
+    # every step ran under one plan: the versions change exactly at the switches
+    assert all(s["step"] == s["requested_in_step"] + 1 for s in switches)
+    versions = [t["plan_version"] for t in replanned["timings"]]
+    assert versions == [sum(s["step"] <= step for s in switches) for step in range(12)]
+    # the run's own medians: faster after the switch (its first step, which binds the new
+    # reallocations, left out) than before
+    seconds = [t["seconds"] for t in replanned["timings"]]
+    before, after = seconds[1:first["step"]], seconds[first["step"] + 1:]
+    assert after and statistics.median(after) < statistics.median(before), (before, after)
+    assert first["measured_gain"] is not None and first["measured_gain"] > 0
+    # the same seed without re-planning: the same rewards and losses, to 1e-5
+    code, out, err = cli(*common)
+    assert code == 0, err
+    kept = json.loads(out)
+    assert "switches" not in kept and {t["plan_version"] for t in kept["timings"]} == {0}
+    for key in ("reward", "loss"):
+        assert by_step(replanned, key) == pytest.approx(by_step(kept, key), abs=1e-5, rel=1e-5), key
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--replan-every", "0"), "must be 1 or more"),
+    (("--replan-every", "2", "--replan-budget", "-1"), "must be a positive number"),
+    (("--replan-every", "2", "--replan-min-gain", "1.5"), "must be a fraction"),
+])
+def test_bad_replan_flags_get_one_line(cli, est, tmp_path, flags, needle):
+    plan = tmp_path / "poor.yaml"
+    plan_from_options(est.scenario, poor_plan(est)).save(plan)
+    code, _, err = cli("run", "--scenario", SCENARIO, "--plan", plan, "--nproc", 4, "--steps", 4, *flags)
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_replanning_needs_every_device_of_the_scenario(cli, est, tmp_path):
+    two = random_plan(est, np.random.default_rng(0), devices=2)
+    plan = tmp_path / "two.yaml"
+    plan_from_options(est.scenario, two).save(plan)
+    code, _, err = cli("run", "--scenario", SCENARIO, "--plan", plan, "--nproc", 2, "--steps", 4, "--replan-every", 2)
+    assert code == 2 and "run with 4 processes" in err and err.count("\n") == 1, err
+
+
+# -- resume under another plan or process count --------------------------------------------------------------
+
+def random_plan(est, rng, devices: int) -> dict:
+    """Random options, every call within devices 0..devices-1 and the last device used."""
+    G = est.cluster.gpus_per_node
+    while True:
+        out = {}
+        for i, name in enumerate(est.call_names):
+            fits = [o for o in (est.options[i][int(k)] for k in est.candidates(i))
+                    if o.mesh.start(G) + o.mesh.size <= devices]
+            out[name] = fits[rng.integers(len(fits))]
+        if max(o.mesh.start(G) + o.mesh.size for o in out.values()) == devices:
+            return out
+
+
+def _metrics(rec):
+    return {"reward": rec.reward, "loss": rec.loss}
+
+
+def _switching_run(rank, world, scenario, a, b, switch_at, steps, folder):
+    """Plan a until `switch_at` (a checkpoint written there, and the actor's full weights
+    gathered on rank 0), then plan b through the in-memory switch."""
+    import os
+
+    import torch.distributed as dist
+
+    from realbench.plan import plan_from_options
+    from realbench.runtime.checkpoint import write_manifest
+    from realbench.runtime.replan import switch_plan
+    from realbench.runtime.worker import Worker
+
+    worker = Worker(rank, scenario, a, seed=5)
+    out = [_metrics(worker.step(s)) for s in range(switch_at)]
+    worker.save(folder, switch_at)
+    dist.barrier()
+    if rank == 0:
+        write_manifest(folder, switch_at, scenario.name, plan_from_options(scenario, a).to_document()["calls"], world,
+                       scenario.to_document())
+    train = next(i for i, c in enumerate(worker.calls) if c.name == "actor_train")
+    full = worker.gather_full(train)
+    worker = switch_plan(worker, b)
+    out += [_metrics(worker.step(s)) for s in range(switch_at, steps)]
+    return out, ({k: v.tolist() for k, v in full.items()} if full is not None else None), os.getpid()
+
+
+def _resumed_run(rank, world, scenario, b, steps, folder):
+    from realbench.runtime.checkpoint import load_resharded
+    from realbench.runtime.worker import Worker
+
+    worker = Worker(rank, scenario, b, seed=5, weights=False)
+    start = load_resharded(worker, folder)
+    return [_metrics(worker.step(s)) for s in range(start, steps)]
+
+
+def mean_by_step(per_rank, key):
+    steps = len(per_rank[0])
+    out = []
+    for s in range(steps):
+        values = [r[s][key] for r in per_rank if r[s][key] is not None]
+        out.append(sum(values) / len(values))
+    return out
+
+
+@pytest.mark.parametrize("devices_a,devices_b,seed", [(4, 2, 0), (2, 4, 1), (4, 4, 2), (4, 1, 3)])
+def test_resume_under_another_plan_equals_the_run_that_switches_there(est, tmp_path, devices_a, devices_b, seed):
+    """A checkpoint written under plan A (devices_a processes) resumes under plan B (devices_b
+    processes) and gives what the uninterrupted run that switches from A to B at that step gives;
+    the checkpoint converted to Hugging Face holds the actor's weights as the run had them."""
+    from realbench.runtime.checkpoint import convert_to_hf, load_hf_checkpoint
+
+    rng = np.random.default_rng(seed)
+    a, b = random_plan(est, rng, devices_a), random_plan(est, rng, devices_b)
+    folder = tmp_path / "step2"
+    folder.mkdir()
+    switching = spawn(_switching_run, max(devices_a, devices_b), est.scenario, a, b, 2, 4, str(folder),
+                      timeout_s=300)
+    resumed = spawn(_resumed_run, devices_b, est.scenario, b, 4, str(folder), timeout_s=300)
+    # the resumed ranks only read the files of plan A's ranks, whatever their number
+    assert len({pid for _, _, pid in switching}) == max(devices_a, devices_b)
+    for key in ("reward", "loss"):
+        whole = mean_by_step([r[0] for r in switching], key)[2:]
+        assert mean_by_step(resumed, key) == pytest.approx(whole, abs=1e-6, rel=1e-6), (key, a, b)
+    made = convert_to_hf(folder, tmp_path / "hf")
+    assert sorted(p.name for p in made) == ["actor", "critic"]
+    _, weights = load_hf_checkpoint(tmp_path / "hf" / "actor")
+    gathered = switching[0][1]
+    assert set(weights) == set(gathered)
+    for name, value in gathered.items():
+        assert torch.equal(weights[name], torch.tensor(value)), name
+
+
+def test_checkpoint_convert_cli(cli, est, tmp_path):
+    """`realbench checkpoint convert` on a checkpoint folder of a run: the latest complete one,
+    as transformers loads it; bad input gets one line."""
+    from transformers import AutoModelForCausalLM
+
+    plan = tmp_path / "plan.yaml"
+    plan_from_options(est.scenario, random_plan(est, np.random.default_rng(7), 4)).save(plan)
+    ck = tmp_path / "ck"
+    code, _, err = cli("run", "--scenario", SCENARIO, "--plan", plan, "--nproc", 4, "--steps", 2, "--save-every", 1,
+                       "--checkpoint-dir", ck)
+    assert code == 0, err
+    from realbench.runtime.checkpoint import load_hf_checkpoint
+
+    code, _, err = cli("checkpoint", "convert", ck, "--to-hf", tmp_path / "hf")
+    assert code == 0, err
+    assert err.count("wrote") == 2
+    for step in (1, 2):
+        code, _, err = cli("checkpoint", "convert", ck / f"step{step}", "--to-hf", tmp_path / f"hf{step}")
+        assert code == 0, err
+    latest, one, two = (load_hf_checkpoint(tmp_path / d / "actor")[1] for d in ("hf", "hf1", "hf2"))
+    assert all(torch.equal(latest[k], two[k]) for k in latest)  # the folder's latest checkpoint: step 2
+    assert not all(torch.equal(latest[k], one[k]) for k in latest)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "actor")
+    assert model.config.num_hidden_layers == est.scenario.models["actor"].n_layers
+    code, _, err = cli("checkpoint", "convert", ck, "--to-hf", tmp_path / "hf")  # not empty: refused
+    assert code == 2 and "not empty" in err and err.count("\n") == 1
+    code, _, err = cli("checkpoint", "convert", tmp_path / "nothing", "--to-hf", tmp_path / "hf3")
+    assert code == 2 and "is not a folder" in err and err.count("\n") == 1
