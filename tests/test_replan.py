@@ -204,3 +204,40 @@ def test_checkpoint_convert_cli(cli, est, tmp_path):
     assert code == 2 and "not empty" in err and err.count("\n") == 1
     code, _, err = cli("checkpoint", "convert", tmp_path / "nothing", "--to-hf", tmp_path / "hf3")
     assert code == 2 and "is not a folder" in err and err.count("\n") == 1
+
+
+def _round_trip(rank, world, scenario, a, b, dtype):
+    """One step under a, then switch a -> b -> a: every rank's master weights, Adam moments and
+    step count, and the compute weights, as before (bit for bit)."""
+    from realbench.runtime.replan import switch_plan
+    from realbench.runtime.worker import Worker
+
+    worker = Worker(rank, scenario, a, seed=1, dtype=dtype)
+    worker.step(0)
+
+    def snapshot(w):
+        out = {}
+        for m in w.masters:
+            for kind, views in w.master_state(m).items():
+                out.update({f"{m}/{kind}/{k}": v.clone() for k, v in views.items()})
+            out.update({f"{m}/compute/{k}": v.clone() for k, v in w.masters[m].shards().items()})
+        steps = {m: opt.steps_taken for m, opt in w.optimizers.items()}
+        return out, steps
+
+    before = snapshot(worker)
+    back = switch_plan(switch_plan(worker, b), a)
+    after = snapshot(back)
+    same = set(before[0]) == set(after[0]) and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    return same, before[1] == after[1], len(before[0]), str(back.masters[next(iter(back.masters))].stage.flat.dtype) \
+        if back.masters else None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_switch_there_and_back_gives_every_state_back_bit_for_bit(est, dtype):
+    rng = np.random.default_rng(11)
+    a, b = random_plan(est, rng, 4), random_plan(est, rng, 4)
+    results = spawn(_round_trip, 4, est.scenario, a, b, dtype, timeout_s=300)
+    assert all(same for same, _, _, _ in results)
+    assert all(steps for _, steps, _, _ in results)
+    assert sum(n for _, _, n, _ in results) > 0
+    assert {d for _, _, _, d in results if d} == {str(dtype)}
