@@ -37,7 +37,8 @@ def _time_to_within(curve, final: float, tol: float = 0.01) -> float:
     return math.inf
 
 
-def _runs(est: Estimator, method: str, budget_s: float, seeds, **kwargs) -> dict:
+def _runs(est: Estimator, method: str, budget_s: float, seeds, **kwargs) -> tuple[dict, dict]:
+    """A method's runs over the seeds, summarized, and the baselines they were measured against."""
     runs = [run_search(est, method, budget_s, seed=s, **kwargs) for s in seeds]
     base = runs[0].baselines
     best_baseline = min(base.values())
@@ -50,8 +51,7 @@ def _runs(est: Estimator, method: str, budget_s: float, seeds, **kwargs) -> dict
         "seconds_to_1pct": [_time_to_within(r.curve, r.best_time_s) for r in runs],
         "evaluations": [r.evaluations for r in runs],
         "evaluations_per_s": statistics.median(r.evaluations / r.seconds for r in runs),
-        "baselines": base,
-    }
+    }, base
 
 
 def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1, 2),
@@ -69,13 +69,12 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
         return estimators[name]
 
     for name in scenarios:
-        row = {m: _runs(estimator(name), m, budget_s, seeds) for m in methods}
-        row["baselines"] = row[methods[0]]["baselines"]
+        row = {}
         for m in methods:
-            del row[m]["baselines"]
+            row[m], row["baselines"] = _runs(estimator(name), m, budget_s, seeds)
         out["scenarios"][name] = row
     for name in long_scenarios:
-        r = _runs(estimator(name), "tpe", long_budget_s, seeds)
+        r, _ = _runs(estimator(name), "tpe", long_budget_s, seeds)
         mcmc = out["scenarios"].get(name, {}).get("mcmc")
         reference = mcmc["median_best_time_s"] if mcmc else None
         out["long"][name] = {"method": "tpe", "budget_s": long_budget_s, "median_best_time_s": r["median_best_time_s"],
@@ -108,7 +107,7 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
             variants["tpe-univariate"] = ("tpe", dict(settings=SamplerSettings(multivariate=False)))
         out["ablations"] = {"scenario": ablation_scenario}
         for label, (method, kwargs) in variants.items():
-            r = _runs(est, method, budget_s, seeds, **kwargs)
+            r, _ = _runs(est, method, budget_s, seeds, **kwargs)
             out["ablations"][label] = {k: r[k] for k in ("median_best_time_s", "seeds_beating_best_baseline",
                                                          "evaluations_per_s")}
     if scale_scenario:

@@ -90,9 +90,10 @@ def run(args) -> int:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError("exists and is not empty: name a new folder", "--out", args.out)
+    replan = replan_settings(args)
     # bad flags are refused before this machine is profiled (which may take a minute the first time)
     check_run(scenario, options, args.nproc, args.steps, args.save_every, args.checkpoint_dir, args.resume,
-              save_hf=args.save_hf, eval_every=args.eval_every, replan=replan_settings(args))
+              save_hf=args.save_hf, eval_every=args.eval_every, replan=replan)
     profile = profile_for(args, scenario, args.nproc, resolve_device(args.device, args.nproc))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def run(args) -> int:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
                           args.checkpoint_dir, args.resume, profile=profile, device=args.device,
                           dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress,
-                          replan=replan_settings(args))
+                          replan=replan)
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1

@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from realbench.plan.plan import plan_from_options
     from realbench.runtime.device import resolve_device, resolve_dtype
-    from realbench.runtime.launch import RunSummary, check_run, worker_process
+    from realbench.runtime.launch import RunSummary, check_run, read_switches, worker_process
 
     missing = [k for k in LAUNCHER_ENV if k not in os.environ]
     if missing:
@@ -53,15 +53,16 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device_type)
     scenario = load_scenario(args.scenario)
     _, _, options = load_plan(args.plan, scenario)
+    replan = replan_settings(args, args.replan_profile)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,
                             args.resume, flag="WORLD_SIZE", save_hf=args.save_hf if rank == 0 else "",
-                            eval_every=args.eval_every, replan=replan_settings(args, args.replan_profile))
+                            eval_every=args.eval_every, replan=replan)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
                        args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype,
-                       args.save_hf, args.eval_every, replan_settings(args, args.replan_profile))
+                       args.save_hf, args.eval_every, replan)
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
@@ -69,7 +70,7 @@ def run(args) -> int:
     if rank != 0:
         return 0
     result = {**RunSummary(scenario, options, resume_step)(json.loads((out / "records.json").read_text())),
-              "device": device_type, "dtype": dtype, **_switches(out)}
+              "device": device_type, "dtype": dtype, **read_switches(out)}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:
         emit_json(result)
@@ -78,8 +79,3 @@ def run(args) -> int:
 
         print_summary(result, scenario.name, world)
     return 0
-
-
-def _switches(out: Path) -> dict:
-    path = out / "switches.json"
-    return {"switches": json.loads(path.read_text())} if path.exists() else {}

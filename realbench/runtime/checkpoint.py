@@ -228,9 +228,8 @@ def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Pa
     manifest = read_manifest(folder)
     if scenario is None:
         scenario = scenario_of(manifest, folder)
-    elif manifest.get("scenario") != scenario.name:
-        raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
-                          "--scenario", str(folder))
+    else:
+        check_scenario(manifest, scenario, "--scenario", folder)
     written, G = written_options(scenario, manifest), scenario.cluster.gpus_per_node
     files, whole, made = _RankFiles(folder), Layout.on([0], 1, 1, 1), []
     tokenizer = scenario.data.tokenizer if scenario.data is not None else None
@@ -243,6 +242,12 @@ def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Pa
         made.append(save_hf(Path(out) / call.model, spec,
                             {k: v for k, v in full.items() if k not in tied_aliases(spec, 1)}, tokenizer))
     return made
+
+
+def check_scenario(manifest: dict, scenario, flag: str, folder) -> None:
+    if manifest.get("scenario") != scenario.name:
+        raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
+                          flag, str(folder))
 
 
 def scenario_of(manifest: dict, folder: Path):

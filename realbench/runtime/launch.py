@@ -256,7 +256,7 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
               replan: "ReplanSettings" = None) -> int:
     """Check the run's arguments against the plan; returns the step to resume from. A checkpoint
     resumes under any plan of its scenario and any number of processes (resharded on load)."""
-    from realbench.runtime.checkpoint import read_manifest, written_options
+    from realbench.runtime.checkpoint import check_scenario, read_manifest, written_options
 
     needed = needed_processes(scenario, options)
     if nproc != needed and nproc != scenario.cluster.n_devices:
@@ -270,9 +270,7 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
     if resume:
         folder = Path(checkpoint_dir, f"step{resume_step}")
         manifest = read_manifest(folder)
-        if manifest.get("scenario") != scenario.name:
-            raise ConfigError(f"the checkpoint is of scenario {manifest.get('scenario')!r}, not {scenario.name!r}",
-                              "--resume", str(folder))
+        check_scenario(manifest, scenario, "--resume", folder)
         try:
             written_options(scenario, manifest)
         except (ConfigError, KeyError, TypeError, ValueError) as e:
@@ -448,6 +446,11 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             raise RunError(f"the launcher exited with status {proc.returncode}"
                            + (f": {lines[-1].strip()}" if lines else ""))
         records = json.loads(Path(out_dir, "records.json").read_text())
-        switches = Path(out_dir, "switches.json")
-        extra = {"switches": json.loads(switches.read_text())} if switches.exists() else {}
-    return {**summary(records), "device": device_type, "dtype": dtype, **extra}
+        switches = read_switches(out_dir)
+    return {**summary(records), "device": device_type, "dtype": dtype, **switches}
+
+
+def read_switches(out_dir) -> dict:
+    """{"switches": [...]} of a re-planning run (rank 0 wrote them), else {}."""
+    path = Path(out_dir, "switches.json")
+    return {"switches": json.loads(path.read_text())} if path.exists() else {}

@@ -44,6 +44,10 @@ class MixedPrecisionAdam:
         self.master.grad = grad
         self.adam.step()
         self.master.grad = None
+        self._sync_stage()
+
+    def _sync_stage(self) -> None:
+        """The stage's weights from the master's (bf16; in fp32 they share storage)."""
         if self.model.stage.flat.dtype != torch.float32:
             self.model.stage.flat.copy_(self.master)
 
@@ -66,12 +70,11 @@ class MixedPrecisionAdam:
 
     @torch.no_grad()
     def moved_in(self, steps_taken: int) -> None:
-        """After a switch wrote the master weights and moments: Adam's step count, and the
-        stage's weights from the master's (bf16; in fp32 they share storage)."""
-        self.state_views()["master"]  # the moments exist
+        """After a switch or a resume wrote the master weights and moments: Adam's step count,
+        and the stage's weights from the master's."""
+        self.state_views()  # the moments exist
         self.adam.state[self.master]["step"] = torch.tensor(float(steps_taken))
-        if self.model.stage.flat.dtype != torch.float32:
-            self.model.stage.flat.copy_(self.master)
+        self._sync_stage()
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def tensors(self) -> tuple[dict[str, torch.Tensor], int]:

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from realbench.dataflow import CallKind
 from realbench.runtime.realloc import BoundReallocation, rank_plan
 
 # the kinds of state a switch moves, and the dtype each travels in (None: the models' compute dtype)
@@ -47,7 +48,7 @@ def switch_plan(old, options: dict):
                  groups=old.groups, dataset=old.dataset, weights=False)
     masters = sorted(set(old.master_of) - set(old.functions))
     # Adam's step count, known on the ranks of each trained model's old layout
-    trained = [m for m in masters if old.calls[m].kind.value == "train"]
+    trained = [m for m in masters if old.calls[m].kind == CallKind.TRAIN]
     steps = torch.tensor([old.optimizers[m].steps_taken if m in old.optimizers else 0 for m in trained],
                          dtype=torch.long, device=old.device)
     if trained:

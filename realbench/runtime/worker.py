@@ -194,12 +194,10 @@ class Worker:
             c = self.calls[m]
             spec = scenario.models[c.model]
             model = PlacedModel(spec, lay, rank, self.groups, self.device, self.dtype)
-            if not weights:
-                pass
-            elif spec.path:  # a checkpoint folder: this rank reads its own slices only
+            if weights and spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
                                                  seed=self.seed))
-            else:
+            elif weights:
                 model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
             if c.kind == CallKind.TRAIN:  # a learning rate for every model, or per model role

@@ -100,16 +100,16 @@ class SearchDashboard:
             raise ConfigError("must not be negative", "seed")
         if self.startup_box.value < 0:
             raise ConfigError("must not be negative", "start-up trials")
-        self.settings = SamplerSettings(int(self.startup_box.value), bool(self.multivariate_box.value))
+        settings = SamplerSettings(int(self.startup_box.value), bool(self.multivariate_box.value))
         scenario = self.scenario_override or load_scenario(self.scenario_box.value.strip())
-        return scenario, methods, float(budget), int(self.seed_box.value)
+        return scenario, methods, float(budget), int(self.seed_box.value), settings
 
     def start(self) -> bool:
         """Start the searches; False (with the reason shown inline) when an input is wrong."""
         if self.running:
             return False
         try:
-            scenario, methods, budget, seed = self._inputs()
+            scenario, methods, budget, seed, settings = self._inputs()
         except ConfigError as e:
             self.status.value = f"<span style='color:#c00'>{html.escape(str(e))}</span>"
             return False
@@ -126,7 +126,7 @@ class SearchDashboard:
         except Exception as e:  # shown inline, never a traceback in the notebook
             self.status.value = f"<span style='color:#c00'>profiling failed: {html.escape(str(e))}</span>"
             return False
-        self.scenario = scenario
+        self.scenario, self.settings = scenario, settings  # what the running searches use
         self._send = dispatcher()
         self._stop.clear()
         self.results, self.latest, self._estimators = {}, {}, {}
