@@ -37,7 +37,7 @@ def test_the_ppo_critic_learns_the_returns_of_its_batch():
             values = critic.forward([data["seqs"]])[0][:, -gen - 1:-1]
         errors.append(float(((values - returns) ** 2).mean()))
         data["values"] = values
-        w._train(ci, critic, data, critic.coord, StepRecord())
+        w._train(ci, critic, data, critic.coord, StepRecord(), step=0)
     assert errors[-1] < 0.75 * errors[0], errors
     assert all(b < a for a, b in zip(errors, errors[1:])), errors  # every train call brings it closer
 

@@ -123,7 +123,10 @@ def test_ppo_targets_shape_the_rewards_with_the_kl_to_the_reference():
     # the rewards to go
     close(t["ret"], [[1 - 0.05 * LN(2), 1.0]])
     close(t["adv"], [[-1 / math.sqrt(2), 1 / math.sqrt(2)]], tol=1e-4)  # whitened
-    close(PPO().metrics(t, value_model=False)["kl"], LN(2) / 2)
+    # the behaviour policy's KL to the reference, summed over the tokens (the trainer divides by
+    # their count): uniform logits give ln 0.5 for each token, so (ln 0.5 - ln 0.25) + 0
+    _, parts = PPO().loss(torch.zeros(1, 4, 2), t, value_model=False)
+    close(parts["kl"], LN(2))
     close(PPO().metrics(t, value_model=True)["value_error"], ((1 - 0.05 * LN(2)) ** 2 + 1) / 2)
 
 
@@ -145,6 +148,16 @@ def test_grpo_loss_adds_the_k3_penalty_and_the_advantages_come_from_the_group():
     k3 = (0.5 / 0.75) - 1 - LN(0.5 / 0.75)
     close(loss, -1.0 + 0.05 * k3)
     close(parts["k3_kl"], k3)
+    close(parts["kl"], LN(0.75) - LN(0.5))
+    # without behaviour log-probabilities the update takes the forward's own: the ratio is
+    # exactly 1 and its gradient is the plain policy gradient, -adv d(logp)
+    y = y.clone().requires_grad_(True)
+    t.pop("old_logp")
+    loss, parts = GRPO(kl_coef=0.0).loss(y, t, value_model=False)
+    assert float(loss.detach()) == -1.0 and float(parts["clipfrac"]) == 0.0
+    loss.backward()
+    close(y.grad[0, 0], [0.25, -0.25])  # -d ln softmax(y)_1 / dy = p - onehot(1), p = (0.25, 0.75)
+    close(parts["kl"], LN(0.75) - LN(0.5))
     data = {"seqs": torch.zeros(4, 3, dtype=torch.long), "logprobs": torch.zeros(4, 2),
             "rewards": torch.tensor([1.0, 3.0, 5.0, 5.0]), "greedy_rewards": torch.tensor([0.0, 1.0, 2.0, 6.0])}
     close(RLOO().targets(data, False, 2)["adv"], [[-2.0] * 2, [2.0] * 2, [0.0] * 2, [0.0] * 2])
@@ -174,7 +187,7 @@ def test_sft_and_normalizers():
     t = SFT(prompt_len=2).targets({"sequences": torch.tensor([[5, 6, 7, 8, -1], [-1, 6, 7, -1, -1]])}, False, 1)
     close(t["mask"], [[0.0, 1, 1, 0], [0, 1, 0, 0]])
     assert SFT(prompt_len=2).normalizer(t, torch.arange(2)) == 3
-    t = {"seqs": torch.zeros(4, 5, dtype=torch.long), "old_logp": torch.zeros(4, 3),
+    t = {"seqs": torch.zeros(4, 5, dtype=torch.long), "adv": torch.zeros(4, 3),
          "mask": torch.tensor([[1.0, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]])}
     assert GRPO().normalizer(t, torch.tensor([0, 2])) == 3  # response tokens of the step's rows
     assert GRPO().normalizer({k: v for k, v in t.items() if k != "mask"}, torch.tensor([0, 2])) == 6

@@ -47,6 +47,12 @@ def test_every_algorithm_runs_under_two_plans(name):
     est, plans = two_plans(name)
     scenario = est.scenario
     per_rank = spawn(recorded_steps, scenario.cluster.n_devices, [(scenario, p) for p in plans], 2)
+    # the plan changes where and how things run, not what is trained: the same samples (draws per
+    # global row), rewards and losses under both plans, to fp32 rounding
+    runs = [[r[k][0] for r in per_rank] for k in range(len(plans))]
+    for key in ("loss",) if scenario.algorithm in ("dpo", "sft") else ("loss", "reward"):
+        a, b = metrics(runs[0], key), metrics(runs[1], key)
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5), (key, a, b)
     for k in range(len(plans)):
         records = [r[k][0] for r in per_rank]
         replay([r[k][1] for r in per_rank])  # and the same messages would not hang on NCCL

@@ -46,6 +46,10 @@ def run(args) -> int:
                 f", completions to {d.completion_len}" if d.completion_len else "")
             text += (f"\n  data: {d.rows} training rows, {widths} ({d.prompt_percentile:g}th percentile; "
                      f"{d.truncated} row(s) cut to fit)")
+            for role, width in d.rescored_len.items():  # reward models with a tokenizer of their own
+                result["data"].setdefault("rescored_len", {})[role] = width
+                text += (f"\n  {role}: its own tokenizer scores the texts re-tokenized "
+                         f"(costed at {width} tokens a sequence)")
     if args.json:
         emit_json(result)
     else:

@@ -13,7 +13,8 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
-    realbench.cost.comm), then Adam.
+    realbench.cost.comm), then Adam. A policy trained in several optimizer steps first runs a
+    forward over the later steps' rows for their behaviour log-probabilities (`behaviour_forwards`).
     Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
     layer's input (t h bf16 values) plus one layer's activations.
   * function (a reward function): `seconds_per_sample` per response, split over dp processes.
@@ -118,6 +119,16 @@ def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 
 
 # -- calls ----------------------------------------------------------------------------------------
+def behaviour_forwards(call: CallDef, model: ModelSpec) -> int:
+    """Optimizer steps whose behaviour log-probabilities a policy's train call computes with a
+    forward of its own layout before its first update (runtime.algorithms): all but the first,
+    which takes its forward's own. A train call that reads `logprobs` trains a policy, unless
+    its model is a value model (PPO's critic reads them for the KL-shaped rewards only)."""
+    if call.kind != CallKind.TRAIN or "logprobs" not in call.inputs or getattr(model, "value_head", False):
+        return 0
+    return call.optimizer_steps - 1
+
+
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
         t = call.seqs / option.strategy.dp * model.seconds_per_sample
@@ -175,9 +186,11 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # layer's input kept (bf16, t*h) besides the one layer being recomputed
     recompute = s.checkpointing
     fwd_bwd = (4 if recompute else 3) * fwd
-    compute = steps * slots * fwd_bwd
-    tp_comm = steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
-    pp_comm = steps * slots * 2 * p2p_one
+    behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
+    compute = steps * slots * fwd_bwd + behaviour * slots * fwd
+    tp_comm = (steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
+               + behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2))
+    pp_comm = steps * slots * 2 * p2p_one + behaviour * slots * p2p_one
     grads = shard_params(model, tp, pp) * BF16
     # a dp group that spans nodes has gpus_per_node / tp members on each (ranks are tp apart)
     dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option),

@@ -31,6 +31,7 @@ from realbench.dataflow import CallDef, CallKind
 from realbench.hardware.profile import Profile
 from realbench.models import ModelSpec, stage_layers
 from realbench.plan.mesh import Option
+from realbench.cost.calls import behaviour_forwards
 
 TENSORS_PER_BLOCK = 9  # two norms, q, k, v, o, gate, up, down
 
@@ -111,10 +112,12 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
         b = call.seqs / steps / dp / m
         S = call.seq_len
         act = b * S * model.hidden * act_value
+
+        def forward(j):
+            return ((op("embed.fwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, S)
+                    + (op(f"{head}.fwd", b, S) if j == pp - 1 else 0.0) + (p2p(act) if j < pp - 1 else 0.0))
+
         if call.kind == CallKind.INFERENCE:
-            def forward(j):
-                return ((op("embed.fwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, S)
-                        + (op(f"{head}.fwd", b, S) if j == pp - 1 else 0.0) + (p2p(act) if j < pp - 1 else 0.0))
             post = 0.0 if value else op("logprobs.fwd", call.seqs / dp, S)
             return pipeline(forward) + post
 
@@ -144,7 +147,9 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
             reduce = all_reduce(dp, sum(tensors) * value_bytes) if dp > 1 else 0.0  # one flat buffer
             return reduce + fit.time(len(tensors), sum(tensors))
 
-        return steps * (pipeline(forward_backward) + max(update(j) for j in range(pp)))
+        behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
+        before = behaviour * (pipeline(forward) + op("logprobs.fwd", b * m, S)) if behaviour else 0.0
+        return before + steps * (pipeline(forward_backward) + max(update(j) for j in range(pp)))
     except _Silent:
         return None
 

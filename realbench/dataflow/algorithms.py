@@ -15,10 +15,11 @@ from realbench.errors import ConfigError
 GEN, INF, TRAIN = CallKind.GENERATE, CallKind.INFERENCE, CallKind.TRAIN
 
 
-def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1, group_size=1) -> CallDef:
+def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1, group_size=1,
+          rows_together=1) -> CallDef:
     return CallDef(name=name, model=model, kind=kind, inputs=tuple(inputs), outputs=tuple(outputs),
                    seqs=seqs, seq_len=seq_len, gen_len=gen_len, optimizer_steps=optimizer_steps,
-                   group_size=group_size)
+                   group_size=group_size, rows_together=rows_together)
 
 
 def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatches: int = 4) -> Dataflow:
@@ -37,6 +38,10 @@ def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatch
 
 
 def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches) -> Dataflow:
+    if not isinstance(group_size, int) or group_size < 2:
+        # a group of one has no spread (GRPO's std) and no others (RLOO's baseline): NaN advantages
+        raise ConfigError(f"{name.upper()} compares the samples of a prompt with each other: group_size must be "
+                          f"2 or more, not {group_size!r}", "group_size")
     s, L = prompts * group_size, prompt_len + gen_len
     return Dataflow(name=name, dataset_keys=("prompts",), calls=(
         _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),
@@ -77,11 +82,13 @@ def remax(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, with_re
 
 
 def dpo(pairs: int = 256, seq_len: int = 1024) -> Dataflow:
-    """The reference scores chosen and rejected responses; the actor trains on the pairs."""
+    """The reference scores chosen and rejected responses; the actor trains on the pairs, which
+    its splits keep whole (the loss compares a pair's two responses). The reference scores each
+    response on its own, so its split is free."""
     s = 2 * pairs
     return Dataflow(name="dpo", dataset_keys=("pairs",), calls=(
         _call("ref_inf", "ref", INF, ["pairs"], ["ref_logprobs"], s, seq_len),
-        _call("actor_train", "actor", TRAIN, ["pairs", "ref_logprobs"], [], s, seq_len),
+        _call("actor_train", "actor", TRAIN, ["pairs", "ref_logprobs"], [], s, seq_len, rows_together=2),
     ))
 
 

@@ -24,7 +24,9 @@ class CallDef(BaseModel):
 
     `seqs` sequences of `seq_len` tokens each; a generate call produces the last `gen_len`
     of them from a prompt of `seq_len - gen_len`. A train call makes `optimizer_steps`
-    updates (PPO mini-batches) over its batch.
+    updates (PPO mini-batches) over its batch. `rows_together` consecutive rows form one
+    example that no split may cut (DPO's chosen and rejected responses: 2): every data-parallel
+    shard and micro-batch holds whole examples.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -39,6 +41,7 @@ class CallDef(BaseModel):
     gen_len: int = Field(default=0, ge=0)
     optimizer_steps: int = Field(default=1, gt=0)
     group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
+    rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
 
     @model_validator(mode="after")
     def _check(self) -> "CallDef":
@@ -54,6 +57,9 @@ class CallDef(BaseModel):
             raise ValueError("group_size is for generate calls and must divide seqs")
         if self.kind == CallKind.TRAIN and self.seqs % self.optimizer_steps:
             raise ValueError(f"seqs {self.seqs} do not split into {self.optimizer_steps} optimizer steps")
+        if (self.seqs // self.optimizer_steps) % self.rows_together:
+            raise ValueError(f"the {self.seqs // self.optimizer_steps} sequences of a step are not whole examples of "
+                             f"rows_together = {self.rows_together} rows")
         if len(set(self.inputs)) != len(self.inputs) or len(set(self.outputs)) != len(self.outputs):
             raise ValueError("a key is listed twice")
         own = set(self.inputs) & set(self.outputs)

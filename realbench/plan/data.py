@@ -47,6 +47,11 @@ class DataSpec(BaseModel):
     completion_len: int = 0  # DPO/SFT: of the completion part (with its end-of-sequence token)
     truncated: int = 0  # rows cut to fit those widths
     vocab: int = 0  # the tokenizer's size: no model may have fewer embedding rows
+    # models whose checkpoint folder holds a tokenizer other than the data's: role -> that folder,
+    # and the width the sequences they score take once re-tokenized (reward models only)
+    columns: tuple[str, ...] = ()  # of the training rows (reward functions get the others by name)
+    tokenizers: dict[str, str] = Field(default_factory=dict)
+    rescored_len: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("train", "eval", mode="before")
     @classmethod

@@ -5,7 +5,9 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
   * tp divides the devices per node (a tensor-parallel group stays inside a node) and divides
     both the attention heads and the KV heads;
   * 1 <= pp <= number of layers;
-  * the batch splits evenly into dp x micro_batches (per optimizer step for train calls);
+  * the batch splits evenly into dp x micro_batches (per optimizer step for train calls), each
+    piece of whole examples (`rows_together` rows: DPO's pairs stay on one rank and in one
+    micro-batch, since the loss compares a pair's two responses);
   * micro_batches is a power of two up to MAX_MICRO_BATCHES;
   * train calls may checkpoint activations (recompute each layer in the backward pass), others not.
 """
@@ -53,9 +55,12 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if not is_pow2(s.micro_batches) or s.micro_batches > MAX_MICRO_BATCHES:
         return "micro_batches", f"micro_batches {s.micro_batches} is not a power of two up to {MAX_MICRO_BATCHES}"
     batch = call.seqs // call.optimizer_steps
-    if batch % (s.dp * s.micro_batches):
+    unit, whole = call.rows_together, f" of whole {call.rows_together}-row examples" if call.rows_together > 1 else ""
+    if batch % (s.dp * unit):
+        return "dp", f"the batch of {batch} sequences does not split into dp = {s.dp} shards{whole}"
+    if batch % (s.dp * s.micro_batches * unit):
         return "micro_batches", (f"the batch of {batch} sequences does not split into "
-                                 f"dp*micro_batches = {s.dp}*{s.micro_batches}")
+                                 f"dp*micro_batches = {s.dp}*{s.micro_batches} pieces{whole}")
     return None
 
 
@@ -86,10 +91,10 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     for tp in _divisors(math.gcd(size, cluster.gpus_per_node)):
         for pp in _divisors(size // tp):
             dp = size // tp // pp
-            if pp > layers or batch % dp:  # what strategy_problem would refuse, skipped cheaply
+            if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem would refuse, skipped cheaply
                 continue
             m = 1
-            while m <= MAX_MICRO_BATCHES and batch % (dp * m) == 0:
+            while m <= MAX_MICRO_BATCHES and batch % (dp * m * call.rows_together) == 0:
                 for checkpointing in ((False, True) if call.kind == CallKind.TRAIN else (False,)):
                     s = Strategy(dp, tp, pp, m, checkpointing)
                     if strategy_problem(call, model, cluster, probe, s) is None:

@@ -15,6 +15,7 @@ File form (`realbench.scenario/1`):
       reward: {path: ckpt/, value_head: true}                # (a fresh value head on its decoder)
     dataflow: {algorithm: ppo, prompts: 512, prompt_len: 256, gen_len: 768}
     # or: dataflow: {calls: [{name: ..., model: ..., kind: ..., ...}], dataset_keys: [prompts]}
+    training: {temperature: 1.0}                             # how the models train (realbench.plan.training)
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from realbench.hardware import LINKS, ClusterSpec, get_device
 from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
 from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
 from realbench.plan.data import DataSpec
-from realbench.runtime.rewards import function_spec
+from realbench.runtime.rewards import GIVEN, function_spec, load_function, missing_arguments
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
 from realbench.plan.schema import SCENARIO_SCHEMA, read_document, validate_model
+from realbench.plan.training import TrainingSpec
 
 
 class Scenario(BaseModel):
@@ -48,6 +50,7 @@ class Scenario(BaseModel):
     cluster: ClusterSpec
     models: dict[str, Union[ModelSpec, FunctionSpec]] = Field(min_length=1)
     data: Optional[DataSpec] = None
+    training: TrainingSpec = TrainingSpec()
     dataflow: Dataflow
 
     @model_validator(mode="before")
@@ -120,11 +123,12 @@ class Scenario(BaseModel):
             except TypeError as e:  # an argument the builder does not take
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
         functions = {r for r, m in (info.data.get("models") or {}).items() if isinstance(m, FunctionSpec)}
-        if functions:  # the reward role is a function: its inference calls are function calls
+        data = info.data.get("data")
+        own = data.tokenizers if isinstance(data, DataSpec) else {}
+        if functions or own:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
-            calls = tuple(c.model_copy(update={"kind": CallKind.FUNCTION})
-                          if c.model in functions and c.kind == CallKind.INFERENCE else c for c in v.calls)
-            v = Dataflow(name=v.name, calls=calls, dataset_keys=v.dataset_keys)
+            v = Dataflow(name=v.name, calls=tuple(_adapted(c, functions, data) for c in v.calls),
+                         dataset_keys=v.dataset_keys)
         return v
 
     @model_validator(mode="after")
@@ -141,13 +145,20 @@ class Scenario(BaseModel):
             if function and self.data is None:
                 raise ConfigError("a reward function scores text: the scenario needs data files (data:) and a "
                                   "tokenizer", f"models.{c.model}")
+            if function:
+                spec = self.models[c.model]
+                missing = missing_arguments(load_function(spec.file, spec.attribute), list(self.data.columns))
+                if missing:
+                    raise ConfigError(f"{spec.name} takes {missing[0]!r}, which no call gives (given: "
+                                      f"{', '.join(GIVEN)} and the data's columns {', '.join(self.data.columns)})",
+                                      f"models.{c.model}")
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:
                 raise ConfigError(f"model {role!r} is used by no call", f"models.{role}")
         if self.data is not None:
             for role, m in self.models.items():
-                if isinstance(m, ModelSpec) and m.vocab < self.data.vocab:
+                if isinstance(m, ModelSpec) and m.vocab < self.data.vocab and role not in self.data.tokenizers:
                     raise ConfigError(f"the tokenizer has {self.data.vocab} tokens, the model's vocabulary "
                                       f"{m.vocab}: they do not match", f"models.{role}")
         return self
@@ -180,10 +191,29 @@ class Scenario(BaseModel):
                 "description": self.description}
 
 
+SCORES = frozenset({"rewards", "greedy_rewards"})  # what a reward model's calls output
+
+
+def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallDef:
+    """A call as the models make it run: a function's inference is a function call; a reward
+    model with a tokenizer other than the data's scores re-tokenized text, whose width the
+    data gave (`DataSpec.rescored_len`). Any other call of such a model needs the policy's
+    tokens (per-token log-probabilities, values): refused by name."""
+    if c.model in functions and c.kind == CallKind.INFERENCE:
+        return c.model_copy(update={"kind": CallKind.FUNCTION})
+    if data is not None and c.model in data.tokenizers:
+        if c.kind != CallKind.INFERENCE or not set(c.outputs) <= SCORES or c.model not in data.rescored_len:
+            raise ConfigError(f"its tokenizer ({data.tokenizers[c.model]}) is not the data's: a reward model can score "
+                              f"re-tokenized text, but call {c.name!r} needs the policy's own tokens; give it a "
+                              "checkpoint with the policy's tokenizer", f"models.{c.model}")
+        return c.model_copy(update={"seq_len": data.rescored_len[c.model]})
+    return c
+
+
 def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> DataSpec:
     """The `data:` section, its paths resolved against `base`, with what reading the files and
     tokenizing them found (rows, widths, truncated rows, tokenizer size)."""
-    from realbench.runtime.data import Dataset
+    from realbench.runtime.data import Dataset, has_tokenizer, load_tokenizer, prompt_text, same_tokenizer
 
     if not isinstance(raw, dict):
         raise ConfigError("must be a mapping (train: FILE, fields: {...}, ...)", "data")
@@ -216,8 +246,20 @@ def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> Data
         return spec
     ds = Dataset(spec, algorithm if isinstance(algorithm, str) else "", spec.tokenizer)
     prompt, completion, truncated = ds.widths()
+    tokenizers, rescored = {}, {}
+    for role, entry in (models or {}).items() if isinstance(models, dict) else ():
+        folder = resolve(entry["path"]) if isinstance(entry, dict) and isinstance(entry.get("path"), str) else None
+        if folder is None or folder == spec.tokenizer or not has_tokenizer(folder):
+            continue
+        theirs = load_tokenizer(folder)
+        texts = [prompt_text(r[spec.column(f)]) for r in ds.rows[:8] for f in ds.fields if spec.column(f) in r]
+        if not same_tokenizer(ds.tokenizer, theirs, texts):
+            tokenizers[role] = folder
+            if "prompt" in ds.fields:
+                rescored[role] = ds.rescored_width(theirs, spec.max_new_tokens)
     return spec.model_copy(update=dict(rows=len(ds.train), prompt_len=prompt, completion_len=completion,
-                                       truncated=truncated, vocab=len(ds.tokenizer)))
+                                       truncated=truncated, vocab=len(ds.tokenizer), tokenizers=tokenizers,
+                                       rescored_len=rescored, columns=tuple(dict.fromkeys(k for r in ds.rows for k in r))))
 
 
 def scenario_from_document(data: dict, source: str = "") -> Scenario:

@@ -33,34 +33,54 @@ def _rows(t: dict[str, Tensor], idx: Tensor) -> dict[str, Tensor]:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """The policy-gradient family's shared parts; subclasses say how advantages are made."""
+    """The policy-gradient family's shared parts; subclasses say how advantages are made.
+
+    The update's ratio compares the policy with the behaviour policy's log-probabilities
+    (`old_logp`), which come from the training forward, not from generation: generation's
+    KV-cached decode rounds differently (in bf16 by up to 0.08 per token), which would clip the
+    first update of every batch. The first optimizer step of a batch takes the forward's own
+    log-probabilities, detached (the ratio is exactly 1, as TRL does when it takes one step per
+    batch); the trainer recomputes them for later steps (`recomputes_behaviour`) with a forward
+    of the same layout before the first update. Log-probabilities are of the logits divided by
+    the sampling `temperature` (the distribution generation sampled from), as TRL's."""
 
     name: str = "base"
     kl_coef: float = 0.05
     clip: float = 0.2
+    temperature: float = 1.0
+    rows_together: int = 1  # rows of one example that the trainer's splits keep together
+    recomputes_behaviour: bool = True  # the policy's train call needs the behaviour log-probabilities
+
+    def token_logprobs(self, logits: Tensor, seqs: Tensor, gen_len: int) -> Tensor:
+        return losses.token_logprobs(logits, seqs, gen_len, self.temperature)
 
     def reference_logprobs(self, logits: Tensor, seqs: Tensor, gen_len: int) -> Tensor:
-        """What a reference (or old-policy) inference call outputs: per-token log-probabilities
-        of the generated part."""
-        return losses.token_logprobs(logits, seqs, gen_len)
+        """What a reference inference call outputs: per-token log-probabilities of the
+        generated part."""
+        return self.token_logprobs(logits, seqs, gen_len)
 
     def normalizer(self, t: dict[str, Tensor], rows: Tensor) -> float:
         """Response tokens of the optimizer step's rows (all data-parallel ranks together)."""
         mask = t.get("mask")
-        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["old_logp"].shape[1])
+        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["adv"].shape[1])
 
     def targets(self, data: dict[str, Tensor], value_model: bool, group_size: int) -> dict[str, Tensor]:
         raise NotImplementedError
 
     def loss(self, y: Tensor, t: dict[str, Tensor], value_model: bool) -> tuple[Tensor, dict[str, Tensor]]:
         """Policy loss summed over the micro-batch's response tokens, plus the KL penalty to the
-        reference when the targets carry reference log-probabilities."""
-        gen = t["old_logp"].shape[1]
-        logp = losses.token_logprobs(y, t["seqs"], gen)
+        reference when the targets carry reference log-probabilities. Without `old_logp` the
+        behaviour log-probabilities are this forward's own (detached): the ratio is 1."""
+        gen = t["adv"].shape[1]
+        logp = self.token_logprobs(y, t["seqs"], gen)
+        old = t["old_logp"] if "old_logp" in t else logp.detach()
         mask = t.get("mask")
-        per_token = losses.policy_loss(logp, t["old_logp"], t["adv"], self.clip)
-        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, t["old_logp"], t["adv"], self.clip), mask),
-                "entropy": _sum(losses.entropy(y.detach(), gen), mask)}
+        per_token = losses.policy_loss(logp, old, t["adv"], self.clip)
+        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, old, t["adv"], self.clip), mask),
+                "entropy": _sum(losses.entropy(y.detach(), gen, self.temperature), mask)}
+        ref = t.get("ref_logp", t.get("kl_ref"))
+        if ref is not None:  # the behaviour policy's KL to the reference (mean of logp - ref)
+            sums["kl"] = _sum(old - ref, mask)
         if "ref_logp" in t:
             k3 = losses.k3_kl(logp, t["ref_logp"])
             per_token = per_token + self.kl_coef * k3
@@ -68,11 +88,8 @@ class Algorithm:
         return _sum(per_token, mask), sums
 
     def metrics(self, t: dict[str, Tensor], value_model: bool) -> dict[str, float]:
-        """KL of the sampling policy to the reference (mean of logp - ref over response tokens)."""
-        ref = t.get("ref_logp", t.get("kl_ref"))
-        if ref is None:
-            return {}
-        return {"kl": float(losses.masked_mean(t["old_logp"] - ref, t.get("mask")))}
+        """Means over the batch the call received, before any update."""
+        return {}
 
 
 def _sum(per_token: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -86,7 +103,9 @@ def _sequence_advantages(adv: Tensor, like: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class PPO(Algorithm):
     """Actor: clipped policy loss on whitened GAE advantages of KL-shaped rewards. Critic:
-    clipped value loss against the GAE returns."""
+    clipped value loss against the GAE returns. The rewards are shaped with the generation's
+    log-probabilities (both train calls compute the same returns from the data they receive);
+    the ratio's behaviour log-probabilities are the training forward's (see Algorithm)."""
 
     name: str = "ppo"
     gamma: float = 1.0
@@ -98,13 +117,9 @@ class PPO(Algorithm):
         mask = losses.response_mask(data["seqs"], lp.shape[1])
         rewards = losses.kl_shaped_rewards(data["rewards"], lp, data["ref_logprobs"], self.kl_coef, mask)
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
-        out = {"seqs": data["seqs"], "old_logp": lp, "adv": losses.whiten(adv, mask), "ret": ret,
-               "old_values": values, "kl_ref": data["ref_logprobs"]}
+        out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values,
+               "kl_ref": data["ref_logprobs"]}
         return out if mask is None else {**out, "mask": mask}
-
-    def normalizer(self, t, rows):
-        mask = t.get("mask")
-        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["old_values"].shape[1])
 
     def loss(self, y, t, value_model):
         if not value_model:
@@ -116,7 +131,7 @@ class PPO(Algorithm):
     def metrics(self, t, value_model):
         if value_model:  # how far the critic that scored this batch is from its returns
             return {"value_error": float(losses.masked_mean((t["old_values"] - t["ret"]) ** 2, t.get("mask")))}
-        return super().metrics(t, value_model)
+        return {}
 
 
 @dataclass(frozen=True)
@@ -128,8 +143,7 @@ class GRPO(Algorithm):
 
     def targets(self, data, value_model, group_size):
         lp = data["logprobs"]
-        out = {"seqs": data["seqs"], "old_logp": lp,
-               "adv": _sequence_advantages(self.advantages(data, group_size), lp)}
+        out = {"seqs": data["seqs"], "adv": _sequence_advantages(self.advantages(data, group_size), lp)}
         if "ref_logprobs" in data:
             out["ref_logp"] = data["ref_logprobs"]
         mask = losses.response_mask(data["seqs"], lp.shape[1])
@@ -163,6 +177,8 @@ class DPO(Algorithm):
     name: str = "dpo"
     beta: float = 0.1
     prompt_len: Optional[int] = None
+    rows_together: int = 2  # a pair: its two rows stay on one rank and in one micro-batch
+    recomputes_behaviour: bool = False
 
     def reference_logprobs(self, logits, seqs, gen_len):
         gen = seqs.shape[1] - (seqs.shape[1] // 2 if self.prompt_len is None else self.prompt_len)
@@ -196,6 +212,7 @@ class SFT(Algorithm):
 
     name: str = "sft"
     prompt_len: int = 0
+    recomputes_behaviour: bool = False
 
     def targets(self, data, value_model, group_size):
         seqs = data["sequences"]
@@ -229,4 +246,7 @@ def make_algorithm(name: str, scenario=None) -> Algorithm:
                           "and estimated but not run", "algorithm") from None
     if data is not None and cls in (DPO, SFT):
         return cls(prompt_len=data.prompt_len)
-    return cls()
+    if cls in (DPO, SFT):
+        return cls()
+    training = getattr(scenario, "training", None)
+    return cls(temperature=training.temperature) if training is not None else cls()

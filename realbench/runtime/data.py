@@ -69,7 +69,7 @@ def load_tokenizer(folder: str):
 
     if not Path(folder).is_dir():
         raise ConfigError("no such folder", source=folder)
-    if not Path(folder, "tokenizer_config.json").is_file() and not Path(folder, "tokenizer.json").is_file():
+    if not has_tokenizer(folder):
         raise ConfigError("no tokenizer (tokenizer.json / tokenizer_config.json)", source=folder)
     level = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its notes about special tokens are not ours to print
@@ -81,7 +81,7 @@ def load_tokenizer(folder: str):
         transformers.logging.set_verbosity(level)
 
 
-def _is_messages(value: Any) -> bool:
+def is_messages(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
 
 
@@ -97,7 +97,7 @@ class Encoder:
         tok = self.tokenizer
         if isinstance(value, str) and self.chat:
             value = [{"role": "user", "content": value}]
-        if _is_messages(value):
+        if is_messages(value):
             if not getattr(tok, "chat_template", None):
                 raise ConfigError(f"{where}: chat messages, but the tokenizer has no chat template", source=self.source)
             text = tok.apply_chat_template(value, add_generation_prompt=True, tokenize=False)
@@ -117,6 +117,60 @@ class Encoder:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected text, got {type(value).__name__}", source=self.source)
         return list(self.tokenizer(value, add_special_tokens=True)["input_ids"]) + [self.tokenizer.eos_token_id]
+
+    def scored(self, prompt: Any, completion: str) -> list[int]:
+        """What a reward model with this (its own) tokenizer scores, as TRL builds it: a chat
+        prompt and the completion as the assistant's message through the chat template, else the
+        prompt's text followed by the completion's; no special tokens added beyond the template's."""
+        tok = self.tokenizer
+        if isinstance(prompt, str) and self.chat:
+            prompt = [{"role": "user", "content": prompt}]
+        if is_messages(prompt):
+            if not getattr(tok, "chat_template", None):
+                raise ConfigError("chat messages, but the reward model's tokenizer has no chat template",
+                                  source=self.source)
+            text = tok.apply_chat_template(list(prompt) + [{"role": "assistant", "content": completion}],
+                                           tokenize=False)
+        else:
+            text = str(prompt) + completion
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def prompt_text(value: Any) -> str:
+    """The words of a prompt (its messages' contents joined), to compare tokenizers on."""
+    return " ".join(m["content"] for m in value) if is_messages(value) else str(value)
+
+
+def same_tokenizer(a, b, texts: list[str]) -> bool:
+    """Whether two tokenizers turn text into the same ids: the same vocabulary, end-of-sequence
+    token and chat template, and the same ids for the texts given."""
+    if a.get_vocab() != b.get_vocab() or a.eos_token_id != b.eos_token_id:
+        return False
+    if getattr(a, "chat_template", None) != getattr(b, "chat_template", None):
+        return False
+    return all(a(t)["input_ids"] == b(t)["input_ids"] for t in texts)
+
+
+def has_tokenizer(folder: str) -> bool:
+    return Path(folder, "tokenizer_config.json").is_file() or Path(folder, "tokenizer.json").is_file()
+
+
+def stop_token_ids(tokenizer, checkpoint: Optional[str]) -> tuple[int, ...]:
+    """The ids that end a response: the tokenizer's end-of-sequence token and every one of the
+    checkpoint's `generation_config.json` (`eos_token_id`, a number or a list), as
+    transformers' `generate` and TRL stop at them."""
+    ids = [tokenizer.eos_token_id]
+    path = Path(checkpoint, "generation_config.json") if checkpoint else None
+    if path is not None and path.is_file():
+        try:
+            value = json.loads(path.read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            raise ConfigError("unreadable (not a JSON object)", source=str(path)) from None
+        extra = value if isinstance(value, list) else [] if value is None else [value]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in extra):
+            raise ConfigError(f"eos_token_id {value!r} is not a token id or a list of them", source=str(path))
+        ids += extra
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
 
 
 def percentile_len(lengths: list[int], pct: float) -> int:
@@ -251,6 +305,19 @@ class Dataset:
         else:
             raise ConfigError(f"the data has no key {key!r}")
         return torch.tensor(out, dtype=torch.long)
+
+    def rescored_width(self, tokenizer, max_new_tokens: int) -> int:
+        """The width a reward model with its own `tokenizer` scores: the `prompt_percentile` of
+        the data's prompts as it tokenizes them (`Encoder.scored`, with an empty completion),
+        plus `max_new_tokens` scaled by how many of its tokens the data's prompt texts take per
+        token of the policy's tokenizer."""
+        enc = Encoder(tokenizer, self.spec.chat, self.spec.train[0])
+        prompts = [r[self.spec.column("prompt")] for r in self.rows]
+        texts = [prompt_text(p) for p in prompts]
+        theirs = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        ours = sum(len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        width = percentile_len([len(enc.scored(p, "")) for p in prompts], self.spec.prompt_percentile)
+        return width + math.ceil(max_new_tokens * theirs / max(1, ours))
 
     def columns(self, idx: list[int], group_size: int = 1, held_out: bool = False) -> dict[str, list]:
         """The rows' columns as lists (each repeated `group_size` times), for reward functions."""

@@ -11,7 +11,7 @@ returns the outputs (logits or values) and owns the loss.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -159,11 +159,13 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int = 0,
-             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1, eos: Optional[int] = None,
+             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1,
+             eos: Optional[int | Sequence[int]] = None,
              rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch.
-    Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`,
-    a row stops after its end-of-sequence token: the positions after it hold -1 (its
+    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch,
+    from the logits divided by `temperature`.
+    Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`
+    (an id or several), a row stops after an end-of-sequence token: the positions after it hold -1 (its
     log-probabilities there are 0); every row still takes `gen_len` steps, the shape the
     pipeline and the cost model share.
 
@@ -190,6 +192,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
     padded = not bool(valid.all())
     first_free = valid.sum(1)  # each row's position after its prompt
     finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (on the last stage) rows past their end
+    stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=dev)
     pipeline = model.layout.pp_group(model.coord)
     first, last = pipeline[0], pipeline[-1]
     pending = []  # (request, tensor): a tensor must live until its send completes
@@ -227,11 +230,11 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
                 else:
                     token = sample_rows(logp.exp(), row_uniforms(key, row_ids[rows], t).to(dev))
                 logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
-                if eos is not None:
+                if stops is not None:
                     done = finished[rows]
                     token = torch.where(done, -1, token)
                     logprobs[rows, t] = logprobs[rows, t].masked_fill(done, 0.0)
-                    finished[rows] = done | (token == eos)
+                    finished[rows] = done | torch.isin(token, stops)
                 seqs[rows, P + t] = token
                 if first != model.rank and t + 1 < gen_len:
                     pending.append((dist.isend(token, first, group=model.loop_group), token))

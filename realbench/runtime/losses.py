@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 
 
-def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor, gen_len: int) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor, gen_len: int, temperature: float = 1.0) -> torch.Tensor:
     """Log-probabilities (fp32) of the last `gen_len` tokens of `seqs` under `logits` (batch, seq,
-    vocab); padding (-1) gets a value that a mask must drop."""
-    logp = torch.log_softmax(logits[:, -gen_len - 1:-1].float(), dim=-1)
+    vocab) divided by `temperature` (what sampling at that temperature drew from); padding (-1)
+    gets a value that a mask must drop."""
+    logp = torch.log_softmax(_scaled(logits[:, -gen_len - 1:-1], temperature), dim=-1)
     return logp.gather(-1, seqs[:, -gen_len:, None].clamp(min=0)).squeeze(-1)
 
 
@@ -45,10 +46,15 @@ def response_mask(seqs: torch.Tensor, gen_len: int) -> Optional[torch.Tensor]:
     return None if bool(mask.all()) else mask.float()
 
 
-def entropy(logits: torch.Tensor, gen_len: int) -> torch.Tensor:
+def entropy(logits: torch.Tensor, gen_len: int, temperature: float = 1.0) -> torch.Tensor:
     """Entropy (nats) of the distribution of each of the last `gen_len` tokens, (batch, gen_len)."""
-    logp = torch.log_softmax(logits[:, -gen_len - 1:-1].float(), dim=-1)
+    logp = torch.log_softmax(_scaled(logits[:, -gen_len - 1:-1], temperature), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

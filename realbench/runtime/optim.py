@@ -33,6 +33,15 @@ class MixedPrecisionAdam:
             p.grad = None
 
     @torch.no_grad()
+    def nonfinite_gradient(self) -> str | None:
+        """What is wrong with the first gradient holding a NaN or an infinity ("<name> holds nan"),
+        or None when every gradient is finite."""
+        for name, p in self.model.stage.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"{name} holds {float(p.grad[~torch.isfinite(p.grad)][0])}"
+        return None
+
+    @torch.no_grad()
     def step(self) -> None:
         """One Adam update of the master weights from the stage's gradients (averaged over data
         parallelism already), then the stage's weights from the master's."""

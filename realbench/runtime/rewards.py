@@ -1,17 +1,31 @@
-"""Reward functions: a Python function in a file, `f(prompts, completions, **columns)`, with TRL's
-convention (the dataset's other columns arrive as keyword arguments, one value per response).
+"""Reward functions: a Python function in a file, called as TRL's GRPOTrainer calls one:
+`f(prompts, completions, completion_ids, trainer_state, **columns)`.
 
-A scenario names one as `models.reward: {function: rewards.py:name}` (the file relative to the
-scenario); `validate` imports it and checks the name, and the worker calls it on the responses
-of its share of the batch. What it returns is checked: one finite number per response. Any
-failure becomes one line naming the function and the step.
+  * `prompts`: as the data gives them (text, or a list of {role, content} messages);
+  * `completions`: the responses decoded (special tokens skipped); when the prompts are chat
+    messages (or `data.chat` is set), each is a list with one message,
+    `[{"role": "assistant", "content": text}]`;
+  * `completion_ids`: each response's token ids, its end-of-sequence token included;
+  * `trainer_state`: `global_step` and `epoch` (the attributes of TRL's TrainerState that a
+    reward can use to change with training);
+  * the dataset's other columns as keyword arguments, one value per response.
+
+A function that does not take `**kwargs` gets only the arguments it names (one that names an
+argument nobody gives is refused by `validate`). A scenario names one as
+`models.reward: {function: rewards.py:name}` (the file relative to the scenario); the worker
+calls it on the responses of its share of the batch. What it returns is checked: one finite
+number or None per response; None means no reward from this function for that sample (TRL
+turns it into NaN, which its weighted sum over functions leaves out). Any failure becomes one
+line naming the function and the step.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,21 +72,57 @@ def function_spec(entry: dict, base: Path, role: str) -> FunctionSpec:
     return FunctionSpec(name=f"{Path(file).name}:{name}", function=f"{path}:{name}", **extra)
 
 
-def call_reward_function(fn: Callable, spec: FunctionSpec, prompts: list, completions: list[str],
-                         columns: dict[str, list[Any]], step: int) -> list[float]:
-    """Call it and check what it gives back; a failure names the function and the step."""
+GIVEN = ("prompts", "completions", "completion_ids", "trainer_state")  # besides the data's columns
+
+
+def missing_arguments(fn: Callable, columns: list[str]) -> list[str]:
+    """Parameters `fn` needs (no default) that no call gives: neither TRL's arguments nor a column."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty
+            and p.name not in GIVEN and p.name not in columns]
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What TRL's `trainer_state` argument offers a reward function that changes with training."""
+
+    global_step: int
+    epoch: float
+
+
+def accepted_arguments(fn: Callable, given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of `given` that `fn` takes: all of them with `**kwargs`, else those it names."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return given
+    return {k: v for k, v in given.items() if k in params}
+
+
+def call_reward_function(fn: Callable, spec: FunctionSpec, prompts: list, completions: list,
+                         columns: dict[str, Any], step: int) -> list[float]:
+    """Call it and check what it gives back (None becomes NaN); a failure names the function and
+    the step."""
     where = f"reward function {spec.name} at step {step}"
     try:
-        out = fn(prompts=prompts, completions=completions, **columns)
+        args = accepted_arguments(fn, {"prompts": prompts, "completions": completions, **columns})
+    except (TypeError, ValueError):  # a builtin or a callable without a signature: give everything
+        args = {"prompts": prompts, "completions": completions, **columns}
+    try:
+        out = fn(**args)
     except Exception as e:
         raise RuntimeError(f"{where} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
-        values = [float(x) for x in out]
+        out = list(out)
+        values = [math.nan if x is None else float(x) for x in out]
     except (TypeError, ValueError):
         raise RuntimeError(f"{where} returned {type(out).__name__}, not a list of numbers") from None
     if len(values) != len(completions):
         raise RuntimeError(f"{where} returned {len(values)} values for {len(completions)} completions")
-    bad = [i for i, x in enumerate(values) if not math.isfinite(x)]
+    bad = [i for i, x in enumerate(values) if math.isinf(x) or (math.isnan(x) and out[i] is not None)]
     if bad:
         raise RuntimeError(f"{where} returned {values[bad[0]]} for completion {bad[0]}")
     return values

@@ -22,6 +22,7 @@ upper-half tokens, so the mean reward rises.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,9 +37,10 @@ from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
-from realbench.runtime.data import Dataset
+from realbench.errors import ConfigError
+from realbench.runtime.data import Dataset, Encoder, is_messages, load_tokenizer, stop_token_ids
 from realbench.runtime.optim import MixedPrecisionAdam
-from realbench.runtime.rewards import call_reward_function, load_function
+from realbench.runtime.rewards import TrainerState, call_reward_function, load_function
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
@@ -92,6 +94,26 @@ def make_dataset(call: CallDef, key: str, vocab: int, seed: int, step: int) -> t
     return good  # "sequences" for SFT
 
 
+def micro_batch_rows(rows: torch.Tensor, dp: int, dp_rank: int, micro_batches: int) -> list[torch.Tensor]:
+    """Data-parallel rank `dp_rank`'s micro-batches of `rows`: the rows cut into dp equal
+    contiguous shards, its shard into `micro_batches` equal pieces. Plans split a batch only
+    where it divides into whole examples (`CallDef.rows_together`), so no piece cuts one."""
+    return list(rows.chunk(dp)[dp_rank].chunk(micro_batches))
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or an infinity in a train call: the run stops before it reaches the weights."""
+
+
+TARGET_NAMES = {"adv": "advantages", "ret": "returns", "old_values": "values", "kl_ref": "reference log-probabilities",
+                "ref_logp": "reference log-probabilities", "ref": "reference log-probabilities"}
+
+
+def _first_bad(v: torch.Tensor) -> str:
+    bad = v[~torch.isfinite(v)]
+    return f"{float(bad[0])} ({bad.numel()} of {v.numel()} values)"
+
+
 # -- events ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Event:
@@ -139,7 +161,13 @@ class Worker:
         # the data files, tokenized (every rank reads the same rows for a step); None: the toy task
         self.dataset = dataset if dataset is not None or scenario.data is None else \
             Dataset(scenario.data, scenario.algorithm, scenario.data.tokenizer, seed)
-        self.eos = self.dataset.tokenizer.eos_token_id if self.dataset is not None else None
+        # the ids that end a response: the tokenizer's end-of-sequence token and those of the
+        # actor checkpoint's generation config
+        self.eos = stop_token_ids(self.dataset.tokenizer, getattr(scenario.models.get("actor"), "path", None)) \
+            if self.dataset is not None else None
+        # reward models with a tokenizer of their own score the decoded texts re-tokenized
+        self.rescoring = {role: Encoder(load_tokenizer(folder), scenario.data.chat, folder)
+                          for role, folder in scenario.data.tokenizers.items()} if scenario.data is not None else {}
         self.device = torch.device(device)  # where this rank's models and messages live
         self.current = "start-up"
         df = scenario.dataflow
@@ -148,6 +176,12 @@ class Worker:
         self.layouts = [layout_of(options[c.name], G) for c in self.calls]
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]
         self.checkpointing = [options[c.name].strategy.checkpointing for c in self.calls]
+        for c, lay, m in zip(self.calls, self.layouts, self.micro_batches):
+            unit = self.algorithm.rows_together
+            if c.kind == CallKind.TRAIN and (c.seqs // c.optimizer_steps) % (lay.dims.dp * m * unit):
+                raise ConfigError(f"{c.name}: the batch of {c.seqs // c.optimizer_steps} sequences does not split into "
+                                  f"dp*micro_batches = {lay.dims.dp}*{m} pieces of whole {unit}-row examples "
+                                  f"({self.algorithm.name} compares the rows of an example)", "micro_batches")
         index = {c.name: i for i, c in enumerate(self.calls)}
         trains = {c.model: i for i, c in enumerate(self.calls) if c.kind == CallKind.TRAIN}
         # the call whose loss is the step's `loss`: the actor's train call (every built-in algorithm
@@ -217,10 +251,14 @@ class Worker:
         self._walk(step, rec, set(range(len(self.calls))))
         rec.step_s = time.perf_counter() - start
         if self.dataset is not None:  # how far through the data: epochs, fractional
-            reader = next(c for c in self.calls for k in c.inputs if k in self.scenario.dataflow.input_keys)
-            count, _ = self._rows_per_step(reader, next(k for k in reader.inputs if k in self.scenario.dataflow.input_keys))
-            rec.metrics["data/epoch"] = self.dataset.epoch(step + 1, count)
+            rec.metrics["data/epoch"] = self._epoch(step + 1)
         return rec
+
+    def _epoch(self, step: int) -> float:
+        """Epochs of the training data read before step `step` (fractional)."""
+        reader = next(c for c in self.calls for k in c.inputs if k in self.scenario.dataflow.input_keys)
+        count, _ = self._rows_per_step(reader, next(k for k in reader.inputs if k in self.scenario.dataflow.input_keys))
+        return self.dataset.epoch(step, count)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """A pass over the held-out rows with the current weights, training nothing: generation
@@ -371,7 +409,7 @@ class Worker:
             rows = torch.arange(len(data["prompts"])).chunk(dp)[coord.dp]  # global row indices: plan-independent draws
             greedy = "greedy" in c.name or self.evaluating
             seqs, lps = generate(model, prompts, c.gen_len, self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
-                                 micro_batches=m, eos=self.eos, rows=rows)
+                                 temperature=self.algorithm.temperature, micro_batches=m, eos=self.eos, rows=rows)
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
@@ -384,7 +422,10 @@ class Worker:
         elif c.kind == CallKind.FUNCTION:
             self._reward_function(i, data, coord, step, rec)
         elif c.kind == CallKind.INFERENCE:
-            batch = data[next(k for k in c.inputs)].chunk(dp)[coord.dp]
+            full = data[next(k for k in c.inputs)]
+            batch = full.chunk(dp)[coord.dp]
+            if c.model in self.rescoring:  # a reward model with its own tokenizer: the texts, re-tokenized
+                batch = self._rescored(c, batch, torch.arange(len(full)).chunk(dp)[coord.dp].tolist(), step)
             outs = model.forward(list(batch.chunk(m)))
             if outs is not None:
                 y = torch.cat(outs)
@@ -396,7 +437,7 @@ class Worker:
             if loss is not None:
                 rec.loss = loss
         else:
-            loss = self._train(i, model, data, coord, rec)
+            loss = self._train(i, model, data, coord, rec, step)
             if loss is not None:
                 rec.metrics[f"{c.name}/loss"] = loss
                 if i == self.policy_train:
@@ -418,24 +459,53 @@ class Worker:
         rec.reward = float(rewards.mean())
         rec.metrics[f"{c.name}/reward_std"] = float(rewards.std()) if len(rewards) > 1 else 0.0
 
+    def _completions(self, seqs: torch.Tensor, gen: int) -> tuple[list[str], list[list[int]]]:
+        """The responses of `seqs` (their last `gen` positions) decoded without special tokens,
+        and their token ids (the end-of-sequence token included, padding not), as TRL gives them."""
+        ids = [[t for t in row if t >= 0] for row in seqs[:, -gen:].tolist()]
+        return [self.dataset.tokenizer.decode(x, skip_special_tokens=True) for x in ids], ids
+
+    def _conversational(self, prompts: list) -> bool:
+        return self.scenario.data.chat or any(is_messages(p) for p in prompts)
+
     def _reward_function(self, i: int, data: dict, coord: Coord, step: int, rec: StepRecord) -> None:
-        """Decode this rank's share of the responses and score them with the reward function;
-        its share of the prompts and columns go with them."""
+        """Score this rank's share of the responses with the reward function, called as TRL calls
+        it: `prompts` as the data gives them, `completions` (for chat prompts, each a list with the
+        assistant's message), `completion_ids`, `trainer_state` and the other columns. A None
+        means no reward from this function for that sample: it counts 0 (TRL's sum over
+        functions leaves out NaN) and `<call>/no_reward` reports the fraction."""
         c, dp = self.calls[i], self.layouts[i].dims.dp
         seqs = data[c.inputs[0]].chunk(dp)[coord.dp]
-        gen = self._gen_len(c)
         prompts, columns = self._step_columns(step)
-        rows = range(len(prompts))
-        mine = list(torch.tensor(list(rows)).chunk(dp)[coord.dp].tolist())
-        tok = self.dataset.tokenizer
-        completions = [tok.decode([t for t in row if t >= 0], skip_special_tokens=True)
-                       for row in seqs[:, -gen:].tolist()]
-        values = call_reward_function(self.functions[i], self.scenario.models[c.model], [prompts[r] for r in mine],
-                                      completions, {k: [v[r] for r in mine] for k, v in columns.items()}, step)
-        rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
+        mine = torch.arange(len(prompts)).chunk(dp)[coord.dp].tolist()
+        texts, ids = self._completions(seqs, self._gen_len(c))
+        chat = self._conversational(prompts)
+        prompts = [prompts[r] for r in mine]
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+        if chat:  # plain prompts under `chat: true` are the user's messages, as the template saw them
+            prompts = [p if is_messages(p) else [{"role": "user", "content": p}] for p in prompts]
+        state = TrainerState(global_step=step, epoch=self._epoch(step))
+        values = call_reward_function(self.functions[i], self.scenario.models[c.model], prompts, completions,
+                                      {**{k: [v[r] for r in mine] for k, v in columns.items()},
+                                       "completion_ids": ids, "trainer_state": state}, step)
+        raw = torch.tensor(values, dtype=torch.float32, device=self.device)
+        rec.metrics[f"{c.name}/no_reward"] = float(raw.isnan().float().mean())
+        rewards = torch.nan_to_num(raw, nan=0.0)
         self.outputs[i] = {c.outputs[0]: rewards}
         if c.outputs[0] == "rewards":
             self._record_rewards(c, rewards, rec)
+
+    def _rescored(self, c: CallDef, seqs: torch.Tensor, rows: list[int], step: int) -> torch.Tensor:
+        """The ids a reward model with its own tokenizer scores for these responses (global rows
+        `rows` of the step): each prompt as the data gives it and its completion decoded by the
+        policy's tokenizer, tokenized by the reward model's (`Encoder.scored`, TRL's recipe),
+        right-padded with -1."""
+        prompts, _ = self._step_columns(step)
+        texts, _ = self._completions(seqs, self._gen_len(c))
+        enc = self.rescoring[c.model]
+        ids = [enc.scored(prompts[r], t) for r, t in zip(rows, texts)]
+        width = max(1, max(len(x) for x in ids))
+        return torch.tensor([x + [-1] * (width - len(x)) for x in ids], dtype=torch.long, device=self.device)
 
     def _inference_output(self, c: CallDef, key: str, y: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         gen = self._gen_len(c)
@@ -450,35 +520,51 @@ class Worker:
         gens = [d.gen_len for d in self.calls if d.kind == CallKind.GENERATE]
         return gens[0] if gens else c.seq_len // 2
 
-    def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord) -> Optional[float]:
+    def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord,
+               step: int) -> Optional[float]:
         """The call's optimizer steps. Each step's loss is the sum over its tokens (or pairs)
         divided by their count in the whole step, times dp (the gradient all-reduce averages),
-        so the gradient is the same for every layout and micro-batch split."""
+        so the gradient is the same for every layout and micro-batch split. The policy's
+        behaviour log-probabilities come from this layout's forward (see Algorithm): the first
+        step's own, later steps' computed before the first update. A non-finite advantage, loss
+        or gradient stops the run before it reaches the weights (`NonFiniteError`)."""
         c, algo = self.calls[i], self.algorithm
-        lay = self.layouts[i]
-        dp, m = lay.dims.dp, self.micro_batches[i]
+        dp, m = self.layouts[i].dims.dp, self.micro_batches[i]
         value_model = self.scenario.models[c.model].value_head
         group = next((d.group_size for d in self.calls if d.kind == CallKind.GENERATE), 1)
         targets = algo.targets(data, value_model, group)
+        for k, v in targets.items():
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise NonFiniteError(f"{c.name} at step {step}: the {TARGET_NAMES.get(k, k)} hold "
+                                     f"{_first_bad(v)}; nothing was applied to the weights")
         for k, v in algo.metrics(targets, value_model).items():
             rec.metrics[f"{c.name}/{k}"] = v
-        n = len(targets["seqs"])
-        per_step = n // c.optimizer_steps
+        per_step = len(targets["seqs"]) // c.optimizer_steps
+        splits = [micro_batch_rows(torch.arange(s * per_step, (s + 1) * per_step, device=self.device), dp, coord.dp, m)
+                  for s in range(c.optimizer_steps)]
+        behaviour = self._behaviour_logprobs(model, targets, splits[1:]) \
+            if algo.recomputes_behaviour and not value_model else None
         opt = self.optimizers[i]
         total, sums = 0.0, {}
-        for s in range(c.optimizer_steps):
-            step_rows = torch.arange(s * per_step, (s + 1) * per_step, device=self.device)
-            scale = dp / algo.normalizer(targets, step_rows)
-            mbs = list(step_rows.chunk(dp)[coord.dp].chunk(m))
+        for s, mbs in enumerate(splits):
+            scale = dp / algo.normalizer(targets, torch.arange(s * per_step, (s + 1) * per_step, device=self.device))
 
-            def loss_fn(j, y, mbs=mbs, scale=scale):
-                loss, parts = algo.loss(y, {k: v[mbs[j]] for k, v in targets.items()}, value_model)
+            def loss_fn(j, y, mbs=mbs, scale=scale, s=s):
+                t = {k: v[mbs[j]] for k, v in targets.items()}
+                if behaviour is not None and s > 0:  # the first step's ratio uses the forward's own
+                    t["old_logp"] = behaviour[s - 1][j]
+                loss, parts = algo.loss(y, t, value_model)
                 for k, v in parts.items():  # per step, as the loss: summed here, scaled like it
                     sums[k] = sums.get(k, 0.0) + float(v.detach()) * scale / c.optimizer_steps
                 return loss * scale
 
             opt.zero_grad()
             loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn, self.checkpointing[i])
+            if loss is not None and not math.isfinite(loss):
+                raise NonFiniteError(f"{c.name} at step {step}: the loss is {loss}; nothing was applied to the weights")
+            bad = opt.nonfinite_gradient()
+            if bad is not None:
+                raise NonFiniteError(f"{c.name} at step {step}: the gradient of {bad}; nothing was applied to the weights")
             opt.step()
             if loss is not None:
                 total += loss / c.optimizer_steps
@@ -487,6 +573,21 @@ class Worker:
         for k, v in sums.items():  # this rank's share; the summary averages over the dp ranks
             rec.metrics[f"{c.name}/{k}"] = v
         return total
+
+    @torch.no_grad()
+    def _behaviour_logprobs(self, model: PlacedModel, targets: dict, splits: list[list[torch.Tensor]]):
+        """For each later optimizer step, per micro-batch, the policy's log-probabilities of its
+        rows under the current weights (before any update), from a forward of this layout with
+        the step's own micro-batches; on the last stage (None elsewhere)."""
+        if not splits:
+            return None
+        gen = targets["adv"].shape[1]
+        out = []
+        for mbs in splits:
+            ys = model.forward([targets["seqs"][idx] for idx in mbs])
+            out.append(None if ys is None else [self.algorithm.token_logprobs(y, targets["seqs"][idx], gen)
+                                               for y, idx in zip(ys, mbs)])
+        return out if model.is_last else None
 
     @torch.no_grad()
     def _evaluate_train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord) -> Optional[float]:
@@ -498,7 +599,7 @@ class Worker:
         targets = algo.targets(data, value_model, 1)
         rows = torch.arange(len(targets["seqs"]), device=self.device)
         scale = dp / algo.normalizer(targets, rows)
-        mbs = list(rows.chunk(dp)[coord.dp].chunk(m))
+        mbs = micro_batch_rows(rows, dp, coord.dp, m)
         outs = model.forward([targets["seqs"][idx] for idx in mbs])
         if outs is None:
             return None
