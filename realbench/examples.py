@@ -48,10 +48,13 @@ def save_model(folder: Path, family: str = "Llama", vocab: int = 64, hidden: int
     import transformers
 
     folder = Path(folder)
+    # the special tokens of the arithmetic tokenizer (<pad> 0, <eos> 1), so that the checkpoint's
+    # generation config stops where the tokenizer says a text ends
+    ids = {"pad_token_id": SPECIALS.index("<pad>"), "eos_token_id": SPECIALS.index("<eos>"), "bos_token_id": None}
     cfg = getattr(transformers, f"{family}Config")(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
-        **({"sliding_window": None} if family == "Mistral" else {}), **config)
+        **({"sliding_window": None} if family == "Mistral" else {}), **{**ids, **config})
     torch.manual_seed(seed)
     model = getattr(transformers, cls or f"{family}ForCausalLM")(cfg)
     model.save_pretrained(folder, safe_serialization=True)
@@ -96,11 +99,16 @@ def short(prompts, completions, **columns):
 '''
 
 
+# How the tiny jobs train: a tiny random model needs a far higher rate than TRL's default (1e-6,
+# decayed linearly over the run) to learn anything in a few dozen steps on a CPU.
+TINY_TRAINING = {"learning_rate": 1e-3, "lr_scheduler_type": "constant"}
+
+
 def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: dict, dataflow: dict,
-                   devices: int = 2, nodes: int = 1) -> Path:
+                   devices: int = 2, nodes: int = 1, training: dict | None = None) -> Path:
     doc = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm,
            "cluster": {"nodes": nodes, "gpus_per_node": devices, "device": "cpu"}, "models": models, "data": data,
-           "dataflow": {"algorithm": algorithm, **dataflow}}
+           "dataflow": {"algorithm": algorithm, **dataflow}, "training": training or TINY_TRAINING}
     path = Path(folder) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -120,4 +128,5 @@ def tiny_grpo_job(folder: Path, devices: int = 2, reward: str = "rewards.py:digi
                                             "reward": {"function": reward}},
         {"train": "train.jsonl", "fields": {"prompt": "question"}, "max_new_tokens": max_new_tokens,
          "eval_size": 8, **data},
-        {"prompts": prompts, "group_size": group_size, "minibatches": 1}, devices, nodes)
+        {"prompts": prompts, "group_size": group_size, "minibatches": 1}, devices, nodes,
+        {**TINY_TRAINING, "max_grad_norm": 1.0, "beta": 0.04, "temperature": 1.0})

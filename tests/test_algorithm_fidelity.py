@@ -91,9 +91,9 @@ def _dpo_step(worker):
         opt = worker.optimizers[ti]
         step = opt.step
 
-        def record():
+        def record(*args):
             grads.update({k: p.grad.clone() for k, p in opt.model.stage.named_parameters()})
-            step()
+            step(*args)
         opt.step = record
     rec = worker.step(0)
     return rec.loss, grads, worker.layouts[ti].coord(worker.rank), worker.layouts[ti].dims
@@ -173,7 +173,7 @@ def test_non_finite_advantages_stop_the_step_before_the_weights_change(monkeypat
     w = _one_device(get_builtin("grpo-tiny-cpu"))
     ti = next(i for i, c in enumerate(w.calls) if c.name == "actor_train")
     before = w.masters[ti].stage.flat.clone()
-    monkeypatch.setattr(losses, "grpo_advantages", lambda score, group: score * math.nan)
+    monkeypatch.setattr(losses, "grpo_advantages", lambda score, *args: score * math.nan)
     with pytest.raises(NonFiniteError, match=r"^actor_train at step 0: the advantages hold nan \(128 of 128 values\)"):
         w.step(0)
     assert torch.equal(w.masters[ti].stage.flat, before)
@@ -348,12 +348,15 @@ def test_reward_functions_written_for_trl_run_unchanged(cli, tmp_path, ckpt):
     w = _one_device(load_scenario(str(_chat_job(tmp_path, ckpt, "named_only"))))
     answers = [w.dataset.rows[i]["answer"] for i in w.dataset.indices(0, 4) for _ in range(4)]
     assert _scored(w, 0)[0] == [float(len(a)) for a in answers]
-    # None: no reward from the function for that sample (0 in the sum, as TRL's nansum), reported
+    # None: no reward from the function for that sample; a sample no scorer rewarded is NaN, left
+    # out of the step's reward and of its group's statistics, with advantage 0 (TRL's)
     w = _one_device(load_scenario(str(_chat_job(tmp_path, ckpt, "every_other"))))
     rec = w.step(0)
-    assert w.outputs[next(i for i, c in enumerate(w.calls) if c.name == "reward_inf")]["rewards"].tolist() == \
-        [1.0, 0.0] * 8
-    assert rec.metrics["reward_inf/no_reward"] == 0.5
+    rewards = w.outputs[next(i for i, c in enumerate(w.calls) if c.name == "reward_inf")]["rewards"]
+    assert rewards[0::2].tolist() == [1.0] * 8 and bool(rewards[1::2].isnan().all())
+    assert rec.metrics["reward_inf/no_reward"] == 0.5 and rec.reward == 1.0
+    ti = next(i for i, c in enumerate(w.calls) if c.name == "actor_train")
+    assert w.algorithm.targets(w.data[ti], False, 4)["adv"].abs().sum() == 0  # 1 or unknown: no spread
     # a function that takes what no call gives is refused when the scenario is read
     code, out, err = cli("validate", _chat_job(tmp_path, ckpt, "wants_difficulty"))
     assert code == 2 and err.count("\n") == 1 and "takes 'difficulty', which no call gives" in err, err
@@ -400,7 +403,7 @@ def test_later_optimizer_steps_take_the_behaviour_log_probabilities_of_the_weigh
     with torch.no_grad():
         y = fresh.masters[ti].forward([rows])[0]
     want = w.algorithm.token_logprobs(y, rows, 6)
-    assert torch.allclose(seen[0][0][0], want, atol=1e-6)
+    assert seen[0][0] is None and torch.allclose(seen[0][1][0], want, atol=1e-6)
     from realbench.cost.calls import behaviour_forwards
 
     calls = {c.name: c for c in s.dataflow.calls}
@@ -415,7 +418,7 @@ def test_temperature_reaches_the_sampler(tmp_path, ckpt):
     for temperature in (0.05, 1.0):
         folder = tmp_path / str(temperature)
         folder.mkdir()
-        s = load_scenario(str(grpo_job(folder, ckpt, edit=lambda d: d.update(training={"temperature": temperature}))))
+        s = load_scenario(str(grpo_job(folder, ckpt, edit=lambda d: d["training"].update(temperature=temperature))))
         assert s.training.temperature == temperature
         w = _one_device(s)
         rec = w.step(0)

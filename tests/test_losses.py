@@ -81,11 +81,40 @@ def test_clipped_policy_loss_outside_the_clip_range():
 
 
 def test_group_advantages():
-    close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2),
-          [-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0])
-    close(losses.grpo_advantages(torch.tensor([0.0, 3.0, 6.0]), 3), [-1.0, 0.0, 1.0])  # std 3
+    # TRL's: (score - group mean) / (group std + 1e-4), std with Bessel's correction
+    r2 = math.sqrt(2) + 1e-4
+    close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2), [-1 / r2, 1 / r2, 0.0, 0.0])
+    close(losses.grpo_advantages(torch.tensor([0.0, 3.0, 6.0]), 3), [-3 / 3.0001, 0.0, 3 / 3.0001])  # std 3
+    # scale_rewards: the batch's std (sqrt(2): values 1, 3, 0, 0 of mean 1), or none
+    batch = math.sqrt(((1 - 1) ** 2 + (3 - 1) ** 2 + 1 + 1) / 3) + 1e-4
+    close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2, "batch"), [-1 / batch, 1 / batch, 0, 0])
+    close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2, "none"), [-1.0, 1.0, 0.0, 0.0])
+    # a sample no scorer rewarded (NaN) leaves its group's statistics and gets advantage 0
+    close(losses.grpo_advantages(torch.tensor([1.0, math.nan, 3.0]), 3), [-1 / r2, 0.0, 1 / r2])
     close(losses.rloo_advantages(torch.tensor([1.0, 3.0, 5.0]), 3), [1 - 4, 3 - 3, 5 - 2])
+    close(losses.rloo_advantages(torch.tensor([1.0, math.nan, 5.0]), 3), [1 - 5, 0.0, 5 - 1])
     close(losses.remax_advantages(torch.tensor([0.5, -1.0]), torch.tensor([0.2, -1.5])), [0.3, 0.5])
+    close(losses.remax_advantages(torch.tensor([math.nan]), torch.tensor([0.2])), [0.0])
+
+
+def test_asymmetric_clipping_and_loss_type_weights():
+    # ratio e^0.3 = 1.35: clipped at 1.2 with epsilon 0.2, not with epsilon_high 0.4 (DAPO)
+    d, adv = torch.tensor([0.3]), torch.ones(1)
+    close(losses.policy_loss(d, torch.zeros(1), adv, 0.2), [-1.2])
+    close(losses.policy_loss(d, torch.zeros(1), adv, 0.2, 0.4), [-math.exp(0.3)])
+    close(losses.clipped_fraction(d, torch.zeros(1), adv, 0.2, 0.4), [0.0])
+    close(losses.policy_loss(-d, torch.zeros(1), -adv, 0.2, 0.4), [0.8])  # the low side keeps epsilon
+    # rows of 1 and 3 response tokens, generated length 4; the trainer divides by N = 4 tokens
+    mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 0]])
+    x = torch.tensor([[2.0, 0, 0, 0], [1, 1, 1, 0]])
+    mean_of = {"dapo": 5 / 4, "bnpo": 5 / 4, "grpo": (2 / 1 + 3 / 3) / 2, "dr_grpo": 5 / (2 * 4)}
+    for loss_type, want in mean_of.items():
+        assert float((x * losses.loss_weights(mask, loss_type)).sum() / mask.sum()) == pytest.approx(want)
+
+
+def test_whitened_scores_keep_their_mean():
+    x = torch.tensor([1.0, 2.0, 6.0])  # mean 3, population variance 14/3
+    close(losses.whiten_scores(x), [3 + (v - 3) / math.sqrt(14 / 3 + 1e-8) for v in (1.0, 2.0, 6.0)])
 
 
 def test_dpo_loss_and_margin():

@@ -202,6 +202,12 @@ def test_run_monitor_shows_live_steps():
     assert all(m > 0 for m in mon.calls.data["measured"]) and "done" in mon.status.value
     assert mon.stop_button.disabled
     assert "samples at step 2" in mon.samples.value  # the latest decoded (here: token id) samples
+    # the training form: a bad value is refused inline, a good one is the run's setting
+    assert mon.training.boxes["learning_rate"].value == 1e-3  # the scenario's
+    mon.training.boxes["epsilon"].value = -0.5
+    assert mon.start() is False and "training.epsilon" in mon.status.value
+    mon.training.boxes["epsilon"].value = 0.3
+    assert mon._with_training(mon.scenario).training.epsilon == 0.3
     mon.save_box.value = str(__import__("pathlib").Path(__file__))  # a file: not a folder to save into
     assert mon.start() is False and "--save-hf" in mon.status.value
     mon.save_box.value = ""
@@ -211,6 +217,20 @@ def test_run_monitor_shows_live_steps():
     mon.stop_button.click()
     assert mon.wait(60) is None and not mon.running
     assert "stopped" in mon.error and not mon.run_button.disabled
+
+
+def test_dataflow_editor_sets_the_training_settings():
+    from realbench.widgets import DataflowEditor
+
+    ed = DataflowEditor("grpo-tiny-cpu")
+    assert ed.training.boxes["beta"].value == 0.0 and ed.training.boxes["loss_type"].value == "dapo"
+    ed.training.boxes["beta"].value = 0.04
+    ed.training.boxes["loss_type"].value = "dr_grpo"
+    assert ed.apply_training() and ed.scenario.training.beta == 0.04 and ed.scenario.training.loss_type == "dr_grpo"
+    assert ed.document["training"]["learning_rate"] == 1e-3  # what the scenario had stays
+    ed.training.boxes["top_p"].value = 1.5
+    assert not ed.apply_training() and "training.top_p" in ed.status.value
+    assert ed.scenario.training.top_p == 1.0  # the last valid scenario stays
 
 
 def test_workbench_wires_the_widgets():

@@ -6,7 +6,7 @@ from realbench.cli import add_profile_args, emit_json, log, profile_for
 from realbench.cost import Estimator
 from realbench.cost.baselines import BASELINES
 from realbench.errors import ConfigError
-from realbench.plan import Origin, load_plan, load_scenario, plan_from_options
+from realbench.plan import Origin, load_plan, load_scenario, plan_from_options, scenario_ref
 
 
 def add_parser(sub) -> None:
@@ -38,7 +38,8 @@ def run(args) -> int:
     result = est.estimate(choice)
     if args.out:
         origin = Origin(method=args.baseline or "file", time_per_iter_s=result.time_per_iter_s)
-        plan_from_options(scenario, est.options_of(choice), origin).save(args.out, overwrite=args.force)
+        plan_from_options(scenario, est.options_of(choice), origin,
+                          scenario_ref=scenario_ref(args.scenario, args.out)).save(args.out, overwrite=args.force)
         log(f"wrote {args.out}")
     if args.json:
         emit_json({"scenario": scenario.name, "plan": source, **result.to_json(),

@@ -14,7 +14,7 @@ from pathlib import Path
 from realbench.cli import (add_device_args, add_output_args, add_profile_args, add_replan_args, emit_json, log,
                            non_negative_int, profile_for, replan_settings)
 from realbench.errors import ConfigError
-from realbench.plan import load_plan, load_scenario
+from realbench.plan import load_plan, load_scenario, plan_from_options
 
 
 def add_parser(sub) -> None:
@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--out", default="", metavar="DIR",
                    help="write metrics.jsonl, samples.jsonl and summary.json into DIR (new or empty)")
+    p.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
+                   help="log every step's metrics to tensorboard, wandb, mlflow and/or trackio (offline, under "
+                        "--out), or none (default)")
     add_output_args(p)
     add_replan_args(p)
     add_device_args(p, "one GPU per process")
@@ -90,6 +93,9 @@ def run(args) -> int:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError("exists and is not empty: name a new folder", "--out", args.out)
+    from realbench.runtime.trackers import Trackers, check_report_to
+
+    report_to = check_report_to(args.report_to, args.out)
     replan = replan_settings(args)
     # bad flags are refused before this machine is profiled (which may take a minute the first time)
     check_run(scenario, options, args.nproc, args.steps, args.save_every, args.checkpoint_dir, args.resume,
@@ -98,15 +104,27 @@ def run(args) -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     progress = Progress(args.steps, args.out)
+    trackers = Trackers(report_to, args.out, scenario.name, {
+        "scenario": scenario.to_document(), "plan": plan_from_options(scenario, options).to_document()["calls"],
+        "settings": {"nproc": args.nproc, "steps": args.steps, "seed": args.seed, "dtype": args.dtype,
+                     "device": args.device}}) if report_to else None
+
+    def on_step(summary: dict) -> None:
+        progress(summary)
+        if trackers is not None:
+            trackers.log(summary)
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
                           args.checkpoint_dir, args.resume, profile=profile, device=args.device,
-                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=progress,
+                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=on_step,
                           replan=replan)
+        on_step(result)  # the steps the watcher had not shown (or logged) yet
     except RunError as e:
         print(f"realbench: run failed: {e}", file=sys.stderr)
         return 1
-    progress(result)  # the steps the watcher had not shown yet
+    finally:
+        if trackers is not None:
+            trackers.finish()
     if args.out:
         (Path(args.out) / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.json:

@@ -9,7 +9,7 @@ import sys
 from realbench.cli import add_profile_args, emit_json, log, non_negative_int, positive_float, positive_int, profile_for
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
-from realbench.plan import Origin, load_scenario, plan_from_options
+from realbench.plan import Origin, load_scenario, plan_from_options, scenario_ref
 from realbench.plan.schema import write_document
 from realbench.search import METHODS, SamplerSettings, SearchEvent, run_search
 
@@ -76,7 +76,7 @@ def run(args) -> int:
                         time_per_iter_s=result.best_time_s, curve=result.curve,
                         baselines={k: v for k, v in result.baselines.items() if math.isfinite(v)})
         doc = plan_from_options(scenario, est.options_of(result.best_choice), origin,
-                                scenario_ref=args.scenario).to_document()
+                                scenario_ref=scenario_ref(args.scenario, args.out)).to_document()
         write_document(doc, args.out, overwrite=args.force)
         log(f"wrote {args.out}")
     if args.json:

@@ -13,11 +13,12 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
-    realbench.cost.comm), then Adam. A policy trained in several optimizer steps first runs a
+    realbench.cost.comm), then Adam; `iterations` passes over the batch. A policy trained in several optimizer steps first runs a
     forward over the later steps' rows for their behaviour log-probabilities (`behaviour_forwards`).
     Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
     layer's input (t h bf16 values) plus one layer's activations.
-  * function (a reward function): `seconds_per_sample` per response, split over dp processes.
+  * function (reward functions): `seconds_per_sample` per response and function, split over dp
+    processes.
   * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
     small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
@@ -122,16 +123,16 @@ def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 def behaviour_forwards(call: CallDef, model: ModelSpec) -> int:
     """Optimizer steps whose behaviour log-probabilities a policy's train call computes with a
     forward of its own layout before its first update (runtime.algorithms): all but the first,
-    which takes its forward's own. A train call that reads `logprobs` trains a policy, unless
+    which takes its forward's own (with several passes over the batch, the first step too). A train call that reads `logprobs` trains a policy, unless
     its model is a value model (PPO's critic reads them for the KL-shaped rewards only)."""
     if call.kind != CallKind.TRAIN or "logprobs" not in call.inputs or getattr(model, "value_head", False):
         return 0
-    return call.optimizer_steps - 1
+    return call.optimizer_steps - (call.iterations == 1)  # later passes need the first step's too
 
 
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
-        t = call.seqs / option.strategy.dp * model.seconds_per_sample
+        t = call.seqs / option.strategy.dp * model.seconds_per_sample * len(model.functions)
         return CallCost(t, t, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
@@ -166,8 +167,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
                         int(weights), int(weights), int(working))
 
-    steps = call.optimizer_steps
-    b = call.seqs / steps / dp / m
+    b = call.seqs / call.optimizer_steps / dp / m
+    steps = call.optimizer_steps * call.iterations  # optimizer updates
     tokens = b * call.seq_len
     fwd = layers * _layer_forward(cluster, model, tp, tokens, call.seq_len / 2) + _head_forward(cluster, model, tp, tokens)
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0

@@ -24,7 +24,7 @@ class CallDef(BaseModel):
 
     `seqs` sequences of `seq_len` tokens each; a generate call produces the last `gen_len`
     of them from a prompt of `seq_len - gen_len`. A train call makes `optimizer_steps`
-    updates (PPO mini-batches) over its batch. `rows_together` consecutive rows form one
+    updates (PPO mini-batches) over its batch, `iterations` times. `rows_together` consecutive rows form one
     example that no split may cut (DPO's chosen and rejected responses: 2): every data-parallel
     shard and micro-batch holds whole examples.
     """
@@ -42,6 +42,7 @@ class CallDef(BaseModel):
     optimizer_steps: int = Field(default=1, gt=0)
     group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
     rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
+    iterations: int = Field(default=1, gt=0)  # train: passes over the batch (TRL's num_iterations)
 
     @model_validator(mode="after")
     def _check(self) -> "CallDef":
@@ -51,8 +52,8 @@ class CallDef(BaseModel):
                                  f"(got gen_len={self.gen_len}, seq_len={self.seq_len})")
         elif self.gen_len:
             raise ValueError(f"gen_len is only for generate calls (this is a {self.kind.value} call)")
-        if self.optimizer_steps != 1 and self.kind != CallKind.TRAIN:
-            raise ValueError("optimizer_steps is only for train calls")
+        if (self.optimizer_steps != 1 or self.iterations != 1) and self.kind != CallKind.TRAIN:
+            raise ValueError("optimizer_steps and iterations are only for train calls")
         if self.group_size != 1 and (self.kind != CallKind.GENERATE or self.seqs % self.group_size):
             raise ValueError("group_size is for generate calls and must divide seqs")
         if self.kind == CallKind.TRAIN and self.seqs % self.optimizer_steps:

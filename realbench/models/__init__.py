@@ -22,7 +22,7 @@ halves the average context, which the cost model applies).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -118,26 +118,46 @@ class ModelSpec(BaseModel):
 
 
 class FunctionSpec(BaseModel):
-    """A reward computed by a Python function instead of a model, with TRL's convention:
-    `f(prompts, completions, **columns) -> list[float]`, the dataset's other columns as keyword
-    arguments. It runs on the CPU of the processes its call is placed on; the cost model charges
-    `seconds_per_sample` per response (the run measures the real time)."""
+    """Rewards computed by Python functions instead of a model, called as TRL calls them (see
+    realbench.runtime.rewards). They run on the CPU of the processes their call is placed on;
+    the cost model charges `seconds_per_sample` per response and function (the run measures
+    the real time). With several functions, or a reward model's score beside them
+    (`model_score`: the scores arrive as the call's second input), a response's reward is the
+    weighted sum of the scores it got (`weights`: the model's first, then the functions', in
+    order; a function's None is left out, as TRL's nansum does)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    function: str  # "<absolute path of the file>:<function name>"
+    functions: tuple[str, ...] = Field(min_length=1)  # "<absolute path of the file>:<function name>"
     seconds_per_sample: float = Field(default=1e-4, ge=0)
+    model_score: bool = False
+    weights: Optional[tuple[float, ...]] = None  # None: 1 for each score
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one(cls, v: Any) -> Any:  # a scenario written before several functions: `function: FILE:NAME`
+        if isinstance(v, dict) and "function" in v and "functions" not in v:
+            v = {**{k: x for k, x in v.items() if k != "function"}, "functions": (v["function"],)}
+        return v
 
     @property
-    def file(self) -> str:
-        return self.function.rsplit(":", 1)[0]
+    def scorers(self) -> int:
+        return len(self.functions) + self.model_score
 
-    @property
-    def attribute(self) -> str:
-        return self.function.rsplit(":", 1)[1]
+    def weight_list(self) -> tuple[float, ...]:
+        return self.weights if self.weights is not None else (1.0,) * self.scorers
 
+    @staticmethod
+    def parts(function: str) -> tuple[str, str]:
+        """(file, function name) of one "<file>:<name>"."""
+        file, name = function.rsplit(":", 1)
+        return file, name
 
+    @staticmethod
+    def short(function: str) -> str:
+        file, name = function.rsplit(":", 1)
+        return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{name}"
 def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
     """Layer range [lo, hi) of pipeline stage `stage` of `pp`: the first stages take the extra
     layers. The one split that the cost model and the runtime share. Written with arithmetic

@@ -9,12 +9,16 @@ from realbench.errors import ConfigError
 from realbench.plan.scenario import Scenario
 
 _TINY_LENGTHS = dict(prompt_len=8, gen_len=8)
+# Tiny random models learn something in a few dozen steps at a rate far above what a real
+# checkpoint takes (TRL's default is 1e-6, decayed linearly): the tiny scenarios say so.
+TINY_TRAINING = {"learning_rate": 1e-3, "lr_scheduler_type": "constant"}
 
 
 def _spec(name, algorithm, nodes, gpus, device, models, dataflow, description) -> dict:
-    return dict(name=name, algorithm=algorithm, description=description,
-                cluster=dict(nodes=nodes, gpus_per_node=gpus, device=device),
-                models=models, dataflow={"algorithm": algorithm, **dataflow})
+    out = dict(name=name, algorithm=algorithm, description=description,
+               cluster=dict(nodes=nodes, gpus_per_node=gpus, device=device),
+               models=models, dataflow={"algorithm": algorithm, **dataflow})
+    return {**out, "training": TINY_TRAINING} if device == "cpu" else out
 
 
 def _ppo_models(actor: str, critic: str) -> dict:

@@ -2,7 +2,8 @@
 map to what each algorithm needs. Reading and tokenizing them is `realbench.runtime.data`'s.
 
     data:
-      train: prompts.jsonl             # JSON Lines or Parquet (or a list of files), relative to the scenario
+      train: prompts.jsonl             # JSON Lines, Parquet or a datasets save_to_disk folder (or a list),
+                                       # relative to the scenario; the Python API also takes a datasets.Dataset
       eval: held-out.jsonl             # optional; else `eval_size` rows are held out of train
       eval_size: 16
       fields: {prompt: question}       # realbench field -> column; the defaults are the field names
@@ -19,7 +20,7 @@ Every other column reaches reward functions as keyword arguments.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,6 +28,21 @@ FIELDS = {"ppo": ("prompt",), "grpo": ("prompt",), "rloo": ("prompt",), "remax":
           "dpo": ("prompt", "chosen", "rejected"), "sft": ("text",)}
 SFT_PAIR = ("prompt", "completion")
 ALL_FIELDS = ("prompt", "chosen", "rejected", "text", "completion")
+
+
+def _is_dataset(v: Any) -> bool:
+    return type(v).__name__ == "Dataset" and hasattr(v, "save_to_disk") and hasattr(v, "_fingerprint")
+
+
+def saved_dataset(ds: Any) -> str:
+    """A `datasets.Dataset` given through the Python API, as the folder its `save_to_disk` wrote
+    (under the cache folder, by the dataset's fingerprint: saved once), which every worker reads."""
+    from realbench.hardware.cache import cache_folder
+
+    folder = cache_folder() / "datasets" / ds._fingerprint
+    if not (folder / "dataset_info.json").is_file():
+        ds.save_to_disk(str(folder))
+    return str(folder)
 
 
 class DataSpec(BaseModel):
@@ -55,10 +71,12 @@ class DataSpec(BaseModel):
 
     @field_validator("train", "eval", mode="before")
     @classmethod
-    def _files(cls, v: Union[str, list, tuple, None]):
+    def _files(cls, v: Any):
         if v is None:
             return ()
-        return (v,) if isinstance(v, str) else v
+        if _is_dataset(v):  # the Python API: a datasets.Dataset, kept as a folder the workers read
+            return (saved_dataset(v),)
+        return (v,) if isinstance(v, str) else tuple(saved_dataset(x) if _is_dataset(x) else x for x in v)
 
     @field_validator("fields")
     @classmethod

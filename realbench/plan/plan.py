@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -106,16 +107,48 @@ def plan_from_document(data: dict, source: str = "") -> Plan:
         raise e.in_file(source) from None
 
 
+def scenario_ref(scenario_arg: str, plan_path) -> str:
+    """How a plan written to `plan_path` names the scenario the user gave as `scenario_arg`: a
+    built-in name as it is, a scenario file by its path relative to the plan's folder (so that
+    the plan finds it from anywhere, whatever the file is called)."""
+    from realbench.plan.builtin import BUILTIN
+
+    if scenario_arg in BUILTIN or not Path(scenario_arg).is_file():
+        return scenario_arg
+    return os.path.relpath(Path(scenario_arg).resolve(), Path(plan_path).resolve().parent)
+
+
+def _named_file(ref: str, plan_path: str) -> Optional[Path]:
+    """The scenario file a plan's `scenario` names: relative to the plan's folder, else to the
+    working folder; None for a built-in name."""
+    for candidate in (Path(plan_path).parent / ref, Path(ref)):
+        if candidate.suffix.lower() in (".yaml", ".yml", ".json") and candidate.is_file():
+            return candidate
+    return None
+
+
+def _names(plan: Plan, scenario: Scenario, plan_path: str) -> bool:
+    """Whether the plan is for `scenario`: it names it, or names a file that holds it."""
+    if plan.scenario == scenario.name:
+        return True
+    file = _named_file(plan.scenario, plan_path)
+    if file is None:
+        return False
+    try:
+        return read_document(file).get("name") == scenario.name
+    except ConfigError:
+        return False
+
+
 def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Scenario, dict[str, Option]]:
     """Read and check a plan file. Without `scenario`, the one the plan names is loaded
     (a built-in name, or a file path relative to the plan's folder)."""
     plan = plan_from_document(read_document(path), path)
     try:
         if scenario is None:
-            ref = plan.scenario
-            candidate = Path(path).parent / ref
-            scenario = load_scenario(str(candidate) if candidate.is_file() else ref)
-        elif plan.scenario != scenario.name and Path(plan.scenario).stem != scenario.name:
+            file = _named_file(plan.scenario, path)
+            scenario = load_scenario(str(file) if file is not None else plan.scenario)
+        elif not _names(plan, scenario, path):
             raise ConfigError(f"the plan is for scenario {plan.scenario!r}, not {scenario.name!r}", "scenario")
         return plan, scenario, resolve_plan(plan, scenario)
     except ConfigError as e:

@@ -58,7 +58,10 @@ class Scenario(BaseModel):
     def _data(cls, v: Any, info: ValidationInfo) -> Any:
         """Read the data files once: the dataflow's lengths come from them (a percentile of the
         tokenized prompts, `max_new_tokens`), so the plan is costed for the job that will run."""
-        if not isinstance(v, dict) or v.get("data") is None or isinstance(v["data"], DataSpec):
+        if not isinstance(v, dict):
+            return v
+        v = _max_new_tokens(v)
+        if v.get("data") is None or isinstance(v["data"], DataSpec):
             return v
         base = Path((info.context or {}).get("base", "."))
         algorithm = v.get("algorithm") or (v.get("dataflow") or {}).get("algorithm")
@@ -93,21 +96,12 @@ class Scenario(BaseModel):
         base = Path((info.context or {}).get("base", "."))
         for role, spec in v.items():
             try:
-                if isinstance(spec, str):
-                    spec = get_model(spec)
-                elif isinstance(spec, dict) and "path" in spec and set(spec) <= CHECKPOINT_KEYS:
-                    spec = spec_from_checkpoint_entry(spec, base)
-                elif isinstance(spec, dict) and "function" in spec and "name" not in spec:
-                    spec = function_spec(spec, base, role)
-                elif isinstance(spec, dict) and "arch" in spec:
-                    base = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
-                    if base is None:
-                        raise ConfigError(f"arch must be a preset name ({', '.join(PRESETS)})", "arch")
-                    rest = {k: x for k, x in spec.items() if k != "arch"}
-                    spec = validate_model(ModelSpec, {**base.model_dump(), **rest})
+                if isinstance(spec, list):  # a reward model and functions: [model, {function: ...}, ...]
+                    out.update(_scorers(role, spec, base))
+                    continue
+                out[role] = _model_entry(spec, base, role)
             except ConfigError as e:
                 raise e.within(str(role)) from None
-            out[role] = spec
         return out
 
     @field_validator("dataflow", mode="before")
@@ -122,13 +116,28 @@ class Scenario(BaseModel):
                 v = build_algorithm(v["algorithm"], **args)
             except TypeError as e:  # an argument the builder does not take
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
-        functions = {r for r, m in (info.data.get("models") or {}).items() if isinstance(m, FunctionSpec)}
+        models = info.data.get("models") or {}
+        functions = {r for r, m in models.items() if isinstance(m, FunctionSpec)}
+        beside = {r for r in models if FUNCTIONS_OF.format(r) in functions}  # reward models with functions
         data = info.data.get("data")
+        training = info.data.get("training")
         own = data.tokenizers if isinstance(data, DataSpec) else {}
-        if functions or own:
+        iterations = training.num_iterations if isinstance(training, TrainingSpec) else 1
+        if functions or own or iterations > 1:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
-            v = Dataflow(name=v.name, calls=tuple(_adapted(c, functions, data) for c in v.calls),
-                         dataset_keys=v.dataset_keys)
+            calls = []
+            for c in v.calls:
+                c = _adapted(c, functions - {FUNCTIONS_OF.format(r) for r in beside}, data)
+                if c.kind == CallKind.TRAIN and iterations > 1:
+                    c = c.model_copy(update={"iterations": iterations})
+                if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
+                    # the model's score goes to the functions' call, which adds theirs (weighted)
+                    calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
+                    c = CallDef(name=f"{c.name}_functions", model=FUNCTIONS_OF.format(c.model), kind=CallKind.FUNCTION,
+                                inputs=(c.inputs[0], *(f"model_{k}" for k in c.outputs)), outputs=c.outputs,
+                                seqs=c.seqs, seq_len=c.seq_len)
+                calls.append(c)
+            v = Dataflow(name=v.name, calls=tuple(calls), dataset_keys=v.dataset_keys)
         return v
 
     @model_validator(mode="after")
@@ -146,12 +155,16 @@ class Scenario(BaseModel):
                 raise ConfigError("a reward function scores text: the scenario needs data files (data:) and a "
                                   "tokenizer", f"models.{c.model}")
             if function:
-                spec = self.models[c.model]
-                missing = missing_arguments(load_function(spec.file, spec.attribute), list(self.data.columns))
-                if missing:
-                    raise ConfigError(f"{spec.name} takes {missing[0]!r}, which no call gives (given: "
-                                      f"{', '.join(GIVEN)} and the data's columns {', '.join(self.data.columns)})",
-                                      f"models.{c.model}")
+                for f in self.models[c.model].functions:
+                    missing = missing_arguments(load_function(*FunctionSpec.parts(f)), list(self.data.columns))
+                    if missing:
+                        raise ConfigError(f"{FunctionSpec.short(f)} takes {missing[0]!r}, which no call gives (given: "
+                                          f"{', '.join(GIVEN)} and the data's columns "
+                                          f"{', '.join(self.data.columns)})", f"models.{c.model}")
+        trained = set(self.dataflow.trained_models)
+        functions = [m for m in self.models.values() if isinstance(m, FunctionSpec)]
+        scorers = functions[0].scorers if functions else int(any(set(c.outputs) & SCORES for c in self.dataflow.calls))
+        self.training.check(self.algorithm, trained, scorers)
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:
@@ -192,6 +205,72 @@ class Scenario(BaseModel):
 
 
 SCORES = frozenset({"rewards", "greedy_rewards"})  # what a reward model's calls output
+FUNCTIONS_OF = "{}_functions"  # the role of the functions that score beside a reward model
+
+
+def _max_new_tokens(v: dict) -> dict:
+    """`training.max_new_tokens` (TRL's max_completion_length) is the generated length: the data's
+    `max_new_tokens`, or the dataflow's `gen_len` without data. Given in both places, they agree."""
+    training = v.get("training")
+    cap = training.get("max_new_tokens") if isinstance(training, dict) else None
+    if cap is None:
+        return v
+    data, df = v.get("data"), v.get("dataflow")
+    if isinstance(data, dict):
+        if data.get("max_new_tokens") not in (None, cap):
+            raise ConfigError(f"{data['max_new_tokens']} here, {cap} in training.max_new_tokens: give one",
+                              "data.max_new_tokens")
+        return {**v, "data": {**data, "max_new_tokens": cap}}
+    if isinstance(df, dict) and "algorithm" in df:
+        if df.get("gen_len") not in (None, cap):
+            raise ConfigError(f"{df['gen_len']} here, {cap} in training.max_new_tokens: give one", "dataflow.gen_len")
+        return {**v, "dataflow": {**df, "gen_len": cap}}
+    return v
+
+
+def _model_entry(spec: Any, base: Path, role: str) -> Any:
+    """One `models:` entry: a preset name, a checkpoint folder, functions, or a preset changed."""
+    if isinstance(spec, str):
+        return get_model(spec)
+    if isinstance(spec, dict) and "path" in spec and set(spec) <= CHECKPOINT_KEYS:
+        return spec_from_checkpoint_entry(spec, base)
+    if isinstance(spec, dict) and "function" in spec and "name" not in spec:
+        return function_spec(spec, base, role)
+    if isinstance(spec, dict) and "arch" in spec:
+        preset = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
+        if preset is None:
+            raise ConfigError(f"arch must be a preset name ({', '.join(PRESETS)})", "arch")
+        rest = {k: x for k, x in spec.items() if k != "arch"}
+        return validate_model(ModelSpec, {**preset.model_dump(), **rest})
+    return spec
+
+
+def _scorers(role: str, entries: list, base: Path) -> dict:
+    """`reward: [{path: RM}, {function: ...}, ...]`: the reward model under `role` (first, if
+    any) and every function, in order, under `<role>_functions`, which adds the model's score."""
+    if not entries or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError("a list of scorers holds mappings: a reward model first (optional), then "
+                          "{function: ...} entries")
+    functions = [e for e in entries if "function" in e]
+    models = [e for e in entries if "function" not in e]
+    if len(models) > 1 or (models and entries[0] is not models[0]):
+        raise ConfigError("a list of scorers holds at most one reward model, first, then functions")
+    if not functions:
+        raise ConfigError("a list of scorers needs {function: ...} entries (a model alone is not a list)")
+    seconds = {e["seconds_per_sample"] for e in functions if "seconds_per_sample" in e}
+    if len(seconds) > 1:
+        raise ConfigError("give the functions one seconds_per_sample", "seconds_per_sample")
+    merged = {"function": [f for e in functions for f in (e["function"] if isinstance(e["function"], list)
+                                                           else [e["function"]])],
+              **({"seconds_per_sample": seconds.pop()} if seconds else {})}
+    for e in functions:
+        unknown = sorted(set(e) - {"function", "seconds_per_sample"})
+        if unknown:
+            raise ConfigError("unknown field beside function (known: function, seconds_per_sample)", unknown[0])
+    if not models:
+        return {role: function_spec(merged, base, role)}
+    return {role: _model_entry(models[0], base, role),
+            FUNCTIONS_OF.format(role): function_spec(merged, base, role, model_score=True)}
 
 
 def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallDef:
@@ -248,6 +327,8 @@ def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> Data
     prompt, completion, truncated = ds.widths()
     tokenizers, rescored = {}, {}
     for role, entry in (models or {}).items() if isinstance(models, dict) else ():
+        if isinstance(entry, list) and entry:  # a reward model (first) and functions
+            entry = entry[0]
         folder = resolve(entry["path"]) if isinstance(entry, dict) and isinstance(entry.get("path"), str) else None
         if folder is None or folder == spec.tokenizer or not has_tokenizer(folder):
             continue

@@ -45,9 +45,11 @@ class Algorithm:
     the sampling `temperature` (the distribution generation sampled from), as TRL's."""
 
     name: str = "base"
-    kl_coef: float = 0.05
-    clip: float = 0.2
+    kl_coef: float = 0.05  # TRL's beta
+    clip: float = 0.2  # TRL's epsilon
+    clip_high: Optional[float] = None  # TRL's epsilon_high (DAPO); None: clip
     temperature: float = 1.0
+    loss_type: str = "dapo"  # how a step's token losses aggregate (losses.loss_weights)
     rows_together: int = 1  # rows of one example that the trainer's splits keep together
     recomputes_behaviour: bool = True  # the policy's train call needs the behaviour log-probabilities
 
@@ -67,6 +69,14 @@ class Algorithm:
     def targets(self, data: dict[str, Tensor], value_model: bool, group_size: int) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def step_weights(self, t: dict[str, Tensor], rows: Tensor, value_model: bool) -> Optional[Tensor]:
+        """Per-token loss weights of an optimizer step's rows for the policy's `loss_type`
+        (losses.loss_weights), or None where every token weighs 1."""
+        if value_model or self.loss_type in ("dapo", "bnpo") or "adv" not in t:
+            return None
+        mask = t.get("mask")
+        return losses.loss_weights(mask[rows] if mask is not None else torch.ones_like(t["adv"][rows]), self.loss_type)
+
     def loss(self, y: Tensor, t: dict[str, Tensor], value_model: bool) -> tuple[Tensor, dict[str, Tensor]]:
         """Policy loss summed over the micro-batch's response tokens, plus the KL penalty to the
         reference when the targets carry reference log-probabilities. Without `old_logp` the
@@ -75,17 +85,18 @@ class Algorithm:
         logp = self.token_logprobs(y, t["seqs"], gen)
         old = t["old_logp"] if "old_logp" in t else logp.detach()
         mask = t.get("mask")
-        per_token = losses.policy_loss(logp, old, t["adv"], self.clip)
-        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, old, t["adv"], self.clip), mask),
+        per_token = losses.policy_loss(logp, old, t["adv"], self.clip, self.clip_high)
+        sums = {"clipfrac": _sum(losses.clipped_fraction(logp, old, t["adv"], self.clip, self.clip_high), mask),
                 "entropy": _sum(losses.entropy(y.detach(), gen, self.temperature), mask)}
         ref = t.get("ref_logp", t.get("kl_ref"))
         if ref is not None:  # the behaviour policy's KL to the reference (mean of logp - ref)
             sums["kl"] = _sum(old - ref, mask)
         if "ref_logp" in t:
             k3 = losses.k3_kl(logp, t["ref_logp"])
-            per_token = per_token + self.kl_coef * k3
+            if self.kl_coef:
+                per_token = per_token + self.kl_coef * k3
             sums["k3_kl"] = _sum(k3, mask)
-        return _sum(per_token, mask), sums
+        return _sum(per_token, t.get("weight", mask)), sums
 
     def metrics(self, t: dict[str, Tensor], value_model: bool) -> dict[str, float]:
         """Means over the batch the call received, before any update."""
@@ -110,12 +121,16 @@ class PPO(Algorithm):
     name: str = "ppo"
     gamma: float = 1.0
     lam: float = 0.95
-    value_clip: float = 0.2
+    value_clip: float = 0.2  # TRL's cliprange_value
+    whiten_rewards: bool = False
 
     def targets(self, data, value_model, group_size):
         lp, values = data["logprobs"], data["values"]
         mask = losses.response_mask(data["seqs"], lp.shape[1])
-        rewards = losses.kl_shaped_rewards(data["rewards"], lp, data["ref_logprobs"], self.kl_coef, mask)
+        score = torch.nan_to_num(data["rewards"], nan=0.0)  # no scorer gave a reward: 0
+        if self.whiten_rewards:
+            score = losses.whiten_scores(score)
+        rewards = losses.kl_shaped_rewards(score, lp, data["ref_logprobs"], self.kl_coef, mask)
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
         out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values,
                "kl_ref": data["ref_logprobs"]}
@@ -137,9 +152,10 @@ class PPO(Algorithm):
 @dataclass(frozen=True)
 class GRPO(Algorithm):
     name: str = "grpo"
+    scale_rewards: str = "group"
 
     def advantages(self, data: dict[str, Tensor], group_size: int) -> Tensor:
-        return losses.grpo_advantages(data["rewards"], group_size)
+        return losses.grpo_advantages(data["rewards"], group_size, self.scale_rewards)
 
     def targets(self, data, value_model, group_size):
         lp = data["logprobs"]
@@ -244,9 +260,19 @@ def make_algorithm(name: str, scenario=None) -> Algorithm:
     except KeyError:
         raise ConfigError(f"the runtime trains {', '.join(ALGORITHMS)}; a {name!r} dataflow can be planned "
                           "and estimated but not run", "algorithm") from None
-    if data is not None and cls in (DPO, SFT):
-        return cls(prompt_len=data.prompt_len)
-    if cls in (DPO, SFT):
-        return cls()
     training = getattr(scenario, "training", None)
-    return cls(temperature=training.temperature) if training is not None else cls()
+    if cls in (DPO, SFT):
+        args = {"prompt_len": data.prompt_len} if data is not None else {}
+        if cls is DPO and training is not None:
+            args["beta"] = training.beta_for("dpo")
+        return cls(**args)
+    if training is None:
+        return cls()
+    args = dict(kl_coef=training.beta_for(name), clip=training.epsilon, clip_high=training.epsilon_high,
+                temperature=training.temperature, loss_type=training.loss_type)
+    if cls is GRPO:
+        args["scale_rewards"] = training.scale_rewards
+    if cls is PPO:
+        args.update(gamma=training.gamma, lam=training.lam, value_clip=training.cliprange_value,
+                    whiten_rewards=training.whiten_rewards)
+    return cls(**args)

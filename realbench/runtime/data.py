@@ -32,8 +32,11 @@ GENERATION = ("ppo", "grpo", "rloo", "remax")
 
 
 def read_rows(path: str) -> list[dict]:
-    """The rows of a JSON Lines (`.jsonl`, `.json` with one object per line) or Parquet file."""
+    """The rows of a JSON Lines (`.jsonl`, `.json` with one object per line) or Parquet file, or
+    of a folder written by Hugging Face datasets' `save_to_disk` (a DatasetDict's train split)."""
     p = Path(path)
+    if p.is_dir():
+        return _saved_dataset_rows(p)
     if not p.is_file():
         raise ConfigError("no such file" if not p.exists() else "not a regular file", source=str(p))
     suffix = p.suffix.lower()
@@ -60,6 +63,25 @@ def read_rows(path: str) -> list[dict]:
             rows.append(row)
     if not rows:
         raise ConfigError("holds no rows", source=str(p))
+    return rows
+
+
+def _saved_dataset_rows(folder: Path) -> list[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(folder))
+    except (FileNotFoundError, ValueError, OSError):
+        raise ConfigError("a folder, but not one written by datasets' save_to_disk (no dataset_info.json / "
+                          "dataset_dict.json)", source=str(folder)) from None
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise ConfigError(f"a DatasetDict without a train split (splits: {', '.join(ds)}); save the split "
+                              "to train on", source=str(folder))
+        ds = ds["train"]
+    rows = ds.to_list()
+    if not rows:
+        raise ConfigError("holds no rows", source=str(folder))
     return rows
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import LlamaStage
+from realbench.runtime.shards import param_specs
 
 
 class PlacedModel:
@@ -35,6 +36,7 @@ class PlacedModel:
         self.device = torch.device(device)
         self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype)
         self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
+        self.pp_group = groups.get(layout.pp_group(c))
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
 
@@ -113,6 +115,26 @@ class PlacedModel:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, group=self.loop_group)
 
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """The global L2 norm of the model's gradients (after the data-parallel average): each
+        tensor-parallel slice once, a tensor that tp replicates (norms, a value head) once, a
+        head tied to an embedding on another stage once (its copy is left out). Every rank of
+        the layout gets the same number (two small all-reduces, over tp and pp)."""
+        c = self.coord
+        specs = {p.name: p for p in param_specs(self.spec)}
+        tied_copy = self.spec.tie_embeddings and self.layout.dims.pp > 1
+        grads = [p.grad for name, p in self.stage.named_parameters()
+                 if p.grad is not None and not (tied_copy and name == "head.weight")
+                 and (specs[name].split is not None or c.tp == 0)]
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if grads:  # one norm per tensor (foreach, as torch's clip_grad_norm_), summed in fp64
+            total += torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()
+        for group in (self.tp_group, self.pp_group):
+            if group is not None:
+                dist.all_reduce(total, group=group)
+        return float(total.sqrt())
+
     def average_gradients(self) -> None:
         """Average the gradients over data parallelism with one all-reduce of all of them in a
         flat buffer (as DDP's buckets do): a collective per tensor pays its latency ~40 times."""
@@ -150,6 +172,24 @@ def row_uniforms(key: int, rows: torch.Tensor, t: int) -> torch.Tensor:
     return (x.double() + 0.5) / 2.0 ** 32
 
 
+def truncated(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The probabilities with all but the `top_k` most likely tokens (0: all) and all but the
+    smallest set of most likely tokens whose mass reaches `top_p` set to 0 (transformers'
+    top-k and top-p warpers; at least one token is kept). Not renormalized: sampling inverts
+    the cumulative sum up to its own total."""
+    if not top_k and top_p >= 1.0:
+        return probs
+    ordered, order = probs.sort(-1, descending=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    if top_k:
+        keep[:, top_k:] = False
+    if top_p < 1.0:
+        before = ordered.cumsum(-1) - ordered  # mass of the more likely tokens
+        keep &= before < top_p * ordered.sum(-1, keepdim=True)
+    keep[:, 0] = True
+    return probs * torch.zeros_like(keep).scatter(-1, order, keep)
+
+
 def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: per row, the first token whose cumulative probability exceeds u."""
     cdf = probs.double().cumsum(-1)
@@ -159,11 +199,13 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int = 0,
-             greedy: bool = False, temperature: float = 1.0, micro_batches: int = 1,
+             greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, micro_batches: int = 1,
              eos: Optional[int | Sequence[int]] = None,
              rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch,
-    from the logits divided by `temperature`.
+    from the logits divided by `temperature`, among the `top_k` / `top_p` most likely tokens
+    (`truncated`; the log-probabilities returned are of the whole tempered distribution, as the
+    training forward computes them).
     Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`
     (an id or several), a row stops after an end-of-sequence token: the positions after it hold -1 (its
     log-probabilities there are 0); every row still takes `gen_len` steps, the shape the
@@ -228,7 +270,7 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
                 if greedy:
                     token = logp.argmax(-1)
                 else:
-                    token = sample_rows(logp.exp(), row_uniforms(key, row_ids[rows], t).to(dev))
+                    token = sample_rows(truncated(logp.exp(), top_k, top_p), row_uniforms(key, row_ids[rows], t).to(dev))
                 logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
                 if stops is not None:
                     done = finished[rows]

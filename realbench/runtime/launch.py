@@ -73,7 +73,8 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         scenario = scenario_from_document(scenario_doc)
         options = resolve_plan(plan_from_document(plan_doc), scenario)
         # a resumed run's weights come from the checkpoint, under whatever plan it was written
-        worker = Worker(rank, scenario, options, seed, device=device, dtype=torch_dtype(dtype), weights=not resume_step)
+        worker = Worker(rank, scenario, options, seed, total_steps=steps, device=device, dtype=torch_dtype(dtype),
+                        weights=not resume_step)
         if resume_step:
             load_resharded(worker, os.path.join(checkpoint_dir, f"step{resume_step}"))
         records = []

@@ -13,8 +13,8 @@ PPO (Schulman et al. 2017; Ouyang et al. 2022 for the KL-shaped reward):
     policy_t = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps, 1 + eps)),  ratio = exp(logp - logp_old)
     value_t  = max((V_t - R_t)^2, (clip(V_t, V_old - eps_v, V_old + eps_v) - R_t)^2) / 2
     advantages are whitened over the batch: (A - mean) / (std + 1e-6), std with Bessel's correction
-GRPO (Shao et al. 2024): A = (score - mean of its group) / (std of its group + 1e-6) for every
-    token; KL to the reference by the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman's
+GRPO (Shao et al. 2024): A = (score - mean of its group) / (std of its group + 1e-4) for every
+    token (TRL's `scale_rewards`: the group's std, the batch's, or none); KL to the reference by the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman's
     "Approximating KL divergence"), added to the loss with kl_coef.
 RLOO (Ahmadian et al. 2024): A = score - mean of the other samples of its group.
 ReMax (Li et al. 2023): A = score - score of the greedy response to the same prompt.
@@ -108,16 +108,38 @@ def whiten(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor
     return (x - mean) / (std + 1e-6) * m
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
-    """The clipped surrogate per token."""
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2,
+                clip_high: Optional[float] = None) -> torch.Tensor:
+    """The clipped surrogate per token; the ratio is clipped to [1 - clip, 1 + clip_high]
+    (clip_high = clip unless given: DAPO's asymmetric clipping)."""
     ratio = torch.exp(logp - old_logp)
-    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + (clip if clip_high is None else clip_high)))
 
 
-def clipped_fraction(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+def clipped_fraction(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2,
+                     clip_high: Optional[float] = None) -> torch.Tensor:
     """Per token, 1 where the clipped term is the one taken (its gradient is zero)."""
     ratio = torch.exp(logp - old_logp)
-    return (-adv * ratio.clamp(1 - clip, 1 + clip) > -adv * ratio).float()
+    clipped = ratio.clamp(1 - clip, 1 + (clip if clip_high is None else clip_high))
+    return (-adv * clipped > -adv * ratio).float()
+
+
+def loss_weights(mask: torch.Tensor, loss_type: str) -> torch.Tensor:
+    """Per-token weights that turn "sum over tokens / response tokens of the step" (how the
+    trainer normalizes) into TRL's aggregation of a step's per-token losses:
+      dapo, bnpo  the token mean over the step: weight 1 (realbench's step gradient does not
+                  depend on the layout, so TRL's local-batch bnpo is the step's dapo here);
+      grpo        the mean over rows of each row's token mean: N / (R n_row);
+      dr_grpo     sum / (R x gen_len) (Dr. GRPO's constant, TRL's max_completion_length): N / (R G);
+    with N the step's response tokens, R its rows, G the generated length."""
+    if loss_type in ("dapo", "bnpo"):
+        return mask
+    n, rows = mask.sum(), mask.shape[0]
+    if loss_type == "grpo":
+        return mask * n / (rows * mask.sum(1, keepdim=True).clamp(min=1))
+    if loss_type == "dr_grpo":
+        return mask * n / (rows * mask.shape[1])
+    raise ValueError(f"unknown loss_type {loss_type!r}")
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
@@ -132,19 +154,47 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def grpo_advantages(score: torch.Tensor, group: int) -> torch.Tensor:
+def _nanstd(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
+    """Standard deviation with Bessel's correction over the values that are not NaN."""
+    mean = x.nanmean(dim=dim, keepdim=True) if dim is not None else x.nanmean()
+    n = (~x.isnan()).sum(dim=dim, keepdim=True) if dim is not None else (~x.isnan()).sum()
+    var = ((x - mean) ** 2).nansum(dim=dim, keepdim=True if dim is not None else False) / (n - 1).clamp(min=1)
+    out = var.sqrt()
+    return out if keepdim or dim is None else out.squeeze(dim)
+
+
+def grpo_advantages(score: torch.Tensor, group: int, scale: str = "group") -> torch.Tensor:
+    """(score - mean of its group) / (std + 1e-4), TRL's: the std of the group (`scale` group),
+    of the batch (batch) or none (none, Dr. GRPO's). A NaN score (no scorer gave a reward) is
+    left out of the means and deviations and gets advantage 0, as TRL's."""
     g = score.view(-1, group)
-    return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).view(-1)
+    adv = g - g.nanmean(1, keepdim=True)
+    if scale == "group":
+        adv = adv / (_nanstd(g, 1, keepdim=True) + 1e-4)
+    elif scale == "batch":
+        adv = adv / (_nanstd(score) + 1e-4)
+    elif scale != "none":
+        raise ValueError(f"unknown scale_rewards {scale!r}")
+    return torch.nan_to_num(adv.reshape(-1), nan=0.0)
 
 
 def rloo_advantages(score: torch.Tensor, group: int) -> torch.Tensor:
+    """score - mean of the other samples of its group (those with a score); 0 without one."""
     g = score.view(-1, group)
-    others = (g.sum(1, keepdim=True) - g) / (group - 1)
-    return (g - others).view(-1)
+    known = ~g.isnan()
+    total = g.nan_to_num(0.0).sum(1, keepdim=True)
+    others = (total - g.nan_to_num(0.0)) / (known.sum(1, keepdim=True) - known.long()).clamp(min=1)
+    return torch.nan_to_num((g - others).view(-1), nan=0.0)
 
 
 def remax_advantages(score: torch.Tensor, greedy_score: torch.Tensor) -> torch.Tensor:
-    return score - greedy_score
+    return torch.nan_to_num(score - greedy_score, nan=0.0)
+
+
+def whiten_scores(x: torch.Tensor) -> torch.Tensor:
+    """TRL's PPO `whiten_rewards`: scaled to unit variance over the batch, the mean kept."""
+    mean = x.mean()
+    return (x - mean) * torch.rsqrt(x.var(unbiased=False) + 1e-8) + mean
 
 
 def dpo_margin(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta: float = 0.1) -> torch.Tensor:

@@ -16,13 +16,44 @@ import torch
 from realbench.runtime.shards import flat_views
 
 
+def decays(name: str) -> bool:
+    """Whether weight decay applies to a parameter besides the embedding: not to norms and
+    biases, as transformers' Trainer."""
+    return not (name.endswith(".bias") or name.endswith("norm.weight"))
+
+
 class MixedPrecisionAdam:
-    def __init__(self, model, lr: float):
-        self.model = model
+    """AdamW on the stage's shards (`settings`: a `realbench.plan.training.OptimizerSettings`;
+    None: Adam at `lr`, no decay, no schedule, no clipping), its learning rate scheduled over
+    `total_updates` optimizer updates."""
+
+    def __init__(self, model, lr: float = 1e-3, settings=None, total_updates: int = 1):
+        self.model, self.settings, self.total_updates = model, settings, total_updates
         flat = model.stage.flat
         # fp32: one storage with the stage (updated in place); bf16: a copy that the stage follows
         self.master = torch.nn.Parameter(flat if flat.dtype == torch.float32 else flat.float())
-        self.adam = torch.optim.Adam([self.master], lr=lr)
+        # the fused kernel (one pass over the flat tensor) where torch has it for the device
+        fused = {"fused": True} if flat.device.type in ("cpu", "cuda") else {}
+        self.grad = torch.zeros_like(self.master)  # the stage's gradients, laid out as the master
+        if settings is None:
+            self.adam = torch.optim.Adam([self.master], lr=lr, **fused)
+            self.decay = None
+        else:
+            self.adam = torch.optim.Adam([self.master], lr=settings.learning_rate, **fused,
+                                         betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_epsilon)
+            self.decay = None
+            if settings.weight_decay:  # decoupled (AdamW): w <- w (1 - lr wd) before the Adam update
+                self.decay = torch.zeros_like(self.master, dtype=torch.bool)
+                tied_head = model.spec.tie_embeddings
+                for name, view in self._views(self.decay).items():
+                    embedding = name == "embed.weight" or (name == "head.weight" and tied_head)
+                    view.fill_(settings.weight_decay_embeddings if embedding else decays(name))
+
+    def learning_rate(self) -> float:
+        """The learning rate of the next update."""
+        if self.settings is None:
+            return self.adam.param_groups[0]["lr"]
+        return self.settings.learning_rate_at(self.steps_taken, self.total_updates)
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         st = self.model.stage
@@ -42,15 +73,24 @@ class MixedPrecisionAdam:
         return None
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One Adam update of the master weights from the stage's gradients (averaged over data
-        parallelism already), then the stage's weights from the master's."""
-        grad = torch.zeros_like(self.master)
+    def step(self, grad_scale: float = 1.0) -> None:
+        """One AdamW update of the master weights from the stage's gradients (averaged over data
+        parallelism already, times `grad_scale`: gradient clipping), at the scheduled learning
+        rate, then the stage's weights from the master's."""
+        grad = self.grad
         views = self._views(grad)
         for name, p in self.model.stage.named_parameters():
             if p.grad is not None:
                 views[name].copy_(p.grad)
+            else:
+                views[name].zero_()
+        if grad_scale != 1.0:
+            grad.mul_(grad_scale)
         self.master.grad = grad
+        lr = self.learning_rate()
+        self.adam.param_groups[0]["lr"] = lr
+        if self.decay is not None:
+            self.master.data[self.decay] *= 1.0 - lr * self.settings.weight_decay
         self.adam.step()
         self.master.grad = None
         self._sync_stage()

@@ -57,19 +57,26 @@ def load_function(file: str, name: str) -> Callable:
     return fn
 
 
-def function_spec(entry: dict, base: Path, role: str) -> FunctionSpec:
-    """`{function: FILE:NAME[, seconds_per_sample: S]}` of a scenario, checked."""
+def function_spec(entry: dict, base: Path, role: str, model_score: bool = False) -> FunctionSpec:
+    """`{function: FILE:NAME or [FILE:NAME, ...][, seconds_per_sample: S]}` of a scenario,
+    checked (each file imported, each function found)."""
     unknown = sorted(set(entry) - {"function", "seconds_per_sample"})
     if unknown:
         raise ConfigError("unknown field beside function (known: function, seconds_per_sample)", unknown[0])
-    text = entry["function"]
-    if not isinstance(text, str) or ":" not in text or not text.rsplit(":", 1)[1].isidentifier():
-        raise ConfigError(f"{text!r} is not FILE.py:FUNCTION", "function")
-    file, name = text.rsplit(":", 1)
-    path = (base / Path(file).expanduser()).resolve()
-    load_function(str(path), name)
+    texts = entry["function"] if isinstance(entry["function"], list) else [entry["function"]]
+    functions = []
+    for text in texts:
+        if not isinstance(text, str) or ":" not in text or not text.rsplit(":", 1)[1].isidentifier():
+            raise ConfigError(f"{text!r} is not FILE.py:FUNCTION", "function")
+        file, name = text.rsplit(":", 1)
+        path = (base / Path(file).expanduser()).resolve()
+        load_function(str(path), name)
+        functions.append(f"{path}:{name}")
+    if not functions:
+        raise ConfigError("names no function", "function")
     extra = {"seconds_per_sample": entry["seconds_per_sample"]} if "seconds_per_sample" in entry else {}
-    return FunctionSpec(name=f"{Path(file).name}:{name}", function=f"{path}:{name}", **extra)
+    name = ", ".join(FunctionSpec.short(f) for f in functions)
+    return FunctionSpec(name=name, functions=tuple(functions), model_score=model_score, **extra)
 
 
 GIVEN = ("prompts", "completions", "completion_ids", "trainer_state")  # besides the data's columns
@@ -102,11 +109,11 @@ def accepted_arguments(fn: Callable, given: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in given.items() if k in params}
 
 
-def call_reward_function(fn: Callable, spec: FunctionSpec, prompts: list, completions: list,
+def call_reward_function(fn: Callable, name: str, prompts: list, completions: list,
                          columns: dict[str, Any], step: int) -> list[float]:
-    """Call it and check what it gives back (None becomes NaN); a failure names the function and
-    the step."""
-    where = f"reward function {spec.name} at step {step}"
+    """Call it and check what it gives back (None becomes NaN); a failure names the function
+    (`name`) and the step."""
+    where = f"reward function {name} at step {step}"
     try:
         args = accepted_arguments(fn, {"prompts": prompts, "completions": completions, **columns})
     except (TypeError, ValueError):  # a builtin or a callable without a signature: give everything

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from realbench.dataflow import CallDef, CallKind
-from realbench.models import ModelSpec
+from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
@@ -49,7 +49,6 @@ from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_tr
 from realbench.runtime.shards import param_specs, tied_aliases
 
 FAULT_ENV = "REALBENCH_FAULT"
-DEFAULT_LR = 1e-3
 
 
 # -- the toy task -------------------------------------------------------------------------------------
@@ -148,13 +147,15 @@ class StepRecord:
 
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
-                 lr: float | dict[str, float] = 1e-3, device: torch.device | str = "cpu",
+                 total_steps: Optional[int] = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, groups: Optional[Groups] = None,
                  dataset: Optional[Dataset] = None, weights: bool = True):
         """`groups`, `dataset`: an earlier worker's of the same run (a plan switch keeps the
         process groups it can and the tokenized data); `weights`: fill the models with their
         initial weights (false when they are about to be moved in, see runtime.replan)."""
-        self.rank, self.scenario, self.seed, self.lr = rank, scenario, seed, lr
+        self.rank, self.scenario, self.seed = rank, scenario, seed
+        # the run's length: the learning-rate schedules decay over it
+        self.total_steps = total_steps
         self.dtype = dtype  # what the models compute in; trained models keep fp32 master weights
         self.evaluating = False  # a pass over the held-out rows (no training) is under way
         self.algorithm = make_algorithm(scenario.algorithm, scenario)
@@ -219,7 +220,8 @@ class Worker:
         # step so that a reallocation writes into tensors that already exist
         self.placed: dict[int, PlacedModel] = {}
         self.optimizers: dict[int, MixedPrecisionAdam] = {}
-        self.functions = {i: load_function(scenario.models[c.model].file, scenario.models[c.model].attribute)
+        self.functions = {i: [(FunctionSpec.short(f), load_function(*FunctionSpec.parts(f)))
+                              for f in scenario.models[c.model].functions]
                           for i, c in enumerate(self.calls) if c.kind == CallKind.FUNCTION}
         for m in sorted(set(self.master_of)):
             lay = self.layouts[m]
@@ -234,9 +236,13 @@ class Worker:
             elif weights:
                 model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
-            if c.kind == CallKind.TRAIN:  # a learning rate for every model, or per model role
-                rate = lr.get(c.model, DEFAULT_LR) if isinstance(lr, dict) else lr
-                self.optimizers[m] = MixedPrecisionAdam(model, rate)
+            if c.kind == CallKind.TRAIN:  # the model's optimizer settings (training:), over the run's updates
+                settings = scenario.training.optimizer(c.model)
+                if total_steps is None and settings.lr_scheduler_type != "constant":
+                    raise ConfigError(f"a {settings.lr_scheduler_type} learning-rate schedule decays over the run: "
+                                      "give the worker total_steps", "training.lr_scheduler_type")
+                updates = (total_steps or 1) * c.optimizer_steps * c.iterations
+                self.optimizers[m] = MixedPrecisionAdam(model, settings=settings, total_updates=updates)
 
     def initial_weights(self, role: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
         if role == "reward":
@@ -409,7 +415,8 @@ class Worker:
             rows = torch.arange(len(data["prompts"])).chunk(dp)[coord.dp]  # global row indices: plan-independent draws
             greedy = "greedy" in c.name or self.evaluating
             seqs, lps = generate(model, prompts, c.gen_len, self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
-                                 temperature=self.algorithm.temperature, micro_batches=m, eos=self.eos, rows=rows)
+                                 temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
+                                 top_p=self.scenario.training.top_p, micro_batches=m, eos=self.eos, rows=rows)
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
@@ -456,8 +463,10 @@ class Worker:
         return out
 
     def _record_rewards(self, c: CallDef, rewards: torch.Tensor, rec: StepRecord) -> None:
-        rec.reward = float(rewards.mean())
-        rec.metrics[f"{c.name}/reward_std"] = float(rewards.std()) if len(rewards) > 1 else 0.0
+        """The step's reward: the mean over the responses that got one (this rank's share)."""
+        scored = rewards[~rewards.isnan()]
+        rec.reward = float(scored.mean()) if len(scored) else None
+        rec.metrics[f"{c.name}/reward_std"] = float(scored.std()) if len(scored) > 1 else 0.0
 
     def _completions(self, seqs: torch.Tensor, gen: int) -> tuple[list[str], list[list[int]]]:
         """The responses of `seqs` (their last `gen` positions) decoded without special tokens,
@@ -469,12 +478,16 @@ class Worker:
         return self.scenario.data.chat or any(is_messages(p) for p in prompts)
 
     def _reward_function(self, i: int, data: dict, coord: Coord, step: int, rec: StepRecord) -> None:
-        """Score this rank's share of the responses with the reward function, called as TRL calls
-        it: `prompts` as the data gives them, `completions` (for chat prompts, each a list with the
-        assistant's message), `completion_ids`, `trainer_state` and the other columns. A None
-        means no reward from this function for that sample: it counts 0 (TRL's sum over
-        functions leaves out NaN) and `<call>/no_reward` reports the fraction."""
+        """Score this rank's share of the responses with the reward functions, each called as TRL
+        calls one: `prompts` as the data gives them, `completions` (for chat prompts, each a list
+        with the assistant's message), `completion_ids`, `trainer_state` and the other columns.
+        A response's reward is the weighted sum (`training.reward_weights`) of its scores: a
+        reward model's (the call's second input, when it has one) and each function's; a None
+        is no score from that function and is left out of the sum (TRL's nansum), and a response
+        that no scorer scored gets NaN, which the advantages leave out (`<call>/no_reward` is
+        their fraction). With several scorers, each one's mean is `<call>/<scorer>`."""
         c, dp = self.calls[i], self.layouts[i].dims.dp
+        spec = self.scenario.models[c.model]
         seqs = data[c.inputs[0]].chunk(dp)[coord.dp]
         prompts, columns = self._step_columns(step)
         mine = torch.arange(len(prompts)).chunk(dp)[coord.dp].tolist()
@@ -485,12 +498,22 @@ class Worker:
         if chat:  # plain prompts under `chat: true` are the user's messages, as the template saw them
             prompts = [p if is_messages(p) else [{"role": "user", "content": p}] for p in prompts]
         state = TrainerState(global_step=step, epoch=self._epoch(step))
-        values = call_reward_function(self.functions[i], self.scenario.models[c.model], prompts, completions,
-                                      {**{k: [v[r] for r in mine] for k, v in columns.items()},
-                                       "completion_ids": ids, "trainer_state": state}, step)
-        raw = torch.tensor(values, dtype=torch.float32, device=self.device)
-        rec.metrics[f"{c.name}/no_reward"] = float(raw.isnan().float().mean())
-        rewards = torch.nan_to_num(raw, nan=0.0)
+        kwargs = {**{k: [v[r] for r in mine] for k, v in columns.items()}, "completion_ids": ids, "trainer_state": state}
+        scores = [data[c.inputs[1]].chunk(dp)[coord.dp].float()] if spec.model_score else []
+        names = ["model"] if spec.model_score else []
+        for name, fn in self.functions[i]:
+            values = call_reward_function(fn, name, prompts, completions, kwargs, step)
+            scores.append(torch.tensor(values, dtype=torch.float32, device=self.device))
+            names.append(name.rsplit(":", 1)[-1])
+        weights = self.scenario.training.reward_weights or spec.weight_list()
+        stacked = torch.stack(scores, 1)
+        none = stacked.isnan().all(1)
+        rewards = (stacked * torch.tensor(weights, device=self.device)).nansum(1).masked_fill(none, math.nan)
+        rec.metrics[f"{c.name}/no_reward"] = float(none.float().mean())
+        if len(scores) > 1:
+            for name, col in zip(names, stacked.unbind(1)):
+                if not bool(col.isnan().all()):
+                    rec.metrics[f"{c.name}/{name}"] = float(col.nanmean())
         self.outputs[i] = {c.outputs[0]: rewards}
         if c.outputs[0] == "rewards":
             self._record_rewards(c, rewards, rec)
@@ -511,7 +534,9 @@ class Worker:
         gen = self._gen_len(c)
         if key.endswith("rewards"):  # the score at each sequence's last token (before any padding)
             last = (batch >= 0).long().cumsum(1).argmax(1)
-            return y[torch.arange(len(y), device=y.device), last].float()
+            score = y[torch.arange(len(y), device=y.device), last].float()
+            weights = self.scenario.training.reward_weights  # a reward model alone: its one weight
+            return score * weights[0] if weights and not key.startswith("model_") else score
         if key == "values":
             return y[:, -gen - 1:-1].float()
         return self.algorithm.reference_logprobs(y, batch, gen)
@@ -522,12 +547,15 @@ class Worker:
 
     def _train(self, i: int, model: PlacedModel, data: dict, coord: Coord, rec: StepRecord,
                step: int) -> Optional[float]:
-        """The call's optimizer steps. Each step's loss is the sum over its tokens (or pairs)
-        divided by their count in the whole step, times dp (the gradient all-reduce averages),
-        so the gradient is the same for every layout and micro-batch split. The policy's
-        behaviour log-probabilities come from this layout's forward (see Algorithm): the first
-        step's own, later steps' computed before the first update. A non-finite advantage, loss
-        or gradient stops the run before it reaches the weights (`NonFiniteError`)."""
+        """The call's optimizer updates: `iterations` passes over its batch, one update per
+        minibatch. Each update's loss is the sum over its tokens (or pairs), weighted for the
+        loss type, divided by their count in the whole minibatch, times dp (the gradient
+        all-reduce averages), so the gradient is the same for every layout and micro-batch split;
+        its global norm (over every shard, `PlacedModel.grad_norm`) is clipped to the model's
+        `max_grad_norm`. The policy's behaviour log-probabilities come from this layout's forward
+        (see Algorithm): the first update's own, the others' computed before the first update. A
+        non-finite advantage, loss or gradient stops the run before it reaches the weights
+        (`NonFiniteError`)."""
         c, algo = self.calls[i], self.algorithm
         dp, m = self.layouts[i].dims.dp, self.micro_batches[i]
         value_model = self.scenario.models[c.model].value_head
@@ -540,34 +568,47 @@ class Worker:
         for k, v in algo.metrics(targets, value_model).items():
             rec.metrics[f"{c.name}/{k}"] = v
         per_step = len(targets["seqs"]) // c.optimizer_steps
-        splits = [micro_batch_rows(torch.arange(s * per_step, (s + 1) * per_step, device=self.device), dp, coord.dp, m)
-                  for s in range(c.optimizer_steps)]
-        behaviour = self._behaviour_logprobs(model, targets, splits[1:]) \
-            if algo.recomputes_behaviour and not value_model else None
+        steps = [torch.arange(s * per_step, (s + 1) * per_step, device=self.device) for s in range(c.optimizer_steps)]
+        splits = [micro_batch_rows(rows, dp, coord.dp, m) for rows in steps]
+        behaviour = None
+        if algo.recomputes_behaviour and not value_model and (len(splits) > 1 or c.iterations > 1):
+            behaviour = self._behaviour_logprobs(model, targets, splits if c.iterations > 1 else [None] + splits[1:])
         opt = self.optimizers[i]
-        total, sums = 0.0, {}
-        for s, mbs in enumerate(splits):
-            scale = dp / algo.normalizer(targets, torch.arange(s * per_step, (s + 1) * per_step, device=self.device))
+        settings = opt.settings
+        updates = c.optimizer_steps * c.iterations
+        rec.metrics[f"{c.model}/learning_rate"] = opt.learning_rate()
+        total, sums, norms = 0.0, {}, []
+        for k in range(updates):
+            s, mbs, rows = k % c.optimizer_steps, splits[k % c.optimizer_steps], steps[k % c.optimizer_steps]
+            scale = dp / algo.normalizer(targets, rows)
+            weights = algo.step_weights(targets, rows, value_model)
 
-            def loss_fn(j, y, mbs=mbs, scale=scale, s=s):
-                t = {k: v[mbs[j]] for k, v in targets.items()}
-                if behaviour is not None and s > 0:  # the first step's ratio uses the forward's own
-                    t["old_logp"] = behaviour[s - 1][j]
+            def loss_fn(j, y, mbs=mbs, scale=scale, s=s, k=k, weights=weights, first=rows[0]):
+                t = {key: v[mbs[j]] for key, v in targets.items()}
+                if behaviour is not None and k > 0:  # the first update's ratio uses the forward's own
+                    t["old_logp"] = behaviour[s][j]
+                if weights is not None:
+                    t["weight"] = weights[mbs[j] - first]
                 loss, parts = algo.loss(y, t, value_model)
-                for k, v in parts.items():  # per step, as the loss: summed here, scaled like it
-                    sums[k] = sums.get(k, 0.0) + float(v.detach()) * scale / c.optimizer_steps
+                for key, v in parts.items():  # per update, as the loss: summed here, scaled like it
+                    sums[key] = sums.get(key, 0.0) + float(v.detach()) * scale / updates
                 return loss * scale
 
             opt.zero_grad()
             loss = model.forward_backward([targets["seqs"][idx] for idx in mbs], loss_fn, self.checkpointing[i])
             if loss is not None and not math.isfinite(loss):
                 raise NonFiniteError(f"{c.name} at step {step}: the loss is {loss}; nothing was applied to the weights")
-            bad = opt.nonfinite_gradient()
-            if bad is not None:
-                raise NonFiniteError(f"{c.name} at step {step}: the gradient of {bad}; nothing was applied to the weights")
-            opt.step()
+            norm = model.grad_norm()
+            if not math.isfinite(norm):
+                bad = opt.nonfinite_gradient() or "another rank's shard"
+                raise NonFiniteError(f"{c.name} at step {step}: the gradient of {bad} (norm {norm}); nothing was "
+                                     "applied to the weights")
+            norms.append(norm)
+            clip = settings.max_grad_norm
+            opt.step(min(1.0, clip / (norm + 1e-6)) if clip else 1.0)  # torch's clip_grad_norm_ coefficient
             if loss is not None:
-                total += loss / c.optimizer_steps
+                total += loss / updates
+        rec.metrics[f"{c.name}/grad_norm"] = sum(norms) / len(norms)  # before clipping, as TRL logs it
         if not model.is_last:
             return None
         for k, v in sums.items():  # this rank's share; the summary averages over the dp ranks
@@ -576,14 +617,16 @@ class Worker:
 
     @torch.no_grad()
     def _behaviour_logprobs(self, model: PlacedModel, targets: dict, splits: list[list[torch.Tensor]]):
-        """For each later optimizer step, per micro-batch, the policy's log-probabilities of its
-        rows under the current weights (before any update), from a forward of this layout with
-        the step's own micro-batches; on the last stage (None elsewhere)."""
-        if not splits:
-            return None
+        """For each optimizer step (None: not needed), per micro-batch, the policy's
+        log-probabilities of its rows under the current weights (before any update), from a
+        forward of this layout with the step's own micro-batches; on the last stage (None
+        elsewhere)."""
         gen = targets["adv"].shape[1]
         out = []
         for mbs in splits:
+            if mbs is None:  # the first step's: its own forward, detached
+                out.append(None)
+                continue
             ys = model.forward([targets["seqs"][idx] for idx in mbs])
             out.append(None if ys is None else [self.algorithm.token_logprobs(y, targets["seqs"][idx], gen)
                                                for y, idx in zip(ys, mbs)])
@@ -675,7 +718,6 @@ def _exchange(sends: list[tuple[int, torch.Tensor]], receives: list[tuple[int, t
 
 
 def run_steps(rank: int, scenario: Scenario, options: dict[str, Option], steps: int, seed: int = 0,
-              device: torch.device | str = "cpu", lr: float | dict[str, float] = DEFAULT_LR,
-              dtype: torch.dtype = torch.float32) -> list[StepRecord]:
-    worker = Worker(rank, scenario, options, seed, lr=lr, device=device, dtype=dtype)
+              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[StepRecord]:
+    worker = Worker(rank, scenario, options, seed, total_steps=steps, device=device, dtype=dtype)
     return [worker.step(s) for s in range(steps)]

@@ -1,5 +1,6 @@
 """Dataflow editor: start from an algorithm of the library (or a scenario file), add and remove
-calls, see the graph drawn, with invalid input shown inline, and save or load the scenario file.
+calls, set how the models train (`training:`), see the graph drawn, with invalid input shown
+inline, and save or load the scenario file.
 
 The edited scenario is kept as a document (the scenario file's content); every change is
 validated with the same code as `realbench validate`, and the last valid scenario stays
@@ -18,6 +19,7 @@ from realbench.errors import ConfigError
 from realbench.plan.scenario import Scenario
 from realbench.report.figures import dataflow_figure
 from realbench.widgets.search import ensure_bokehjs
+from realbench.widgets.training import TrainingForm
 
 KINDS = ("generate", "inference", "train")
 
@@ -47,6 +49,8 @@ class DataflowEditor:
         self.overwrite_box = w.Checkbox(description="overwrite", value=False)
         self.save_button = w.Button(description="Save", icon="save")
         self.load_button = w.Button(description="Load", icon="folder-open")
+        self.training = TrainingForm()
+        self.apply_button = w.Button(description="Apply settings", icon="check")
         self.status = w.HTML()
         self.graph = w.VBox([])
         self.listeners: list[Callable[[Scenario], None]] = []
@@ -57,12 +61,13 @@ class DataflowEditor:
         self.remove_button.on_click(lambda _: self.remove_call(self.remove_box.value))
         self.save_button.on_click(lambda _: self.save())
         self.load_button.on_click(lambda _: self.load())
+        self.apply_button.on_click(lambda _: self.apply_training())
         form = w.VBox([self.name_box, self.model_box, self.kind_box, self.inputs_box, self.outputs_box,
                        self.seqs_box, self.len_box, self.gen_box, self.add_button])
         self.widget = w.VBox([self.start_box, w.HBox([form, w.VBox([self.remove_box, self.remove_button,
                                                                     self.path_box, self.overwrite_box,
                                                                     w.HBox([self.save_button, self.load_button])])]),
-                              self.status, self.graph])
+                              self.training.widget, self.apply_button, self.status, self.graph])
         self.load_builtin(scenario)
 
     # -- the document ----------------------------------------------------------------------------------------
@@ -81,6 +86,7 @@ class DataflowEditor:
             self.status.value = f"<span style='color:#c00'>{html.escape(str(e))}</span>"
             return False
         self.document, self.scenario = document, scenario
+        self.training.show(scenario.training, scenario.algorithm)
         self.remove_box.options = list(scenario.dataflow.call_names)
         self.graph.children = [BokehModel(dataflow_figure(scenario))]
         self.status.value = (f"{html.escape(message)}: {len(scenario.dataflow.calls)} calls, "
@@ -106,6 +112,12 @@ class DataflowEditor:
         doc = self._explicit()
         doc["dataflow"]["calls"].append(call)
         return self._apply(doc, f"added {call['name'] or 'a call'}")
+
+    def apply_training(self) -> bool:
+        """The settings of the training form into the scenario (checked like a file's)."""
+        doc = copy.deepcopy(self.document)
+        doc["training"] = self.training.changes(self.scenario.training, self.scenario.algorithm)
+        return self._apply(doc, "training settings applied")
 
     def remove_call(self, name: str) -> bool:
         doc = self._explicit()

@@ -20,6 +20,7 @@ from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.widgets.search import dispatcher, ensure_bokehjs
+from realbench.widgets.training import TrainingForm
 
 
 class RunMonitor:
@@ -38,13 +39,14 @@ class RunMonitor:
         # re-planning (realbench.runtime.replan): 0 steps = keep the plan
         self.replan_box = w.BoundedIntText(value=0, min=0, max=10_000, description="re-plan every")
         self.replan_budget_box = w.BoundedFloatText(value=5.0, min=0.1, max=600, description="search s")
+        self.training = TrainingForm()
         self.status = w.HTML("<i>no plan yet</i>")
         self.samples = w.HTML()
         self._new_sources()
         self.plot = BokehModel(self._figures([]))
         self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
                                       self.stop_button]), w.HBox([self.save_box, self.replan_box, self.replan_budget_box]),
-                              self.status, self.plot, self.samples])
+                              self.training.widget, self.status, self.plot, self.samples])
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self._stop = threading.Event()
@@ -80,6 +82,7 @@ class RunMonitor:
         from realbench.runtime.launch import needed_processes
 
         self.scenario, self.options = scenario, dict(options)
+        self.training.show(scenario.training, scenario.algorithm)
         self.nproc_box.value = needed_processes(scenario, self.options)
         self.run_button.disabled = False
         self.status.value = f"ready: {html.escape(scenario.name)}" + (f" ({html.escape(method)})" if method else "")
@@ -90,6 +93,7 @@ class RunMonitor:
         if self.options is None or self.running:
             return False
         try:
+            self.scenario = self._with_training(self.scenario)
             check_run(self.scenario, self.options, self.nproc_box.value, self.steps_box.value, 0, "", False,
                       flag="processes", save_hf=self.save_box.value.strip(), replan=self._replan())
         except ConfigError as e:
@@ -97,7 +101,7 @@ class RunMonitor:
             return False
         self._new_sources()
         self.plot = BokehModel(self._figures(list(self.scenario.dataflow.call_names)))
-        self.widget.children = self.widget.children[:3] + (self.plot, self.samples)
+        self.widget.children = self.widget.children[:4] + (self.plot, self.samples)
         self.samples.value = ""
         self.result, self.error = None, None
         self._stop.clear()
@@ -107,6 +111,15 @@ class RunMonitor:
         self._thread = threading.Thread(target=self._run, args=(send,), daemon=True, name="realbench-run")
         self._thread.start()
         return True
+
+    def _with_training(self, scenario: Scenario) -> Scenario:
+        """The scenario with the training form's settings (checked like a file's)."""
+        from realbench.plan.scenario import scenario_from_document
+
+        changes = self.training.changes(scenario.training, scenario.algorithm)
+        if changes == scenario.training.model_dump(exclude_unset=True):
+            return scenario
+        return scenario_from_document({**scenario.to_document(), "training": changes})
 
     def stop(self) -> None:
         """End the run: its processes stop; the steps done so far stay on the curves."""

@@ -1,0 +1,158 @@
+"""`realbench bench peers`: realbench against TRL's GRPOTrainer on the same job.
+
+One job, trained by both on one CPU process each: a LLaMA checkpoint saved by transformers (at
+least 20M parameters unless `--quick`), arithmetic prompts with answers, the `digits` reward
+function of `realbench.examples`, and the same settings: learning rate (constant), beta,
+epsilon, group size, prompts per step, max_new_tokens, temperature and loss type (TRL's names;
+TRL's GRPOConfig takes them as they are). Each seed trains both, alternating which goes first;
+per run: seconds per step (the median over the steps after the first) and the reward of every
+step. The summary compares realbench's final reward (the mean of the last quarter of the steps)
+with the spread of TRL's seeds, and the two median step times.
+
+TRL is an optional extra (`pip install 'realbench[peers]'`); without it the benchmark says so in
+one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from realbench.errors import ConfigError
+
+SETTINGS = dict(learning_rate=1e-3, beta=0.04, epsilon=0.2, temperature=1.0, loss_type="dapo")
+FULL_JOB = dict(hidden=512, layers=8, ffn=1376, steps=30, seeds=(0, 1, 2), prompts=4, group_size=4, max_new_tokens=8)
+QUICK_JOB = dict(hidden=64, layers=2, ffn=176, steps=2, seeds=(0,), prompts=2, group_size=2, max_new_tokens=4)
+
+
+def _job(folder: Path, size: dict):
+    """The checkpoint, the data and the reward function, and the scenario realbench trains."""
+    from realbench.examples import save_model, tiny_grpo_job
+
+    save_model(folder / "ckpt", hidden=size["hidden"], layers=size["layers"], ffn=size["ffn"], heads=8,
+               kv_heads=4)
+    return tiny_grpo_job(folder, devices=1, prompts=size["prompts"], group_size=size["group_size"],
+                         max_new_tokens=size["max_new_tokens"], eval_size=0, shuffle=False)
+
+
+def _realbench(scenario_path: Path, steps: int, seed: int) -> dict:
+    import torch
+
+    from realbench.plan import load_scenario
+    from realbench.plan.mesh import Mesh, Option, Strategy
+    from realbench.runtime.worker import Worker
+
+    torch.set_num_threads(1)
+    s = load_scenario(str(scenario_path))
+    s = s.model_copy(update={"training": s.training.model_copy(update={
+        k: v for k, v in SETTINGS.items()})})
+    worker = Worker(0, s, {c.name: Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1)) for c in s.dataflow.calls},
+                    seed=seed, total_steps=steps)
+    rewards, seconds = [], []
+    for k in range(steps):
+        start = time.perf_counter()
+        rec = worker.step(k)
+        seconds.append(time.perf_counter() - start)
+        rewards.append(rec.reward)
+    return {"rewards": rewards, "seconds": seconds}
+
+
+def _trl(folder: Path, size: dict, steps: int, seed: int) -> dict:
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    from realbench.examples import arithmetic_prompts
+    from realbench.runtime.rewards import load_function
+
+    torch.set_num_threads(1)
+    digits = load_function(str(folder / "rewards.py"), "digits")
+    rows = [{"prompt": r["question"], "answer": r["answer"]} for r in arithmetic_prompts()]
+    per_step = size["prompts"] * size["group_size"]
+    args = trl.GRPOConfig(
+        output_dir=str(folder / f"trl-{seed}"), use_cpu=True, bf16=False, report_to="none", seed=seed,
+        max_steps=steps, per_device_train_batch_size=per_step, gradient_accumulation_steps=1,
+        num_generations=size["group_size"], max_completion_length=size["max_new_tokens"],
+        learning_rate=SETTINGS["learning_rate"], lr_scheduler_type="constant", beta=SETTINGS["beta"],
+        epsilon=SETTINGS["epsilon"], temperature=SETTINGS["temperature"], loss_type=SETTINGS["loss_type"],
+        logging_steps=1, save_strategy="no", shuffle_dataset=False, dataloader_num_workers=0, disable_tqdm=True)
+
+    class Clock(transformers.TrainerCallback):
+        def __init__(self):
+            self.seconds, self.start = [], None
+
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.seconds.append(time.perf_counter() - self.start)
+
+    clock = Clock()
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        trainer = trl.GRPOTrainer(model=str(folder / "ckpt"), reward_funcs=[digits], args=args,
+                                  train_dataset=datasets.Dataset.from_list(rows), callbacks=[clock])
+        trainer.remove_callback(transformers.PrinterCallback)  # its log lines are not ours to print
+        trainer.train()
+    finally:
+        transformers.logging.set_verbosity(level)
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"rewards": rewards[:steps], "seconds": clock.seconds}
+
+
+def _median_step(seconds: list[float]) -> float:
+    return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+
+
+QUICK = {"quick": True}
+
+
+def run(quick: bool = False) -> dict:
+    from realbench.cli import log
+
+    return bench_peers(quick, log)
+
+
+def bench_peers(quick: bool = False, log=lambda msg: None) -> dict:
+    if importlib.util.find_spec("trl") is None:
+        raise ConfigError("TRL is not installed: pip install 'realbench[peers]' (or trl)", "bench peers")
+    size = QUICK_JOB if quick else FULL_JOB
+    runs = {"realbench": [], "trl": []}
+    # the libraries' own output (progress bars, blank lines) goes to stderr: stdout is the JSON
+    with tempfile.TemporaryDirectory(prefix="realbench-peers-") as tmp, contextlib.redirect_stdout(sys.stderr):
+        folder = Path(tmp)
+        scenario = _job(folder, size)
+        from realbench.plan import load_scenario
+
+        params = load_scenario(str(scenario)).models["actor"].n_params
+        for k, seed in enumerate(size["seeds"]):
+            order = ("realbench", "trl") if k % 2 == 0 else ("trl", "realbench")
+            for system in order:
+                log(f"{system}, seed {seed}: {size['steps']} steps")
+                run = _realbench(scenario, size["steps"], seed) if system == "realbench" else \
+                    _trl(folder, size, size["steps"], seed)
+                runs[system].append({"seed": seed, "step_s": _median_step(run["seconds"]), **run})
+    tail = max(1, size["steps"] // 4)
+
+    def final(run):
+        return statistics.fmean(run["rewards"][-tail:])
+
+    trl_final = [final(r) for r in runs["trl"]]
+    ours_final = [final(r) for r in runs["realbench"]]
+    step = {s: statistics.median(r["step_s"] for r in runs[s]) for s in runs}
+    return {
+        "model_params": params, "steps": size["steps"], "seeds": list(size["seeds"]),
+        "settings": {**SETTINGS, "group_size": size["group_size"], "prompts_per_step": size["prompts"],
+                     "max_new_tokens": size["max_new_tokens"], "lr_scheduler_type": "constant"},
+        "runs": runs, "final_reward": {"realbench": ours_final, "trl": trl_final},
+        "trl_spread": [min(trl_final), max(trl_final)],
+        "realbench_within_trl_spread": all(min(trl_final) <= x <= max(trl_final) for x in ours_final),
+        "step_s": step, "step_ratio": step["trl"] / step["realbench"],
+    }
