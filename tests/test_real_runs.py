@@ -76,6 +76,13 @@ def test_grpo_with_a_reward_function_raises_the_reward(cli, tmp_path, ckpt):
     assert r["calls"]["reward_inf"]["measured_s"] > 0 and r["calls"]["actor_gen"]["tokens_per_s"] > 0
     lengths = [m["actor_gen/response_len"] for m in r["metrics"]]
     assert all(0 < x <= 6 for x in lengths) and min(lengths) < 6  # rows stop at the end-of-sequence token
+    # every response's length, per step, in lengths.jsonl: what the metrics summarize
+    per_step = [json.loads(x) for x in (tmp_path / "run" / "lengths.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in per_step] == list(range(40))
+    for x, m in zip(per_step, r["metrics"]):
+        assert len(x["actor_gen"]) == 16 and all(1 <= n <= 6 for n in x["actor_gen"])
+        assert sum(x["actor_gen"]) == m["actor_gen/tokens"]
+        assert sum(x["actor_gen"]) / 16 == pytest.approx(m["actor_gen/response_len"])
     assert all(m["actor_train/kl"] == pytest.approx(m["actor_train/kl"]) for m in r["metrics"])  # finite
 
 
@@ -267,6 +274,24 @@ def test_bench_runtime_quick(cli):
     for part in ("generate", "train"):
         assert r[part]["realbench_tokens_per_s"] > 0 and r[part]["transformers_tokens_per_s"] > 0
     assert r["meets_target"] == (r["generate_ratio"] >= 1.0 and r["train_ratio"] >= 0.9)
+    # generation that stops: both stopped each row at the same end-of-sequence token, most rows
+    # early and one at least at the cap; tokens/s count the responses' own tokens
+    stop = r["generate_stopping"]
+    cap = stop["max_new_tokens"]
+    assert stop["lengths"] == stop["transformers_lengths"] and stop["own_tokens"] == sum(stop["lengths"])
+    assert cap in stop["lengths"] and stop["ended_early"] == sum(n <= cap / 4 for n in stop["lengths"]) > 0
+    assert stop["realbench_tokens_per_s"] / stop["transformers_tokens_per_s"] > 0
+
+
+def test_the_early_ending_workload_takes_end_tokens_that_end_most_rows_early_and_keep_a_tail():
+    from realbench.bench.runtime import early_ending_eos
+
+    full = torch.tensor([[5, 1, 2, 3], [1, 5, 2, 3], [2, 2, 2, 2], [3, 1, 5, 5]])
+    # each round adds the token that ends the most rows within a quarter of the cap (1 token)
+    # among those that leave a row at the cap (ties: the lowest id): 1; then 3 ({1, 2} would end
+    # every row); then 5, after which three rows of four end early
+    assert early_ending_eos(full) == ([1, 3, 5], [1, 1, 4, 1])
+    assert early_ending_eos(full, at_most=1) == ([1], [2, 1, 4, 2])
 
 
 def test_the_reward_function_is_in_the_report_and_its_timeline(tmp_path, ckpt):

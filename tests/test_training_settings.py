@@ -357,7 +357,6 @@ def test_the_recipe_works_whatever_the_scenario_file_is_called(cli, tmp_path, ck
 
 
 def test_bench_peers_quick_trains_the_same_job_with_trl_and_realbench(cli):
-    pytest.importorskip("trl")
     code, out, err = cli("bench", "peers", "--quick", "--json")
     assert code == 0, err
     r = json.loads(out)
@@ -367,5 +366,17 @@ def test_bench_peers_quick_trains_the_same_job_with_trl_and_realbench(cli):
         assert len(run["seconds"]) == 2 and all(t > 0 for t in run["seconds"])
     assert r["step_ratio"] == pytest.approx(r["step_s"]["trl"] / r["step_s"]["realbench"])
     assert r["settings"]["loss_type"] == "dapo" and r["settings"]["group_size"] == 2
-    assert r["realbench_within_trl_spread"] == (r["trl_spread"][0] <= r["final_reward"]["realbench"][0]
-                                                <= r["trl_spread"][1])
+    assert r["realbench_mean_within_trl_spread"] == (r["trl_spread"][0] <= r["final_reward"]["realbench"][0]
+                                                     <= r["trl_spread"][1])
+    assert r["first_step_reward"] == {s: r["runs"][s][0]["rewards"][0] for s in ("realbench", "trl")}
+
+
+def test_the_reward_curve_comparison_smooths_and_counts_steps_inside_the_band():
+    from realbench.bench.peers import curve_inside_band, smoothed
+
+    assert smoothed([1, 3, 5, 7], window=2) == [1, 2, 4, 6]
+    # band after smoothing (window 5: running means): low 0,0,0 / high 2,2,2; the mean of the two
+    # curves 1,1,1 then (1+5)/2=3 -> running mean (1+1+3)/3 = 5/3: inside at all three
+    assert curve_inside_band([[1, 1, 1], [1, 1, 5]], [[0, 0, 0], [2, 2, 2]]) == 1.0
+    # a mean curve of 1, 1, then 9 -> running mean 11/3 above 2: two steps of three inside
+    assert curve_inside_band([[1, 1, 9]], [[0, 0, 0], [2, 2, 2]]) == pytest.approx(2 / 3)

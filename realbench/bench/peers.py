@@ -6,8 +6,11 @@ function of `realbench.examples`, and the same settings: learning rate (constant
 epsilon, group size, prompts per step, max_new_tokens, temperature and loss type (TRL's names;
 TRL's GRPOConfig takes them as they are). Each seed trains both, alternating which goes first;
 per run: seconds per step (the median over the steps after the first) and the reward of every
-step. The summary compares realbench's final reward (the mean of the last quarter of the steps)
-with the spread of TRL's seeds, and the two median step times.
+step. The summary compares the reward curves: each run's curve is smoothed (the mean of its last
+`SMOOTH` steps at every step), and realbench's seed-mean curve is inside TRL's band (the least
+and the greatest of TRL's smoothed seeds) at `curve_inside_trl_band` of the steps; the final
+rewards (the mean of the last quarter of the steps) of every seed, with TRL's spread; the mean
+first-step rewards (both sample from the same checkpoint there); and the two median step times.
 
 TRL is an optional extra (`pip install 'realbench[peers]'`); without it the benchmark says so in
 one line.
@@ -26,7 +29,7 @@ from pathlib import Path
 from realbench.errors import ConfigError
 
 SETTINGS = dict(learning_rate=1e-3, beta=0.04, epsilon=0.2, temperature=1.0, loss_type="dapo")
-FULL_JOB = dict(hidden=512, layers=8, ffn=1376, steps=30, seeds=(0, 1, 2), prompts=4, group_size=4, max_new_tokens=8)
+FULL_JOB = dict(hidden=512, layers=8, ffn=1376, steps=30, seeds=(0, 1, 2, 3, 4, 5), prompts=4, group_size=4, max_new_tokens=8)
 QUICK_JOB = dict(hidden=64, layers=2, ffn=176, steps=2, seeds=(0,), prompts=2, group_size=2, max_new_tokens=4)
 
 
@@ -107,6 +110,22 @@ def _trl(folder: Path, size: dict, steps: int, seed: int) -> dict:
     return {"rewards": rewards[:steps], "seconds": clock.seconds}
 
 
+SMOOTH = 5
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """The mean of the last `window` values (fewer at the start) at every position."""
+    return [statistics.fmean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+
+
+def curve_inside_band(curves: list[list[float]], band: list[list[float]]) -> float:
+    """The share of the steps at which the mean of `curves` lies between the least and the
+    greatest of the `band` curves (all smoothed)."""
+    mean = [statistics.fmean(c) for c in zip(*map(smoothed, curves))]
+    sides = [(min(c), max(c)) for c in zip(*map(smoothed, band))]
+    return sum(lo <= m <= hi for m, (lo, hi) in zip(mean, sides)) / len(mean)
+
+
 def _median_step(seconds: list[float]) -> float:
     return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
 
@@ -153,6 +172,10 @@ def bench_peers(quick: bool = False, log=lambda msg: None) -> dict:
                      "max_new_tokens": size["max_new_tokens"], "lr_scheduler_type": "constant"},
         "runs": runs, "final_reward": {"realbench": ours_final, "trl": trl_final},
         "trl_spread": [min(trl_final), max(trl_final)],
-        "realbench_within_trl_spread": all(min(trl_final) <= x <= max(trl_final) for x in ours_final),
+        "realbench_mean_within_trl_spread": min(trl_final) <= statistics.fmean(ours_final) <= max(trl_final),
+        "first_step_reward": {s: statistics.fmean(r["rewards"][0] for r in runs[s]) for s in runs},
+        "smooth_steps": SMOOTH,
+        "curve_inside_trl_band": curve_inside_band([r["rewards"] for r in runs["realbench"]],
+                                                   [r["rewards"] for r in runs["trl"]]),
         "step_s": step, "step_ratio": step["trl"] / step["realbench"],
     }

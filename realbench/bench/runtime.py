@@ -3,6 +3,11 @@ and lengths, in one process (fp32 on the CPU; on a GPU its dtype):
 
   * generation: tokens per second of realbench's `generate` (KV cache, greedy) against
     transformers' `generate` (KV cache, greedy, every sequence made to run its `new_tokens`);
+  * generation that stops: the same, with end-of-sequence tokens chosen (`early_ending_eos`) so
+    that most greedy responses end early and some run to the cap: tokens per second of the
+    responses' own tokens, realbench (finished rows leave the batch) against transformers
+    (which stops when every row has ended) and against realbench's full-length loop (every row
+    to the cap, `drop_finished=False`);
   * training: tokens per second of a realbench train step (forward, backward, Adam on the
     flat master weights) against a plain transformers forward, backward and AdamW step.
 
@@ -16,6 +21,38 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+
+EARLY = 0.25  # a response "ends early" within this share of the cap
+
+
+def early_ending_eos(full: "torch.Tensor", at_most: int = 8) -> tuple[list[int], list[int]]:
+    """Up to `at_most` token ids that, as end-of-sequence tokens, end most of the greedy
+    responses `full` (batch, new_tokens; every row run to the cap) early and leave at least one
+    to run to the cap: added greedily, each the one that ends the most rows early of those that
+    keep a row at the cap. Returns (ids, each row's length under them)."""
+    cap = full.shape[1]
+    rows = full.tolist()
+
+    def lengths(ids):
+        return [next((t + 1 for t, tok in enumerate(r) if tok in ids), cap) for r in rows]
+
+    chosen: list[int] = []
+    for _ in range(at_most):
+        best = None
+        for tok in sorted({t for r in rows for t in r} - set(chosen)):
+            ls = lengths(set(chosen) | {tok})
+            if cap not in ls:  # a long tail: one row at least runs to the cap
+                continue
+            early = sum(n <= EARLY * cap for n in ls)
+            if best is None or early > best[0]:
+                best = (early, tok)
+        if best is None:
+            break
+        chosen.append(best[1])
+        if best[0] * 4 >= len(rows) * 3:  # three in four end early
+            break
+    return chosen, lengths(set(chosen))
+
 
 QUICK = {"rounds": 2, "hidden": 256, "layers": 2, "new_tokens": 16, "train_batch": 4, "train_len": 64}
 
@@ -64,6 +101,25 @@ def run(rounds: int = 7, hidden: int = 512, layers: int = 4, vocab: int = 4096, 
             hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
                         min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
 
+    # the early-ending workload: greedy responses with end-of-sequence ids that end most early
+    with torch.no_grad():
+        full, _ = generate(ours, prompts, new_tokens, greedy=True)
+    eos, lengths = early_ending_eos(full[:, prompt:])
+    own_tokens = sum(lengths)  # the tokens both decode for the responses (the rest is padding)
+
+    def ours_stopping():
+        with torch.no_grad():
+            return generate(ours, prompts, new_tokens, greedy=True, eos=eos)[0]
+
+    def ours_full_length():
+        with torch.no_grad():
+            generate(ours, prompts, new_tokens, greedy=True, eos=eos, drop_finished=False)
+
+    def hf_stopping():
+        with torch.no_grad():
+            return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                               do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=eos)
+
     opt = MixedPrecisionAdam(ours, lr=1e-5)
     hf.train()
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5, weight_decay=0.0)
@@ -84,16 +140,25 @@ def run(rounds: int = 7, hidden: int = 512, layers: int = 4, vocab: int = 4096, 
         fn()
         return time.perf_counter() - t0
 
-    for fn in (ours_generate, hf_generate, ours_train, hf_train):  # warm-up
+    for fn in (ours_generate, hf_generate, ours_train, hf_train, ours_full_length):  # warm-up
         fn()
-    gen_ratios, train_ratios, times = [], [], {"ours_generate": [], "hf_generate": [], "ours_train": [], "hf_train": []}
+    # both stop where the lengths say (the same greedy tokens; transformers pads a finished row)
+    ours_lengths = (ours_stopping()[:, prompt:] >= 0).sum(1).tolist()
+    theirs = hf_stopping()[:, prompt:]
+    hf_lengths = [next((t + 1 for t, tok in enumerate(r) if tok in eos), len(r)) for r in theirs.tolist()]
+    gen_ratios, train_ratios, stop_ratios, stop_gains = [], [], [], []
+    times = {k: [] for k in ("ours_generate", "hf_generate", "ours_train", "hf_train", "ours_stopping",
+                             "hf_stopping", "ours_full_length")}
     for _ in range(rounds):
         a, b = timed(ours_generate), timed(hf_generate)
         c, d = timed(ours_train), timed(hf_train)
-        for k, v in zip(times, (a, b, c, d)):
+        e, f, g_ = timed(ours_stopping), timed(hf_stopping), timed(ours_full_length)
+        for k, v in zip(times, (a, b, c, d, e, f, g_)):
             times[k].append(v)
         gen_ratios.append(b / a)  # tokens/s ours over theirs = their seconds over ours
         train_ratios.append(d / c)
+        stop_ratios.append(f / e)
+        stop_gains.append(g_ / e)
     gen_tokens, train_tokens = batch * new_tokens, train_batch * train_len
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
@@ -102,6 +167,15 @@ def run(rounds: int = 7, hidden: int = 512, layers: int = 4, vocab: int = 4096, 
         "generate": {"batch": batch, "prompt_len": prompt, "new_tokens": new_tokens,
                      "realbench_tokens_per_s": gen_tokens / med["ours_generate"],
                      "transformers_tokens_per_s": gen_tokens / med["hf_generate"]},
+        "generate_stopping": {
+            "batch": batch, "prompt_len": prompt, "max_new_tokens": new_tokens, "eos_ids": eos,
+            "lengths": ours_lengths, "transformers_lengths": hf_lengths, "own_tokens": own_tokens,
+            "ended_early": sum(n <= EARLY * new_tokens for n in ours_lengths),
+            "realbench_tokens_per_s": own_tokens / med["ours_stopping"],
+            "transformers_tokens_per_s": own_tokens / med["hf_stopping"],
+            "realbench_full_length_tokens_per_s": own_tokens / med["ours_full_length"],
+            "ratio": statistics.median(stop_ratios),
+            "gain_over_full_length": statistics.median(stop_gains)},
         "train": {"batch": batch, "seq_len": train_len,
                   "realbench_tokens_per_s": train_tokens / med["ours_train"],
                   "transformers_tokens_per_s": train_tokens / med["hf_train"]},

@@ -2,7 +2,8 @@
 
 While it runs, one line per finished step goes to stderr (reward, loss, KL, response length,
 seconds) with a decoded sample; `--out DIR` also writes `metrics.jsonl` (a line per step: the
-metrics and the step's timings), `samples.jsonl` and, at the end, `summary.json`."""
+metrics and the step's timings), `samples.jsonl`, `lengths.jsonl` (a line per step: each
+generation call's response lengths, in the order of its rows) and, at the end, `summary.json`."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--out", default="", metavar="DIR",
-                   help="write metrics.jsonl, samples.jsonl and summary.json into DIR (new or empty)")
+                   help="write metrics.jsonl, samples.jsonl, lengths.jsonl and summary.json into DIR (new or empty)")
     p.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
                    help="log every step's metrics to tensorboard, wandb, mlflow and/or trackio (offline, under "
                         "--out), or none (default)")
@@ -52,6 +53,7 @@ class Progress:
         with self.lock:
             timings = {t["step"]: t for t in summary["timings"]}
             samples = {x["step"]: x["samples"] for x in summary["samples"]}
+            lengths = {x["step"]: x for x in summary.get("lengths", [])}
             for m in summary["metrics"][self.shown:]:
                 step = m["step"]
                 log(step_line(m, timings.get(step, {}), self.total))
@@ -63,6 +65,9 @@ class Progress:
                     if step in samples:
                         with open(self.out / "samples.jsonl", "a") as f:
                             f.write(json.dumps({"step": step, "samples": samples[step]}) + "\n")
+                    if step in lengths:
+                        with open(self.out / "lengths.jsonl", "a") as f:
+                            f.write(json.dumps(lengths[step]) + "\n")
             self.shown = len(summary["metrics"])
 
 

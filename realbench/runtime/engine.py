@@ -200,49 +200,85 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int = 0,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, micro_batches: int = 1,
-             eos: Optional[int | Sequence[int]] = None,
-             rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per micro-batch,
-    from the logits divided by `temperature`, among the `top_k` / `top_p` most likely tokens
-    (`truncated`; the log-probabilities returned are of the whole tempered distribution, as the
-    training forward computes them).
+             eos: Optional[int | Sequence[int]] = None, rows: Optional[torch.Tensor] = None,
+             drop_finished: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample up to `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per
+    micro-batch, from the logits divided by `temperature`, among the `top_k` / `top_p` most likely
+    tokens (`truncated`; the log-probabilities returned are of the whole tempered distribution,
+    as the training forward computes them).
     Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`
-    (an id or several), a row stops after an end-of-sequence token: the positions after it hold -1 (its
-    log-probabilities there are 0); every row still takes `gen_len` steps, the shape the
-    pipeline and the cost model share.
+    (an id or several), a row ends with an end-of-sequence token: the positions after it hold -1
+    and its log-probabilities there are 0.
+
+    Finished rows leave the decode batch (`drop_finished`; False keeps every row to the last
+    step, the reference the tests compare with): each decode step computes the rows still
+    alive, their KV-cache rows are compacted when some end, and a micro-batch whose rows all
+    ended stops. The result has the full width (prompt_len + gen_len) whatever the lengths.
 
     Pipelined over micro-batches: every rank handles the slots (token t, micro-batch j) in
     lexicographic order. A stage sends its hidden states on without waiting; the last stage
     samples (every tp rank draws the same token: the draws are `row_uniforms(key, rows, t)`, a
-    function of the row's global index `rows` (default 0..B-1), and the logits are gathered) and sends the token back to the first stage (on a group of its own, see
-    `Groups.loop`), which needs it only for the
-    same micro-batch's next slot. So while micro-batch j's token travels the loop, the stages
-    work on the other micro-batches: a decode step costs max(m, pp) stage slots (no bubble once
-    m >= pp), the schedule that realbench.cost assumes. Every slot depends only on slots
-    earlier in that order, so it cannot deadlock.
+    function of the row's global index `rows` (default 0..B-1), and the logits are gathered)
+    and sends the tokens back to the first stage (on a group of its own, see `Groups.loop`),
+    which needs them only for the same micro-batch's next slot. So while micro-batch j's tokens
+    travel the loop, the stages work on the other micro-batches: a decode step costs max(m, pp)
+    stage slots (no bubble once m >= pp), the schedule that realbench.cost assumes. With `eos`,
+    each stage tells the next, before the hidden states of a slot, which of the micro-batch's
+    rows are still alive (a mask of the rows alive at the previous slot: its size is known to
+    both): the first stage reads it from the tokens, the others pass it on, so every stage drops
+    the same rows at the same slot, and a micro-batch whose mask is all false ends on every
+    stage at that slot. Every slot depends only on slots earlier in that order, so it cannot
+    deadlock, however differently the micro-batches end.
     Returns (sequences, log-probabilities of the sampled tokens) on every rank of the pipeline."""
     B, P = prompts.shape
     row_ids = torch.arange(B) if rows is None else rows.cpu()
-    chunks = list(prompts.chunk(micro_batches))
-    starts = [sum(len(c) for c in chunks[:j]) for j in range(len(chunks))]
-    caches = [model.stage.new_caches() for _ in chunks]
     dev = model.device
-    seqs = torch.empty(B, P + gen_len, dtype=torch.long, device=dev)
+    sizes = [len(c) for c in prompts.chunk(micro_batches)]
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+    live = [torch.arange(s, s + n, device=dev) for s, n in zip(starts, sizes)]  # rows each micro-batch decodes
+    ended = [False] * len(sizes)
+    caches = [model.stage.new_caches() for _ in sizes]
+    seqs = torch.full((B, P + gen_len), -1, dtype=torch.long, device=dev)
     seqs[:, :P] = prompts
-    logprobs = torch.empty(B, gen_len, device=dev)
+    logprobs = torch.zeros(B, gen_len, device=dev)
     valid = prompts >= 0
     padded = not bool(valid.all())
     first_free = valid.sum(1)  # each row's position after its prompt
-    finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (on the last stage) rows past their end
     stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=dev)
+    finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (last stage, drop_finished off) rows past their end
+    dropping = stops is not None and drop_finished
     pipeline = model.layout.pp_group(model.coord)
     first, last = pipeline[0], pipeline[-1]
     pending = []  # (request, tensor): a tensor must live until its send completes
     dtype = model.stage.flat.dtype
     for t in range(gen_len):
+        if all(ended):
+            break
         new = P if t == 0 else 1
-        for j, chunk in enumerate(chunks):
-            rows = slice(starts[j], starts[j] + len(chunk))
+        for j in range(len(sizes)):
+            if ended[j]:
+                continue
+            if t > 0 and model.prev is None and not model.is_last:  # the tokens of this micro-batch's previous slot
+                token = torch.empty(len(live[j]), dtype=torch.long, device=dev)
+                dist.recv(token, last, group=model.loop_group)
+                seqs[live[j], P + t - 1] = token
+            if t > 0 and dropping:
+                if model.prev is None:
+                    alive = ~torch.isin(seqs[live[j], P + t - 1], stops)
+                else:
+                    alive = torch.empty(len(live[j]), dtype=torch.uint8, device=dev)
+                    dist.recv(alive, model.prev)
+                    alive = alive.bool()
+                if model.next is not None:
+                    mask = alive.to(torch.uint8)
+                    pending.append((dist.isend(mask, model.next), mask))
+                if not bool(alive.all()):
+                    live[j] = live[j][alive]
+                    if not len(live[j]):
+                        ended[j] = True
+                        continue
+                    keep_cache_rows(caches[j], alive.nonzero().squeeze(1))
+            rows = live[j]
             if not padded:
                 positions, keys = torch.arange(P + t - new, P + t, device=dev), None
             elif t == 0:  # every stage knows the prompts, so each derives the same positions
@@ -250,16 +286,10 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
             else:  # generated tokens count as valid on every stage (a finished row's are unused)
                 positions, keys = (first_free[rows] + t - 1)[:, None], None
             if model.prev is not None:
-                x = torch.empty(len(chunk), new, model.spec.hidden, device=dev, dtype=dtype)
+                x = torch.empty(len(rows), new, model.spec.hidden, device=dev, dtype=dtype)
                 dist.recv(x, model.prev)
-            elif t == 0:
-                x = chunk
             else:
-                if not model.is_last:  # the token of this micro-batch's previous slot
-                    token = torch.empty(len(chunk), dtype=torch.long, device=dev)
-                    dist.recv(token, last, group=model.loop_group)
-                    seqs[rows, P + t - 1] = token
-                x = seqs[rows, P + t - 1:P + t]
+                x = seqs[rows, :P] if t == 0 else seqs[rows, P + t - 1:P + t]
             y = model.stage(x, positions, caches[j], valid=keys, last_only=True)
             if model.next is not None:
                 y = y.contiguous()
@@ -270,20 +300,29 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
                 if greedy:
                     token = logp.argmax(-1)
                 else:
-                    token = sample_rows(truncated(logp.exp(), top_k, top_p), row_uniforms(key, row_ids[rows], t).to(dev))
-                logprobs[rows, t] = logp.gather(-1, token[:, None]).squeeze(-1)
-                if stops is not None:
+                    token = sample_rows(truncated(logp.exp(), top_k, top_p), row_uniforms(key, row_ids[rows.cpu()], t).to(dev))
+                chosen = logp.gather(-1, token[:, None]).squeeze(-1)
+                if stops is not None and not dropping:
                     done = finished[rows]
-                    token = torch.where(done, -1, token)
-                    logprobs[rows, t] = logprobs[rows, t].masked_fill(done, 0.0)
+                    token, chosen = token.masked_fill(done, -1), chosen.masked_fill(done, 0.0)
                     finished[rows] = done | torch.isin(token, stops)
-                seqs[rows, P + t] = token
+                logprobs[rows, t], seqs[rows, P + t] = chosen, token
                 if first != model.rank and t + 1 < gen_len:
                     pending.append((dist.isend(token, first, group=model.loop_group), token))
     for req, _ in pending:
         req.wait()
     _share_from_last(model, seqs, logprobs)
     return seqs, logprobs
+
+
+def keep_cache_rows(caches: dict, index: torch.Tensor) -> None:
+    """Keep the rows `index` of a micro-batch's KV caches (every layer's keys and values, and
+    which keys are padding), dropping the others' memory."""
+    if caches["valid"] is not None:
+        caches["valid"] = caches["valid"][index]
+    for cache in caches["layers"].values():
+        if "k" in cache:
+            cache["k"], cache["v"] = cache["k"][index], cache["v"][index]
 
 
 def _share_from_last(model: PlacedModel, *tensors: torch.Tensor) -> None:

@@ -190,7 +190,8 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
     averaged over the ranks that report them; token counts summed), which a seeded run
     reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
-    it does not; and a few decoded samples."""
+    it does not; every generation call's response lengths (per step, in the order of the batch's
+    rows); and a few decoded samples."""
     steps = len(records[0])
     # the per-call table compares the first plan's measured times with its estimates: steps after
     # a plan switch (re-planning) ran another plan
@@ -203,7 +204,7 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     calls = {}
     for name, est in estimated.items():
         calls[name] = {"measured_s": statistics.median([slowest(name, s) for s in warm]), "estimated_s": est}
-    metrics, timings, samples = [], [], []
+    metrics, timings, samples, lengths = [], [], [], []
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]
         losses_ = [r[s]["loss"] for r in records if r[s]["loss"] is not None]
@@ -221,6 +222,12 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
             if seconds:
                 timing[k + "_per_s"] = row[k] / seconds
         timings.append(timing)
+        rows: dict[str, dict[int, int]] = {}
+        for r in records:  # each generation call's response lengths, in the order of its rows
+            for name, pairs in r[s].get("lengths", {}).items():
+                rows.setdefault(name, {}).update(dict(map(tuple, pairs)))
+        if rows:
+            lengths.append({"step": s, **{name: [n for _, n in sorted(by_row.items())] for name, by_row in rows.items()}})
         shown = next((r[s]["samples"] for r in records if r[s].get("samples")), [])
         if shown:
             samples.append({"step": s, "samples": shown})
@@ -232,7 +239,7 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
             "estimated_realloc_s": estimated_realloc,
             "measured_iter_s": statistics.median([timings[s]["seconds"] for s in warm]),
-            "metrics": metrics, "timings": timings, "samples": samples}
+            "metrics": metrics, "timings": timings, "samples": samples, "lengths": lengths}
 
 
 def latest_checkpoint(checkpoint_dir: str) -> int:

@@ -143,6 +143,8 @@ class StepRecord:
     # per call that reports them: "<call>/<name>" -> value (kl, value_error, margin, ...)
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)  # a few decoded prompts and completions
+    # per generation call: [global row, response length] of the rows this rank sampled
+    lengths: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
 class Worker:
@@ -424,6 +426,7 @@ class Worker:
                 rec.metrics[f"{c.name}/response_len"] = float(response.sum(1).float().mean())
                 if coord.tp == 0:  # once per data-parallel replica: summed over ranks into tokens/s
                     rec.metrics[f"{c.name}/tokens"] = float(response.sum())
+                    rec.lengths[c.name] = [[int(r), int(n)] for r, n in zip(rows, response.sum(1))]
                     if coord.dp == 0 and not rec.samples:
                         rec.samples = self._samples(seqs, c.gen_len)
         elif c.kind == CallKind.FUNCTION:
