@@ -50,6 +50,17 @@ def run(args) -> int:
                 result["data"].setdefault("rescored_len", {})[role] = width
                 text += (f"\n  {role}: its own tokenizer scores the texts re-tokenized "
                          f"(costed at {width} tokens a sequence)")
+        for c in s.dataflow.calls:  # generation calls whose response lengths are a distribution
+            if c.lengths is not None:
+                from realbench.dataflow.lengths import expected_max
+
+                rows = c.group_size if c.group_size > 1 else c.seqs
+                longest = expected_max(c.lengths.cdf(), rows)
+                result.setdefault("lengths", {})[c.name] = {"mean": c.lengths.expected, "max": c.lengths.max,
+                                                            "expected_longest": longest, "of_rows": rows}
+                text += (f"\n  {c.name}: responses {c.lengths.short()}, mean {c.lengths.expected:.0f} tokens; the "
+                         f"longest of {rows} {'samples of a prompt' if c.group_size > 1 else 'responses'} "
+                         f"{longest:.0f} on average")
     if args.json:
         emit_json(result)
     else:

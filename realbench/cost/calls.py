@@ -37,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from realbench.cost import comm
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
@@ -130,6 +132,56 @@ def behaviour_forwards(call: CallDef, model: ModelSpec) -> int:
     return call.optimizer_steps - (call.iterations == 1)  # later passes need the first step's too
 
 
+def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option, b: float,
+                       layers: int, p2p_cross: bool) -> tuple[float, float, float, float]:
+    """The decode steps of a generation call whose response lengths follow `call.lengths`
+    (see realbench.dataflow.lengths): (compute, tp and pp communication seconds, the tokens of
+    the largest expected KV cache on a device).
+
+    Step t runs each micro-batch still decoding (P_mb(t) = 1 - cdf[t]^b) on its rows alive
+    (b (1 - cdf[t]) / P_mb(t) on average), attending to prompt_len + t positions; finished
+    rows leave the batch. A step costs max(m P_mb(t), pp P_any(t)) stage slots, P_any(t) =
+    1 - cdf[t]^(m b) being the chance that some micro-batch of the device still decodes: with
+    m >= pp micro-batches decoding the stages stay busy, below it each step waits for the
+    token's trip through the pipeline. With every row at the cap this is the fixed-length
+    formula step by step. The KV cache holds the rows alive, each with its prompt and tokens so
+    far: its largest expected size over the steps, with at least the longest row kept while
+    some row decodes."""
+    from realbench.dataflow.lengths import alive_rows, still_decoding
+
+    s = option.strategy
+    tp, pp, m = s.tp, s.pp, s.micro_batches
+    cdf = call.lengths._cdf  # read only
+    running = still_decoding(cdf, b)
+    any_running = still_decoding(cdf, b * m)
+    # rows alive in a micro-batch still decoding (1 where none decodes: those steps weigh 0)
+    live = np.where(running > 1e-12, alive_rows(cdf, b) / np.maximum(running, 1e-12), 1.0)
+    t = np.arange(len(running), dtype=np.float64)
+    ctx = call.prompt_len + t
+    kv = live * ctx * model.kv_bytes_per_token_layer() / tp
+    flops = 2 * live * model.layer_matmul_params / tp + 4 * live * ctx * model.hidden / tp
+    d = cluster.device
+    eff = d.matmul_efficiency * live / (live + d.half_efficiency_rows)
+    layer_step = np.maximum(flops / (d.flops * eff), (model.layer_params * BF16 / tp + kv) / (d.mem_bw * d.mem_bw_efficiency)) \
+        + d.kernel_overhead_s
+    head_flops = 2 * live * model.hidden * model.head_out / tp
+    head = np.maximum(head_flops / (d.flops * eff), model.head_params * BF16 / tp / (d.mem_bw * d.mem_bw_efficiency))
+    slots = np.maximum(m * running, pp * any_running)
+    compute = float((slots * (layers * layer_step + head)).sum())
+    tp_comm = 0.0
+    if tp > 1:
+        per_row = [comm.all_reduce(cluster, tp, x * model.hidden * BF16, spans_nodes=False) for x in (1.0, 2.0)]
+        # an all-reduce is latency plus bytes over bandwidth: linear in the rows, read off two points
+        tp_step = 2 * layers * (per_row[0] + (live - 1.0) * (per_row[1] - per_row[0]))
+        tp_comm = float((slots * tp_step).sum())
+    pp_comm = 0.0
+    if pp > 1:
+        per_row = [comm.p2p(cluster, x * model.hidden * BF16, p2p_cross) for x in (1.0, 2.0)]
+        pp_comm = float((slots * (per_row[0] + (live - 1.0) * (per_row[1] - per_row[0]))).sum())
+    kept = np.maximum(alive_rows(cdf, b * m), any_running)  # the device's rows (b m) alive
+    return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
+
+
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
         t = call.seqs / option.strategy.dp * model.seconds_per_sample * len(model.functions)
@@ -158,11 +210,18 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         dec_stage = layers * layer_step + _head_forward(cluster, model, tp, b)
         dec_tp = layers * _tp_all_reduces(cluster, model, tp, b, 2)
         dec_pp = comm.p2p(cluster, b * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
-        per_token = max(m, pp)
-        compute = slots * pre_stage + call.gen_len * per_token * dec_stage
-        tp_comm = slots * pre_tp + call.gen_len * per_token * dec_tp
-        pp_comm = (slots * pre_pp + call.gen_len * per_token * dec_pp) if pp > 1 else 0.0
-        kv_cache = call.seqs / dp * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
+        kv_token = model.kv_bytes_per_token_layer() * layers / tp  # one token's keys and values on a device
+        if call.lengths is not None:
+            decode = _decode_for_lengths(call, model, cluster, option, b, layers, p2p_cross)
+            compute, tp_comm, pp_comm = (slots * pre_stage + decode[0], slots * pre_tp + decode[1],
+                                         (slots * pre_pp + decode[2]) if pp > 1 else 0.0)
+            kv_cache = decode[3] * kv_token
+        else:
+            per_token = max(m, pp)
+            compute = slots * pre_stage + call.gen_len * per_token * dec_stage
+            tp_comm = slots * pre_tp + call.gen_len * per_token * dec_tp
+            pp_comm = (slots * pre_pp + call.gen_len * per_token * dec_pp) if pp > 1 else 0.0
+            kv_cache = call.seqs / dp * call.seq_len * kv_token
         working = kv_cache + _activation_bytes(model, tp, t_pre) * 2 / 8 + _logits_bytes(model, tp, b)
         return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
                         int(weights), int(weights), int(working))

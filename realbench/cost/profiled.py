@@ -90,20 +90,29 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
                         + (op(f"{head}.fwd", b, 1) if j == pp - 1 else 0.0)  # the last position's logits only
                         + (p2p(b * P * hidden_bytes) if j < pp - 1 else 0.0))
 
-            def decode(j, ctx):
-                return ((op("embed.fwd", b, 1) if j == 0 else 0.0) + layers[j] * op("block.decode", b, ctx)
-                        + (op(f"{head}.fwd", b, 1) if j == pp - 1 else 0.0)
-                        + (p2p(b * hidden_bytes) if j < pp - 1 else 0.0))
+            def decode(j, ctx, rows=b):
+                return ((op("embed.fwd", rows, 1) if j == 0 else 0.0) + layers[j] * op("block.decode", rows, ctx)
+                        + (op(f"{head}.fwd", rows, 1) if j == pp - 1 else 0.0)
+                        + (p2p(rows * hidden_bytes) if j < pp - 1 else 0.0))
 
-            sample = op("sample", b, 1)
-            loop_back = p2p(b * 8) if pp > 1 else 0.0  # the sampled token, back to the first stage
+            def step(t, rows=b, running=1.0, any_running=1.0) -> float:
+                """Decode step t: the stages on the rows alive, each micro-batch still decoding
+                once (`running` of them), or one trip through the pipeline while any decodes."""
+                sample = op("sample", rows, 1)
+                per = [decode(j, P + t, rows) + (sample if j == pp - 1 else 0.0) for j in range(pp)]
+                loop_back = p2p(rows * 8) if pp > 1 else 0.0  # the sampled tokens, back to the first stage
+                return max(running * m * max(per), any_running * (sum(per) + loop_back))
 
-            def step(slot) -> float:
-                per = [slot(j) + (sample if j == pp - 1 else 0.0) for j in range(pp)]
-                return max(m * max(per), sum(per) + loop_back)
+            total = pipeline(prefill) + m * op("sample", b, 1)
+            if call.lengths is None:
+                total += sum(step(t) for t in range(1, G))
+            else:  # finished rows leave the batch (see realbench.cost.calls._decode_for_lengths)
+                from realbench.dataflow.lengths import alive_rows, still_decoding
 
-            total = pipeline(prefill) + m * sample
-            total += sum(step(lambda j, ctx=P + t: decode(j, ctx)) for t in range(1, G))
+                cdf = call.lengths.cdf()
+                running, any_running, alive = still_decoding(cdf, b), still_decoding(cdf, b * m), alive_rows(cdf, b)
+                total += sum(step(t, alive[t] / running[t], running[t], any_running[t])
+                             for t in range(1, G) if running[t] > 1e-12)
             if pp > 1:  # sequences and log-probabilities of the whole shard to the other stages
                 total += (pp - 1) * p2p(m * b * (P + G) * 8 + m * b * G * 4)
             return total

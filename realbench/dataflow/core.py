@@ -9,6 +9,7 @@ from typing import Optional
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from realbench.dataflow.lengths import LengthDistribution
 from realbench.errors import ConfigError
 
 
@@ -43,6 +44,8 @@ class CallDef(BaseModel):
     group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
     rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
     iterations: int = Field(default=1, gt=0)  # train: passes over the batch (TRL's num_iterations)
+    # generate: the responses' lengths (None: every response gen_len tokens); gen_len is its cap
+    lengths: Optional[LengthDistribution] = None
 
     @model_validator(mode="after")
     def _check(self) -> "CallDef":
@@ -50,7 +53,9 @@ class CallDef(BaseModel):
             if not 0 < self.gen_len < self.seq_len:
                 raise ValueError(f"gen_len must be in 1..seq_len-1 for a generate call "
                                  f"(got gen_len={self.gen_len}, seq_len={self.seq_len})")
-        elif self.gen_len:
+            if self.lengths is not None and self.lengths.max != self.gen_len:
+                raise ValueError(f"the length distribution's max ({self.lengths.max}) is not gen_len ({self.gen_len})")
+        elif self.gen_len or self.lengths is not None:
             raise ValueError(f"gen_len is only for generate calls (this is a {self.kind.value} call)")
         if (self.optimizer_steps != 1 or self.iterations != 1) and self.kind != CallKind.TRAIN:
             raise ValueError("optimizer_steps and iterations are only for train calls")

@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from realbench.dataflow import ALGORITHMS, CallDef, CallKind, Dataflow, build_algorithm
+from realbench.dataflow.lengths import parse_gen_len
 from realbench.errors import ConfigError
 from realbench.hardware import LINKS, ClusterSpec, get_device
 from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
@@ -68,14 +69,15 @@ class Scenario(BaseModel):
         spec = read_data_section(v["data"], base, v.get("models"), algorithm)
         df = v.get("dataflow")
         if isinstance(df, dict) and "algorithm" in df:
-            given = sorted({"prompt_len", "gen_len", "seq_len"} & set(df))
+            # a length distribution may be given (its cap is max_new_tokens); a number may not
+            given = sorted({"prompt_len", "gen_len", "seq_len"} & {k for k in df if not isinstance(df[k], dict)})
             if given:
                 raise ConfigError("comes from the data (data.prompt_percentile, data.max_new_tokens); remove it",
                                   f"dataflow.{given[0]}")
             if df["algorithm"] in ("ppo", "grpo", "rloo", "remax"):
                 if not spec.max_new_tokens:
                     raise ConfigError("must be given: the generated tokens per response", "data.max_new_tokens")
-                df = {**df, "prompt_len": spec.prompt_len, "gen_len": spec.max_new_tokens}
+                df = {**df, "prompt_len": spec.prompt_len, "gen_len": df.get("gen_len", spec.max_new_tokens)}
             else:
                 df = {**df, "seq_len": spec.prompt_len + spec.completion_len}
         return {**v, "data": spec, "dataflow": df}
@@ -107,6 +109,15 @@ class Scenario(BaseModel):
     @field_validator("dataflow", mode="before")
     @classmethod
     def _dataflow(cls, v: Any, info: ValidationInfo) -> Any:
+        lengths = None
+        if isinstance(v, dict) and isinstance(v.get("gen_len"), dict):  # response lengths as a distribution
+            data = info.data.get("data")
+            cap = data.max_new_tokens if isinstance(data, DataSpec) else None
+            try:
+                gen_len, lengths = parse_gen_len(v["gen_len"], cap, Path((info.context or {}).get("base", ".")))
+            except ConfigError as e:
+                raise e.within("gen_len") from None
+            v = {**v, "gen_len": gen_len}
         if isinstance(v, dict) and "algorithm" in v:
             args = {k: x for k, x in v.items() if k != "algorithm"}
             if v["algorithm"] not in ALGORITHMS:
@@ -116,6 +127,10 @@ class Scenario(BaseModel):
                 v = build_algorithm(v["algorithm"], **args)
             except TypeError as e:  # an argument the builder does not take
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
+        if lengths is not None:
+            v = validate_model(Dataflow, v) if isinstance(v, dict) else v
+            v = v.model_copy(update={"calls": tuple(
+                c.model_copy(update={"lengths": lengths}) if c.kind == CallKind.GENERATE else c for c in v.calls)})
         models = info.data.get("models") or {}
         functions = {r for r, m in models.items() if isinstance(m, FunctionSpec)}
         beside = {r for r in models if FUNCTIONS_OF.format(r) in functions}  # reward models with functions
@@ -222,6 +237,11 @@ def _max_new_tokens(v: dict) -> dict:
                               "data.max_new_tokens")
         return {**v, "data": {**data, "max_new_tokens": cap}}
     if isinstance(df, dict) and "algorithm" in df:
+        if isinstance(df.get("gen_len"), dict):  # a distribution: training.max_new_tokens is its cap
+            given = df["gen_len"].get("max", cap)
+            if given != cap:
+                raise ConfigError(f"{given} here, {cap} in training.max_new_tokens: give one", "dataflow.gen_len.max")
+            return {**v, "dataflow": {**df, "gen_len": {**df["gen_len"], "max": cap}}}
         if df.get("gen_len") not in (None, cap):
             raise ConfigError(f"{df['gen_len']} here, {cap} in training.max_new_tokens: give one", "dataflow.gen_len")
         return {**v, "dataflow": {**df, "gen_len": cap}}

@@ -1,0 +1,166 @@
+"""Response lengths as a distribution, and what a synchronous generation call pays for them.
+
+`dataflow.gen_len` is a number (every response has that many tokens) or a distribution whose
+`max` is the cap (`max_new_tokens`):
+
+    gen_len: {dist: lognormal, mean: 2000, cv: 1.0, max: 16384}
+    gen_len: {from: run/lengths.jsonl}            # the lengths a run measured (`realbench run --out`)
+
+A length L takes values 1..max. Its table `cdf[t] = P(L <= t)` (t = 0..max; cdf[0] = 0,
+cdf[max] = 1) is all the cost model needs. For the log-normal with mean M and coefficient of
+variation C: sigma^2 = ln(1 + C^2), mu = ln M - sigma^2 / 2, and L = min(max, ceil(X)), so
+P(L <= t) = Phi((ln t - mu) / sigma) for t < max (the mass above the cap sits at the cap).
+
+A micro-batch of b rows decodes until its longest row ends. Its row lengths are independent,
+so at step t (the step that samples token t + 1, t = 0..max-1)
+
+    P(the micro-batch still decodes) = 1 - cdf[t]^b            (some row is longer than t)
+    E[rows alive]                    = b (1 - cdf[t])
+    E[decode steps] = E[max of b lengths] = sum_t (1 - cdf[t]^b)
+
+and the rows alive in a micro-batch that still decodes are b (1 - cdf[t]) / (1 - cdf[t]^b)
+on average. A fixed length has cdf[t] = 0 below the cap: every step runs every row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from realbench.errors import ConfigError
+
+
+class LengthDistribution(BaseModel):
+    """A response-length distribution on 1..max: `fixed` (every response `max` tokens),
+    `lognormal` (`mean`, `cv`), or `empirical` (`lengths` with their `counts`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dist: Literal["fixed", "lognormal", "empirical"]
+    max: int = Field(gt=0)
+    mean: Optional[float] = Field(default=None, gt=0)
+    cv: Optional[float] = Field(default=None, gt=0)
+    lengths: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> "LengthDistribution":
+        if self.dist == "lognormal" and (self.mean is None or self.cv is None):
+            raise ConfigError("a lognormal distribution needs mean and cv", "mean" if self.mean is None else "cv")
+        if self.dist == "lognormal" and self.mean > self.max:
+            raise ConfigError(f"{self.mean:g} is above the cap max = {self.max}", "mean")
+        if self.dist == "empirical":
+            if not self.lengths or len(self.lengths) != len(self.counts):
+                raise ConfigError("an empirical distribution needs lengths and as many counts", "lengths")
+            if min(self.lengths) < 1 or max(self.lengths) > self.max or min(self.counts) < 0 or not sum(self.counts):
+                raise ConfigError(f"lengths must be in 1..{self.max} with counts >= 0, not all 0", "lengths")
+        return self
+
+    def cdf(self) -> np.ndarray:
+        """P(L <= t) for t = 0..max (computed once; a copy)."""
+        return self._cdf.copy()
+
+    @cached_property
+    def _cdf(self) -> np.ndarray:
+        t = np.arange(self.max + 1, dtype=np.float64)
+        if self.dist == "fixed":
+            out = np.zeros(self.max + 1)
+        elif self.dist == "lognormal":
+            sigma = math.sqrt(math.log1p(self.cv ** 2))
+            mu = math.log(self.mean) - sigma ** 2 / 2
+            z = (np.log(np.maximum(t, 1e-300)) - mu) / (sigma * math.sqrt(2))
+            out = 0.5 * (1 + _erf(z))
+            out[0] = 0.0
+        else:
+            pmf = np.zeros(self.max + 1)
+            np.add.at(pmf, np.array(self.lengths), np.array(self.counts, dtype=np.float64))
+            out = np.cumsum(pmf / pmf.sum())
+        out[-1] = 1.0
+        return out
+
+    @property
+    def expected(self) -> float:
+        """E[L] = sum over t of P(L > t)."""
+        return float((1.0 - self._cdf[:-1]).sum())
+
+    def short(self) -> str:
+        if self.dist == "fixed":
+            return str(self.max)
+        if self.dist == "lognormal":
+            return f"lognormal(mean {self.mean:g}, cv {self.cv:g}, max {self.max})"
+        return f"empirical({sum(self.counts)} responses, mean {self.expected:.1f}, max {self.max})"
+
+
+def _erf(z: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(z)
+
+
+def still_decoding(cdf: np.ndarray, rows: float) -> np.ndarray:
+    """P(some row of `rows` is longer than t), t = 0..max-1."""
+    return 1.0 - cdf[:-1] ** rows
+
+
+def expected_max(cdf: np.ndarray, rows: float) -> float:
+    """E[the longest of `rows` independent lengths] = the decode steps of a micro-batch."""
+    return float(still_decoding(cdf, rows).sum())
+
+
+def alive_rows(cdf: np.ndarray, rows: float) -> np.ndarray:
+    """E[rows of `rows` alive at step t], t = 0..max-1."""
+    return rows * (1.0 - cdf[:-1])
+
+
+def read_lengths_file(path: Path, call: Optional[str] = None) -> list[int]:
+    """The response lengths in a `lengths.jsonl` of `realbench run --out` (a line per step:
+    {"step": k, "<generation call>": [lengths]}): those of `call`, or of every generation call."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read it ({e.strerror or e})", "from", str(path)) from None
+    out: list[int] = []
+    for k, line in enumerate(x for x in lines if x.strip()):
+        try:
+            row = json.loads(line)
+            lists = [v for name, v in row.items() if name != "step" and (call is None or name == call)]
+            out.extend(int(n) for v in lists for n in v)
+        except (ValueError, TypeError, AttributeError):
+            raise ConfigError(f"line {k + 1} is not a step of response lengths", "from", str(path)) from None
+    if not out:
+        raise ConfigError("holds no response lengths" + (f" of call {call!r}" if call else ""), "from", str(path))
+    return out
+
+
+def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Optional[LengthDistribution]]:
+    """`dataflow.gen_len` as given: a number, or a distribution (a mapping). Returns the cap (the
+    generated width) and the distribution (None for a number). `cap`: the data's max_new_tokens,
+    which a distribution's `max` may not exceed and defaults to."""
+    if not isinstance(value, dict):
+        return value, None
+    v = dict(value)
+    if cap is not None and isinstance(v.get("max"), int) and v["max"] > cap:
+        raise ConfigError(f"{v['max']} is above max_new_tokens ({cap}), the cap", "max")
+    if "from" in v:
+        path = Path(str(v.pop("from")))
+        path = path if path.is_absolute() else base / path
+        call = v.pop("call", None)
+        unknown = sorted(set(v) - {"max"})
+        if unknown:
+            raise ConfigError("unknown key (with from: max, call)", unknown[0])
+        lengths = read_lengths_file(path, call)
+        top = v.get("max", cap or max(lengths))
+        lengths = [min(n, top) for n in lengths]  # the cap bounds what a run may generate
+        values, counts = np.unique(lengths, return_counts=True)
+        v = {"dist": "empirical", "max": top, "lengths": tuple(int(x) for x in values),
+             "counts": tuple(int(c) for c in counts)}
+    if cap is not None:
+        v.setdefault("max", cap)
+    from realbench.plan.schema import validate_model
+
+    dist = validate_model(LengthDistribution, v)
+    return dist.max, dist

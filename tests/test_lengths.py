@@ -1,0 +1,199 @@
+"""Response lengths as a distribution: the order statistics a synchronous generation call pays
+for (hand-worked), the cost model's decode under a distribution, and scenarios that give one."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from realbench.cost import Estimator
+from realbench.cost.baselines import symmetric_plan
+from realbench.cost.calls import _decode_for_lengths, call_cost, matmul_time, memory_time
+from realbench.dataflow.lengths import LengthDistribution, alive_rows, expected_max, still_decoding
+from realbench.plan import load_scenario
+from realbench.plan.mesh import Mesh, Option, Strategy
+
+# lengths 1 and 4, one half each, capped at 4: cdf[t] = P(L <= t) for t = 0..4
+TWO_POINT = LengthDistribution(dist="empirical", max=4, lengths=(1, 4), counts=(1, 1))
+
+
+def test_order_statistics_of_a_two_point_distribution_by_hand():
+    assert TWO_POINT.cdf().tolist() == [0.0, 0.5, 0.5, 0.5, 1.0]
+    assert TWO_POINT.expected == 2.5
+    cdf = TWO_POINT.cdf()
+    # two rows: the longest is 4 unless both are 1 (chance 1/4): 4 * 3/4 + 1 * 1/4 = 3.25
+    assert expected_max(cdf, 2) == pytest.approx(3.25)
+    assert still_decoding(cdf, 2).tolist() == [1.0, 0.75, 0.75, 0.75]
+    assert alive_rows(cdf, 2).tolist() == [2.0, 1.0, 1.0, 1.0]
+    # the longest of n grows with n toward the cap: 4 - 3 / 2^n
+    assert [expected_max(cdf, n) for n in (1, 2, 4, 8)] == pytest.approx([4 - 3 / 2 ** n for n in (1, 2, 4, 8)])
+
+
+def test_the_lognormal_is_parameterized_by_its_mean_and_cv():
+    d = LengthDistribution(dist="lognormal", mean=2000, cv=1.0, max=16384)
+    # sigma^2 = ln(1 + cv^2) = ln 2, mu = ln 2000 - sigma^2 / 2: P(X <= mean) = Phi(sigma / 2)
+    sigma = math.sqrt(math.log(2))
+    assert d.cdf()[2000] == pytest.approx(0.5 * (1 + math.erf(sigma / 2 / math.sqrt(2))), abs=1e-9)
+    assert d.cdf()[2000] == pytest.approx(0.6614, abs=1e-4)
+    # the mean of the capped, rounded-up lengths: just above 2000 less what lies above the cap
+    assert 1990 < d.expected < 2010
+    assert d.cdf()[-1] == 1.0 and d.cdf()[0] == 0.0
+
+
+def _generate_call(lengths, seqs=2, prompt=16):
+    from realbench.dataflow import CallDef, CallKind
+
+    return CallDef(name="gen", model="actor", kind=CallKind.GENERATE, inputs=("prompts",), outputs=("seqs",),
+                   seqs=seqs, seq_len=prompt + 4, gen_len=4, lengths=lengths)
+
+
+def test_decode_under_a_distribution_by_hand():
+    """Two rows on one device, one micro-batch: step t runs with chance 1, 3/4, 3/4, 3/4 on
+    2, 4/3, 4/3, 4/3 rows alive (1 row alive on average over the 3/4 chance that some is)."""
+    s = load_scenario("ppo-7b-7b-16gpu")
+    model, cluster = s.models["actor"], s.cluster
+    option = Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1))
+    call = _generate_call(TWO_POINT)
+    compute, tp_comm, pp_comm, kv_tokens = _decode_for_lengths(call, model, cluster, option, 2.0, model.n_layers, False)
+    d = cluster.device
+
+    def step(rows, ctx):
+        layer = max(matmul_time(cluster, 2 * rows * model.layer_matmul_params + 4 * rows * ctx * model.hidden, rows),
+                    memory_time(cluster, model.layer_params * 2 + rows * ctx * model.kv_bytes_per_token_layer())) \
+            + d.kernel_overhead_s
+        head = max(matmul_time(cluster, 2 * rows * model.hidden * model.head_out, rows),
+                   memory_time(cluster, model.head_params * 2))
+        return model.n_layers * layer + head
+
+    want = sum(p * step(rows, 16 + t) for t, (p, rows) in enumerate([(1, 2), (0.75, 4 / 3), (0.75, 4 / 3), (0.75, 4 / 3)]))
+    assert compute == pytest.approx(want, rel=1e-12)
+    assert tp_comm == 0 and pp_comm == 0
+    # the KV cache's largest expected size: both rows after the prompt's first token (2 x 17)
+    # against one row of 20 at the end: 34 tokens
+    assert kv_tokens == pytest.approx(34)
+
+
+def test_a_fixed_distribution_costs_what_the_number_costs_and_a_tail_costs_in_between(tmp_path):
+    doc = yaml.safe_load(TAIL)
+    times = {}
+    for name, gen_len in [("cap", 16384), ("fixed", {"dist": "fixed", "max": 16384}),
+                          ("tail", {"dist": "lognormal", "mean": 2000, "cv": 1.0, "max": 16384}), ("mean", 2000)]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**doc, "dataflow": {**doc["dataflow"], "gen_len": gen_len}}))
+        est = Estimator(load_scenario(str(path)))
+        option = est.options_of(symmetric_plan(est))["actor_gen"]
+        c = est.scenario.dataflow.calls[0]
+        times[name] = call_cost(c, est.scenario.models["actor"], est.scenario.cluster, option).time_s
+    assert times["fixed"] == pytest.approx(times["cap"], rel=5e-3)
+    # a long tail: far below every response at the cap, well above every response at the mean
+    # (a group of 8 waits for its longest; 64 x 8 rows per step)
+    assert times["mean"] * 1.5 < times["tail"] < times["cap"] / 2, times
+    # the README's numbers
+    assert [round(times[k]) for k in ("cap", "tail", "mean")] == [162, 31, 8]
+
+
+TAIL = """
+schema: realbench.scenario/1
+name: grpo-tail
+cluster: {device: h100, nodes: 4, gpus_per_node: 8}
+models: {actor: llama3-8b, ref: llama3-8b, reward: llama3-8b}
+dataflow: {algorithm: grpo, prompts: 64, prompt_len: 512, group_size: 8,
+           gen_len: {dist: lognormal, mean: 2000, cv: 1.0, max: 16384}}
+"""
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ("cv: 1.0, ", "", "dataflow.gen_len.cv: a lognormal distribution needs mean and cv"),
+    ("cv: 1.0", "cv: -1", "dataflow.gen_len.cv: Input should be greater than 0"),
+    ("dist: lognormal", "dist: lognormol", "dataflow.gen_len.dist: Input should be 'fixed', 'lognormal' or 'empirical'"),
+    ("cv: 1.0", "cv: 1.0, mode: 3", "dataflow.gen_len.mode: unknown field"),
+    ("mean: 2000", "mean: 20000", "dataflow.gen_len.mean: 20000 is above the cap max = 16384"),
+    ("gen_len: {dist: lognormal, mean: 2000, cv: 1.0, max: 16384}", "gen_len: {from: nowhere.jsonl}",
+     "nowhere.jsonl: dataflow.gen_len.from: cannot read it"),
+])
+def test_a_malformed_distribution_is_refused_naming_the_field(cli, tmp_path, old, new, needle):
+    path = tmp_path / "my tail job.yaml"
+    path.write_text(TAIL.replace(old, new))
+    code, out, err = cli("validate", path)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_data_scenario_takes_its_lengths_from_a_runs_lengths_file(cli, tmp_path):
+    """`gen_len: {from: FILE}` beside data files: the histogram of the measured lengths, capped
+    by max_new_tokens; the path is the scenario folder's; a file without lengths is refused."""
+    from realbench.examples import tiny_grpo_job
+
+    scenario = tiny_grpo_job(tmp_path, devices=1, max_new_tokens=6)
+    (tmp_path / "run").mkdir()
+    steps = [{"step": 0, "actor_gen": [1, 2, 2, 6]}, {"step": 1, "actor_gen": [6, 2, 1, 9]}]  # 9: above the cap
+    (tmp_path / "run" / "lengths.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
+    doc = yaml.safe_load(scenario.read_text())
+    doc["dataflow"]["gen_len"] = {"from": "run/lengths.jsonl"}
+    renamed = tmp_path / "my job.yaml"
+    renamed.write_text(yaml.safe_dump(doc))
+    s = load_scenario(str(renamed))
+    gen = s.dataflow.calls[0]
+    assert gen.gen_len == 6 and gen.lengths.dist == "empirical"
+    assert (gen.lengths.lengths, gen.lengths.counts) == ((1, 2, 6), (2, 3, 3))
+    assert gen.lengths.cdf().tolist() == pytest.approx([0, 2 / 8, 5 / 8, 5 / 8, 5 / 8, 5 / 8, 1])
+    # the scenario's document loads back to the same scenario (plans and checkpoints store it)
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(s.to_document()))
+    assert load_scenario(str(again)).dataflow == s.dataflow
+    code, out, err = cli("validate", renamed)
+    assert code == 0, err
+    (tmp_path / "run" / "lengths.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    code, out, err = cli("validate", renamed)
+    assert code == 2 and "lengths.jsonl: dataflow.gen_len.from: holds no response lengths" in err, err
+    doc["dataflow"]["gen_len"] = {"from": "run/lengths.jsonl", "max": 8}
+    renamed.write_text(yaml.safe_dump(doc))
+    code, out, err = cli("validate", renamed)
+    assert code == 2 and "dataflow.gen_len.max: 8 is above max_new_tokens (6), the cap" in err, err
+
+
+def test_measured_decode_steps_weigh_by_the_chance_that_a_micro_batch_still_decodes():
+    """On a profile (every operation 1 ms whatever its size, links of about 1 us), pp = 2 and m
+    micro-batches of b rows, lengths 1 or 8 (one half each): decode step t = 1..7 costs
+    max((1 - 2^-b) m x the slowest stage, (1 - 2^-(b m)) x a token's trip through the pipeline)."""
+    from test_profile import synthetic_profile
+
+    from realbench.dataflow import Dataflow
+
+    prof = synthetic_profile(lambda op, b, s: 1e-3)
+    fixed = load_scenario("ppo-tiny-2cpu")
+    lengths = LengthDistribution(dist="empirical", max=8, lengths=(1, 8), counts=(1, 1))
+    calls = tuple(c.model_copy(update={"lengths": lengths}) if c.name == "actor_gen" else c for c in fixed.dataflow.calls)
+    tail = fixed.model_copy(update={"dataflow": Dataflow(name="tail", calls=calls)})
+    call = fixed.dataflow.call("actor_gen")
+    L, G = fixed.models["actor"].n_layers, call.gen_len
+    assert G == 8
+    per_stage = [1e-3 + (L // 2) * 1e-3, (L // 2) * 1e-3 + 1e-3 + 1e-3]  # embed; head + sampling
+    loop = sum(per_stage)
+    for m in (1, 2, 4):
+        option = Option(Mesh(0, 1, 0, 2), Strategy(1, 1, 2, m))
+        times = {}
+        for name, s in (("fixed", fixed), ("tail", tail)):
+            est = Estimator(s, profile=prof)
+            i = est.call_names.index("actor_gen")
+            times[name] = est.dur[i][est.index_of(i, option)]
+        b = call.seqs / m
+        running, any_running = 1 - 0.5 ** b, 1 - 0.5 ** (b * m)
+        saved = (G - 1) * (max(m * max(per_stage), loop) - max(running * m * max(per_stage), any_running * loop))
+        assert times["fixed"] - times["tail"] == pytest.approx(saved, rel=1e-2), m  # the links' us
+
+
+def test_validate_says_what_a_group_waits_for(cli, tmp_path):
+    path = tmp_path / "tail.yaml"
+    path.write_text(TAIL)
+    code, out, err = cli("validate", path, "--json")
+    assert code == 0, err
+    got = json.loads(out)["lengths"]["actor_gen"]
+    d = LengthDistribution(dist="lognormal", mean=2000, cv=1.0, max=16384)
+    assert got == {"mean": pytest.approx(d.expected), "max": 16384, "of_rows": 8,
+                   "expected_longest": pytest.approx(expected_max(d.cdf(), 8))}
+    # a group of 8 waits for well over twice the mean response
+    assert got["expected_longest"] > 2.5 * got["mean"]
+    code, out, err = cli("validate", path)
+    assert f"the longest of 8 samples of a prompt {got['expected_longest']:.0f} on average" in out
