@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nccl_order import Recorder, replay
+from test_runtime_core import _on_each_layout
 from realbench.models import get_model
 from realbench.runtime.layout import Groups, Layout
 from realbench.runtime.local import spawn
@@ -48,28 +49,19 @@ def _cases(seed: int = 0):
 
 
 def _stopping_worker(rank, world, cases, prompts):
-    from realbench.runtime.engine import PlacedModel, generate
+    """Each case's samples on this rank, and the distributed calls it issued (for the replay)."""
+    from realbench.runtime.engine import generate
 
-    full = init_full_weights(SPEC, seed=3)
-    groups = Groups()
-    groups.prepare([lay for lay, _ in cases])
+    def sampled(c, model, m, mine):
+        rows = torch.arange(ROWS).chunk(model.layout.dims.dp)[c.dp]
+        seqs, lps = generate(model, mine, GEN, key=KEY, temperature=0.7, micro_batches=m, eos=EOS, rows=rows)
+        return c.dp, seqs.tolist(), lps.tolist()
+
     recorder = Recorder().install()
-    out = []
     try:
-        for lay, m in cases:
-            c = lay.coord(rank)
-            if c is None:
-                out.append(None)
-                continue
-            model = PlacedModel(SPEC, lay, rank, groups)
-            model.stage.load_full(full)
-            mine = prompts.chunk(lay.dims.dp)[c.dp]
-            rows = torch.arange(ROWS).chunk(lay.dims.dp)[c.dp]
-            seqs, lps = generate(model, mine, GEN, key=KEY, temperature=0.7, micro_batches=m, eos=EOS, rows=rows)
-            out.append((c.dp, seqs.tolist(), lps.tolist()))
+        return _on_each_layout(rank, cases, prompts, sampled), recorder.entries
     finally:
         recorder.uninstall()
-    return out, recorder.entries
 
 
 def _single_process(prompts, drop_finished, temperature=0.7):
