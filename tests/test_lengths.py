@@ -91,7 +91,9 @@ def test_a_fixed_distribution_costs_what_the_number_costs_and_a_tail_costs_in_be
     # (a group of 8 waits for its longest; 64 x 8 rows per step)
     assert times["mean"] * 1.5 < times["tail"] < times["cap"] / 2, times
     # the README's numbers
-    assert [round(times[k]) for k in ("cap", "tail", "mean")] == [162, 31, 8]
+    assert [round(times[k]) for k in ("cap", "tail", "mean")] == [162, 45, 8]
+    tail = LengthDistribution(dist="lognormal", mean=2000, cv=1.0, max=16384)
+    assert round(expected_max(tail.cdf(), 512) / tail.expected, 1) == 7.7
 
 
 TAIL = """
@@ -197,3 +199,18 @@ def test_validate_says_what_a_group_waits_for(cli, tmp_path):
     assert got["expected_longest"] > 2.5 * got["mean"]
     code, out, err = cli("validate", path)
     assert f"the longest of 8 samples of a prompt {got['expected_longest']:.0f} on average" in out
+
+
+def test_bench_lengths_quick_estimates_the_measured_lengths_below_the_cap(cli):
+    code, out, err = cli("bench", "lengths", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    cap = r["max_new_tokens"]
+    assert len(r["end_token_ids"]) == 12 and 1 in r["end_token_ids"] and 0 not in r["end_token_ids"]  # eos in, pad out
+    lengths = r["lengths"]
+    assert lengths["responses"] == 2 * 2 * 2 and 1 <= lengths["median"] <= lengths["max"] <= cap
+    # responses that end before the cap cost less than responses at the cap
+    assert lengths["mean"] < cap and 0 < r["estimated_with_lengths_s"] < r["estimated_at_cap_s"]
+    for key, estimate in (("at_cap", r["estimated_at_cap_s"]), ("with_lengths", r["estimated_with_lengths_s"])):
+        assert r["rel_err"][key] == pytest.approx(abs(estimate - r["measured_s"]) / r["measured_s"])
+    assert r["meets_target"] == (r["rel_err"]["with_lengths"] <= 0.25)

@@ -9,7 +9,7 @@ from realbench.cli import emit_json
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
-              "peers": "realbench.bench.peers"}
+              "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths"}
 
 
 def add_parser(sub) -> None:

@@ -140,11 +140,12 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
 
     Step t runs each micro-batch still decoding (P_mb(t) = 1 - cdf[t]^b) on its rows alive
     (b (1 - cdf[t]) / P_mb(t) on average), attending to prompt_len + t positions; finished
-    rows leave the batch. A step costs max(m P_mb(t), pp P_any(t)) stage slots, P_any(t) =
-    1 - cdf[t]^(m b) being the chance that some micro-batch of the device still decodes: with
-    m >= pp micro-batches decoding the stages stay busy, below it each step waits for the
-    token's trip through the pipeline. With every row at the cap this is the fixed-length
-    formula step by step. The KV cache holds the rows alive, each with its prompt and tokens so
+    rows leave the batch. A step costs max(m P_mb(t), pp P_call(t)) stage slots, P_call(t) =
+    1 - cdf[t]^seqs being the chance that some row of the whole call still decodes: the call
+    ends with its slowest data-parallel replica, which runs at least one micro-batch (and, below
+    m = pp micro-batches decoding, waits for each token's trip through the pipeline) as long as
+    the call's longest row decodes. With every row at the cap this is the fixed-length formula
+    step by step. The KV cache holds the rows alive, each with its prompt and tokens so
     far: its largest expected size over the steps, with at least the longest row kept while
     some row decodes."""
     from realbench.dataflow.lengths import alive_rows, still_decoding
@@ -153,7 +154,7 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     tp, pp, m = s.tp, s.pp, s.micro_batches
     cdf = call.lengths._cdf  # read only
     running = still_decoding(cdf, b)
-    any_running = still_decoding(cdf, b * m)
+    call_running = still_decoding(cdf, call.seqs)
     # rows alive in a micro-batch still decoding (1 where none decodes: those steps weigh 0)
     live = np.where(running > 1e-12, alive_rows(cdf, b) / np.maximum(running, 1e-12), 1.0)
     t = np.arange(len(running), dtype=np.float64)
@@ -166,7 +167,7 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
         + d.kernel_overhead_s
     head_flops = 2 * live * model.hidden * model.head_out / tp
     head = np.maximum(head_flops / (d.flops * eff), model.head_params * BF16 / tp / (d.mem_bw * d.mem_bw_efficiency))
-    slots = np.maximum(m * running, pp * any_running)
+    slots = np.maximum(m * running, pp * call_running)
     compute = float((slots * (layers * layer_step + head)).sum())
     tp_comm = 0.0
     if tp > 1:
@@ -178,7 +179,8 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     if pp > 1:
         per_row = [comm.p2p(cluster, x * model.hidden * BF16, p2p_cross) for x in (1.0, 2.0)]
         pp_comm = float((slots * (per_row[0] + (live - 1.0) * (per_row[1] - per_row[0]))).sum())
-    kept = np.maximum(alive_rows(cdf, b * m), any_running)  # the device's rows (b m) alive
+    # the device's rows (b m) alive, the longest of them at least while one decodes
+    kept = np.maximum(alive_rows(cdf, b * m), still_decoding(cdf, b * m))
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 

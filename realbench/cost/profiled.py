@@ -110,7 +110,8 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
                 from realbench.dataflow.lengths import alive_rows, still_decoding
 
                 cdf = call.lengths.cdf()
-                running, any_running, alive = still_decoding(cdf, b), still_decoding(cdf, b * m), alive_rows(cdf, b)
+                # the call waits for its longest row, on its slowest replica
+                running, any_running, alive = still_decoding(cdf, b), still_decoding(cdf, call.seqs), alive_rows(cdf, b)
                 total += sum(step(t, alive[t] / running[t], running[t], any_running[t])
                              for t in range(1, G) if running[t] > 1e-12)
             if pp > 1:  # sequences and log-probabilities of the whole shard to the other stages
