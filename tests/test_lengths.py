@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import numpy as np
 import pytest
 import yaml
 
@@ -214,3 +215,36 @@ def test_bench_lengths_quick_estimates_the_measured_lengths_below_the_cap(cli):
     for key, estimate in (("at_cap", r["estimated_at_cap_s"]), ("with_lengths", r["estimated_with_lengths_s"])):
         assert r["rel_err"][key] == pytest.approx(abs(estimate - r["measured_s"]) / r["measured_s"])
     assert r["meets_target"] == (r["rel_err"]["with_lengths"] <= 0.25)
+
+
+def test_the_timeline_and_the_report_draw_the_live_batch_shrinking(tmp_path):
+    from realbench.export.html import plan_report_html
+    from realbench.report.figures import timeline_figure
+
+    path = tmp_path / "tail.yaml"
+    path.write_text(TAIL)
+    s = load_scenario(str(path))
+    est = Estimator(s)
+    choice = symmetric_plan(est)
+    p = timeline_figure(s, est.estimate(choice))
+    (line,) = p.select(name="live batch actor_gen")
+    bars = p.renderers[0].data_source.data
+    k = [i for i, (c, w) in enumerate(zip(bars["call"], bars["what"])) if c == "actor_gen" and w == "generate"][0]
+    xs, ys = line.data_source.data["x"], line.data_source.data["y"]
+    assert xs[0] == pytest.approx(bars["start"][k]) and xs[-1] == pytest.approx(bars["end"][k])
+    assert all(a <= b for a, b in zip(xs, xs[1:]))
+    offsets = [y[1] for y in ys]
+    assert all(y[0] == "actor_gen" for y in ys) and offsets[0] == pytest.approx(0.3)  # every row alive at first
+    assert all(a >= b for a, b in zip(offsets, offsets[1:])) and offsets[-1] < -0.29  # then hardly any
+    # at 64 steps evenly spread: the share of rows alive, 1 - cdf[t], at the expected elapsed
+    # steps of the call (sum of P(some row of the 512 still decodes) before t)
+    cdf = s.dataflow.calls[0].lengths.cdf()
+    steps = np.unique(np.linspace(0, 16383, 64).astype(int))
+    assert offsets[:-1] == pytest.approx([-0.3 + 0.6 * (1 - cdf[t]) for t in steps])
+    running = 1 - cdf[:-1] ** 512
+    t = steps[1]
+    assert xs[1] == pytest.approx(xs[0] + (xs[-1] - xs[0]) * running[:t].sum() / running.sum())
+    assert "live batch actor_gen" in plan_report_html(s, est.options_of(choice))
+    # a fixed length draws no curve
+    fixed = Estimator(load_scenario("ppo-7b-7b-16gpu"))
+    assert not timeline_figure(fixed.scenario, fixed.estimate(symmetric_plan(fixed))).select(name="live batch actor_gen")

@@ -125,8 +125,33 @@ def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640
                   line_color="black")
     p.add_tools(HoverTool(renderers=[bars], tooltips=[("call", "@call"), ("what", "@what"),
                                                        ("start s", "@start{0.000}"), ("seconds", "@seconds{0.000}")]))
+    for r in rows:  # generation calls with a length distribution: the live batch shrinking
+        call = scenario.dataflow.call(r["call"])
+        if r["what"] == "generate" and call.lengths is not None:
+            xs, share = live_batch_curve(call, r["start"], r["end"])
+            # inside the bar (height 0.6 around the category): the bottom is no row alive
+            p.step([(x) for x in xs], [(r["call"], -0.3 + 0.6 * y) for y in share], mode="after",
+                   line_color="black", line_width=1.5, name=f"live batch {r['call']}")
     p.add_layout(Span(location=estimate.time_per_iter_s, dimension="height", line_color="black", line_dash="dotted"))
     return p
+
+
+def live_batch_curve(call, start: float, end: float, points: int = 64) -> tuple[list[float], list[float]]:
+    """A generation call's expected share of rows still alive over its bar: step t of its
+    decode at the expected elapsed steps sum_{u < t} P_call(u) (the call runs while its longest
+    row decodes), scaled to the bar; the share is 1 - cdf[t]. `points` steps at most, evenly
+    spread."""
+    import numpy as np
+
+    from realbench.dataflow.lengths import still_decoding
+
+    cdf = call.lengths.cdf()
+    running = still_decoding(cdf, call.seqs)
+    elapsed = np.concatenate([[0.0], np.cumsum(running)])[:-1] / running.sum()
+    steps = np.unique(np.linspace(0, len(running) - 1, min(points, len(running))).astype(int))
+    xs = [start + (end - start) * float(elapsed[t]) for t in steps] + [end]
+    share = [float(1.0 - cdf[t]) for t in steps] + [float(1.0 - cdf[steps[-1] + 1])]
+    return xs, share
 
 
 def memory_figure(estimate: PlanEstimate, width: int = 640, height: int = 260):
