@@ -248,3 +248,56 @@ def test_the_timeline_and_the_report_draw_the_live_batch_shrinking(tmp_path):
     # a fixed length draws no curve
     fixed = Estimator(load_scenario("ppo-7b-7b-16gpu"))
     assert not timeline_figure(fixed.scenario, fixed.estimate(symmetric_plan(fixed))).select(name="live batch actor_gen")
+
+
+def test_the_mean_twin_prices_every_response_at_the_mean():
+    from realbench.plan import get_builtin
+    from realbench.search.tail import mean_twin
+
+    s = get_builtin("ppo-8b-16gpu-longtail")
+    mean = round(s.dataflow.call("actor_gen").lengths.expected)
+    assert 950 < mean < 1000  # the cap (4096) cuts the log-normal's tail: 971
+    short, padded = mean_twin(s), mean_twin(s, shorten_later=False)
+    for twin in (short, padded):
+        gen = twin.dataflow.call("actor_gen")
+        assert gen.lengths is None and gen.gen_len == mean and gen.seq_len == 512 + mean
+    assert {c.seq_len for c in short.dataflow.calls} == {512 + mean}
+    assert {c.seq_len for c in padded.dataflow.calls if c.name != "actor_gen"} == {512 + 4096}
+
+
+def test_sampled_lengths_invert_the_cdf_with_the_seed():
+    from realbench.search.tail import sampled_lengths
+
+    s = load_scenario("ppo-tiny-2cpu")
+    calls = tuple(c.model_copy(update={"lengths": LengthDistribution(dist="empirical", max=8, lengths=(1, 8),
+                                                                     counts=(1, 1))})
+                  if c.name == "actor_gen" else c for c in s.dataflow.calls)
+    from realbench.dataflow import Dataflow
+
+    s = s.model_copy(update={"dataflow": Dataflow(name="tail", calls=calls)})
+    (step,) = sampled_lengths(s, 1, seed=4)
+    # cdf = 0, 1/2, ..., 1/2, 1: a uniform u <= 1/2 draws 1, above it 8
+    u = np.random.default_rng(4).random(s.dataflow.call("actor_gen").seqs)
+    drawn = step["actor_gen"]
+    assert drawn.lengths == (1, 8) and drawn.counts == (int((u <= 0.5).sum()), int((u > 0.5).sum()))
+
+
+def test_a_plan_that_does_not_fit_the_sampled_lengths_takes_forever_and_one_that_does_its_mean_time():
+    from realbench.plan import get_builtin
+    from realbench.search.tail import sampled_lengths, sampled_time
+
+    s = get_builtin("ppo-8b-16gpu-longtail")
+    est = Estimator(s)
+    fits = est.options_of(symmetric_plan(est))
+    samples = sampled_lengths(s, 2, seed=0)
+    per_step = []
+    for drawn in samples:
+        from realbench.dataflow import Dataflow
+
+        calls = [c.model_copy(update={"lengths": drawn[c.name]}) if c.name in drawn else c for c in s.dataflow.calls]
+        one = Estimator(s.model_copy(update={"dataflow": Dataflow(name="x", calls=tuple(calls))}))
+        per_step.append(one.estimate(one.choice_of(fits)).time_per_iter_s)
+    assert sampled_time(s, fits, samples) == pytest.approx(sum(per_step) / 2)
+    i = est.call_names.index("actor_train")
+    alone = next(o for o in est.options[i] if o.mesh.size == 1)  # an 8B model trained on one GPU
+    assert sampled_time(s, {**fits, "actor_train": alone}, samples) == float("inf")

@@ -335,6 +335,14 @@ def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
     assert scale["scenario"] == "ppo-70b-8b-1024gpu" and scale["gpus"] == 1024 and scale["evaluations"] > 0
     assert scale["speedup_vs_symmetric"] == pytest.approx(scale["baselines"]["symmetric"] / scale["best_time_s"])
     assert scale["beats_symmetric"] == (scale["best_time_s"] < scale["baselines"]["symmetric"])
+    tail = r["tail"]["ppo-8b-16gpu-longtail"]
+    assert tail["steps"] == 2 and tail["budget_s"] == 2.0
+    for twin in ("mean", "mean_padded"):
+        t = tail[twin]
+        assert t["fits"] == (t["sampled_time_s"] != float("inf"))
+        assert t["plan_differs"] == (t["plan"] != tail["distribution"]["plan"])
+        if t["fits"]:
+            assert t["distribution_gain"] == pytest.approx(1 - tail["distribution"]["sampled_time_s"] / t["sampled_time_s"])
 
 
 def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_path):

@@ -13,6 +13,9 @@
    (the plan as sampled), and TPE modelling each parameter alone (not multivariate).
 5. Scale: MCMC for `scale_budget_s` on a PPO job of 1,024 GPUs (`scale_scenario`) against both
    baselines (target: faster than the symmetric baseline within 60 s).
+6. Long tails: on `tail_scenarios`, MCMC plans the length distribution and the mean length
+   (`realbench.search.tail`: the mean twin with later calls at the mean width, and at the padded
+   width) with the same budget, and the plans are judged on the same seeded sampled lengths.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ EXACT = ("ppo-tiny-2cpu", "grpo-tiny-cpu", "dpo-7b-8gpu")
 RACED = ("mcmc", "tpe", "cmaes", "gp", "random")
 TARGET_SHARE = 0.9
 TPE_TARGET = 0.03  # TPE's long run within 3% of MCMC's result
+TAIL_SCENARIOS = ("grpo-8b-32gpu-longtail", "ppo-8b-16gpu-longtail")
 
 
 def _time_to_within(curve, final: float, tol: float = 0.01) -> float:
@@ -58,7 +62,8 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
         long_scenarios=("ppo-7b-7b-16gpu", "ppo-70b-7b-128gpu"), long_budget_s: float = 60.0,
         exact=EXACT, exact_methods=("mcmc", "tpe"), exact_budget_s: float = 10.0, exact_seeds=tuple(range(10)),
         ablation_scenario: str = "ppo-70b-7b-128gpu", ablation_methods=("tpe", "random"),
-        scale_scenario: str = "ppo-70b-8b-1024gpu", scale_budget_s: float = 60.0, scale_seed: int = 0) -> dict:
+        scale_scenario: str = "ppo-70b-8b-1024gpu", scale_budget_s: float = 60.0, scale_seed: int = 0,
+        tail_scenarios=TAIL_SCENARIOS, tail_steps: int = 8) -> dict:
     out = {"benchmark": "search", "budget_s": budget_s, "seeds": list(seeds), "scenarios": {}, "long": {},
            "exact": {}, "ablations": {}}
     estimators = {}
@@ -117,6 +122,11 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
                         "seed": scale_seed, "best_time_s": r.best_time_s, "baselines": r.baselines,
                         "speedup_vs_symmetric": r.baselines["symmetric"] / r.best_time_s,
                         "evaluations": r.evaluations, "beats_symmetric": r.best_time_s < r.baselines["symmetric"]}
+    if tail_scenarios:
+        from realbench.search.tail import compare
+
+        out["tail"] = {name: compare(get_builtin(name), "mcmc", budget_s, seed=seeds[0], steps=tail_steps)
+                       for name in tail_scenarios}
     shares = [v for row in out["exact"].values() for k, v in row.items() if k.endswith("_share_within_1pct")]
     out["meets_exact_target"] = bool(shares) and min(shares) >= TARGET_SHARE
     majority = len(seeds) // 2 + 1
@@ -128,4 +138,5 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
 
 QUICK = dict(scenarios=("ppo-7b-7b-16gpu",), methods=("mcmc", "tpe", "random"), budget_s=2.0, seeds=(0,),
              long_scenarios=("ppo-7b-7b-16gpu",), long_budget_s=3.0, exact=("dpo-7b-8gpu",), exact_budget_s=2.0,
-             exact_seeds=(0, 1), ablation_scenario="ppo-7b-7b-16gpu", ablation_methods=("tpe",), scale_budget_s=3.0)
+             exact_seeds=(0, 1), ablation_scenario="ppo-7b-7b-16gpu", ablation_methods=("tpe",), scale_budget_s=3.0,
+             tail_scenarios=("ppo-8b-16gpu-longtail",), tail_steps=2)

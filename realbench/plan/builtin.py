@@ -53,6 +53,16 @@ _SPECS = [
           dict(pairs=256, seq_len=1024), "DPO on 256 preference pairs, 1x8 H100"),
     _spec("sft-7b-8gpu", "sft", 1, 8, "h100", {"actor": "llama-7b"},
           dict(seqs=512, seq_len=1024), "SFT, 1x8 H100"),
+    # Long-tailed response lengths (log-normal, cv 1; the cap 8 times the mean), as reasoning
+    # RL runs have them: a synchronous step waits for each call's longest response.
+    _spec("grpo-8b-32gpu-longtail", "grpo", 4, 8, "h100",
+          {"actor": "llama3-8b", "ref": "llama3-8b", "reward": {"arch": "llama3-8b", "value_head": True}},
+          dict(prompts=64, prompt_len=512, group_size=8,
+               gen_len={"dist": "lognormal", "mean": 2000, "cv": 1.0, "max": 16384}),
+          "GRPO, LLaMA-3 8B, 8 samples per prompt, log-normal lengths (mean 2000, cap 16384), 4x8 H100"),
+    _spec("ppo-8b-16gpu-longtail", "ppo", 2, 8, "h100", _ppo_models("llama3-8b", "llama3-8b"),
+          dict(prompts=512, prompt_len=512, gen_len={"dist": "lognormal", "mean": 1000, "cv": 1.0, "max": 4096}),
+          "PPO, LLaMA-3 8B actor/ref/critic/reward, log-normal lengths (mean 1000, cap 4096), 2x8 H100"),
     # Tiny scenarios: 4 CPU processes on one "node"; runnable with `realbench run`.
     _spec("ppo-tiny-cpu", "ppo", 1, 4, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
           dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 4 CPU processes"),
