@@ -203,22 +203,21 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
             + _head_forward(cluster, model, tp, b)  # only the last position's logits
         pre_tp = layers * _tp_all_reduces(cluster, model, tp, t_pre, 2)
         pre_pp = comm.p2p(cluster, t_pre * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
-        # decode: one token per sequence per step, attending to the growing context
-        ctx = call.prompt_len + call.gen_len / 2
-        kv = b * ctx * model.kv_bytes_per_token_layer() / tp
-        flops = 2 * b * model.layer_matmul_params / tp + 4 * b * ctx * model.hidden / tp
-        layer_step = max(matmul_time(cluster, flops, b), memory_time(cluster, model.layer_params * BF16 / tp + kv)) \
-            + cluster.device.kernel_overhead_s
-        dec_stage = layers * layer_step + _head_forward(cluster, model, tp, b)
-        dec_tp = layers * _tp_all_reduces(cluster, model, tp, b, 2)
-        dec_pp = comm.p2p(cluster, b * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
         kv_token = model.kv_bytes_per_token_layer() * layers / tp  # one token's keys and values on a device
-        if call.lengths is not None:
+        if call.lengths is not None:  # finished rows leave the batch: step by step
             decode = _decode_for_lengths(call, model, cluster, option, b, layers, p2p_cross)
             compute, tp_comm, pp_comm = (slots * pre_stage + decode[0], slots * pre_tp + decode[1],
                                          (slots * pre_pp + decode[2]) if pp > 1 else 0.0)
             kv_cache = decode[3] * kv_token
-        else:
+        else:  # every row decodes gen_len steps, attending to the growing context (its mean)
+            ctx = call.prompt_len + call.gen_len / 2
+            kv = b * ctx * model.kv_bytes_per_token_layer() / tp
+            flops = 2 * b * model.layer_matmul_params / tp + 4 * b * ctx * model.hidden / tp
+            layer_step = max(matmul_time(cluster, flops, b), memory_time(cluster, model.layer_params * BF16 / tp + kv)) \
+                + cluster.device.kernel_overhead_s
+            dec_stage = layers * layer_step + _head_forward(cluster, model, tp, b)
+            dec_tp = layers * _tp_all_reduces(cluster, model, tp, b, 2)
+            dec_pp = comm.p2p(cluster, b * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
             per_token = max(m, pp)
             compute = slots * pre_stage + call.gen_len * per_token * dec_stage
             tp_comm = slots * pre_tp + call.gen_len * per_token * dec_tp
