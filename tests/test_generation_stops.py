@@ -59,9 +59,53 @@ def _stopping_worker(rank, world, cases, prompts):
 
     recorder = Recorder().install()
     try:
-        return _on_each_layout(rank, cases, prompts, sampled), recorder.entries
+        return (_on_each_layout(rank, cases, prompts, sampled), _on_each_layout(rank, cases, _responses(), _trained),
+                recorder.entries)
     finally:
         recorder.uninstall()
+
+
+def _responses() -> torch.Tensor:
+    """Left-padded prompts, then responses of 8, 10, 7, 1, 5, 1, 10 and 3 tokens right-padded to GEN."""
+    torch.manual_seed(6)
+    seqs = torch.cat([_prompts(), torch.randint(0, SPEC.vocab, (ROWS, GEN))], 1)
+    for i, n in enumerate([8, 10, 7, 1, 5, 1, 10, 3]):
+        seqs[i, WIDTH + n:] = -1
+    return seqs
+
+
+def _masked_loss(y, tokens, rows):
+    """The mean square of the outputs at the tokens (not the padding), over `rows` rows."""
+    return (y.float().pow(2).sum(-1) * (tokens >= 0)).sum() / rows
+
+
+def _trained(c, model, m, mine):
+    """Forward and backward of this replica's share of _responses() in m micro-batches: the
+    positions each micro-batch computed, and the largest relative error of its loss and
+    gradients against one process on the whole untrimmed batch."""
+    from realbench.runtime.model import LlamaStage
+    from realbench.runtime.shards import param_specs, tp_range
+
+    batch, dp = _responses(), model.layout.dims.dp
+    ref = LlamaStage(SPEC)
+    ref.load_full(init_full_weights(SPEC, seed=3))
+    valid = batch >= 0
+    ref_loss = _masked_loss(ref(batch, valid=valid), batch, ROWS)
+    ref_loss.backward()
+    widths = []
+    hook = model.stage.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    mbs = list(mine.chunk(m))
+    loss = model.forward_backward(mbs, lambda i, y: _masked_loss(y, mbs[i], ROWS) * dp)
+    hook.remove()
+    specs = {p.name: p for p in param_specs(SPEC)}
+    err = 0.0
+    for name, p in model.stage.named_parameters():
+        g = dict(ref.named_parameters())[name].grad
+        if specs[name].split is not None:
+            lo, hi = tp_range(specs[name], model.layout.dims.tp, c.tp)
+            g = g.narrow(specs[name].split, lo, hi - lo)
+        err = max(err, float((p.grad - g).abs().max() / (g.abs().max() + 1e-12)))
+    return c.dp, widths, loss, float(ref_loss), err
 
 
 def _single_process(prompts, drop_finished, temperature=0.7):
@@ -104,7 +148,7 @@ def test_every_layout_gives_the_full_length_loops_samples_and_log_probabilities(
     cases = _cases()
     for k, (lay, m) in enumerate(cases):
         parts = {}
-        for rank_out, _ in stopped_runs:
+        for rank_out, _, _ in stopped_runs:
             if rank_out[k] is not None:
                 dp, seqs, lps = rank_out[k]
                 parts.setdefault(dp, (torch.tensor(seqs), torch.tensor(lps)))
@@ -117,7 +161,7 @@ def test_every_layout_gives_the_full_length_loops_samples_and_log_probabilities(
 
 
 def test_pipelines_whose_micro_batches_end_at_different_steps_replay_on_nccl(stopped_runs):
-    traces = [entries for _, entries in stopped_runs]
+    traces = [entries for _, _, entries in stopped_runs]
     assert replay(traces) == sum(map(len, traces)) > 0
     # rows left their micro-batches at different steps, and with 4 and 8 micro-batches the
     # micro-batches themselves ended at different steps
@@ -126,6 +170,31 @@ def test_pipelines_whose_micro_batches_end_at_different_steps_replay_on_nccl(sto
     assert len(set(lengths.tolist())) > 4
     for m in (4, 8):
         assert len({int(chunk.max()) for chunk in lengths.chunk(m)}) > 1
+
+
+def test_later_calls_process_each_micro_batch_as_wide_as_its_longest_row_with_the_same_losses_and_gradients(
+        stopped_runs):
+    """Inference and training on generated sequences leave out the columns after a micro-batch's
+    longest row (the cost model prices E[max] of its rows, `CallDef.width`): on every layout the
+    forward computes exactly those, and the loss and gradients are the untrimmed batch's."""
+    lengths = [8, 10, 7, 1, 5, 1, 10, 3]
+    narrowest = WIDTH + GEN
+    for k, (lay, m) in enumerate(_cases()):
+        dp = lay.dims.dp
+        losses = {}
+        for _, rank_out, _ in stopped_runs:
+            if rank_out[k] is None:
+                continue
+            d, widths, loss, ref_loss, err = rank_out[k]
+            rows = [lengths[r] for r in torch.arange(ROWS).chunk(dp)[d].tolist()]
+            want = [WIDTH + int(chunk.max()) for chunk in torch.tensor(rows).chunk(m)]
+            assert widths == want, (lay.dims, m, widths, want)
+            narrowest = min([narrowest, *widths])
+            assert err < 1e-5, (lay.dims, m, err)
+            if loss is not None:
+                losses[d] = loss
+        assert sum(losses.values()) / dp == pytest.approx(ref_loss, rel=1e-6), (lay.dims, m)  # each scaled by dp
+    assert narrowest <= WIDTH + 3  # micro-batches of short responses were trimmed
 
 
 def _counting_worker(rank, world, prompts):

@@ -5,7 +5,6 @@ import json
 import math
 
 import numpy as np
-import numpy as np
 import pytest
 import yaml
 
@@ -74,6 +73,47 @@ def test_decode_under_a_distribution_by_hand():
     # the KV cache's largest expected size: both rows after the prompt's first token (2 x 17)
     # against one row of 20 at the end: 34 tokens
     assert kv_tokens == pytest.approx(34)
+
+
+def _scoring_call(kind, lengths, seqs=256, prompt=16, width=None):
+    from realbench.dataflow import CallDef, CallKind
+
+    return CallDef(name="score", model="actor", kind=CallKind(kind), inputs=("seqs",), outputs=(),
+                   seqs=seqs, seq_len=width or prompt + (lengths.max if lengths else 4), lengths=lengths)
+
+
+def test_later_calls_process_the_prompt_and_the_longest_response_of_a_micro_batch():
+    """A micro-batch of generated sequences is as wide as the prompt and its longest response
+    (the runtime trims the padding after it): with TWO_POINT, two rows are 16 + 3.25 wide on
+    average, one row 16 + 2.5; the cost of responses that all have 300 of at most 1024 tokens is
+    the cost of sequences of 316 tokens, in time and in memory, for inference and training."""
+    assert _scoring_call("inference", TWO_POINT).width(2) == pytest.approx(16 + 3.25)
+    assert _scoring_call("train", TWO_POINT).width(1) == pytest.approx(16 + 2.5)
+    assert _scoring_call("train", None).width(2) == 20.0
+    short = LengthDistribution(dist="empirical", max=1024, lengths=(300,), counts=(5,))
+    s = load_scenario("ppo-7b-7b-16gpu")
+    model, cluster = s.models["actor"], s.cluster
+    for kind in ("inference", "train"):
+        for strategy in (Strategy(1, 1, 1, 1), Strategy(2, 2, 2, 2)):
+            option = Option(Mesh(0, 1, 0, 8), strategy)
+            trimmed = call_cost(_scoring_call(kind, short), model, cluster, option)
+            narrow = call_cost(_scoring_call(kind, None, width=316), model, cluster, option)
+            assert trimmed == narrow, (kind, strategy)
+            padded = call_cost(_scoring_call(kind, None, width=16 + 1024), model, cluster, option)
+            assert trimmed.time_s < padded.time_s / 2 and trimmed.working_bytes < padded.working_bytes / 2
+
+
+def test_a_distribution_reaches_the_calls_that_process_the_generated_sequences(tmp_path):
+    """`gen_len: {dist: ...}` sets the lengths of the generation call and of every inference and
+    train call that reads its sequences, and nothing else."""
+    path = tmp_path / "my run.yaml"
+    path.write_text(TAIL.replace("algorithm: grpo", "algorithm: ppo").replace(", group_size: 8", "")
+                    .replace("reward: llama3-8b", "reward: llama3-8b, critic: llama3-8b"))
+    s = load_scenario(str(path))
+    assert [c.name for c in s.dataflow.calls if c.lengths is not None] == list(s.dataflow.call_names)  # all six
+    assert {c.lengths for c in s.dataflow.calls} == {s.dataflow.call("actor_gen").lengths}
+    only_gen = s.dataflow.with_lengths("actor_gen", None)
+    assert all(c.lengths is None for c in only_gen.calls)
 
 
 def test_a_fixed_distribution_costs_what_the_number_costs_and_a_tail_costs_in_between(tmp_path):
@@ -292,10 +332,8 @@ def test_a_plan_that_does_not_fit_the_sampled_lengths_takes_forever_and_one_that
     samples = sampled_lengths(s, 2, seed=0)
     per_step = []
     for drawn in samples:
-        from realbench.dataflow import Dataflow
-
-        calls = [c.model_copy(update={"lengths": drawn[c.name]}) if c.name in drawn else c for c in s.dataflow.calls]
-        one = Estimator(s.model_copy(update={"dataflow": Dataflow(name="x", calls=tuple(calls))}))
+        (name, dist), = drawn.items()  # one generation call: its lengths and its sequences' in later calls
+        one = Estimator(s.model_copy(update={"dataflow": s.dataflow.with_lengths(name, dist)}))
         per_step.append(one.estimate(one.choice_of(fits)).time_per_iter_s)
     assert sampled_time(s, fits, samples) == pytest.approx(sum(per_step) / 2)
     i = est.call_names.index("actor_train")

@@ -44,6 +44,10 @@ def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cl
     assert first["step"] <= 11 and first["new_plan"] != first["old_plan"] and first["predicted_gain"] >= 0.05
     assert first["predicted_gain"] == pytest.approx(1 - first["predicted_new_s"] / first["predicted_old_s"])
     assert set(first["calibration"]) == set(est.call_names)
+    # it planned for the response lengths of the 3 steps it calibrated with: every row's, from
+    # every replica (this toy model's responses all run to the cap)
+    rows = [n for row in replanned["lengths"] for n in row["actor_gen"]]
+    assert first["lengths"]["actor_gen"] == {"mean": np.mean(rows), "max": max(rows), "responses": 3 * len(rows) // 12}
     # the switch waited for the boundary after the step during which its search finished, and
     # every step ran under one plan: the versions change exactly at the switches
     assert all(s["step"] == s["requested_in_step"] + 1 for s in switches)
@@ -63,6 +67,51 @@ def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cl
     assert "switches" not in kept and {t["plan_version"] for t in kept["timings"]} == {0}
     for key in ("reward", "loss"):
         assert by_step(replanned, key) == pytest.approx(by_step(kept, key), abs=1e-5, rel=1e-5), key
+
+
+def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
+    """Rank 0's replanner, fed a run whose responses grow from a mean of 300 to 1,500 tokens
+    (cap 4,096) with the seconds a device that is exactly the cost model would take: it
+    calibrates with the lengths the window measured, so the growth is not read as a slower
+    device (every scale near 1), and switches to a plan for the longer lengths."""
+    from realbench.dataflow.lengths import LengthDistribution
+    from realbench.runtime.replan import Replanner
+    from realbench.search import run_search
+    from realbench.search.tail import sampled_lengths, with_lengths
+
+    base = get_builtin("ppo-8b-16gpu-longtail")
+
+    def lognormal(mean):
+        return with_lengths(base, {"actor_gen": LengthDistribution(dist="lognormal", mean=mean, cv=1.0, max=4096)})
+
+    short, long = lognormal(300), lognormal(1500)
+    searched = Estimator(short)
+    running = searched.options_of(run_search(searched, "mcmc", 1, seed=0).best_choice)
+    replanner = Replanner(base, running, every=2, budget_s=1, seed=0)
+    steps = sampled_lengths(short, 2, seed=1) + sampled_lengths(long, 2, seed=2)  # the responses grow at step 2
+    switch = None
+    for k, drawn in enumerate(steps):
+        replanner.running_step = k  # as the run's driver says before each step
+        est = Estimator(with_lengths(base, drawn), only={n: [o] for n, o in replanner.options.items()})
+        e = est.estimate((0,) * est.n)
+        rows = {n: np.repeat(d.lengths, d.counts).tolist() for n, d in drawn.items()}
+        replanner.observe(k, {n: c.time_s for n, c in e.calls.items()}, e.time_per_iter_s, rows)
+        if replanner._thread is not None:
+            replanner._thread.join()
+        if replanner.poll() is not None:
+            switch = replanner.switches[-1]
+    assert switch is not None and switch.requested_in_step == 3 and switch.step == 4, replanner.switches
+    grown = [n for drawn in steps[2:] for n in np.repeat(drawn["actor_gen"].lengths, drawn["actor_gen"].counts)]
+    assert switch.lengths["actor_gen"]["mean"] == pytest.approx(np.mean(grown)) and switch.lengths["actor_gen"]["mean"] > 1000
+    assert all(0.8 < x < 1.25 for x in switch.calibration.values()), switch.calibration
+    # the plan it switched to is, on the longer lengths, what a search for them finds
+    measured, _ = replanner.measured_scenario()
+    judge = Estimator(measured)
+    new = judge.evaluate(judge.choice_of(replanner.options))
+    old = judge.evaluate(judge.choice_of(running))
+    assert new[1] <= judge.capacity and (old[1] > judge.capacity or new[0] < 0.95 * old[0]), (new, old)
+    fresh = run_search(judge, "mcmc", 1, seed=7)
+    assert new[0] < 1.1 * fresh.best_time_s, (new[0], fresh.best_time_s)
 
 
 @pytest.mark.parametrize("flags,needle", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from realbench.cli import emit_json
+from realbench.dataflow import CallKind
 from realbench.plan import load_plan, load_scenario
 from realbench.plan.schema import PLAN_SCHEMA, PROFILE_SCHEMA, read_document
 from realbench.plan.scenario import scenario_from_document
@@ -51,7 +52,7 @@ def run(args) -> int:
                 text += (f"\n  {role}: its own tokenizer scores the texts re-tokenized "
                          f"(costed at {width} tokens a sequence)")
         for c in s.dataflow.calls:  # generation calls whose response lengths are a distribution
-            if c.lengths is not None:
+            if c.lengths is not None and c.kind == CallKind.GENERATE:
                 from realbench.dataflow.lengths import expected_max
 
                 rows = c.group_size if c.group_size > 1 else c.seqs

@@ -9,7 +9,10 @@ Compute of one layer on t tokens with context c (a roofline):
     eff(t) = E * t / (t + t_half)                      (small matmuls underuse the device)
 plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two more backward).
 
-  * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots.
+  * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots. On
+    generated sequences with response lengths (`call.lengths`), a micro-batch of b rows is as
+    wide as the prompt plus the longest of its b responses (E[max], `CallDef.width`): the
+    runtime trims the padding after it; memory takes the longest of the device's rows of a step.
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
@@ -152,7 +155,7 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
 
     s = option.strategy
     tp, pp, m = s.tp, s.pp, s.micro_batches
-    cdf = call.lengths._cdf  # read only
+    cdf = call.lengths.cdf()
     running = still_decoding(cdf, b)
     call_running = still_decoding(cdf, call.seqs)
     # rows alive in a micro-batch still decoding (1 where none decodes: those steps weigh 0)
@@ -229,16 +232,19 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
 
     b = call.seqs / call.optimizer_steps / dp / m
     steps = call.optimizer_steps * call.iterations  # optimizer updates
-    tokens = b * call.seq_len
-    fwd = layers * _layer_forward(cluster, model, tp, tokens, call.seq_len / 2) + _head_forward(cluster, model, tp, tokens)
+    width = call.width(b)  # a micro-batch is as wide as its longest row (the padding trimmed)
+    tokens = b * width
+    fwd = layers * _layer_forward(cluster, model, tp, tokens, width / 2) + _head_forward(cluster, model, tp, tokens)
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
+    # memory: the widest micro-batch of the device's rows of a step (their longest row, on average)
+    peak_tokens = b * call.width(call.seqs / call.optimizer_steps / dp)
 
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd
         tp_comm = slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
         pp_comm = slots * p2p_one
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        working = 2 * _activation_bytes(model, tp, tokens) / 8 + _logits_bytes(model, tp, tokens)
+        working = 2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
         return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
                         int(weights), int(weights), int(working))
 
@@ -258,9 +264,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                                       per_node=max(1, cluster.gpus_per_node // tp))
     optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
     in_flight = min(m, pp)
-    kept = tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, tokens)
-    working = (in_flight * layers * kept + (_activation_bytes(model, tp, tokens) if recompute else 0)
-               + 2 * _logits_bytes(model, tp, tokens))
+    kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
+    working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
+               + 2 * _logits_bytes(model, tp, peak_tokens))
     master = shard_params(model, tp, pp) * TRAINED_BYTES_PER_PARAM
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

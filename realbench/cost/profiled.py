@@ -121,7 +121,7 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
         steps = call.optimizer_steps if call.kind == CallKind.TRAIN else 1
         b = call.seqs / steps / dp / m
         steps *= call.iterations  # optimizer updates
-        S = call.seq_len
+        S = call.width(b)  # a micro-batch is as wide as its longest row (the padding trimmed)
         act = b * S * model.hidden * act_value
 
         def forward(j):

@@ -44,7 +44,10 @@ class CallDef(BaseModel):
     group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
     rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
     iterations: int = Field(default=1, gt=0)  # train: passes over the batch (TRL's num_iterations)
-    # generate: the responses' lengths (None: every response gen_len tokens); gen_len is its cap
+    # generate: the responses' lengths (None: every response gen_len tokens); gen_len is its cap.
+    # inference or train on generated sequences: the lengths of their responses, whose last
+    # `lengths.max` positions each row pads to the cap (the runtime trims a micro-batch to its
+    # longest row; see `width`)
     lengths: Optional[LengthDistribution] = None
 
     @model_validator(mode="after")
@@ -55,8 +58,11 @@ class CallDef(BaseModel):
                                  f"(got gen_len={self.gen_len}, seq_len={self.seq_len})")
             if self.lengths is not None and self.lengths.max != self.gen_len:
                 raise ValueError(f"the length distribution's max ({self.lengths.max}) is not gen_len ({self.gen_len})")
-        elif self.gen_len or self.lengths is not None:
+        elif self.gen_len:
             raise ValueError(f"gen_len is only for generate calls (this is a {self.kind.value} call)")
+        elif self.lengths is not None and (self.kind == CallKind.FUNCTION or self.lengths.max >= self.seq_len):
+            raise ValueError(f"response lengths up to {self.lengths.max} do not fit in sequences of {self.seq_len} "
+                             f"tokens of a {self.kind.value} call")
         if (self.optimizer_steps != 1 or self.iterations != 1) and self.kind != CallKind.TRAIN:
             raise ValueError("optimizer_steps and iterations are only for train calls")
         if self.group_size != 1 and (self.kind != CallKind.GENERATE or self.seqs % self.group_size):
@@ -80,6 +86,14 @@ class CallDef(BaseModel):
     @property
     def tokens(self) -> int:
         return self.seqs * self.seq_len
+
+    def width(self, rows: float) -> float:
+        """The positions per row that a micro-batch of `rows` sequences of an inference or train
+        call processes: `seq_len`, or, for generated sequences with response lengths, the prompt
+        and the longest of the `rows` responses on average (trailing padding is trimmed)."""
+        if self.lengths is None or self.kind == CallKind.GENERATE:
+            return float(self.seq_len)
+        return self.seq_len - self.lengths.max + self.lengths.expected_max(rows)
 
 
 class Dataflow(BaseModel):
@@ -163,6 +177,17 @@ class Dataflow(BaseModel):
         dag = nx.DiGraph((u, v) for u, v, d in self.graph.edges(data=True) if d["lag"] == 0)
         dag.add_nodes_from(index)
         return tuple(nx.lexicographical_topological_sort(dag, key=index.__getitem__))
+
+    def with_lengths(self, generate: str, lengths: Optional[LengthDistribution]) -> "Dataflow":
+        """The dataflow with the response lengths of generation call `generate` set to `lengths`
+        (None: every response at the cap), on it and on the calls that process its sequences (its
+        first output) at its width."""
+        gen = self.call(generate)
+        seqs = gen.outputs[0] if gen.outputs else None
+        calls = tuple(c.model_copy(update={"lengths": lengths})
+                      if c.name == generate or (seqs in c.inputs and c.kind in (CallKind.INFERENCE, CallKind.TRAIN)
+                                                and c.seq_len == gen.seq_len) else c for c in self.calls)
+        return Dataflow(name=self.name, calls=calls, dataset_keys=self.dataset_keys)
 
     def call(self, name: str) -> CallDef:
         for c in self.calls:

@@ -84,6 +84,16 @@ class LengthDistribution(BaseModel):
         out[-1] = 1.0
         return out
 
+    def expected_max(self, rows: float) -> float:
+        """E[the longest of `rows` lengths] (remembered per `rows`: the cost model asks often)."""
+        if rows not in self._maxima:
+            self._maxima[rows] = expected_max(self._cdf, rows)
+        return self._maxima[rows]
+
+    @cached_property
+    def _maxima(self) -> dict:
+        return {}
+
     @property
     def expected(self) -> float:
         """E[L] = sum over t of P(L > t)."""

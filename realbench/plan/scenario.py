@@ -129,8 +129,8 @@ class Scenario(BaseModel):
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
         if lengths is not None:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
-            v = v.model_copy(update={"calls": tuple(
-                c.model_copy(update={"lengths": lengths}) if c.kind == CallKind.GENERATE else c for c in v.calls)})
+            for c in [c for c in v.calls if c.kind == CallKind.GENERATE]:
+                v = v.with_lengths(c.name, lengths)
         models = info.data.get("models") or {}
         functions = {r for r, m in models.items() if isinstance(m, FunctionSpec)}
         beside = {r for r in models if FUNCTIONS_OF.format(r) in functions}  # reward models with functions
@@ -148,6 +148,7 @@ class Scenario(BaseModel):
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
                     calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
+                    c = c.model_copy(update={"lengths": None})
                     c = CallDef(name=f"{c.name}_functions", model=FUNCTIONS_OF.format(c.model), kind=CallKind.FUNCTION,
                                 inputs=(c.inputs[0], *(f"model_{k}" for k in c.outputs)), outputs=c.outputs,
                                 seqs=c.seqs, seq_len=c.seq_len)
@@ -299,13 +300,14 @@ def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallD
     data gave (`DataSpec.rescored_len`). Any other call of such a model needs the policy's
     tokens (per-token log-probabilities, values): refused by name."""
     if c.model in functions and c.kind == CallKind.INFERENCE:
-        return c.model_copy(update={"kind": CallKind.FUNCTION})
+        return c.model_copy(update={"kind": CallKind.FUNCTION, "lengths": None})
     if data is not None and c.model in data.tokenizers:
         if c.kind != CallKind.INFERENCE or not set(c.outputs) <= SCORES or c.model not in data.rescored_len:
             raise ConfigError(f"its tokenizer ({data.tokenizers[c.model]}) is not the data's: a reward model can score "
                               f"re-tokenized text, but call {c.name!r} needs the policy's own tokens; give it a "
                               "checkpoint with the policy's tokenizer", f"models.{c.model}")
-        return c.model_copy(update={"seq_len": data.rescored_len[c.model]})
+        # re-tokenized text, padded to the data's width for it (its own length distribution unknown)
+        return c.model_copy(update={"seq_len": data.rescored_len[c.model], "lengths": None})
     return c
 
 

@@ -57,8 +57,15 @@ class PlacedModel:
 
     # -- compute ----------------------------------------------------------------------------------------
     def _stage_forward(self, tokens: torch.Tensor, grad: bool, checkpointing: bool = False):
-        """One micro-batch through this stage: (input that may need a gradient, output)."""
+        """One micro-batch through this stage: (input that may need a gradient, output). The
+        columns after the micro-batch's last token (right padding of responses that ended
+        early) are left out: causal attention makes the positions before them compute what they
+        would with them, and every stage, holding the same ids, leaves out the same columns.
+        The last stage's output is padded back with zeros to the batch's width."""
+        width = tokens.shape[1]
         valid = tokens >= 0
+        used = int(valid.any(0).nonzero().max()) + 1 if bool(valid.any()) else width
+        tokens, valid = tokens[:, :used], valid[:, :used]
         valid = None if bool(valid.all()) else valid
         if self.prev is None:
             x = tokens
@@ -70,6 +77,8 @@ class PlacedModel:
             y = self.stage(x, valid=valid, checkpointing=checkpointing)
         if self.next is not None:
             dist.send(y.detach().contiguous(), self.next)
+        elif used < width:  # zeros at the padding, as every consumer masks it
+            y = torch.nn.functional.pad(y, (0, 0) * (y.dim() - 2) + (0, width - used))
         return x, y
 
     @torch.no_grad()

@@ -143,22 +143,25 @@ def _replanner(scenario, options: dict, replan: ReplanSettings, seed: int):
 
 
 def _replan_boundary(worker, replanner, step: int, rec, world: int) -> dict | None:
-    """At the boundary after `step`: every rank's call and step seconds go to rank 0, which
-    feeds its replanner and says whether to switch; returns the new plan's document, or None.
+    """At the boundary after `step`: every rank's call and step seconds and response lengths go
+    to rank 0, which feeds its replanner and says whether to switch; returns the new plan's document, or None.
     Every rank calls it."""
     import torch.distributed as dist
 
     from realbench.plan.plan import plan_from_options
 
     timings = [None] * world
-    dist.all_gather_object(timings, (rec.call_s, rec.step_s))
+    dist.all_gather_object(timings, (rec.call_s, rec.step_s, rec.lengths))
     decision = [None]
     if replanner is not None:
-        slowest = {}
-        for call_s, _ in timings:
+        slowest, rows = {}, {}
+        for call_s, _, lengths in timings:
             for name, t in call_s.items():
                 slowest[name] = max(slowest.get(name, 0.0), t)
-        replanner.observe(step, slowest, max(t for _, t in timings))
+            for name, pairs in lengths.items():  # each response's length, from its replica
+                rows.setdefault(name, {}).update(dict(map(tuple, pairs)))
+        replanner.observe(step, slowest, max(t for _, t, _ in timings),
+                          {name: list(by_row.values()) for name, by_row in rows.items()})
         options = replanner.poll()
         if options is not None:
             decision = [plan_from_options(worker.scenario, options).to_document()]

@@ -1,15 +1,21 @@
 """Re-planning while training: switch plans between iterations from measured times.
 
-Every `every` steps under one plan, rank 0 recalibrates the estimator call by call,
+Every `every` steps under one plan, rank 0 takes the response lengths that the last `every`
+steps generated as every generation call's length distribution (empirical, capped at the call's
+`max_new_tokens`; `Dataflow.with_lengths`, so the calls that process the sequences follow too),
+recalibrates the estimator of that workload call by call,
 
     scale_c = median over the last `every` steps of call c's measured seconds (slowest rank)
-              / the estimate of call c under the plan that ran,
+              / the estimate of call c under the plan that ran, at the measured lengths,
 
 and searches (MCMC, `budget_s` seconds) with every call's time under every option multiplied by
 its scale, in a thread beside its training. When the search is done and its plan is predicted at
 least `min_gain` faster than the running plan under the same recalibrated estimator,
 
-    gain = 1 - t_new / t_running,
+    gain = 1 - t_new / t_running        (1 when the running plan no longer fits in memory),
+
+so a run whose responses grow (as reasoning runs' do) re-plans for the lengths it now
+generates, and a change of length is not mistaken for a slower or faster device.
 
 every process switches before its next step (`switch_plan`): never inside one, so a call in
 flight finishes under the plan it started with. The switch moves each model's state from its old
@@ -28,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -78,6 +85,8 @@ class Switch:
     predicted_new_s: float
     search_s: float
     calibration: dict
+    lengths: dict = field(default_factory=dict)  # generation call -> the measured lengths planned for
+    old_fits: bool = True  # whether the running plan fits the measured lengths in memory
     measured_gain: Optional[float] = None  # 1 - median step after / median step before
 
     def to_json(self) -> dict:
@@ -96,7 +105,7 @@ class Replanner:
     min_gain: float = 0.05
     profile: object = None
     seed: int = 0
-    history: list = field(default_factory=list)  # (step, {call: s}, step_s) under the running plan
+    history: list = field(default_factory=list)  # (step, {call: s}, step_s, {call: lengths}) under the running plan
     switches: list = field(default_factory=list)
     before: list = field(default_factory=list)  # step times of the last window before the latest switch
     running_step: int = -1  # the step the driver is running now (set before each step)
@@ -104,46 +113,67 @@ class Replanner:
     _result: Optional[dict] = None
     _observed: int = -1
 
-    def observe(self, step: int, call_s: dict, step_s: float) -> None:
+    def observe(self, step: int, call_s: dict, step_s: float, lengths: Optional[dict] = None) -> None:
+        """A finished step: each call's seconds (slowest rank), the step's, and each generation
+        call's response lengths (every row's)."""
         self._observed = step
-        self.history.append((step, call_s, step_s))
+        self.history.append((step, call_s, step_s, lengths or {}))
         last = self.switches[-1] if self.switches else None
         # the first step under a new plan binds its reallocations (one-off work): left out
-        after = [t for _, _, t in self.history[1:]]
+        after = [h[2] for h in self.history[1:]]
         if last is not None and after:
             last.measured_gain = 1.0 - statistics.median(after) / statistics.median(self.before)
         if self._thread is None and len(self.history) % self.every == 0:
             self._start_search()
 
+    def measured_scenario(self):
+        """The scenario with every generation call's lengths those of the last `every` steps."""
+        from realbench.dataflow.lengths import LengthDistribution
+        from realbench.search.tail import with_lengths
+
+        window = self.history[-self.every:]
+        measured = {}
+        for c in self.scenario.dataflow.calls:
+            rows = [n for h in window for n in h[3].get(c.name, [])]
+            if c.kind == CallKind.GENERATE and rows:
+                values, counts = np.unique(np.clip(rows, 1, c.gen_len), return_counts=True)
+                measured[c.name] = LengthDistribution(dist="empirical", max=c.gen_len,
+                                                      lengths=tuple(int(v) for v in values),
+                                                      counts=tuple(int(k) for k in counts))
+        return with_lengths(self.scenario, measured), measured
+
     def _start_search(self) -> None:
         from realbench.cost import Estimator
 
         window = self.history[-self.every:]
-        base = Estimator(self.scenario, profile=self.profile)
+        scenario, measured = self.measured_scenario()
+        base = Estimator(scenario, profile=self.profile)
         running = base.estimate(base.choice_of(self.options))
         scale = {}
         for name, call in running.calls.items():
-            measured = [c[name] for _, c, _ in window if name in c]
-            if measured and call.time_s > 0:
-                scale[name] = statistics.median(measured) / call.time_s
-        self._thread = threading.Thread(target=self._search, args=(scale, self._observed), daemon=True,
-                                        name="realbench-replan")
+            seconds = [h[1][name] for h in window if name in h[1]]
+            if seconds and call.time_s > 0:
+                scale[name] = statistics.median(seconds) / call.time_s
+        lengths = {n: {"mean": d.expected, "max": max(d.lengths), "responses": sum(d.counts)} for n, d in measured.items()}
+        self._thread = threading.Thread(target=self._search, args=(scenario, scale, lengths, self._observed),
+                                        daemon=True, name="realbench-replan")
         self._thread.start()
 
-    def _search(self, scale: dict, requested: int) -> None:
+    def _search(self, scenario, scale: dict, lengths: dict, requested: int) -> None:
         from realbench.cost import Estimator
         from realbench.search import run_search
 
         t0 = time.perf_counter()
         try:
-            est = Estimator(self.scenario, profile=self.profile, call_scale=scale)
+            est = Estimator(scenario, profile=self.profile, call_scale=scale)
             result = run_search(est, "mcmc", self.budget_s, seed=self.seed + requested)
-            current = est.evaluate(est.choice_of(self.options))[0]
+            current, memory = est.evaluate(est.choice_of(self.options))
             new = est.options_of(result.best_choice) if result.best_choice is not None else None
-            self._result = {"options": new, "new_s": result.best_time_s, "old_s": current, "scale": scale}
+            self._result = {"options": new, "new_s": result.best_time_s, "old_s": current,
+                            "old_fits": memory <= est.capacity, "scale": scale}
         except Exception as e:  # a failed search keeps the running plan; the run goes on
             self._result = {"options": None, "error": f"{type(e).__name__}: {e}", "scale": scale}
-        self._result.update(search_s=time.perf_counter() - t0, finished_in_step=self.running_step)
+        self._result.update(search_s=time.perf_counter() - t0, finished_in_step=self.running_step, lengths=lengths)
 
     def poll(self) -> Optional[dict]:
         """At an iteration boundary: the options to switch to, or None (no search finished, or
@@ -154,7 +184,7 @@ class Replanner:
         r, self._thread, self._result = self._result, None, None
         if r["options"] is None:
             return None
-        gain = 1.0 - r["new_s"] / r["old_s"]
+        gain = 1.0 - r["new_s"] / r["old_s"] if r["old_fits"] else 1.0
         G = self.scenario.cluster.gpus_per_node
         if gain < self.min_gain or r["options"] == self.options:
             return None
@@ -162,8 +192,8 @@ class Replanner:
                         old_plan={n: o.label(G) for n, o in self.options.items()},
                         new_plan={n: o.label(G) for n, o in r["options"].items()}, predicted_gain=gain,
                         predicted_old_s=r["old_s"], predicted_new_s=r["new_s"], search_s=r["search_s"],
-                        calibration=r["scale"])
+                        calibration=r["scale"], lengths=r["lengths"], old_fits=r["old_fits"])
         self.switches.append(switch)
-        self.before = [t for _, _, t in self.history[-self.every:]]
+        self.before = [h[2] for h in self.history[-self.every:]]
         self.history, self.options = [], r["options"]
         return r["options"]

@@ -2,7 +2,7 @@
 
 A planner that knows only the mean response length plans the *mean twin* of a scenario: every
 generation call's lengths replaced by their mean, rounded (a number: every response, and every
-sequence of the calls after it, priced at the mean). Both plans are then judged on the same
+sequence of the calls that process them, priced at the mean). Both plans are then judged on the same
 seeded sampled lengths: each step draws every generation call's `seqs` lengths from its
 distribution (inverse-CDF sampling) and estimates the plan with that step's lengths (their
 empirical distribution: the call waits for its longest row); a plan that does not fit in a
@@ -20,9 +20,17 @@ from realbench.dataflow import CallKind, Dataflow
 from realbench.dataflow.lengths import LengthDistribution
 
 
-def _with_calls(scenario, calls):
-    return scenario.model_copy(update={"dataflow": Dataflow(name=scenario.dataflow.name, calls=tuple(calls),
-                                                            dataset_keys=scenario.dataflow.dataset_keys)})
+def _with_dataflow(scenario, dataflow: Dataflow):
+    return scenario.model_copy(update={"dataflow": dataflow})
+
+
+def with_lengths(scenario, lengths: dict[str, LengthDistribution]):
+    """The scenario with these generation calls' response lengths (and their sequences' in the
+    calls that process them: `Dataflow.with_lengths`)."""
+    flow = scenario.dataflow
+    for name, dist in lengths.items():
+        flow = flow.with_lengths(name, dist)
+    return _with_dataflow(scenario, flow)
 
 
 def mean_twin(scenario, shorten_later: bool = True):
@@ -39,10 +47,11 @@ def mean_twin(scenario, shorten_later: bool = True):
         if c.kind == CallKind.GENERATE and c.lengths is not None:
             mean = widths[c.seq_len] - c.prompt_len
             c = c.model_copy(update={"lengths": None, "gen_len": mean, "seq_len": c.prompt_len + mean})
-        elif c.seq_len in widths and shorten_later:
-            c = c.model_copy(update={"seq_len": widths[c.seq_len]})
+        elif c.seq_len in widths:
+            c = c.model_copy(update={"lengths": None, **({"seq_len": widths[c.seq_len]} if shorten_later else {})})
         calls.append(c)
-    return _with_calls(scenario, calls)
+    return _with_dataflow(scenario, Dataflow(name=scenario.dataflow.name, calls=tuple(calls),
+                                             dataset_keys=scenario.dataflow.dataset_keys))
 
 
 def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDistribution]]:
@@ -68,9 +77,7 @@ def sampled_time(scenario, options: dict, samples: list[dict[str, LengthDistribu
     not fit in some step)."""
     times = []
     for drawn in samples:
-        calls = [c.model_copy(update={"lengths": drawn[c.name]}) if c.name in drawn else c
-                 for c in scenario.dataflow.calls]
-        est = Estimator(_with_calls(scenario, calls), only={n: [o] for n, o in options.items()})
+        est = Estimator(with_lengths(scenario, drawn), only={n: [o] for n, o in options.items()})
         e = est.estimate((0,) * est.n)
         times.append(math.inf if e.oom else e.time_per_iter_s)
     return float(np.mean(times))
