@@ -69,12 +69,14 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     G, L = cluster.gpus_per_node, model.n_layers
     if len(dst.pp) == 0:
         return np.zeros(0)
-    j = np.arange(int(dst.pp.max()))[None, :]  # destination stage
+    # int32 halves the memory traffic of these (pairs x stages) grids (device and layer numbers are small)
+    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp))) for x in (src, dst))
+    j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
     lo, hi = stage_layers(L, pp, j)
     ends = np.where(pp == 1, model.ends_params(1),
                     np.where(j == 0, model.embedding_params, np.where(j == pp - 1, model.head_params, 0)))
-    nbytes = ((hi - lo) * model.layer_params + ends) * BF16 / dst.tp[:, None]
+    nbytes = ((hi - lo) * float(model.layer_params) + ends) * BF16 / dst.tp[:, None]
     width = dst.size[:, None] // pp  # devices per destination stage (dp * tp)
     first = dst.start[:, None] + j * width
     first_node, last_node = first // G, (first + width - 1) // G
