@@ -31,6 +31,23 @@ def test_order_statistics_of_a_two_point_distribution_by_hand():
     assert [expected_max(cdf, n) for n in (1, 2, 4, 8)] == pytest.approx([4 - 3 / 2 ** n for n in (1, 2, 4, 8)])
 
 
+def test_memory_is_planned_for_a_step_at_the_quantile_by_hand():
+    """TWO_POINT: the longest of 2 rows is at most t with chance cdf[t]^2 = 0, 1/4, 1/4, 1/4, 1:
+    its 0.99 quantile is 4, its 0.2 quantile 1, its expectation 3.25. Of 100 rows, p = 1/2 are
+    alive at steps 1..3: 50 + z sqrt(100 / 4) at the quantile (z = 2.326 for 0.99)."""
+    def at(q):
+        return LengthDistribution(dist="empirical", max=4, lengths=(1, 4), counts=(1, 1), memory_quantile=q)
+
+    assert TWO_POINT.memory_quantile == 0.99 and TWO_POINT.memory_longest(2) == 4
+    assert at(0.2).memory_longest(2) == 1 and at(None).memory_longest(2) == pytest.approx(3.25)
+    z = 2.3263478740408408
+    assert TWO_POINT.memory_alive(100).tolist() == pytest.approx([100, 50 + 5 * z, 50 + 5 * z, 50 + 5 * z])
+    assert TWO_POINT.memory_alive(2).tolist() == [2.0, 2.0, 2.0, 2.0]  # never more rows than there are
+    assert at(None).memory_alive(100).tolist() == [100, 50, 50, 50]
+    call = _scoring_call("train", TWO_POINT)
+    assert call.memory_width(2) == 20 and call.width(2) == pytest.approx(19.25)  # memory: the quantile, time: E[max]
+
+
 def test_the_lognormal_is_parameterized_by_its_mean_and_cv():
     d = LengthDistribution(dist="lognormal", mean=2000, cv=1.0, max=16384)
     # sigma^2 = ln(1 + cv^2) = ln 2, mu = ln 2000 - sigma^2 / 2: P(X <= mean) = Phi(sigma / 2)
@@ -70,9 +87,13 @@ def test_decode_under_a_distribution_by_hand():
     want = sum(p * step(rows, 16 + t) for t, (p, rows) in enumerate([(1, 2), (0.75, 4 / 3), (0.75, 4 / 3), (0.75, 4 / 3)]))
     assert compute == pytest.approx(want, rel=1e-12)
     assert tp_comm == 0 and pp_comm == 0
-    # the KV cache's largest expected size: both rows after the prompt's first token (2 x 17)
+    # the KV cache's largest size with the rows alive at their 0.99 quantile: both rows to the
+    # end (2 x 20); at their expectation, both rows after the prompt's first token (2 x 17)
     # against one row of 20 at the end: 34 tokens
-    assert kv_tokens == pytest.approx(34)
+    assert kv_tokens == pytest.approx(40)
+    expected = LengthDistribution(**{**TWO_POINT.model_dump(), "memory_quantile": None})
+    *_, kv_expected = _decode_for_lengths(_generate_call(expected), model, cluster, option, 2.0, model.n_layers, False)
+    assert kv_expected == pytest.approx(34)
 
 
 def _scoring_call(kind, lengths, seqs=256, prompt=16, width=None):

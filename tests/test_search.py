@@ -337,12 +337,17 @@ def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
     assert scale["beats_symmetric"] == (scale["best_time_s"] < scale["baselines"]["symmetric"])
     tail = r["tail"]["ppo-8b-16gpu-longtail"]
     assert tail["steps"] == 2 and tail["budget_s"] == 2.0
+    # the plan searched for the distribution fits every sampled step (its memory was planned at
+    # the 0.99 quantile); the mean twins' plans differ from it and are slower on those steps, or
+    # do not fit them
+    assert tail["distribution"]["sampled_time_s"] < float("inf")
     for twin in ("mean", "mean_padded"):
         t = tail[twin]
         assert t["fits"] == (t["sampled_time_s"] != float("inf"))
-        assert t["plan_differs"] == (t["plan"] != tail["distribution"]["plan"])
+        assert t["plan_differs"] and t["plan"] != tail["distribution"]["plan"]
         if t["fits"]:
             assert t["distribution_gain"] == pytest.approx(1 - tail["distribution"]["sampled_time_s"] / t["sampled_time_s"])
+            assert t["distribution_gain"] > 0
 
 
 def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_path):

@@ -12,7 +12,8 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
   * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots. On
     generated sequences with response lengths (`call.lengths`), a micro-batch of b rows is as
     wide as the prompt plus the longest of its b responses (E[max], `CallDef.width`): the
-    runtime trims the padding after it; memory takes the longest of the device's rows of a step.
+    runtime trims the padding after it; memory takes the longest of the device's rows of a step
+    (at the distribution's `memory_quantile`).
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
@@ -149,7 +150,8 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     m = pp micro-batches decoding, waits for each token's trip through the pipeline) as long as
     the call's longest row decodes. With every row at the cap this is the fixed-length formula
     step by step. The KV cache holds the rows alive, each with its prompt and tokens so
-    far: its largest expected size over the steps, with at least the longest row kept while
+    far: its largest size over the steps, the rows alive taken at the distribution's memory
+    quantile (`LengthDistribution.memory_alive`), with at least the longest row kept while
     some row decodes."""
     from realbench.dataflow.lengths import alive_rows, still_decoding
 
@@ -182,8 +184,9 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     if pp > 1:
         per_row = [comm.p2p(cluster, x * model.hidden * BF16, p2p_cross) for x in (1.0, 2.0)]
         pp_comm = float((slots * (per_row[0] + (live - 1.0) * (per_row[1] - per_row[0]))).sum())
-    # the device's rows (b m) alive, the longest of them at least while one decodes
-    kept = np.maximum(alive_rows(cdf, b * m), still_decoding(cdf, b * m))
+    # the device's rows (b m) alive (at the distribution's memory quantile), the longest of them
+    # at least while one decodes
+    kept = np.maximum(call.lengths.memory_alive(b * m), still_decoding(cdf, b * m))
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 
@@ -236,8 +239,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     tokens = b * width
     fwd = layers * _layer_forward(cluster, model, tp, tokens, width / 2) + _head_forward(cluster, model, tp, tokens)
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
-    # memory: the widest micro-batch of the device's rows of a step (their longest row, on average)
-    peak_tokens = b * call.width(call.seqs / call.optimizer_steps / dp)
+    # memory: the widest micro-batch of the device's rows of a step (their longest row, at the
+    # distribution's memory quantile)
+    peak_tokens = b * call.memory_width(call.seqs / call.optimizer_steps / dp)
 
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd

@@ -95,6 +95,13 @@ class CallDef(BaseModel):
             return float(self.seq_len)
         return self.seq_len - self.lengths.max + self.lengths.expected_max(rows)
 
+    def memory_width(self, rows: float) -> float:
+        """`width` as memory is planned for it: the longest of the `rows` responses at the
+        distribution's memory quantile (`LengthDistribution.memory_longest`)."""
+        if self.lengths is None or self.kind == CallKind.GENERATE:
+            return float(self.seq_len)
+        return self.seq_len - self.lengths.max + self.lengths.memory_longest(rows)
+
 
 class Dataflow(BaseModel):
     """A list of calls and the graph they form. Validated on construction:

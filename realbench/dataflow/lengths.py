@@ -20,12 +20,24 @@ so at step t (the step that samples token t + 1, t = 0..max-1)
 
 and the rows alive in a micro-batch that still decodes are b (1 - cdf[t]) / (1 - cdf[t]^b)
 on average. A fixed length has cdf[t] = 0 below the cap: every step runs every row.
+
+Time is priced at these expectations; memory is planned for the step at the `memory_quantile`
+q (default 0.99) of its draws, since a plan must fit the steps whose responses run longer than
+the average one, not only the average step:
+
+    the longest of n rows:  the least t with cdf[t]^n >= q            (P(max <= t) = cdf[t]^n)
+    rows of n alive at t:   min(n, n p + z_q sqrt(n p (1 - p))),  p = 1 - cdf[t]
+                            (the binomial count's normal bound; z_q the standard normal quantile)
+
+With `memory_quantile: null` memory takes the expectations too: what one step's own lengths
+(an empirical distribution of that step) need.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -48,6 +60,7 @@ class LengthDistribution(BaseModel):
     cv: Optional[float] = Field(default=None, gt=0)
     lengths: tuple[int, ...] = ()
     counts: tuple[int, ...] = ()
+    memory_quantile: Optional[float] = Field(default=0.99, gt=0, lt=1)  # None: memory at the expectation
 
     @model_validator(mode="after")
     def _check(self) -> "LengthDistribution":
@@ -93,6 +106,26 @@ class LengthDistribution(BaseModel):
     @cached_property
     def _maxima(self) -> dict:
         return {}
+
+    def memory_longest(self, rows: float) -> float:
+        """The longest of `rows` lengths that memory is planned for: its `memory_quantile` (the
+        least t with cdf[t]^rows >= q), or its expectation."""
+        q = self.memory_quantile
+        if q is None:
+            return self.expected_max(rows)
+        key = (q, rows)
+        if key not in self._maxima:
+            self._maxima[key] = float(np.searchsorted(self._cdf ** rows, q, side="left"))
+        return self._maxima[key]
+
+    def memory_alive(self, rows: float) -> np.ndarray:
+        """The rows of `rows` alive at step t (t = 0..max-1) that memory is planned for: the
+        binomial count's normal bound at `memory_quantile`, at most `rows`; or the expectation."""
+        p = 1.0 - self._cdf[:-1]
+        if self.memory_quantile is None:
+            return rows * p
+        z = statistics.NormalDist().inv_cdf(self.memory_quantile)
+        return np.minimum(rows, rows * p + z * np.sqrt(rows * p * (1.0 - p)))
 
     @property
     def expected(self) -> float:
@@ -159,14 +192,14 @@ def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Opti
         path = Path(str(v.pop("from")))
         path = path if path.is_absolute() else base / path
         call = v.pop("call", None)
-        unknown = sorted(set(v) - {"max"})
+        unknown = sorted(set(v) - {"max", "memory_quantile"})
         if unknown:
-            raise ConfigError("unknown key (with from: max, call)", unknown[0])
+            raise ConfigError("unknown key (with from: max, call, memory_quantile)", unknown[0])
         lengths = read_lengths_file(path, call)
         top = v.get("max", cap or max(lengths))
         lengths = [min(n, top) for n in lengths]  # the cap bounds what a run may generate
         values, counts = np.unique(lengths, return_counts=True)
-        v = {"dist": "empirical", "max": top, "lengths": tuple(int(x) for x in values),
+        v = {**v, "dist": "empirical", "max": top, "lengths": tuple(int(x) for x in values),
              "counts": tuple(int(c) for c in counts)}
     if cap is not None:
         v.setdefault("max", cap)

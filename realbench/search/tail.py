@@ -5,8 +5,10 @@ generation call's lengths replaced by their mean, rounded (a number: every respo
 sequence of the calls that process them, priced at the mean). Both plans are then judged on the same
 seeded sampled lengths: each step draws every generation call's `seqs` lengths from its
 distribution (inverse-CDF sampling) and estimates the plan with that step's lengths (their
-empirical distribution: the call waits for its longest row); a plan that does not fit in a
-step's memory takes infinitely long. `sampled_time` is the mean over the steps.
+empirical distribution: the call waits for its longest row; its memory is what those lengths
+need, no quantile); a plan that does not fit in a step's memory takes infinitely long. The
+searches plan memory at the distribution's `memory_quantile` (0.99 unless set), so that the
+plans fit the steps whose responses run longer than the average step's. `sampled_time` is the mean over the steps.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDis
             if c.kind == CallKind.GENERATE and c.lengths is not None:
                 lengths = np.searchsorted(c.lengths.cdf(), rng.random(c.seqs), side="left")
                 values, counts = np.unique(lengths, return_counts=True)
+                # memory for the step's own lengths (no quantile: they are what it has)
                 drawn[c.name] = LengthDistribution(dist="empirical", max=c.lengths.max,
                                                    lengths=tuple(int(v) for v in values),
-                                                   counts=tuple(int(k) for k in counts))
+                                                   counts=tuple(int(k) for k in counts), memory_quantile=None)
         out.append(drawn)
     return out
 
