@@ -36,14 +36,14 @@ def test_memory_is_planned_for_a_step_at_the_quantile_by_hand():
     its 0.99 quantile is 4, its 0.2 quantile 1, its expectation 3.25. Of 100 rows, p = 1/2 are
     alive at steps 1..3: 50 + z sqrt(100 / 4) at the quantile (z = 2.326 for 0.99)."""
     def at(q):
-        return LengthDistribution(dist="empirical", max=4, lengths=(1, 4), counts=(1, 1), memory_quantile=q)
+        return LengthDistribution(dist="empirical", max=4, lengths=(1, 4), counts=(1, 1), memory_at=q)
 
-    assert TWO_POINT.memory_quantile == 0.99 and TWO_POINT.memory_longest(2) == 4
-    assert at(0.2).memory_longest(2) == 1 and at(None).memory_longest(2) == pytest.approx(3.25)
+    assert TWO_POINT.memory_at == 0.99 and TWO_POINT.memory_longest(2) == 4
+    assert at(0.2).memory_longest(2) == 1 and at("mean").memory_longest(2) == pytest.approx(3.25)
     z = 2.3263478740408408
     assert TWO_POINT.memory_alive(100).tolist() == pytest.approx([100, 50 + 5 * z, 50 + 5 * z, 50 + 5 * z])
     assert TWO_POINT.memory_alive(2).tolist() == [2.0, 2.0, 2.0, 2.0]  # never more rows than there are
-    assert at(None).memory_alive(100).tolist() == [100, 50, 50, 50]
+    assert at("mean").memory_alive(100).tolist() == [100, 50, 50, 50]
     call = _scoring_call("train", TWO_POINT)
     assert call.memory_width(2) == 20 and call.width(2) == pytest.approx(19.25)  # memory: the quantile, time: E[max]
 
@@ -91,7 +91,7 @@ def test_decode_under_a_distribution_by_hand():
     # end (2 x 20); at their expectation, both rows after the prompt's first token (2 x 17)
     # against one row of 20 at the end: 34 tokens
     assert kv_tokens == pytest.approx(40)
-    expected = LengthDistribution(**{**TWO_POINT.model_dump(), "memory_quantile": None})
+    expected = LengthDistribution(**{**TWO_POINT.model_dump(), "memory_at": "mean"})
     *_, kv_expected = _decode_for_lengths(_generate_call(expected), model, cluster, option, 2.0, model.n_layers, False)
     assert kv_expected == pytest.approx(34)
 
@@ -122,6 +122,16 @@ def test_later_calls_process_the_prompt_and_the_longest_response_of_a_micro_batc
             assert trimmed == narrow, (kind, strategy)
             padded = call_cost(_scoring_call(kind, None, width=16 + 1024), model, cluster, option)
             assert trimmed.time_s < padded.time_s / 2 and trimmed.working_bytes < padded.working_bytes / 2
+
+
+def test_memory_at_the_mean_survives_the_scenario_document(tmp_path):
+    from realbench.plan.scenario import scenario_from_document
+
+    path = tmp_path / "tail.yaml"
+    path.write_text(TAIL.replace("cv: 1.0,", "cv: 1.0, memory_at: mean,"))
+    s = load_scenario(str(path))
+    again = scenario_from_document(s.to_document())
+    assert again.dataflow.call("actor_gen").lengths.memory_at == "mean" and again.dataflow == s.dataflow
 
 
 def test_a_distribution_reaches_the_calls_that_process_the_generated_sequences(tmp_path):
@@ -174,6 +184,9 @@ dataflow: {algorithm: grpo, prompts: 64, prompt_len: 512, group_size: 8,
     ("dist: lognormal", "dist: lognormol", "dataflow.gen_len.dist: Input should be 'fixed', 'lognormal' or 'empirical'"),
     ("cv: 1.0", "cv: 1.0, mode: 3", "dataflow.gen_len.mode: unknown field"),
     ("mean: 2000", "mean: 20000", "dataflow.gen_len.mean: 20000 is above the cap max = 16384"),
+    ("cv: 1.0", "cv: 1.0, memory_at: 1.5", "dataflow.gen_len.memory_at: 1.5 is neither a quantile between 0 and 1 "
+                                           "nor mean"),
+    ("cv: 1.0", "cv: 1.0, memory_at: median", "dataflow.gen_len.memory_at: 'median' is neither a quantile"),
     ("gen_len: {dist: lognormal, mean: 2000, cv: 1.0, max: 16384}", "gen_len: {from: nowhere.jsonl}",
      "nowhere.jsonl: dataflow.gen_len.from: cannot read it"),
 ])

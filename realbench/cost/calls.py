@@ -13,7 +13,7 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
     generated sequences with response lengths (`call.lengths`), a micro-batch of b rows is as
     wide as the prompt plus the longest of its b responses (E[max], `CallDef.width`): the
     runtime trims the padding after it; memory takes the longest of the device's rows of a step
-    (at the distribution's `memory_quantile`).
+    (at the distribution's `memory_at`).
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see

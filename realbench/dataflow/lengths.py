@@ -21,16 +21,16 @@ so at step t (the step that samples token t + 1, t = 0..max-1)
 and the rows alive in a micro-batch that still decodes are b (1 - cdf[t]) / (1 - cdf[t]^b)
 on average. A fixed length has cdf[t] = 0 below the cap: every step runs every row.
 
-Time is priced at these expectations; memory is planned for the step at the `memory_quantile`
-q (default 0.99) of its draws, since a plan must fit the steps whose responses run longer than
+Time is priced at these expectations; memory is planned for the step at the quantile q =
+`memory_at` (default 0.99) of its draws, since a plan must fit the steps whose responses run longer than
 the average one, not only the average step:
 
     the longest of n rows:  the least t with cdf[t]^n >= q            (P(max <= t) = cdf[t]^n)
     rows of n alive at t:   min(n, n p + z_q sqrt(n p (1 - p))),  p = 1 - cdf[t]
                             (the binomial count's normal bound; z_q the standard normal quantile)
 
-With `memory_quantile: null` memory takes the expectations too: what one step's own lengths
-(an empirical distribution of that step) need.
+With `memory_at: mean` memory takes the expectations too: what one step's own lengths (an
+empirical distribution of that step) need.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import math
 import statistics
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -60,10 +60,14 @@ class LengthDistribution(BaseModel):
     cv: Optional[float] = Field(default=None, gt=0)
     lengths: tuple[int, ...] = ()
     counts: tuple[int, ...] = ()
-    memory_quantile: Optional[float] = Field(default=0.99, gt=0, lt=1)  # None: memory at the expectation
+    # memory is planned at this quantile of a step's draws, or at their expectation ("mean")
+    memory_at: Union[float, str] = 0.99
 
     @model_validator(mode="after")
     def _check(self) -> "LengthDistribution":
+        q = self.memory_at
+        if q != "mean" and (isinstance(q, str) or not 0 < q < 1):
+            raise ConfigError(f"{q!r} is neither a quantile between 0 and 1 nor mean", "memory_at")
         if self.dist == "lognormal" and (self.mean is None or self.cv is None):
             raise ConfigError("a lognormal distribution needs mean and cv", "mean" if self.mean is None else "cv")
         if self.dist == "lognormal" and self.mean > self.max:
@@ -108,10 +112,10 @@ class LengthDistribution(BaseModel):
         return {}
 
     def memory_longest(self, rows: float) -> float:
-        """The longest of `rows` lengths that memory is planned for: its `memory_quantile` (the
+        """The longest of `rows` lengths that memory is planned for: its `memory_at` (the
         least t with cdf[t]^rows >= q), or its expectation."""
-        q = self.memory_quantile
-        if q is None:
+        q = self.memory_at
+        if q == "mean":
             return self.expected_max(rows)
         key = (q, rows)
         if key not in self._maxima:
@@ -120,11 +124,11 @@ class LengthDistribution(BaseModel):
 
     def memory_alive(self, rows: float) -> np.ndarray:
         """The rows of `rows` alive at step t (t = 0..max-1) that memory is planned for: the
-        binomial count's normal bound at `memory_quantile`, at most `rows`; or the expectation."""
+        binomial count's normal bound at `memory_at`, at most `rows`; or the expectation."""
         p = 1.0 - self._cdf[:-1]
-        if self.memory_quantile is None:
+        if self.memory_at == "mean":
             return rows * p
-        z = statistics.NormalDist().inv_cdf(self.memory_quantile)
+        z = statistics.NormalDist().inv_cdf(self.memory_at)
         return np.minimum(rows, rows * p + z * np.sqrt(rows * p * (1.0 - p)))
 
     @property
@@ -192,9 +196,9 @@ def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Opti
         path = Path(str(v.pop("from")))
         path = path if path.is_absolute() else base / path
         call = v.pop("call", None)
-        unknown = sorted(set(v) - {"max", "memory_quantile"})
+        unknown = sorted(set(v) - {"max", "memory_at"})
         if unknown:
-            raise ConfigError("unknown key (with from: max, call, memory_quantile)", unknown[0])
+            raise ConfigError("unknown key (with from: max, call, memory_at)", unknown[0])
         lengths = read_lengths_file(path, call)
         top = v.get("max", cap or max(lengths))
         lengths = [min(n, top) for n in lengths]  # the cap bounds what a run may generate

@@ -7,7 +7,7 @@ seeded sampled lengths: each step draws every generation call's `seqs` lengths f
 distribution (inverse-CDF sampling) and estimates the plan with that step's lengths (their
 empirical distribution: the call waits for its longest row; its memory is what those lengths
 need, no quantile); a plan that does not fit in a step's memory takes infinitely long. The
-searches plan memory at the distribution's `memory_quantile` (0.99 unless set), so that the
+searches plan memory at the distribution's `memory_at` (0.99 unless set), so that the
 plans fit the steps whose responses run longer than the average step's. `sampled_time` is the mean over the steps.
 """
 
@@ -70,7 +70,7 @@ def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDis
                 # memory for the step's own lengths (no quantile: they are what it has)
                 drawn[c.name] = LengthDistribution(dist="empirical", max=c.lengths.max,
                                                    lengths=tuple(int(v) for v in values),
-                                                   counts=tuple(int(k) for k in counts), memory_quantile=None)
+                                                   counts=tuple(int(k) for k in counts), memory_at="mean")
         out.append(drawn)
     return out
 
