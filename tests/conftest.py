@@ -13,7 +13,8 @@ def machine_profile_cache(tmp_path_factory):
     processes and notebook kernels the tests start), with this machine's quick profiles for 2
     and 4 processes of the tiny models taken once up front, so that no test's output depends on
     whether it happened to be the first to need one."""
-    from realbench.hardware.cache import CACHE_ENV, machine_profile
+    from realbench.cache import CACHE_ENV
+    from realbench.runtime.profile_cache import machine_profile
     from realbench.models import get_model
 
     before = os.environ.get(CACHE_ENV)

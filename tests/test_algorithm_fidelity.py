@@ -21,7 +21,7 @@ from realbench.plan.builtin import BUILTIN
 from realbench.plan.scenario import Scenario
 from realbench.plan.mesh import Mesh, Option, Strategy
 from realbench.runtime.local import spawn
-from realbench.runtime.shards import in_stage, param_specs, tp_range
+from realbench.models.shards import in_stage, param_specs, tp_range
 from realbench.runtime.worker import NonFiniteError, Worker
 
 DPO_SCENARIO = "dpo-tiny-cpu"

@@ -41,7 +41,7 @@ def _load_shards(rank, world, folder, layout, full_load):
     from realbench.models.hf import spec_from_checkpoint_entry
     from realbench.runtime.checkpoint import load_hf_checkpoint, load_hf_shards
     from realbench.runtime.model import LlamaStage
-    from realbench.runtime.shards import param_specs, tp_range
+    from realbench.models.shards import param_specs, tp_range
 
     spec = spec_from_checkpoint_entry({"path": folder}, __import__("pathlib").Path("."))
     c = layout.coord(rank)

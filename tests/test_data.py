@@ -7,7 +7,7 @@ import pytest
 
 from realbench.errors import ConfigError
 from realbench.plan.data import DataSpec
-from realbench.runtime.data import Dataset, read_rows
+from realbench.plan.datafiles import Dataset, read_rows
 from realbench.examples import arithmetic_prompts, train_tokenizer, write_jsonl
 
 transformers = pytest.importorskip("transformers")

@@ -84,7 +84,7 @@ def _trained(c, model, m, mine):
     positions each micro-batch computed, and the largest relative error of its loss and
     gradients against one process on the whole untrimmed batch."""
     from realbench.runtime.model import LlamaStage
-    from realbench.runtime.shards import param_specs, tp_range
+    from realbench.models.shards import param_specs, tp_range
 
     batch, dp = _responses(), model.layout.dims.dp
     ref = LlamaStage(SPEC)

@@ -1,13 +1,14 @@
 """Local estimates are calibrated by default: this machine's profile is taken once, cached,
 reused, refused when it is another machine's, refreshed on request, and skipped with
-`--profile none` (realbench.hardware.cache)."""
+`--profile none` (realbench.runtime.profile_cache)."""
 
 import json
 
 import pytest
 
-from realbench.hardware import cache
-from realbench.hardware.cache import CACHE_ENV, cache_path, machine_identity, machine_profile
+from realbench.runtime import profile_cache as cache
+from realbench.cache import CACHE_ENV
+from realbench.runtime.profile_cache import cache_path, machine_identity, machine_profile
 from realbench.models import get_model
 
 ESTIMATE = ("estimate", "--scenario", "ppo-tiny-2cpu", "--baseline", "symmetric", "--json")
@@ -85,7 +86,7 @@ def test_a_cached_profile_of_another_machine_is_refused_and_measured_again(own_c
     def profile_machine(request, on_progress=None):  # the measurement, counted (its result: the real one)
         measured.append(request)
         return real
-    monkeypatch.setattr("realbench.hardware.profiler.profile_machine", profile_machine)
+    monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
     notes = []
     again = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and measured[0].nproc == 2

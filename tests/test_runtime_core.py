@@ -11,7 +11,7 @@ from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.local import spawn
 from realbench.runtime.model import LlamaStage, init_full_weights
 from realbench.runtime.realloc import bytes_received, plan_transfers
-from realbench.runtime.shards import param_specs, tp_range
+from realbench.models.shards import param_specs, tp_range
 
 SPEC = get_model("llama-tiny")
 # a head tied to the embedding, with another rotary base and norm epsilon than the defaults
@@ -35,7 +35,7 @@ def test_layout_coordinates():
 def test_transfers_cover_each_destination_exactly_once():
     """For every destination rank and every tensor its stage stores, the transfers (local copies
     included) tile its tp range exactly, each from a rank that holds that range in the source."""
-    from realbench.runtime.shards import in_stage, tied_aliases
+    from realbench.models.shards import in_stage, tied_aliases
 
     rng = random.Random(0)
     pairs = [(spec, random_layout(rng, 4), random_layout(rng, 4)) for _ in range(40) for spec in (SPEC, TIED)]
@@ -221,7 +221,7 @@ def test_layout_parity_with_unsharded_model(world, spec):
 def _realloc_worker(rank, world, pairs):
     from nccl_order import Recorder
     from realbench.runtime.realloc import BoundReallocation, empty_shards, rank_plan, reallocate
-    from realbench.runtime.shards import tied_aliases
+    from realbench.models.shards import tied_aliases
 
     groups = Groups()
     out = []
@@ -333,7 +333,7 @@ def shard_shape_of(p):
 
 
 def _stage_numel(spec, layout, coord):
-    from realbench.runtime.shards import flat_offsets, in_stage, shard_shape, tied_aliases
+    from realbench.models.shards import flat_offsets, in_stage, shard_shape, tied_aliases
 
     out = {}
     for p in param_specs(spec):

@@ -22,7 +22,7 @@ from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.plan.training import OptimizerSettings, TrainingSpec
 from realbench.runtime.algorithms import PPO, make_algorithm
 from realbench.runtime.local import spawn
-from realbench.runtime.shards import param_specs, tp_range
+from realbench.models.shards import param_specs, tp_range
 from realbench.runtime.worker import Worker
 
 

@@ -153,7 +153,7 @@ def test_dataflow_editor_add_remove_save_load(tmp_path):
 
 # -- cluster and profiler --------------------------------------------------------------------------------------
 def test_cluster_panel_profiles_in_the_background(tmp_path):
-    from realbench.hardware.profiler import ProfileRequest
+    from realbench.runtime.profiler import ProfileRequest
     from realbench.widgets import ClusterPanel
 
     panel = ClusterPanel(nodes=2, gpus_per_node=8, device="h100")

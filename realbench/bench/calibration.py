@@ -58,7 +58,7 @@ def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optio
 
     from realbench.cost import Estimator
     from realbench.hardware.profile import load_profile
-    from realbench.hardware.profiler import ProfileRequest, profile_machine
+    from realbench.runtime.profiler import ProfileRequest, profile_machine
     from realbench.plan import load_scenario
     from realbench.runtime.device import resolve_device
     from realbench.runtime.launch import run_plan

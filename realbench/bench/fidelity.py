@@ -160,7 +160,7 @@ class Published(BaseModel):
 
 
 def load_published(path: Union[str, Path] = DATA) -> Published:
-    from realbench.plan.schema import validate_model
+    from realbench.schema import validate_model
 
     with open(path) as f:
         return validate_model(Published, yaml.safe_load(f))

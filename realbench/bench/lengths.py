@@ -53,7 +53,7 @@ def run(steps: int = FULL["steps"], prompts: int = FULL["prompts"], group_size: 
     from realbench.cost import Estimator
     from realbench.cost.baselines import symmetric_plan
     from realbench.examples import tiny_grpo_job
-    from realbench.hardware.cache import scenario_profile
+    from realbench.runtime.profile_cache import scenario_profile
     from realbench.plan import load_scenario
     from realbench.plan.plan import plan_from_options
     from realbench.runtime.launch import run_plan

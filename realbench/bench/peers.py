@@ -72,7 +72,7 @@ def _trl(folder: Path, size: dict, steps: int, seed: int) -> dict:
     import trl
 
     from realbench.examples import arithmetic_prompts
-    from realbench.runtime.rewards import load_function
+    from realbench.models.rewards import load_function
 
     torch.set_num_threads(1)
     digits = load_function(str(folder / "rewards.py"), "digits")

@@ -136,13 +136,13 @@ def progress_bar(label: str):
 
 def profile_for(args, scenario, processes: Optional[int] = None, device_type: str = "cpu"):
     """The profile the arguments name, checked against the scenario's devices; by default this
-    machine's cached profile for a CPU scenario planned or run on the CPU (realbench.hardware.cache);
+    machine's cached profile for a CPU scenario planned or run on the CPU (realbench.runtime.profile_cache);
     None: the analytic model."""
     name = getattr(args, "profile", None)
     if name == "none":
         return None
     if not name:
-        from realbench.hardware.cache import scenario_profile
+        from realbench.runtime.profile_cache import scenario_profile
 
         with progress_bar("profiling this machine") as on_progress:
             return scenario_profile(scenario, processes, note=log, on_progress=on_progress, device_type=device_type)

@@ -1,6 +1,6 @@
 """`realbench profile`: measure this machine's layer and collective costs into a profile file, or
 (without --out) into the cached profile that local plans and runs are costed with by default
-(realbench.hardware.cache): that refreshes it."""
+(realbench.runtime.profile_cache): that refreshes it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def add_parser(sub) -> None:
-    from realbench.hardware.profiler import DEFAULT_BATCHES, DEFAULT_LENGTHS, ProfileRequest
+    from realbench.runtime.profiler import DEFAULT_BATCHES, DEFAULT_LENGTHS, ProfileRequest
 
     d = ProfileRequest()
     p = sub.add_parser("profile", help="measure this machine (layers of the runtime's model, collectives)")
@@ -48,8 +48,8 @@ def run(args) -> int:
 
     from realbench.cli import progress_bar
     from realbench.errors import ConfigError
-    from realbench.hardware.cache import cache_path, machine_identity, machine_profile, shape_named
-    from realbench.hardware.profiler import ProfileRequest, check_request, profile_machine, profile_summary
+    from realbench.runtime.profile_cache import cache_path, machine_identity, machine_profile, shape_named
+    from realbench.runtime.profiler import ProfileRequest, check_request, profile_machine, profile_summary
     from realbench.plan import load_scenario
 
     models, nproc = list(args.models or ()), args.nproc

@@ -6,7 +6,7 @@ import yaml
 
 from realbench.cli import emit_json
 from realbench.plan import BUILTIN, get_builtin
-from realbench.plan.schema import write_document
+from realbench.schema import write_document
 
 
 def add_parser(sub) -> None:

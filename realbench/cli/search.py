@@ -10,7 +10,7 @@ from realbench.cli import add_profile_args, emit_json, log, non_negative_int, po
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options, scenario_ref
-from realbench.plan.schema import write_document
+from realbench.schema import write_document
 from realbench.search import METHODS, SamplerSettings, SearchEvent, run_search
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from realbench.cli import emit_json
 from realbench.dataflow import CallKind
 from realbench.plan import load_plan, load_scenario
-from realbench.plan.schema import PLAN_SCHEMA, PROFILE_SCHEMA, read_document
+from realbench.schema import PLAN_SCHEMA, PROFILE_SCHEMA, read_document
 from realbench.plan.scenario import scenario_from_document
 
 

@@ -227,6 +227,6 @@ class Dataflow(BaseModel):
 
 def load_dataflow(data: dict) -> Dataflow:
     """A Dataflow from parsed YAML/JSON; errors name the field."""
-    from realbench.plan.schema import validate_model
+    from realbench.schema import validate_model
 
     return validate_model(Dataflow, data)

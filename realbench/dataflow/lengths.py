@@ -207,7 +207,7 @@ def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Opti
              "counts": tuple(int(c) for c in counts)}
     if cap is not None:
         v.setdefault("max", cap)
-    from realbench.plan.schema import validate_model
+    from realbench.schema import validate_model
 
     dist = validate_model(LengthDistribution, v)
     return dist.max, dist

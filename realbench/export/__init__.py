@@ -11,7 +11,7 @@ from realbench.errors import ConfigError
 from realbench.export.launchers import (DEFAULT_PORT, LaunchSpec, accelerate_config, accelerate_script,
                                         slurm_script, torchrun_script)
 from realbench.plan import load_plan, load_scenario
-from realbench.plan.schema import write_text
+from realbench.schema import write_text
 
 FORMATS = ("accelerate", "torchrun", "slurm", "html")
 

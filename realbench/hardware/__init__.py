@@ -115,7 +115,7 @@ def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> di
 DEVICES: dict[str, DeviceSpec] = {
     **{name: gpu_device(name) for name in DATASHEETS},
     # A CPU "device" as used by the tiny scenarios: one process per core, gloo links. Local plans
-    # are costed with a profile of the machine (realbench.hardware.cache); these numbers are the
+    # are costed with a profile of the machine (realbench.runtime.profile_cache); these numbers are the
     # fallback with `--profile none`.
     "cpu": DeviceSpec(name="cpu", memory_bytes=4 * GiB, flops=5e10, mem_bw=1e10,
                       matmul_efficiency=0.5, half_efficiency_rows=16, kernel_overhead_s=3e-5),

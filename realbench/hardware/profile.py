@@ -31,7 +31,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
-from realbench.plan.schema import PROFILE_SCHEMA, read_document, validate_model, write_text
+from realbench.schema import PROFILE_SCHEMA, read_document, validate_model, write_text
 
 LAYER_OPS = ("embed.fwd", "embed.fwd_bwd", "block.fwd", "block.fwd_bwd", "block.decode", "head.fwd",
              "head.fwd_bwd", "value_head.fwd", "value_head.fwd_bwd", "logprobs.fwd", "loss.fwd_bwd", "sample")

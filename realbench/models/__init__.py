@@ -119,7 +119,7 @@ class ModelSpec(BaseModel):
 
 class FunctionSpec(BaseModel):
     """Rewards computed by Python functions instead of a model, called as TRL calls them (see
-    realbench.runtime.rewards). They run on the CPU of the processes their call is placed on;
+    realbench.models.rewards). They run on the CPU of the processes their call is placed on;
     the cost model charges `seconds_per_sample` per response and function (the run measures
     the real time). With several functions, or a reward model's score beside them
     (`model_score`: the scores arrive as the call's second input), a response's reward is the

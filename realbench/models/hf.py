@@ -113,7 +113,7 @@ def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
     value_head = arch in SEQUENCE_CLASSIFICATION
     if value_head and (cfg.get("num_labels") or len(cfg.get("id2label") or {"0": 0})) != 1:
         raise ConfigError("a reward or critic head needs exactly one label", "num_labels", source)
-    from realbench.plan.schema import validate_model
+    from realbench.schema import validate_model
 
     fields = dict(name=name, **shape, **FAMILIES[family], value_head=value_head, rope_theta=rope_theta(cfg, source),
                   norm_eps=cfg.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
@@ -235,7 +235,7 @@ def checkpoint_tensors(spec: ModelSpec, folder: Path) -> dict[str, tuple[str, st
     """{realbench parameter: (file, Hugging Face name)} for the parameters the folder holds,
     after checking that every tensor maps to a parameter with its shape and that every
     parameter is there (a fresh value head, or a tied head, need none)."""
-    from realbench.runtime.shards import param_specs
+    from realbench.models.shards import param_specs
 
     expected = {p.name: p.shape for p in param_specs(spec)}
     fresh = set()

@@ -1,5 +1,5 @@
 """The `data:` section of a scenario: which files an RLHF job trains on and how their columns
-map to what each algorithm needs. Reading and tokenizing them is `realbench.runtime.data`'s.
+map to what each algorithm needs. Reading and tokenizing them is `realbench.plan.datafiles`'s.
 
     data:
       train: prompts.jsonl             # JSON Lines, Parquet or a datasets save_to_disk folder (or a list),
@@ -37,7 +37,7 @@ def _is_dataset(v: Any) -> bool:
 def saved_dataset(ds: Any) -> str:
     """A `datasets.Dataset` given through the Python API, as the folder its `save_to_disk` wrote
     (under the cache folder, by the dataset's fingerprint: saved once), which every worker reads."""
-    from realbench.hardware.cache import cache_folder
+    from realbench.cache import cache_folder
 
     folder = cache_folder() / "datasets" / ds._fingerprint
     if not (folder / "dataset_info.json").is_file():

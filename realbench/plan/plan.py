@@ -21,7 +21,7 @@ from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy, parse_mesh
 from realbench.plan.options import option_problem
 from realbench.plan.scenario import Scenario, load_scenario
-from realbench.plan.schema import PLAN_SCHEMA, read_document, validate_model, write_document
+from realbench.schema import PLAN_SCHEMA, read_document, validate_model, write_document
 
 
 class Placement(BaseModel):

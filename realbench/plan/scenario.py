@@ -35,10 +35,10 @@ from realbench.hardware import LINKS, ClusterSpec, get_device
 from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
 from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
 from realbench.plan.data import DataSpec
-from realbench.runtime.rewards import GIVEN, function_spec, load_function, missing_arguments
+from realbench.models.rewards import GIVEN, function_spec, load_function, missing_arguments
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
-from realbench.plan.schema import SCENARIO_SCHEMA, read_document, validate_model
+from realbench.schema import SCENARIO_SCHEMA, read_document, validate_model
 from realbench.plan.training import TrainingSpec
 
 
@@ -314,7 +314,7 @@ def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallD
 def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> DataSpec:
     """The `data:` section, its paths resolved against `base`, with what reading the files and
     tokenizing them found (rows, widths, truncated rows, tokenizer size)."""
-    from realbench.runtime.data import Dataset, has_tokenizer, load_tokenizer, prompt_text, same_tokenizer
+    from realbench.plan.datafiles import Dataset, has_tokenizer, load_tokenizer, prompt_text, same_tokenizer
 
     if not isinstance(raw, dict):
         raise ConfigError("must be a mapping (train: FILE, fields: {...}, ...)", "data")

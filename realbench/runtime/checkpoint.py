@@ -43,7 +43,7 @@ def load_hf_checkpoint(folder: str | Path, name: str | None = None, value_head: 
     entry = {"path": str(folder), **({"name": name} if name else {}),
              **({"value_head": value_head} if value_head is not None else {})}
     spec = spec_from_checkpoint_entry(entry, Path("."))
-    from realbench.runtime.shards import param_specs
+    from realbench.models.shards import param_specs
 
     full = {p.name: None for p in param_specs(spec)}
     return spec, load_hf_shards(spec, 1, 0, 1, 0, seed, names=list(full))
@@ -59,7 +59,7 @@ def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, 
     from safetensors import safe_open
 
     from realbench.models.hf import checkpoint_tensors
-    from realbench.runtime.shards import flat_offsets, param_specs, tied_aliases, tp_range
+    from realbench.models.shards import flat_offsets, param_specs, tied_aliases, tp_range
 
     folder = Path(spec.path)
     where = checkpoint_tensors(spec, folder)
@@ -105,7 +105,7 @@ def write_manifest(folder: str | Path, step: int, scenario: str, calls: dict, pr
                    scenario_document: dict | None = None) -> None:
     """Mark a checkpoint complete (an atomic rename: a reader sees all of it or nothing). The
     scenario's document goes with it, so that `realbench checkpoint convert` needs nothing else."""
-    from realbench.plan.schema import write_text
+    from realbench.schema import write_text
 
     doc = {"schema": CHECKPOINT_SCHEMA, "step": step, "scenario": scenario, "processes": processes, "calls": calls,
            **({"scenario_document": scenario_document} if scenario_document else {})}
@@ -162,7 +162,7 @@ def _read_slices(files: _RankFiles, spec: ModelSpec, role: str, src, dst, rank: 
     reallocation from `src` (the layout the files were written under) would send to `rank`,
     read from the senders' files; returns the model's Adam step count (0 when not trained)."""
     from realbench.runtime.realloc import plan_transfers
-    from realbench.runtime.shards import tied_aliases
+    from realbench.models.shards import tied_aliases
 
     stored_as = tied_aliases(spec, src.dims.pp)  # a head kept in the embedding is stored as the embedding
     steps = None
@@ -221,7 +221,7 @@ def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Pa
     from realbench.dataflow import CallKind
     from realbench.runtime.layout import Layout
     from realbench.runtime.realloc import empty_shards
-    from realbench.runtime.shards import tied_aliases
+    from realbench.models.shards import tied_aliases
     from realbench.runtime.worker import layout_of
 
     folder = Path(folder)
@@ -307,7 +307,7 @@ def save_hf(folder: str | Path, spec: ModelSpec, full: dict[str, torch.Tensor], 
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_config(spec, dtype), indent=2) + "\n")
     if tokenizer_dir:
-        from realbench.runtime.data import load_tokenizer
+        from realbench.plan.datafiles import load_tokenizer
 
         tok = load_tokenizer(tokenizer_dir)
         if spec.value_head and tok.pad_token_id is not None:  # sequence classification finds the last token

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import LlamaStage
-from realbench.runtime.shards import param_specs
+from realbench.models.shards import param_specs
 
 
 class PlacedModel:

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.runtime.shards import (flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
+from realbench.models.shards import (flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
                                       tp_range)
 
 

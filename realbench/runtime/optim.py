@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from realbench.runtime.shards import flat_views
+from realbench.models.shards import flat_views
 
 
 def decays(name: str) -> bool:

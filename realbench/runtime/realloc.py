@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Layout
-from realbench.runtime.shards import (ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape,
+from realbench.models.shards import (ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape,
                                       tied_aliases, tp_range)
 
 

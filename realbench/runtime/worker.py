@@ -38,15 +38,15 @@ from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
 from realbench.errors import ConfigError
-from realbench.runtime.data import Dataset, Encoder, is_messages, load_tokenizer, stop_token_ids
+from realbench.plan.datafiles import Dataset, Encoder, is_messages, load_tokenizer, stop_token_ids
 from realbench.runtime.optim import MixedPrecisionAdam
-from realbench.runtime.rewards import TrainerState, call_reward_function, load_function
+from realbench.models.rewards import TrainerState, call_reward_function, load_function
 from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel, generate
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_full_weights
 from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
-from realbench.runtime.shards import param_specs, tied_aliases
+from realbench.models.shards import param_specs, tied_aliases
 
 FAULT_ENV = "REALBENCH_FAULT"
 

@@ -105,7 +105,7 @@ class ClusterPanel:
     def start_profile(self, request=None) -> bool:
         from pathlib import Path
 
-        from realbench.hardware.profiler import ProfileRequest, check_request
+        from realbench.runtime.profiler import ProfileRequest, check_request
 
         if self._thread is not None and self._thread.is_alive():
             return False
@@ -126,7 +126,7 @@ class ClusterPanel:
             send(self._progress, done, total)
 
         def work():
-            from realbench.hardware.profiler import profile_machine
+            from realbench.runtime.profiler import profile_machine
 
             try:
                 prof = profile_machine(req, progress)

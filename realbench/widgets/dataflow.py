@@ -127,7 +127,7 @@ class DataflowEditor:
         return self._apply(doc, f"removed {name}")
 
     def save(self) -> bool:
-        from realbench.plan.schema import write_document
+        from realbench.schema import write_document
 
         try:
             if not self.path_box.value.strip():
@@ -140,7 +140,7 @@ class DataflowEditor:
         return True
 
     def load(self) -> bool:
-        from realbench.plan.schema import read_document
+        from realbench.schema import read_document
 
         try:
             doc = read_document(self.path_box.value.strip())

@@ -19,7 +19,7 @@ from realbench.widgets.search import ensure_bokehjs
 class PlanViewer:
     def __init__(self, profile="cached"):
         """`profile`: what the shown plans are costed with ("cached", a Profile or None; see
-        realbench.hardware.cache.resolve_profile): the same as the search that found them."""
+        realbench.runtime.profile_cache.resolve_profile): the same as the search that found them."""
         ensure_bokehjs()
         self.profile = profile
         self._profile = None  # what the shown plan was costed with
@@ -33,7 +33,7 @@ class PlanViewer:
     def show(self, scenario: Scenario, options: Mapping[str, Option], name: str = "plan") -> None:
         from realbench.cost import Estimator
         from realbench.export.html import report_layout
-        from realbench.hardware.cache import resolve_profile
+        from realbench.runtime.profile_cache import resolve_profile
 
         self._profile = resolve_profile(self.profile, scenario)
         est = Estimator(scenario, profile=self._profile)

@@ -27,7 +27,7 @@ class RunMonitor:
     def __init__(self, nproc: int = 2, steps: int = 5, seed: int = 0, profile="cached"):
         """`profile`: what the estimates beside the measured times come from: "cached" (this
         machine's cached profile for CPU runs, measured once when there is none; see
-        realbench.hardware.cache), a Profile, or None (the analytic model)."""
+        realbench.runtime.profile_cache), a Profile, or None (the analytic model)."""
         ensure_bokehjs()
         self.profile = profile
         self.nproc_box = w.BoundedIntText(value=nproc, min=1, max=64, description="processes")
@@ -139,7 +139,7 @@ class RunMonitor:
 
         try:
             nproc, running = self.nproc_box.value, self.status.value
-            from realbench.hardware.cache import resolve_profile
+            from realbench.runtime.profile_cache import resolve_profile
             from realbench.runtime.device import resolve_device
 
             def say(text):

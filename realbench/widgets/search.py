@@ -45,7 +45,7 @@ class SearchDashboard:
     def __init__(self, scenario: str = "ppo-7b-7b-16gpu", methods=("mcmc", "tpe"), budget_s: float = 10.0,
                  seed: int = 0, profile="cached"):
         """`profile`: what the searches cost plans with: "cached" (for a CPU scenario, this
-        machine's cached profile, measured once when there is none: realbench.hardware.cache; the
+        machine's cached profile, measured once when there is none: realbench.runtime.profile_cache; the
         presets for a GPU one), a Profile, or None (the analytic model)."""
         from realbench.plan.builtin import BUILTIN
 
@@ -116,7 +116,7 @@ class SearchDashboard:
         from realbench.cost import Estimator
         from realbench.search import baseline_plans
 
-        from realbench.hardware.cache import resolve_profile
+        from realbench.runtime.profile_cache import resolve_profile
 
         def say(text):
             self.status.value = html.escape(text)

@@ -27,18 +27,8 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from realbench.cache import cache_folder
 from realbench.hardware.profile import DeviceInfo, Profile, load_profile, shape_key, this_machine
-
-CACHE_ENV = "REALBENCH_CACHE_DIR"
-
-
-def cache_folder() -> Path:
-    env = os.environ.get(CACHE_ENV, "").strip()
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("realbench"))
 
 
 def machine_identity(processes: int, device: str = "cpu") -> tuple[DeviceInfo, str]:
@@ -57,7 +47,7 @@ def cache_path(identity: DeviceInfo, torch_version: str) -> Path:
 
 def quick_request(processes: int, models: Iterable = ("llama-tiny",), device: str = "cpu", collectives: bool = True):
     """A profile taken without asking: one pass, fewer repeats, the default grid."""
-    from realbench.hardware.profiler import ProfileRequest
+    from realbench.runtime.profiler import ProfileRequest
 
     return ProfileRequest(models=tuple(models), repeats=5, warmup=2, passes=1, nproc=processes, device=device,
                           collectives=collectives)
@@ -89,7 +79,7 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
     """This machine's cached profile for `processes` processes, with every shape in `models`
     (ModelSpecs) measured: read from the cache, or measured (once) and saved there. `request`
     replaces the quick request when measuring from scratch (refresh: always measure)."""
-    from realbench.hardware.profiler import profile_machine
+    from realbench.runtime.profiler import profile_machine
 
     identity, torch_version = machine_identity(processes, device)
     path = cache_path(identity, torch_version)
