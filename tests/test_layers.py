@@ -56,7 +56,7 @@ def test_imports_point_down():
 
 
 def test_the_plan_is_read_without_the_runtime():
-    """Reading a scenario with data files and reward functions, and estimating a plan, load
+    """Reading a scenario and estimating a plan load
     nothing of realbench.runtime (a fresh interpreter, so no other test's imports count)."""
     import subprocess
     import sys
