@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from realbench.hardware import ClusterSpec
-from realbench.models import ModelSpec, stage_layers
+from realbench.models import ModelSpec, stage_start
 from realbench.plan.mesh import Option
 
 BF16 = 2
@@ -73,7 +73,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp))) for x in (src, dst))
     j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
-    lo, hi = stage_layers(L, pp, j)
+    lo, hi = stage_start(L, pp, j), stage_start(L, pp, j + 1)
     ends = np.where(pp == 1, model.ends_params(1),
                     np.where(j == 0, model.embedding_params, np.where(j == pp - 1, model.head_params, 0)))
     nbytes = ((hi - lo) * float(model.layer_params) + ends) * BF16 / dst.tp[:, None]
@@ -87,7 +87,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     # (clipped where the stage is not local anyway)
     a = np.clip((np.maximum(last_node * G, s_start) - s_start) // s_width, 0, s_pp - 1)
     b = np.clip((np.minimum((first_node + 1) * G, s_start + s_size) - 1 - s_start) // s_width, 0, s_pp - 1)
-    local &= (stage_layers(L, s_pp, a)[0] <= lo) & (stage_layers(L, s_pp, b)[1] >= hi)
+    local &= (stage_start(L, s_pp, a) <= lo) & (stage_start(L, s_pp, b + 1) >= hi)
     t = np.where(local, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)
     worst = np.where(j < pp, t, 0.0).max(axis=1)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
@@ -158,15 +159,22 @@ class FunctionSpec(BaseModel):
     def short(function: str) -> str:
         file, name = function.rsplit(":", 1)
         return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{name}"
-def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
-    """Layer range [lo, hi) of pipeline stage `stage` of `pp`: the first stages take the extra
-    layers. The one split that the cost model and the runtime share. Written with arithmetic
-    only, so that `pp` and `stage` may also be numpy arrays (the simulator splits thousands of
-    layouts at once)."""
+
+
+def stage_start(n_layers: int, pp: int, stage: int) -> int:
+    """The first layer of pipeline stage `stage` of `pp` (stage pp: n_layers): the first
+    n_layers % pp stages take one layer more, so stage s starts at s * (n_layers // pp) +
+    min(s, n_layers % pp). The one split that the cost model and the runtime share. `pp` and
+    `stage` may also be numpy arrays (the simulator splits thousands of layouts at once)."""
     per, extra = n_layers // pp, n_layers % pp
-    first_stages = stage < extra
-    lo = stage * per + extra + (stage - extra) * first_stages  # stage * per + min(stage, extra)
-    return lo, lo + per + first_stages * 1
+    if isinstance(stage, int) and isinstance(extra, int):
+        return stage * per + min(stage, extra)
+    return stage * per + np.minimum(stage, extra)
+
+
+def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """Layer range [lo, hi) of pipeline stage `stage` of `pp` (see `stage_start`)."""
+    return stage_start(n_layers, pp, stage), stage_start(n_layers, pp, stage + 1)
 
 
 def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000, rope_theta=10000.0,
