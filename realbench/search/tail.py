@@ -39,7 +39,7 @@ def mean_twin(scenario, shorten_later: bool = True):
     """The scenario with every generation call's lengths replaced by their mean, rounded, and
     (`shorten_later`) the sequences of the model calls of the same width (the prompt and a
     response) shortened alike; without it, the later calls keep the padded width (the prompt
-    and the cap), which is what realbench's runtime processes."""
+    and the cap), as a planner that knows neither the lengths nor the trimming prices them."""
     widths = {}  # a generation call's full width -> its prompt and mean response
     for c in scenario.dataflow.calls:
         if c.kind == CallKind.GENERATE and c.lengths is not None:
