@@ -45,7 +45,7 @@ def test_memory_is_planned_for_a_step_at_the_quantile_by_hand():
     assert TWO_POINT.memory_alive(2).tolist() == [2.0, 2.0, 2.0, 2.0]  # never more rows than there are
     assert at("mean").memory_alive(100).tolist() == [100, 50, 50, 50]
     call = _scoring_call("train", TWO_POINT)
-    assert call.memory_width(2) == 20 and call.width(2) == pytest.approx(19.25)  # memory: the quantile, time: E[max]
+    assert call.width(2, memory=True) == 20 and call.width(2) == pytest.approx(19.25)  # memory: the quantile, time: E[max]
 
 
 def test_the_lognormal_is_parameterized_by_its_mean_and_cv():

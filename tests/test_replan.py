@@ -77,12 +77,12 @@ def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
     from realbench.dataflow.lengths import LengthDistribution
     from realbench.runtime.replan import Replanner
     from realbench.search import run_search
-    from realbench.search.tail import sampled_lengths, with_lengths
+    from realbench.search.tail import sampled_lengths
 
     base = get_builtin("ppo-8b-16gpu-longtail")
 
     def lognormal(mean):
-        return with_lengths(base, {"actor_gen": LengthDistribution(dist="lognormal", mean=mean, cv=1.0, max=4096)})
+        return base.with_lengths({"actor_gen": LengthDistribution(dist="lognormal", mean=mean, cv=1.0, max=4096)})
 
     short, long = lognormal(200), lognormal(2000)
     searched = Estimator(short)
@@ -92,7 +92,7 @@ def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
     switch = None
     for k, drawn in enumerate(steps):
         replanner.running_step = k  # as the run's driver says before each step
-        est = Estimator(with_lengths(base, drawn), only={n: [o] for n, o in replanner.options.items()})
+        est = Estimator(base.with_lengths(drawn), only={n: [o] for n, o in replanner.options.items()})
         e = est.estimate((0,) * est.n)
         rows = {n: np.repeat(d.lengths, d.counts).tolist() for n, d in drawn.items()}
         replanner.observe(k, {n: c.time_s for n, c in e.calls.items()}, e.time_per_iter_s, rows)

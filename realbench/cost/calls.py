@@ -241,7 +241,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
     # memory: the widest micro-batch of the device's rows of a step (their longest row, at the
     # distribution's memory quantile)
-    peak_tokens = b * call.memory_width(call.seqs / call.optimizer_steps / dp)
+    peak_tokens = b * call.width(call.seqs / call.optimizer_steps / dp, memory=True)
 
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd

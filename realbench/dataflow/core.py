@@ -87,20 +87,15 @@ class CallDef(BaseModel):
     def tokens(self) -> int:
         return self.seqs * self.seq_len
 
-    def width(self, rows: float) -> float:
+    def width(self, rows: float, memory: bool = False) -> float:
         """The positions per row that a micro-batch of `rows` sequences of an inference or train
         call processes: `seq_len`, or, for generated sequences with response lengths, the prompt
-        and the longest of the `rows` responses on average (trailing padding is trimmed)."""
+        and the longest of the `rows` responses (trailing padding is trimmed): on average, or
+        (`memory`) as memory is planned for it, at the distribution's `memory_at`."""
         if self.lengths is None or self.kind == CallKind.GENERATE:
             return float(self.seq_len)
-        return self.seq_len - self.lengths.max + self.lengths.expected_max(rows)
-
-    def memory_width(self, rows: float) -> float:
-        """`width` as memory is planned for it: the longest of the `rows` responses at the
-        distribution's memory quantile (`LengthDistribution.memory_longest`)."""
-        if self.lengths is None or self.kind == CallKind.GENERATE:
-            return float(self.seq_len)
-        return self.seq_len - self.lengths.max + self.lengths.memory_longest(rows)
+        longest = self.lengths.memory_longest(rows) if memory else self.lengths.expected_max(rows)
+        return self.seq_len - self.lengths.max + longest
 
 
 class Dataflow(BaseModel):

@@ -79,6 +79,11 @@ class LengthDistribution(BaseModel):
                 raise ConfigError(f"lengths must be in 1..{self.max} with counts >= 0, not all 0", "lengths")
         return self
 
+    @classmethod
+    def of(cls, lengths, cap: int, memory_at: Union[float, str] = 0.99) -> "LengthDistribution":
+        """The empirical distribution of these response lengths (those above `cap` counted at it)."""
+        return cls(dist="empirical", max=cap, **histogram(lengths, cap), memory_at=memory_at)
+
     def cdf(self) -> np.ndarray:
         """P(L <= t) for t = 0..max (computed once; a copy)."""
         return self._cdf.copy()
@@ -144,6 +149,13 @@ class LengthDistribution(BaseModel):
         return f"empirical({sum(self.counts)} responses, mean {self.expected:.1f}, max {self.max})"
 
 
+def histogram(lengths, cap: int) -> dict[str, tuple[int, ...]]:
+    """{lengths: the distinct values, counts: how often each occurs}, a length above `cap` counted
+    at it (the cap bounds what a run may generate)."""
+    values, counts = np.unique(np.minimum(np.asarray(lengths, dtype=np.int64), cap), return_counts=True)
+    return {"lengths": tuple(int(v) for v in values), "counts": tuple(int(k) for k in counts)}
+
+
 def _erf(z: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(z)
 
@@ -201,10 +213,7 @@ def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Opti
             raise ConfigError("unknown key (with from: max, call, memory_at)", unknown[0])
         lengths = read_lengths_file(path, call)
         top = v.get("max", cap or max(lengths))
-        lengths = [min(n, top) for n in lengths]  # the cap bounds what a run may generate
-        values, counts = np.unique(lengths, return_counts=True)
-        v = {**v, "dist": "empirical", "max": top, "lengths": tuple(int(x) for x in values),
-             "counts": tuple(int(c) for c in counts)}
+        v = {**v, "dist": "empirical", "max": top, **histogram(lengths, top)}
     if cap is not None:
         v.setdefault("max", cap)
     from realbench.schema import validate_model

@@ -206,6 +206,14 @@ class Scenario(BaseModel):
     def plan_space_size(self) -> int:
         return math.prod(len(o) for o in self.options.values())
 
+    def with_lengths(self, lengths: dict) -> "Scenario":
+        """The scenario with these generation calls' response lengths ({call: LengthDistribution}),
+        and their sequences' in the calls that process them (`Dataflow.with_lengths`)."""
+        flow = self.dataflow
+        for name, dist in lengths.items():
+            flow = flow.with_lengths(name, dist)
+        return self.model_copy(update={"dataflow": flow})
+
     def to_document(self) -> dict:
         return {"schema": SCENARIO_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}
 

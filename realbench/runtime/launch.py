@@ -154,14 +154,12 @@ def _replan_boundary(worker, replanner, step: int, rec, world: int) -> dict | No
     dist.all_gather_object(timings, (rec.call_s, rec.step_s, rec.lengths))
     decision = [None]
     if replanner is not None:
-        slowest, rows = {}, {}
-        for call_s, _, lengths in timings:
+        slowest = {}
+        for call_s, _, _ in timings:
             for name, t in call_s.items():
                 slowest[name] = max(slowest.get(name, 0.0), t)
-            for name, pairs in lengths.items():  # each response's length, from its replica
-                rows.setdefault(name, {}).update(dict(map(tuple, pairs)))
         replanner.observe(step, slowest, max(t for _, t, _ in timings),
-                          {name: list(by_row.values()) for name, by_row in rows.items()})
+                          responses_by_call([lengths for _, _, lengths in timings]))
         options = replanner.poll()
         if options is not None:
             decision = [plan_from_options(worker.scenario, options).to_document()]
@@ -184,6 +182,16 @@ def export_hf(worker, folder: str) -> None:
             spec = scenario.models[c.model]
             tokenizer = scenario.data.tokenizer if scenario.data is not None else None
             save_hf(os.path.join(folder, c.model), spec, full, tokenizer)
+
+
+def responses_by_call(per_rank: list[dict]) -> dict[str, list[int]]:
+    """Each generation call's response lengths in the order of its rows, from the ranks' step
+    records ({call: [[row, length], ...]}: every data-parallel replica its own rows)."""
+    rows: dict[str, dict[int, int]] = {}
+    for lengths in per_rank:
+        for name, pairs in lengths.items():
+            rows.setdefault(name, {}).update(dict(map(tuple, pairs)))
+    return {name: [n for _, n in sorted(by_row.items())] for name, by_row in rows.items()}
 
 
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
@@ -225,12 +233,9 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
             if seconds:
                 timing[k + "_per_s"] = row[k] / seconds
         timings.append(timing)
-        rows: dict[str, dict[int, int]] = {}
-        for r in records:  # each generation call's response lengths, in the order of its rows
-            for name, pairs in r[s].get("lengths", {}).items():
-                rows.setdefault(name, {}).update(dict(map(tuple, pairs)))
+        rows = responses_by_call([r[s].get("lengths", {}) for r in records])
         if rows:
-            lengths.append({"step": s, **{name: [n for _, n in sorted(by_row.items())] for name, by_row in rows.items()}})
+            lengths.append({"step": s, **rows})
         shown = next((r[s]["samples"] for r in records if r[s].get("samples")), [])
         if shown:
             samples.append({"step": s, "samples": shown})

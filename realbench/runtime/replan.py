@@ -129,18 +129,14 @@ class Replanner:
     def measured_scenario(self):
         """The scenario with every generation call's lengths those of the last `every` steps."""
         from realbench.dataflow.lengths import LengthDistribution
-        from realbench.search.tail import with_lengths
 
         window = self.history[-self.every:]
         measured = {}
         for c in self.scenario.dataflow.calls:
             rows = [n for h in window for n in h[3].get(c.name, [])]
             if c.kind == CallKind.GENERATE and rows:
-                values, counts = np.unique(np.clip(rows, 1, c.gen_len), return_counts=True)
-                measured[c.name] = LengthDistribution(dist="empirical", max=c.gen_len,
-                                                      lengths=tuple(int(v) for v in values),
-                                                      counts=tuple(int(k) for k in counts))
-        return with_lengths(self.scenario, measured), measured
+                measured[c.name] = LengthDistribution.of(np.maximum(rows, 1), c.gen_len)
+        return self.scenario.with_lengths(measured), measured
 
     def _start_search(self) -> None:
         from realbench.cost import Estimator

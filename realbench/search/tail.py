@@ -22,19 +22,6 @@ from realbench.dataflow import CallKind, Dataflow
 from realbench.dataflow.lengths import LengthDistribution
 
 
-def _with_dataflow(scenario, dataflow: Dataflow):
-    return scenario.model_copy(update={"dataflow": dataflow})
-
-
-def with_lengths(scenario, lengths: dict[str, LengthDistribution]):
-    """The scenario with these generation calls' response lengths (and their sequences' in the
-    calls that process them: `Dataflow.with_lengths`)."""
-    flow = scenario.dataflow
-    for name, dist in lengths.items():
-        flow = flow.with_lengths(name, dist)
-    return _with_dataflow(scenario, flow)
-
-
 def mean_twin(scenario, shorten_later: bool = True):
     """The scenario with every generation call's lengths replaced by their mean, rounded, and
     (`shorten_later`) the sequences of the model calls of the same width (the prompt and a
@@ -52,8 +39,8 @@ def mean_twin(scenario, shorten_later: bool = True):
         elif c.seq_len in widths:
             c = c.model_copy(update={"lengths": None, **({"seq_len": widths[c.seq_len]} if shorten_later else {})})
         calls.append(c)
-    return _with_dataflow(scenario, Dataflow(name=scenario.dataflow.name, calls=tuple(calls),
-                                             dataset_keys=scenario.dataflow.dataset_keys))
+    return scenario.model_copy(update={"dataflow": Dataflow(name=scenario.dataflow.name, calls=tuple(calls),
+                                                            dataset_keys=scenario.dataflow.dataset_keys)})
 
 
 def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDistribution]]:
@@ -66,11 +53,8 @@ def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDis
         for c in scenario.dataflow.calls:
             if c.kind == CallKind.GENERATE and c.lengths is not None:
                 lengths = np.searchsorted(c.lengths.cdf(), rng.random(c.seqs), side="left")
-                values, counts = np.unique(lengths, return_counts=True)
                 # memory for the step's own lengths (no quantile: they are what it has)
-                drawn[c.name] = LengthDistribution(dist="empirical", max=c.lengths.max,
-                                                   lengths=tuple(int(v) for v in values),
-                                                   counts=tuple(int(k) for k in counts), memory_at="mean")
+                drawn[c.name] = LengthDistribution.of(lengths, c.lengths.max, memory_at="mean")
         out.append(drawn)
     return out
 
@@ -80,7 +64,7 @@ def sampled_time(scenario, options: dict, samples: list[dict[str, LengthDistribu
     not fit in some step)."""
     times = []
     for drawn in samples:
-        est = Estimator(with_lengths(scenario, drawn), only={n: [o] for n, o in options.items()})
+        est = Estimator(scenario.with_lengths(drawn), only={n: [o] for n, o in options.items()})
         e = est.estimate((0,) * est.n)
         times.append(math.inf if e.oom else e.time_per_iter_s)
     return float(np.mean(times))
