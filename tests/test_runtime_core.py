@@ -470,3 +470,40 @@ def test_row_draws_are_pcg_hashes_and_sampling_inverts_the_cdf():
     probs = torch.tensor([[0.2, 0.5, 0.3]] * 4)
     # cumulative 0.2, 0.7, 1.0: u below 0.2 -> 0, up to 0.7 -> 1, above -> 2
     assert sample_rows(probs, torch.tensor([0.1, 0.25, 0.69, 0.71], dtype=torch.float64)).tolist() == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_a_resumed_or_moved_optimizer_keeps_its_step_count_where_torch_keeps_it(device):
+    """After a resume or a plan switch writes the moments (`moved_in`), Adam's step count lies
+    where a fresh Adam puts it: on the GPU for the fused CUDA kernel, which refused a count on
+    the CPU (every CUDA resume failed so, seen on an H100); the update then equals the
+    uninterrupted one's."""
+    from types import SimpleNamespace
+
+    from realbench.runtime.optim import MixedPrecisionAdam
+
+    spec = get_model("llama-tiny")
+
+    def placed(seed):
+        torch.manual_seed(seed)
+        stage = LlamaStage(spec, device=device, dtype=torch.bfloat16)
+        return SimpleNamespace(stage=stage, spec=spec)
+
+    def one_step(opt):
+        for p in opt.model.stage.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+
+    straight, moved = MixedPrecisionAdam(placed(0)), MixedPrecisionAdam(placed(0))
+    one_step(straight)
+    with torch.no_grad():  # what a resume writes: straight's state after step 1
+        for kind, views in moved.state_views().items():
+            for name, view in views.items():
+                view.copy_(straight.state_views()[kind][name])
+    moved.moved_in(1)
+    reference = straight.adam.state[straight.master]["step"]
+    step = moved.adam.state[moved.master]["step"]
+    assert (step.device, step.dtype, float(step)) == (reference.device, reference.dtype, 1.0)
+    one_step(straight)
+    one_step(moved)
+    assert torch.equal(straight.master, moved.master) and moved.steps_taken == 2

@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="profile file to write (JSON); without it, this machine's cached profile for "
                                  "--nproc processes is measured again (what CPU scenarios are costed with)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="what the layers compute in (auto: what a run on --device uses, bf16 on cuda, fp32 on cpu)")
     p.add_argument("--scenario", help="also measure this scenario's model shapes, on its number of devices "
                                       "unless --nproc is given")
     p.add_argument("--nproc", type=non_negative_int, default=None,
@@ -59,7 +61,8 @@ def run(args) -> int:
         nproc = nproc or scenario.cluster.n_devices
     req = ProfileRequest(models=tuple(models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
                          repeats=args.repeats, warmup=args.warmup, passes=args.passes,
-                         nproc=ProfileRequest().nproc if nproc is None else nproc, device=args.device)
+                         nproc=ProfileRequest().nproc if nproc is None else nproc, device=args.device,
+                         dtype=args.dtype)
     check_request(req)
     if not args.out:
         path = cache_path(*machine_identity(req.nproc, req.device))

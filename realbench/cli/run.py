@@ -89,7 +89,7 @@ def step_line(m: dict, timing: dict, total: int) -> str:
 
 
 def run(args) -> int:
-    from realbench.runtime.device import resolve_device
+    from realbench.runtime.device import DTYPE_NAMES, resolve_device, resolve_dtype
     from realbench.runtime.launch import RunError, check_run, run_plan
 
     scenario = load_scenario(args.scenario)
@@ -105,7 +105,12 @@ def run(args) -> int:
     # bad flags are refused before this machine is profiled (which may take a minute the first time)
     check_run(scenario, options, args.nproc, args.steps, args.save_every, args.checkpoint_dir, args.resume,
               save_hf=args.save_hf, eval_every=args.eval_every, replan=replan)
-    profile = profile_for(args, scenario, args.nproc, resolve_device(args.device, args.nproc))
+    device_type = resolve_device(args.device, args.nproc)
+    profile = profile_for(args, scenario, args.nproc, device_type)
+    dtype = resolve_dtype(args.dtype, device_type)
+    if profile is not None and profile.dtype != DTYPE_NAMES[dtype]:
+        log(f"note: the profile was measured in {profile.dtype} and the run computes in {dtype}: "
+            "its estimates price the other dtype (realbench profile --dtype)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     progress = Progress(args.steps, args.out)
@@ -140,7 +145,8 @@ def run(args) -> int:
 
 
 def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
-    print(f"{result['steps']} steps of {scenario_name} on {nproc} processes ({result['device']}, "
+    processes = f"{nproc} process" + ("es" if nproc > 1 else "")
+    print(f"{result['steps']} steps of {scenario_name} on {processes} ({result['device']}, "
           f"{result.get('dtype', 'fp32')}); reallocated {result['realloc_bytes']} bytes per step")
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():

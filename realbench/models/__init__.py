@@ -199,6 +199,9 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, vocab=128256, rope_theta=5e5),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, vocab=128256, rope_theta=5e5),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, vocab=128256, rope_theta=5e5),
+        # A 500M LLaMA shape (not a published checkpoint) that one GPU generates with and trains
+        # in seconds: the scenario that checks the CUDA path.
+        _llama("llama-500m", 16, 1536, 12, 4, 4096),
         # Tiny models: small enough to train on a laptop CPU in seconds.
         _llama("llama-tiny", 4, 64, 4, 2, 176, vocab=128),
         _llama("llama-small", 8, 128, 8, 4, 344, vocab=256),

@@ -63,6 +63,11 @@ _SPECS = [
     _spec("ppo-8b-16gpu-longtail", "ppo", 2, 8, "h100", _ppo_models("llama3-8b", "llama3-8b"),
           dict(prompts=512, prompt_len=512, gen_len={"dist": "lognormal", "mean": 1000, "cv": 1.0, "max": 4096}),
           "PPO, LLaMA-3 8B actor/ref/critic/reward, log-normal lengths (mean 1000, cap 4096), 2x8 H100"),
+    # One GPU, models small enough to run the whole step in seconds: the CUDA check (README).
+    _spec("grpo-500m-1gpu", "grpo", 1, 1, "h100",
+          {"actor": "llama-500m", "ref": "llama-500m", "reward": {"arch": "llama-500m", "value_head": True}},
+          dict(prompts=8, prompt_len=128, gen_len=256, group_size=8),
+          "GRPO, a 500M LLaMA-shaped actor, ref and reward on one H100 (the CUDA check)"),
     # Tiny scenarios: 4 CPU processes on one "node"; runnable with `realbench run`.
     _spec("ppo-tiny-cpu", "ppo", 1, 4, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
           dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 4 CPU processes"),

@@ -52,6 +52,11 @@ def resolve_dtype(requested: str, device_type: str) -> str:
     return requested
 
 
+# a dtype's name in files (profiles, Hugging Face configs) and its bytes per value
+DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 

@@ -107,10 +107,17 @@ class MixedPrecisionAdam:
         fresh Adam builds)."""
         state = self.adam.state[self.master]
         if not state:
-            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(self.master),
+            state.update(step=self._step_tensor(0), exp_avg=torch.zeros_like(self.master),
                          exp_avg_sq=torch.zeros_like(self.master))
         return {"master": self._views(self.master), "exp_avg": self._views(state["exp_avg"]),
                 "exp_avg_sq": self._views(state["exp_avg_sq"])}
+
+    def _step_tensor(self, steps: int) -> torch.Tensor:
+        """Adam's step count as torch keeps it: on the parameters' device for the fused kernel
+        (which refuses a count on the CPU beside CUDA tensors), on the CPU otherwise."""
+        group = self.adam.param_groups[0]
+        on_device = group.get("fused") or group.get("capturable")
+        return torch.tensor(float(steps), dtype=torch.float32, device=self.master.device if on_device else "cpu")
 
     @property
     def steps_taken(self) -> int:
@@ -122,7 +129,7 @@ class MixedPrecisionAdam:
         """After a switch or a resume wrote the master weights and moments: Adam's step count,
         and the stage's weights from the master's."""
         self.state_views()  # the moments exist
-        self.adam.state[self.master]["step"] = torch.tensor(float(steps_taken))
+        self.adam.state[self.master]["step"] = self._step_tensor(steps_taken)
         self._sync_stage()
 
     # -- checkpoints --------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class ProfileRequest:
     passes: int = 3  # the grid is measured this many times, spread over the run
     nproc: int = 2
     device: str = "cpu"
+    # what the layers compute in: "auto" is what a run on `device` uses (bf16 on CUDA, fp32 on
+    # the CPU), since a GPU's bf16 matmuls run an order of magnitude faster than its fp32 ones
+    dtype: str = "auto"
     collectives: bool = True  # False: layers only (adding a model to a profile that has them)
 
     def specs(self) -> list[tuple[str, ModelSpec]]:
@@ -74,6 +77,13 @@ class ProfileRequest:
         return out
 
 
+def profile_dtype(req: ProfileRequest) -> str:
+    """"bf16" or "fp32": what the profiled layers compute in."""
+    from realbench.runtime.device import resolve_dtype
+
+    return resolve_dtype(req.dtype, req.device)
+
+
 def check_request(req: ProfileRequest) -> None:
     if req.device not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device {req.device!r} (cpu or cuda)", "--device")
@@ -83,6 +93,7 @@ def check_request(req: ProfileRequest) -> None:
         from realbench.runtime.device import resolve_device
 
         resolve_device("cuda", req.nproc)
+    profile_dtype(req)  # an unknown dtype fails here
     if req.repeats < 3:
         raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
     if req.passes < 1:
@@ -128,11 +139,13 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
     import torch
 
     from realbench.runtime import losses
+    from realbench.runtime.device import torch_dtype
     from realbench.runtime.model import LlamaStage
 
+    dtype = torch_dtype(profile_dtype(req))
     one = spec.model_copy(update={"n_layers": 1, "value_head": False})
-    stage = LlamaStage(one, tp, rank, 1, 0, group, dev)
-    valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group, dev)
+    stage = LlamaStage(one, tp, rank, 1, 0, group, dev, dtype)
+    valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group, dev, dtype)
     block = stage.layers["0"]
     g = torch.Generator(device="cpu").manual_seed(0)
     ops: dict[str, list] = {}
@@ -150,7 +163,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
     for b in req.batches:
         for s in req.lengths:
             tokens = torch.randint(0, spec.vocab, (b, s), generator=g).to(dev)
-            x = torch.randn(b, s, spec.hidden, generator=g).to(dev)
+            x = torch.randn(b, s, spec.hidden, generator=g).to(dev, dtype)
             xg = x.clone().requires_grad_(True)
             pos = torch.arange(s, device=dev)
             with torch.no_grad():
@@ -172,7 +185,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
             record("loss.fwd_bwd", b, s,
                    backward(lambda: losses.token_logprobs(lg, tokens, max(s // 2, 1)).mean()))
         with torch.no_grad():
-            last = torch.randn(b, spec.vocab, generator=g).to(dev)
+            last = torch.randn(b, spec.vocab, generator=g).to(dev).float()  # the sampler works in fp32
 
             def sample():
                 logp = torch.log_softmax(last, dim=-1)
@@ -342,9 +355,13 @@ def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, in
         versions["realbench"] = version("realbench")
     except Exception:
         pass
+    from realbench.runtime.device import DTYPE_BYTES, DTYPE_NAMES
+
+    dtype = profile_dtype(req)
     return Profile.model_validate({
         "device": this_machine(req.device, req.nproc, 1).model_dump(),
-        "versions": versions,
+        "versions": versions, "dtype": DTYPE_NAMES[dtype],
+        "bytes_per_value": DTYPE_BYTES[dtype],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "models": data["models"], "collectives": data["collectives"]})
 
