@@ -208,13 +208,13 @@ def test_activation_checkpointing_costs_a_forward_and_keeps_only_layer_inputs():
 
 
 def test_the_search_checkpoints_activations_where_nothing_else_fits():
-    """SFT of a 7B model on sequences of 16,384 tokens, 8 H100s: no option fits without
+    """SFT of a 7B model on sequences of 32,768 tokens, 8 H100s: no option fits without
     activation checkpointing; the search finds a plan with it."""
     from realbench.plan.scenario import Scenario
     from realbench.search import run_search
 
     s = Scenario.model_validate(dict(name="sft-long", algorithm="sft", cluster=dict(nodes=1, gpus_per_node=8, device="h100"),
-                                     models={"actor": "llama-7b"}, dataflow=dict(algorithm="sft", seqs=64, seq_len=16384)))
+                                     models={"actor": "llama-7b"}, dataflow=dict(algorithm="sft", seqs=64, seq_len=32768)))
     est = Estimator(s)
     assert not any(est.fits_alone(0, k) for k, o in enumerate(est.options[0]) if not o.strategy.checkpointing)
     r = run_search(est, "mcmc", 5, seed=0, max_evaluations=2000)

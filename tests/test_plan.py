@@ -9,7 +9,6 @@ from realbench.hardware import cluster
 from realbench.models import get_model
 from realbench.plan import (BUILTIN, Mesh, Option, Strategy, all_meshes, enumerate_options, get_builtin,
                             mesh_problem, option_problem, parse_mesh, plan_from_options, resolve_plan)
-from realbench.plan.options import MAX_MICRO_BATCHES
 from realbench.plan.plan import plan_from_document
 from realbench.plan.scenario import scenario_from_document
 
@@ -40,8 +39,14 @@ def test_mesh_count():
     assert len(list(all_meshes(cluster(3, 8)))) == 3 * 15 + 3
 
 
+def searched_count(m, pp, per_replica):
+    """The micro-batch counts the search offers, as the plan module's docstring states them."""
+    return m & (m - 1) == 0 and m <= 16 or pp > 1 and m in (pp, 2 * pp, 4 * pp, per_replica)
+
+
 def brute_force_options(call, model, c):
-    """Every (mesh, strategy) tuple in generous ranges, kept when the rules accept it."""
+    """Every (mesh, strategy) tuple in generous ranges, kept when the rules accept it and the
+    search offers its micro-batch count."""
     G, N = c.gpus_per_node, c.nodes
     count = 0
     for node, nodes, gpu, gpus in itertools.product(range(N), range(1, N + 1), range(G), range(1, G + 1)):
@@ -50,8 +55,10 @@ def brute_force_options(call, model, c):
             continue
         size = mesh.size
         for dp, tp, pp in itertools.product(range(1, size + 1), repeat=3):
-            for m, ckpt in itertools.product(range(1, MAX_MICRO_BATCHES + 1), (False, True)):
-                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt))) is None:
+            per_replica = call.seqs // call.optimizer_steps // dp
+            for m, ckpt in itertools.product(range(1, call.seqs + 1), (False, True)):
+                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt))) is None \
+                        and searched_count(m, pp, per_replica):
                     count += 1
     return count
 
@@ -65,6 +72,24 @@ def test_enumeration_matches_brute_force(nodes, gpus):
         opts = enumerate_options(call, model, c)
         assert len(opts) == len(set(opts)) == brute_force_options(call, model, c)
         assert all(option_problem(call, model, c, o) is None for o in opts)
+
+
+def test_any_micro_batch_count_that_divides_a_replica_s_batch_is_valid():
+    """Megatron's SC21 runs used hundreds of micro-batches per pipeline; a plan may say 280."""
+    c = cluster(35, 8, "a100")
+    model = get_model("llama-70b")
+    call = build_algorithm("sft", seqs=2240, seq_len=2048).call("actor_train")
+    option = Option(Mesh(0, 35, 0, 8), Strategy(dp=1, tp=8, pp=35, micro_batches=280))
+    assert option_problem(call, model, c, option) is None
+    problem = option_problem(call, model, c, Option(option.mesh, Strategy(1, 8, 35, 300)))
+    assert problem[0] == "micro_batches" and "2240" in problem[1]
+    offered = {o.strategy.micro_batches for o in enumerate_options(call, model, c)
+               if (o.strategy.tp, o.strategy.pp) == (8, 35) and o.mesh.nodes == 35}
+    assert offered == {1, 2, 4, 8, 16, 35, 70, 140, 2240}  # powers of two, pp, 2pp, 4pp, the largest
+    # no pipeline: the powers of two alone (the bubble does not shrink with m)
+    flat = {o.strategy.micro_batches for o in enumerate_options(call, get_model("llama-7b"), cluster(1, 8, "a100"))
+            if o.strategy.pp == 1}
+    assert flat == {1, 2, 4, 8, 16}
 
 
 def test_activation_checkpointing_is_an_option_of_train_calls_only():

@@ -8,7 +8,10 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
   * the batch splits evenly into dp x micro_batches (per optimizer step for train calls), each
     piece of whole examples (`rows_together` rows: DPO's pairs stay on one rank and in one
     micro-batch, since the loss compares a pair's two responses);
-  * micro_batches is a power of two up to MAX_MICRO_BATCHES;
+  * micro_batches is any count that divides a replica's batch (Megatron's SC21 runs used
+    hundreds); the search offers the powers of two up to SEARCHED_MICRO_BATCHES and, with a
+    pipeline (pp > 1, where a depth of p idles (p - 1) / (m + p - 1) of a pass), pp, 2pp, 4pp
+    and the largest count, one row (or example) per micro-batch (`micro_batch_counts`);
   * train calls may checkpoint activations (recompute each layer in the backward pass), others not.
 """
 
@@ -24,9 +27,20 @@ from typing import Iterator, Optional
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2, mesh_problem
+from realbench.plan.mesh import Mesh, Option, Strategy, mesh_problem
 
-MAX_MICRO_BATCHES = 16
+SEARCHED_MICRO_BATCHES = 16  # powers of two up to this, for every layout
+
+
+def micro_batch_counts(per_replica: int, pp: int) -> list[int]:
+    """The micro-batch counts the search offers a replica of `per_replica` rows (or examples) on
+    a pipeline of depth pp: the powers of two up to SEARCHED_MICRO_BATCHES (what the memory of
+    a layout without a pipeline needs), and with a pipeline pp, 2pp, 4pp and per_replica (the
+    bubble shrinks as m grows); each one that divides per_replica."""
+    counts = {1 << e for e in range(SEARCHED_MICRO_BATCHES.bit_length())}
+    if pp > 1:
+        counts |= {pp, 2 * pp, 4 * pp, per_replica}
+    return sorted(m for m in counts if m <= per_replica and per_replica % m == 0)
 
 
 def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, mesh: Mesh,
@@ -52,8 +66,6 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
     if s.checkpointing and call.kind != CallKind.TRAIN:
         return "activation_checkpointing", "activation checkpointing is for train calls (it saves backward memory)"
-    if not is_pow2(s.micro_batches) or s.micro_batches > MAX_MICRO_BATCHES:
-        return "micro_batches", f"micro_batches {s.micro_batches} is not a power of two up to {MAX_MICRO_BATCHES}"
     batch = call.seqs // call.optimizer_steps
     unit, whole = call.rows_together, f" of whole {call.rows_together}-row examples" if call.rows_together > 1 else ""
     if batch % (s.dp * unit):
@@ -93,13 +105,11 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
             dp = size // tp // pp
             if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem would refuse, skipped cheaply
                 continue
-            m = 1
-            while m <= MAX_MICRO_BATCHES and batch % (dp * m * call.rows_together) == 0:
+            for m in micro_batch_counts(batch // (dp * call.rows_together), pp):
                 for checkpointing in ((False, True) if call.kind == CallKind.TRAIN else (False,)):
                     s = Strategy(dp, tp, pp, m, checkpointing)
                     if strategy_problem(call, model, cluster, probe, s) is None:
                         out.append(s)
-                m *= 2
     return tuple(out)
 
 

@@ -148,7 +148,7 @@ class SearchSpace:
                 np.where(whole, 0.0, lo / np.maximum(1, D - size)),
                 np.log2(est.tp[i][cands]) / max(1.0, math.log2(G)),
                 np.log2(est.pp[i][cands]) / max(1.0, math.log2(layers)),
-                np.log2(est.micro_batches[i][cands]) / 4.0,
+                np.log2(est.micro_batches[i][cands]) / max(1.0, math.log2(est.micro_batches[i][cands].max())),
             ], axis=1))
         return out
 
