@@ -1,6 +1,7 @@
 """The GPU presets against published measurements (realbench.bench.fidelity and its data file)."""
 
 import json
+import statistics
 
 import pytest
 
@@ -116,3 +117,18 @@ def test_the_readme_table_is_what_bench_fidelity_prints(bench):
         assert float(worst) == round(got["worst_error"] * 100, 1), (kind, role)
     assert f"{bench['rows']} rows" in section
     assert ("is met for all three" in section) == bench["meets_target"]
+
+
+def test_every_sc21_row_runs_through_realbench_estimate_as_a_user_writes_it(bench):
+    """SC21 Table 1 as scenario and plan files (up to 512 micro-batches per replica, the 530B
+    row's 280 among them): `realbench estimate` (on the presets) costs each as the internal
+    prediction (on the refit, equal to the presets to 1e-3), and every plan fits."""
+    through = bench["sc21_through_estimate"]
+    internal = {r["config"]["model"]: r["error"] for r in bench["predictions"] if r["source"] == "megatron-sc21"}
+    assert len(through["rows"]) == len(internal) == 10
+    by_model = {r["model"]: r for r in through["rows"]}
+    assert by_model["gpt-529.6b"]["micro_batches"] == 280 and by_model["gpt-1008b"]["micro_batches"] == 512
+    for row in through["rows"]:
+        assert row["fits"], row
+        assert 1 + row["error"] == pytest.approx(1 + internal[row["model"]], rel=1e-3), row
+    assert through["median_error"] == pytest.approx(statistics.median(abs(e) for e in internal.values()), abs=1e-3)

@@ -1,6 +1,8 @@
 import itertools
 import math
 
+import numpy as np
+
 import pytest
 
 from realbench.dataflow import build_algorithm
@@ -160,3 +162,36 @@ def test_plan_round_trip_and_checks():
     doc["calls"]["ref_inf"]["mesh"] = "n1"
     with pytest.raises(ConfigError, match="outside the cluster"):
         resolve_plan(plan_from_document(doc), s)
+
+
+def test_a_plan_s_own_micro_batch_count_is_estimated_and_the_offered_options_keep_their_indices(cli, tmp_path):
+    """A valid count the search does not offer (12 micro-batches of a 48-row replica on pp 2):
+    `realbench estimate` costs it as the cost model does, from a plan file."""
+    import json
+
+    import yaml
+
+    from realbench.cost.calls import call_cost
+    from realbench.cost.simulate import Estimator
+
+    doc = get_builtin("sft-7b-8gpu").to_document()
+    doc["name"] = "sft-own-count"
+    doc["dataflow"] = {"algorithm": "sft", "seqs": 96, "seq_len": 1024}
+    (tmp_path / "my scenario.yaml").write_text(yaml.safe_dump(doc))
+    own = Option(Mesh(0, 1, 0, 8), Strategy(dp=2, tp=2, pp=2, micro_batches=12))
+    plan = {"schema": "realbench.plan/1", "scenario": "sft-own-count",
+            "calls": {"actor_train": {"mesh": "n0", "dp": 2, "tp": 2, "pp": 2, "micro_batches": 12}}}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    code, out, err = cli("estimate", "--scenario", tmp_path / "my scenario.yaml", "--plan", tmp_path / "plan.yaml", "--json")
+    assert code == 0, err
+    from realbench.plan import load_scenario
+
+    s = load_scenario(str(tmp_path / "my scenario.yaml"))
+    expect = call_cost(s.dataflow.call("actor_train"), s.models["actor"], s.cluster, own).time_s
+    assert json.loads(out)["calls"]["actor_train"]["time_s"] == pytest.approx(expect, rel=1e-9)
+    est = Estimator(s)
+    offered = est.options[0][5]
+    assert own not in est.options[0]
+    k = est.index_of(0, own)
+    assert k >= 5 and est.options[0][k] == own and est.index_of(0, offered) == 5
+    assert float(est.dur[0][np.array([k])][0]) == pytest.approx(expect, rel=1e-9)

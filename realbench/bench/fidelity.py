@@ -279,6 +279,62 @@ def report(data: Published, params: dict) -> dict:
     return {"rows": rows, "summary": summary}
 
 
+def sc21_documents(data: Published, row) -> tuple[dict, dict]:
+    """A reserved SC21 row as what a user writes: a scenario (SFT of the row's GPT shape on its
+    A100 nodes, the global batch per step) and a plan (the row's tp and pp, dp over the rest,
+    the published micro-batch size as micro-batches per replica, full recomputation)."""
+    spec = _spec(row.model, data.models.get(row.model))
+    nodes = max(1, math.ceil(row.gpus / GPUS_PER_NODE))
+    scenario = {"schema": "realbench.scenario/1", "name": f"sc21-{row.model}", "algorithm": "sft",
+                "cluster": {"nodes": nodes, "gpus_per_node": min(row.gpus, GPUS_PER_NODE), "device": row.device},
+                "models": {"actor": spec.model_dump(include={"name", "n_layers", "hidden", "n_heads", "n_kv_heads",
+                                                             "ffn", "vocab"})},
+                "dataflow": {"algorithm": "sft", "seqs": row.global_batch, "seq_len": row.seq_len}}
+    mesh = f"n0-{nodes - 1}" if nodes > 1 else "n0"
+    plan = {"schema": "realbench.plan/1", "scenario": scenario["name"],
+            "calls": {"actor_train": {"mesh": mesh, "dp": row.dp, "tp": row.tp, "pp": row.pp,
+                                      "micro_batches": row.global_batch // (row.dp * row.micro_batch),
+                                      "activation_checkpointing": row.checkpointing}}}
+    return scenario, plan
+
+
+def sc21_through_estimate(data: Published) -> dict:
+    """Every SC21 row written as scenario and plan files and estimated by `realbench estimate
+    --json` (the command a user runs), against the published throughput."""
+    import contextlib
+    import io
+    import json
+    import tempfile
+
+    from realbench.cli import main
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for row in data.train:
+            if row.source != "megatron-sc21":
+                continue
+            scenario, plan = sc21_documents(data, row)
+            paths = [Path(folder) / f"{row.model}-{what}.yaml" for what in ("scenario", "plan")]
+            for path, doc in zip(paths, (scenario, plan)):
+                path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["estimate", "--scenario", str(paths[0]), "--plan", str(paths[1]), "--json"])
+            if code != 0:
+                raise RuntimeError(f"realbench estimate refused the SC21 row of {row.model} (exit {code})")
+            estimate = json.loads(out.getvalue())
+            predicted = row.global_batch * row.seq_len / (estimate["time_per_iter_s"] * row.gpus)
+            published = published_value(data, "train", row)
+            rows.append({"model": row.model, "gpus": row.gpus, "tp": row.tp, "pp": row.pp,
+                         "micro_batches": plan["calls"]["actor_train"]["micro_batches"],
+                         "time_per_iter_s": estimate["time_per_iter_s"], "fits": not estimate["oom"],
+                         "published_tflops_per_gpu": row.tflops_per_gpu,
+                         "predicted_tflops_per_gpu": row.tflops_per_gpu * predicted / published,
+                         "error": predicted / published - 1})
+    errors = [abs(r["error"]) for r in rows]
+    return {"rows": rows, "median_error": statistics.median(errors), "worst_error": max(errors)}
+
+
 def run(path: Optional[str] = None, refit: bool = True) -> dict:
     data = load_published(path or DATA)
     params = fit(data) if refit else dict(FITTED)
@@ -294,4 +350,5 @@ def run(path: Optional[str] = None, refit: bool = True) -> dict:
         "target_median_error": TARGET_MEDIAN_ERROR,
         "meets_target": all(v <= TARGET_MEDIAN_ERROR for v in held.values()),
         "predictions": result["rows"],
+        "sc21_through_estimate": sc21_through_estimate(data),
     }

@@ -294,7 +294,13 @@ class Estimator:
 
     # -- options ----------------------------------------------------------------------------------
     def index_of(self, call: int, option: Option) -> int:
-        return self.options[call].index(option)
+        """The index of `option` among call's options; a valid option the search does not offer
+        (a plan's own micro-batch count) is added after the others (their indices stay)."""
+        opts = self.options[call]
+        if isinstance(opts, OptionSet) and option not in opts:
+            self.options[call] = opts = opts.with_option(option)  # ValueError: not valid at all
+            self._tables[call] = None  # rebuilt with the new block; the other blocks' costs stay cached
+        return opts.index(option)
 
     def choice_of(self, options: dict[str, Option]) -> tuple[int, ...]:
         return tuple(self.index_of(i, options[n]) for i, n in enumerate(self.call_names))

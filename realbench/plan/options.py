@@ -18,6 +18,7 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -172,11 +173,35 @@ class OptionSet(Sequence):
             if strategies:
                 blocks.append(Block(nodes, gpus, positions, strategies, base))
                 base += positions * len(strategies)
+        self.call, self.model = call, model
         self.blocks = blocks
         self._length = base
         self._bases = [b.base for b in blocks]
         self._by_shape = {(b.nodes, b.gpus): j for j, b in enumerate(blocks)}
         self._strategy_index = [{s: i for i, s in enumerate(b.strategies)} for b in blocks]
+        self._added: dict[tuple[int, int, Strategy], int] = {}  # (nodes, gpus, strategy) -> its block
+
+    def with_option(self, option: Option) -> "OptionSet":
+        """These options and every placement of `option`'s strategy on meshes of its shape: a
+        valid plan may use a strategy the search does not offer (a micro-batch count of its own),
+        and its estimate needs an index. The new strategy's block comes after the others, so the
+        indices of the options already here do not change."""
+        problem = option_problem(self.call, self.model, self.cluster, option)
+        if problem:
+            raise ValueError(f"{option} is not valid for this call: {problem[1]}")
+        if option in self:
+            return self
+        out = copy.copy(self)
+        G = self.cluster.gpus_per_node
+        nodes, gpus = option.mesh.nodes, option.mesh.gpus
+        positions = self.cluster.nodes - nodes + 1 if nodes > 1 else self.cluster.nodes * (G // gpus)
+        block = Block(nodes, gpus, positions, (option.strategy,), self._length)
+        out.blocks = self.blocks + [block]
+        out._length = self._length + len(block)
+        out._bases = self._bases + [block.base]
+        out._strategy_index = self._strategy_index + [{option.strategy: 0}]
+        out._added = {**self._added, (nodes, gpus, option.strategy): len(self.blocks)}
+        return out
 
     def __len__(self) -> int:
         return self._length
@@ -222,6 +247,9 @@ class OptionSet(Sequence):
     def index(self, option: Option, start: int = 0, stop: Optional[int] = None) -> int:
         j = self.block_of(option.mesh)
         s = self._strategy_index[j].get(option.strategy) if j is not None else None
+        if s is None:  # a strategy added by `with_option`
+            j = self._added.get((option.mesh.nodes, option.mesh.gpus, option.strategy))
+            s = None if j is None else 0
         if s is None or mesh_problem(option.mesh, self.cluster):
             raise ValueError(f"{option} is not an option of this call")
         b = self.blocks[j]
