@@ -228,3 +228,20 @@ def test_a_dead_worker_stops_the_run_with_one_clear_line(cli, tmp_path, monkeypa
     proc = subprocess.run([sys.executable, "-m", "realbench", *map(str, args)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and proc.stdout == "" and proc.stderr == err, proc.stderr
+
+
+def test_a_long_sample_is_cut_on_the_terminal_and_kept_whole_in_samples_jsonl(tmp_path, capsys):
+    """256 generated token ids of the toy task made each step's line 2 kB on a GPU run."""
+    import json
+
+    from realbench.cli.run import Progress
+
+    completion = list(range(1000, 1256))
+    summary = {"metrics": [{"step": 0, "reward": 1.0, "loss": 0.5}], "timings": [{"step": 0, "seconds": 1.0}],
+               "samples": [{"step": 0, "samples": [{"prompt": [1, 2, 3], "completion": completion}]}]}
+    Progress(1, str(tmp_path))(summary)
+    line = [x for x in capsys.readouterr().err.splitlines() if "->" in x][0]
+    assert line.startswith("  [1, 2, 3] -> [1000, 1001,") and line.endswith("... (256 token ids)")
+    assert len(line) < 200
+    kept = json.loads((tmp_path / "samples.jsonl").read_text())
+    assert kept["samples"][0]["completion"] == completion

@@ -42,6 +42,16 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
+def shown(value, limit: int = 160) -> str:
+    """A sample's prompt or completion (text, or token ids on the toy task) for the terminal line,
+    cut at `limit` characters with what was left out counted (samples.jsonl keeps it whole)."""
+    text = json.dumps(value)
+    if len(text) <= limit:
+        return text
+    unit = "token ids" if isinstance(value, list) else "characters"
+    return f"{text[:limit]}... ({len(value)} {unit})"
+
+
 class Progress:
     """Prints the steps as they finish (stderr), and appends them to the --out files."""
 
@@ -58,7 +68,7 @@ class Progress:
                 step = m["step"]
                 log(step_line(m, timings.get(step, {}), self.total))
                 for sample in samples.get(step, [])[:1]:
-                    log(f"  {json.dumps(sample['prompt'])} -> {json.dumps(sample['completion'])}")
+                    log(f"  {shown(sample['prompt'])} -> {shown(sample['completion'])}")
                 if self.out:
                     with open(self.out / "metrics.jsonl", "a") as f:
                         f.write(json.dumps({**m, **{k: v for k, v in timings.get(step, {}).items()}}) + "\n")
