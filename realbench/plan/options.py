@@ -154,6 +154,12 @@ class Block:
         return np.arange(self.positions, dtype=np.int64) * self.gpus
 
 
+def _positions(cluster: ClusterSpec, nodes: int, gpus: int) -> int:
+    """How many meshes of `nodes` nodes of `gpus` devices the cluster has: runs of whole
+    consecutive nodes, or aligned blocks inside each node."""
+    return cluster.nodes - nodes + 1 if nodes > 1 else cluster.nodes * (cluster.gpus_per_node // gpus)
+
+
 class OptionSet(Sequence):
     """Every feasible option of a call, in the order of `all_meshes` (smallest meshes first, then
     by position), each mesh with its strategies, without making them: a cluster of 512 nodes
@@ -169,7 +175,7 @@ class OptionSet(Sequence):
         blocks, base = [], 0
         for nodes, gpus in shapes:
             strategies = _strategies(call, model, cluster, nodes * gpus)
-            positions = N - nodes + 1 if nodes > 1 else N * (G // gpus)
+            positions = _positions(cluster, nodes, gpus)
             if strategies:
                 blocks.append(Block(nodes, gpus, positions, strategies, base))
                 base += positions * len(strategies)
@@ -192,10 +198,8 @@ class OptionSet(Sequence):
         if option in self:
             return self
         out = copy.copy(self)
-        G = self.cluster.gpus_per_node
         nodes, gpus = option.mesh.nodes, option.mesh.gpus
-        positions = self.cluster.nodes - nodes + 1 if nodes > 1 else self.cluster.nodes * (G // gpus)
-        block = Block(nodes, gpus, positions, (option.strategy,), self._length)
+        block = Block(nodes, gpus, _positions(self.cluster, nodes, gpus), (option.strategy,), self._length)
         out.blocks = self.blocks + [block]
         out._length = self._length + len(block)
         out._bases = self._bases + [block.base]

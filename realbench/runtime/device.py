@@ -58,7 +58,7 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    return getattr(torch, DTYPE_NAMES[name])
 
 
 def backend(device_type: str) -> str:

@@ -142,13 +142,14 @@ class SearchSpace:
         for i, cands in enumerate(self.pruned):
             layers = getattr(est.scenario.models[est.calls[i].model], "n_layers", 1)  # a function has none
             lo, size = est.lo[i][cands], est.hi[i][cands] - est.lo[i][cands]
+            micro_batches = est.micro_batches[i][cands]
             whole = size >= D
             out.append(np.stack([
                 np.log2(size) / max(1.0, math.log2(D)),
                 np.where(whole, 0.0, lo / np.maximum(1, D - size)),
                 np.log2(est.tp[i][cands]) / max(1.0, math.log2(G)),
                 np.log2(est.pp[i][cands]) / max(1.0, math.log2(layers)),
-                np.log2(est.micro_batches[i][cands]) / max(1.0, math.log2(est.micro_batches[i][cands].max())),
+                np.log2(micro_batches) / max(1.0, math.log2(micro_batches.max())),
             ], axis=1))
         return out
 
