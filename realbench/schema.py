@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import cached_property
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +22,19 @@ PROFILE_SCHEMA = "realbench.profile/1"
 SCHEMAS = (SCENARIO_SCHEMA, PLAN_SCHEMA, PROFILE_SCHEMA)
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class DerivedValues(BaseModel):
+    """A frozen model whose `functools.cached_property` values (a scenario's options, a
+    dataflow's graph) are worked out again on a copy: pydantic's `model_copy` copies the
+    instance's __dict__, where they are kept, so a copy with other models or calls would
+    otherwise answer with its original's."""
+
+    def model_copy(self, *, update=None, deep: bool = False):
+        copy = super().model_copy(update=update, deep=deep)
+        for name in [k for k in copy.__dict__ if isinstance(getattr(type(copy), k, None), cached_property)]:
+            del copy.__dict__[name]
+        return copy
 
 
 def _first_error(e: ValidationError) -> ConfigError:

@@ -220,3 +220,47 @@ def test_the_search_checkpoints_activations_where_nothing_else_fits():
     r = run_search(est, "mcmc", 5, seed=0, max_evaluations=2000)
     assert r.best_choice is not None and est.options_of(r.best_choice)["actor_train"].strategy.checkpointing
     assert not est.estimate(r.best_choice).oom
+
+
+def test_elementwise_bytes_by_hand():
+    """LLaMA-2 7B, per token and layer, forward: norms 8h + residual adds 12h (every tp rank),
+    rotary 4 (h + kvd) + SiLU-and-product 6 ffn (split over tp), and 13 bytes per attention
+    score when the scores are materialized."""
+    from realbench.cost.calls import LOGIT_BYTES, SCORE_BYTES, elementwise_bytes
+
+    h, ffn = 4096, 11008
+    assert elementwise_bytes(M7, 1) == 20 * h + 8 * h + 6 * ffn == 180_736  # 44.1 h
+    assert elementwise_bytes(M7, 2, scores=2048) == 20 * h + (8 * h + 6 * ffn + 13 * 32 * 2048) / 2 == 557_312
+    assert (SCORE_BYTES, LOGIT_BYTES) == (13, 14)
+
+
+def test_a_layer_pays_its_elementwise_bytes_and_materialized_scores_over_memory_bandwidth():
+    """On a matmul-bound layer (8 sequences of 2,048 tokens) the element-wise kernels add their
+    bytes over the HBM; materialized attention adds the scores' bytes and computes the whole
+    square instead of the causal half."""
+    from realbench.cost.calls import _layer_forward, elementwise_bytes, matmul_time, memory_time
+
+    t, S = 8 * 2048, 2048
+    flash = _layer_forward(FLAT, M7, 1, t, S)
+    matmuls = matmul_time(FLAT, 2 * t * M7.layer_matmul_params + 4 * t * (S / 2) * M7.hidden, t)
+    assert flash == pytest.approx(matmuls + memory_time(FLAT, t * 180_736), rel=1e-12)
+    eager = FLAT.model_copy(update={"attention": "materialized"})
+    extra = matmul_time(FLAT, 4 * t * (S / 2) * M7.hidden, t) + memory_time(FLAT, t * 13 * 32 * S)
+    assert _layer_forward(eager, M7, 1, t, S) - flash == pytest.approx(extra, rel=1e-9)
+    assert elementwise_bytes(M7, 1, S) - elementwise_bytes(M7, 1) == 13 * 32 * S
+
+
+def test_the_interleaved_schedule_divides_the_bubble_by_the_virtual_stages():
+    """pp 4, m 8: (m + (pp - 1) / v) slots of forward + backward, m v + pp - 1 pairs of
+    point-to-point messages, and (1 + (pp - 1) / (pp v)) times the activations in flight."""
+    model = M7.with_value_head()
+    call = train_call(seqs=64)
+    mesh = Mesh(0, 1, 0, 4)
+    plain = call_cost(call, model, FLAT, Option(mesh, Strategy(1, 1, 4, 8)))
+    for v in (2, 4):
+        inter = call_cost(call, model, FLAT, Option(mesh, Strategy(1, 1, 4, 8, virtual_stages=v)))
+        assert inter.compute_s / plain.compute_s == pytest.approx((8 + 3 / v) / 11, rel=1e-12)
+        assert inter.pp_comm_s / plain.pp_comm_s == pytest.approx((8 * v + 3) / 11, rel=1e-12)
+        logits = 2 * (64 / 8 * 1024) * 1 * 4  # two fp32 value-head outputs of a micro-batch
+        assert (inter.working_bytes - logits) / (plain.working_bytes - logits) == pytest.approx(1 + 3 / (4 * v), rel=1e-9)
+        assert inter.dp_comm_s == plain.dp_comm_s and inter.master_bytes == plain.master_bytes

@@ -111,9 +111,32 @@ def generation_pipeline_plans(seed):
     return plans
 
 
+def interleaved_plans(seed):
+    """PPO plans whose actor and critic train on 2 or 4 stages of 2 or 4 virtual stages each (the
+    tiny scenario's models with 8 layers), the other calls at random: the wrap from the last
+    stage to the first carries activations forward and gradients back."""
+    from realbench.models import get_model
+
+    base = get_builtin("ppo-tiny-cpu")
+    small = get_model("llama-small")  # 8 layers
+    models = {role: small.with_value_head(spec.value_head) for role, spec in base.models.items()}
+    est = Estimator(base.model_copy(update={"models": models}))
+    rng = random.Random(seed)
+    order = est.scenario.dataflow.order
+    plans = []
+    for pp, v in ((2, 4), (4, 2)):
+        plan = {order[i]: rng.choice(est.options[i]) for i in range(est.n)}
+        for call in ("actor_train", "critic_train"):
+            i = order.index(call)
+            plan[call] = rng.choice([o for o in est.options[i] if o.mesh.size == 4
+                                     and (o.strategy.pp, o.strategy.virtual_stages) == (pp, v)])
+        plans.append((est.scenario, plan))
+    return plans
+
+
 def test_runs_of_random_plans_replay_without_a_hang_on_nccl():
     # (test_runtime_run replays every algorithm's runs under two plans too)
-    runs = generation_pipeline_plans(seed=3) + random_plans("ppo-tiny-cpu", 2, seed=3)
+    runs = generation_pipeline_plans(seed=3) + random_plans("ppo-tiny-cpu", 2, seed=3) + interleaved_plans(seed=3)
     covered = {(o.strategy.pp, o.strategy.micro_batches) for s, p in runs for n, o in p.items() if "gen" in n}
     assert set(GENERATION_PIPELINES) <= covered
     assert {s.cluster.n_devices for s, _ in runs} == {4}

@@ -58,8 +58,9 @@ def brute_force_options(call, model, c):
         size = mesh.size
         for dp, tp, pp in itertools.product(range(1, size + 1), repeat=3):
             per_replica = call.seqs // call.optimizer_steps // dp
-            for m, ckpt in itertools.product(range(1, call.seqs + 1), (False, True)):
-                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt))) is None \
+            for m, ckpt, v in itertools.product(range(1, call.seqs + 1), (False, True), range(1, 5)):
+                # the search offers 1 to 4 virtual stages wherever they are valid
+                if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt, v))) is None \
                         and searched_count(m, pp, per_replica):
                     count += 1
     return count
@@ -104,6 +105,27 @@ def test_activation_checkpointing_is_an_option_of_train_calls_only():
     mesh = Mesh(0, 1, 0, 4)
     assert option_problem(df.call("ref_inf"), model, c, Option(mesh, Strategy(4, 1, 1, 1, True)))[0] == \
         "activation_checkpointing"
+
+
+def test_virtual_stages_are_an_option_of_train_calls_on_pipelines():
+    """The interleaved schedule needs a train call, a pipeline, layers that split into pp x v
+    chunks and micro-batches in groups of pp (Megatron's rules); the search offers 2, 3 and 4."""
+    c = cluster(1, 8, "a100")
+    model = get_model("llama-7b")  # 32 layers
+    df = build_algorithm("ppo", prompts=64, prompt_len=128, gen_len=128)
+    train, mesh = df.call("actor_train"), Mesh(0, 1, 0, 8)
+    assert option_problem(train, model, c, Option(mesh, Strategy(1, 2, 4, 4, False, 2))) is None
+    for strategy, says in ((Strategy(1, 2, 4, 4, False, 3), "32 layers"), (Strategy(1, 2, 4, 2, False, 2), "multiple"),
+                           (Strategy(4, 2, 1, 4, False, 2), "pp > 1")):
+        problem = option_problem(train, model, c, Option(mesh, strategy))
+        assert problem[0] == "virtual_stages" and says in problem[1], (strategy, problem)
+    assert option_problem(df.call("ref_inf"), model, c, Option(mesh, Strategy(1, 2, 4, 4, False, 2)))[0] == "virtual_stages"
+    offered = {(o.strategy.pp, o.strategy.micro_batches, o.strategy.virtual_stages)
+               for o in enumerate_options(train, model, c) if o.mesh.size == 8 and o.strategy.tp == 2}
+    assert {v for pp, m, v in offered if (pp, m) == (4, 4)} == {1, 2, 4}  # 3 does not divide 8 layers a stage
+    assert {v for pp, m, v in offered if (pp, m) == (4, 2)} == {1}  # 2 micro-batches: not a group of pp
+    assert {v for pp, m, v in offered if pp == 1} == {1}
+    assert not any(o.strategy.virtual_stages > 1 for o in enumerate_options(df.call("actor_gen"), model, c))
 
 
 def test_strategy_rules():
@@ -195,3 +217,14 @@ def test_a_plan_s_own_micro_batch_count_is_estimated_and_the_offered_options_kee
     k = est.index_of(0, own)
     assert k >= 5 and est.options[0][k] == own and est.index_of(0, offered) == 5
     assert float(est.dur[0][np.array([k])][0]) == pytest.approx(expect, rel=1e-9)
+
+
+def test_a_scenario_copied_with_other_models_works_out_its_options_again():
+    """pydantic's model_copy copies the instance's cached values: a copy with 8-layer models kept
+    the 4-layer models' options (no virtual stages on 4 stages) until copies re-derived them."""
+    base = get_builtin("ppo-tiny-cpu")
+    assert not any(o.strategy.pp == 4 and o.strategy.virtual_stages > 1 for o in base.options["actor_train"])
+    small = get_model("llama-small")  # 8 layers
+    copy = base.model_copy(update={"models": {r: small.with_value_head(s.value_head) for r, s in base.models.items()}})
+    assert any(o.strategy.pp == 4 and o.strategy.virtual_stages == 2 for o in copy.options["actor_train"])
+    assert copy.dataflow.order == base.dataflow.order and copy.plan_space_size > base.plan_space_size

@@ -70,7 +70,7 @@ def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cl
 
 
 def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
-    """Rank 0's replanner, fed a run whose responses grow from a mean of 200 to 2,000 tokens
+    """Rank 0's replanner, fed a run whose responses grow from a mean of 50 to 2,000 tokens
     (cap 4,096) with the seconds a device that is exactly the cost model would take: it
     calibrates with the lengths the window measured, so the growth is not read as a slower
     device (every scale near 1), and switches to a plan for the longer lengths."""
@@ -84,7 +84,7 @@ def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
     def lognormal(mean):
         return base.with_lengths({"actor_gen": LengthDistribution(dist="lognormal", mean=mean, cv=1.0, max=4096)})
 
-    short, long = lognormal(200), lognormal(2000)
+    short, long = lognormal(50), lognormal(2000)
     searched = Estimator(short)
     running = searched.options_of(run_search(searched, "mcmc", 1, seed=0).best_choice)
     replanner = Replanner(base, running, every=2, budget_s=1, seed=0)

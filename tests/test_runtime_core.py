@@ -118,13 +118,13 @@ def _parity_worker(rank, world, spec, layouts, rows=4, micro_batches=2):
     return report
 
 
-def _on_each_layout(rank, cases, prompts, fn):
+def _on_each_layout(rank, cases, prompts, fn, spec=SPEC, seed=3):
     """fn(coordinates, model, micro-batches, this rank's share of `prompts`) on every (layout,
-    micro-batches) case with the model placed on this rank (weights from seed 3); None where the
+    micro-batches) case with the model placed on this rank (weights from `seed`); None where the
     rank is not in the layout."""
     from realbench.runtime.engine import PlacedModel
 
-    full = init_full_weights(SPEC, seed=3)
+    full = init_full_weights(spec, seed=seed)
     groups = Groups()
     groups.prepare([lay for lay, _ in cases])
     out = []
@@ -133,7 +133,7 @@ def _on_each_layout(rank, cases, prompts, fn):
         if c is None:
             out.append(None)
             continue
-        model = PlacedModel(SPEC, lay, rank, groups)
+        model = PlacedModel(spec, lay, rank, groups)
         model.stage.load_full(full)
         out.append(fn(c, model, m, prompts.chunk(lay.dims.dp)[c.dp]))
     return out
@@ -226,6 +226,62 @@ def test_a_pipeline_runs_more_micro_batches_than_sixteen():
     for rank, (err, gerr, _, ckpt_err) in enumerate(r[0] for r in spawn(_parity_worker, 2, SPEC, [lay], 24, 24)):
         assert gerr < 1e-4 and ckpt_err < 1e-6, (rank, gerr, ckpt_err)
         assert (err is not None) == (rank == 1) and (err is None or err < 1e-5)
+
+
+def _schedule_worker(rank, world, spec, cases):
+    """For each (plain layout, interleaved layout, micro-batches, checkpointing), on 16 rows: the
+    loss and the gradients of the first replica's shards, by (name, tp rank), under the plain
+    schedule and under the interleaved one (None where the rank holds nothing)."""
+    torch.manual_seed(2)
+    tokens = torch.randint(0, spec.vocab, (16, 10))
+    tokens[1, 7:] = -1  # a row that ended early: its padding is trimmed as in a run
+
+    def train(c, model, how, mine):
+        m, checkpointing = how
+        loss = model.forward_backward(list(mine.chunk(m)), lambda i, y: y.float().pow(2).mean() * (i + 1), checkpointing)
+        if c.dp:
+            return None, {}
+        return loss, {(name, c.tp): p.grad.tolist() for name, p in model.stage.named_parameters()}
+
+    runs = [(lay, (m, checkpointing)) for plain, interleaved, m, checkpointing in cases for lay in (plain, interleaved)]
+    return _on_each_layout(rank, runs, tokens, train, spec, seed=5)
+
+
+def test_the_interleaved_schedule_trains_as_the_plain_one_on_random_layouts():
+    """Virtual pipeline stages (each rank holds v chunks of layers, round robin; a micro-batch goes
+    round the pipeline v times) give the plain pipeline's loss and gradients to 1e-6, on random
+    (dp, tp, pp, v, micro-batches, checkpointing) layouts of 4 processes and an 8-layer model,
+    each chunk holding the layers the shard layout says."""
+    from realbench.models.shards import in_stage
+
+    spec = SPEC.model_copy(update={"name": "llama-tiny-8", "n_layers": 8})
+    rng = random.Random(4)
+    cases = []
+    for pp, v in rng.sample([(2, 2), (2, 4), (4, 2), (2, 2)], 3):
+        tp = rng.choice([t for t in (1, 2) if (4 // pp) % t == 0])
+        dp = 4 // pp // tp
+        m = pp * rng.choice([1, 2])
+        cases.append((Layout.on(range(4), dp, tp, pp), Layout.on(range(4), dp, tp, pp, v), m, rng.random() < 0.5))
+    results = spawn(_schedule_worker, 4, spec, cases)
+    for ci, (plain, interleaved, m, _) in enumerate(cases):
+        losses, grads = [None, None], [{}, {}]
+        for rank in range(4):
+            for side in (0, 1):
+                got = results[rank][2 * ci + side]
+                if got is not None:
+                    losses[side] = got[0] if got[0] is not None else losses[side]
+                    grads[side].update(got[1])
+        assert losses[0] is not None and losses[1] == pytest.approx(losses[0], rel=1e-6, abs=1e-9), (plain, interleaved)
+        assert grads[0].keys() == grads[1].keys()  # every shard of the first replica, under both
+        assert {name for name, _ in grads[0]} == {p.name for p in param_specs(spec)}
+        for key, g in grads[0].items():
+            a, b = torch.tensor(g), torch.tensor(grads[1][key])
+            assert float((a - b).abs().max()) <= 1e-6 * max(1.0, float(a.abs().max())), (plain, interleaved, key)
+        # stage j holds chunks j, j + pp, ...: layer 0 on stage 0 and layer 8 / (pp v) on stage 1
+        d = interleaved.dims
+        layer = {p.layer: p for p in param_specs(spec) if p.layer >= 0}
+        assert in_stage(layer[0], 8, d.pp, 0, d.v) and in_stage(layer[8 // (d.pp * d.v)], 8, d.pp, 1, d.v)
+        assert in_stage(layer[8 // d.v], 8, d.pp, 0, d.v)  # the second round starts on the first stage
 
 
 def _realloc_worker(rank, world, pairs):

@@ -245,3 +245,35 @@ def test_a_long_sample_is_cut_on_the_terminal_and_kept_whole_in_samples_jsonl(tm
     assert len(line) < 200
     kept = json.loads((tmp_path / "samples.jsonl").read_text())
     assert kept["samples"][0]["completion"] == completion
+
+
+def test_an_interleaved_train_layout_trains_as_the_plain_one():
+    """PPO's actor trains on 2 stages of 2 virtual stages each (its 4 layers round robin) or on
+    the plain pipeline, the weights reallocated from and to its data-parallel generation layout
+    each step: the same rewards and losses."""
+    est, plans = two_plans("ppo-tiny-cpu")
+    i = est.call_names.index("actor_train")
+    inter = next(o for o in est.options[i] if (o.strategy.dp, o.strategy.tp, o.strategy.pp, o.strategy.virtual_stages)
+                 == (2, 1, 2, 2) and o.mesh.size == 4 and not o.strategy.checkpointing)
+    plain = dataclasses.replace(inter, strategy=dataclasses.replace(inter.strategy, virtual_stages=1))
+    gen = option(est, "actor_gen", 4, 1, 1)
+    runs = [{**plans[0], "actor_train": o, "actor_gen": gen} for o in (plain, inter)]
+    per_rank = spawn(recorded_steps, 4, [(est.scenario, p) for p in runs], 2)
+    records = [[r[k][0] for r in per_rank] for k in range(2)]
+    for key in ("loss", "reward"):
+        a, b = metrics(records[0], key), metrics(records[1], key)
+        assert all(x is not None for x in a) and a == pytest.approx(b, rel=1e-5, abs=1e-6), (key, a, b)
+    assert sum(r[0]["realloc_bytes"] for r in records[1]) > 0  # the layouts differ: weights moved
+
+
+def test_a_run_refuses_materialized_attention():
+    """Materialized attention prices another engine than the runtime's fused kernel."""
+    from realbench.errors import ConfigError
+    from realbench.runtime.launch import check_run
+
+    est, plans = two_plans("ppo-tiny-cpu")
+    eager = est.scenario.model_copy(update={"cluster": est.scenario.cluster.model_copy(update={"attention": "materialized"})})
+    with pytest.raises(ConfigError) as e:
+        check_run(eager, plans[0], 4, 2, 0, "", False)
+    assert e.value.field == "cluster.attention" and "fused kernel" in e.value.message
+    assert check_run(est.scenario, plans[0], 4, 2, 0, "", False) == 0

@@ -29,8 +29,8 @@ def optimum(tiny):
 def small_ppo(memory_bytes=None, length=8):
     """PPO with tiny models and 2 prompts on 2 CPU devices: 531,441 plans before pruning, few
     enough to enumerate them all, and the best baseline is 25% slower than the optimum. With 64 +
-    64 tokens and 8 MB per device, memory binds on both the master copies and the activations:
-    keeping only the fastest micro-batch split of each layout would lose the optimum (by 9%)."""
+    64 tokens and 7.8 MB per device, memory binds on both the master copies and the activations
+    (14% of the plans do not fit), so pruning must keep slower options that fit."""
     from realbench.hardware import LINKS, get_device
     from realbench.plan.scenario import Scenario
 
@@ -40,7 +40,7 @@ def small_ppo(memory_bytes=None, length=8):
     value = {"arch": "llama-tiny", "value_head": True}
     return Scenario.model_validate(dict(
         name="ppo-tiny-2prompts", algorithm="ppo",
-        # all of the device's memory usable: the numbers above were worked out for 8 MB
+        # all of the device's memory usable: the numbers above were worked out for 7.8 MB
         cluster=dict(nodes=1, gpus_per_node=2, device=device.model_dump(), memory_fraction=1.0, **LINKS["cpu"]),
         models={"actor": "llama-tiny", "ref": "llama-tiny", "critic": value, "reward": value},
         dataflow=dict(algorithm="ppo", prompts=2, minibatches=1, prompt_len=length, gen_len=length)))
@@ -48,7 +48,7 @@ def small_ppo(memory_bytes=None, length=8):
 
 @pytest.mark.parametrize("name", ["small-ppo", "small-ppo-memory-bound", "dpo-tiny-cpu", "dpo-7b-8gpu"])
 def test_pruned_exhaustive_equals_full_enumeration(name):
-    scenario = {"small-ppo": small_ppo, "small-ppo-memory-bound": lambda: small_ppo(8_000_000, 64)}.get(name)
+    scenario = {"small-ppo": small_ppo, "small-ppo-memory-bound": lambda: small_ppo(7_800_000, 64)}.get(name)
     est = Estimator(scenario() if scenario else get_builtin(name))
     space = SearchSpace(est)
     C = np.array(list(itertools.product(*space.candidates)))
@@ -419,11 +419,6 @@ def ppo7b():
     return Estimator(get_builtin("ppo-7b-7b-16gpu"))
 
 
-@pytest.fixture(scope="module")
-def ppo13b():
-    return Estimator(get_builtin("ppo-13b-7b-32gpu"))
-
-
 def test_penalized_ranks_overflowing_plans_above_every_plan_that_fits(tiny):
     from realbench.search.descent import penalized
 
@@ -460,23 +455,23 @@ def test_a_descent_ends_where_no_single_call_can_be_placed_better(ppo7b):
 
 
 @pytest.mark.parametrize("method", ["tpe", "random", "cmaes", "gp"])
-def test_every_optuna_sampler_beats_the_descent_from_the_best_baseline(ppo13b, method):
+def test_every_optuna_sampler_beats_the_descent_from_the_best_baseline(ppo7b, method):
     """The sampled starts matter: with 100,000 evaluations each sampler ends below where a
     descent from the best baseline alone (its warm start) ends, and below every baseline, on
-    ppo-13b-7b-32gpu (on ppo-7b-7b-16gpu, since plans may use more micro-batches, the descent
-    from the best baseline reaches what the samplers reach)."""
+    ppo-7b-7b-16gpu (0.4% below, measured 2026-11-24; on ppo-13b-7b-32gpu and ppo-34b-7b-64gpu
+    the descent from the best baseline reaches what the samplers reach)."""
     from realbench.search import baseline_plans
     from realbench.search.descent import descend
     from realbench.search.events import Tracker
 
-    space = SearchSpace(ppo13b)
-    base = baseline_plans(ppo13b)
+    space = SearchSpace(ppo7b)
+    base = baseline_plans(ppo7b)
     best_baseline, choice = min((t, c) for c, t in base.values())
     _, warm = descend(space, space.start_plan(choice), Tracker("descent", 600), 2 * best_baseline)
     assert warm < best_baseline
-    r = run_search(ppo13b, method, 120, seed=0, max_evaluations=100_000)
+    r = run_search(ppo7b, method, 120, seed=0, max_evaluations=100_000)
     assert r.best_time_s < warm * (1 - 1e-6), (r.best_time_s, warm)
-    again = run_search(ppo13b, method, 120, seed=0, max_evaluations=100_000)
+    again = run_search(ppo7b, method, 120, seed=0, max_evaluations=100_000)
     assert again.best_choice == r.best_choice  # seeded: reproducible
 
 

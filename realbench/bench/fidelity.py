@@ -74,6 +74,7 @@ class TrainRow(_Row):
     global_batch: int = Field(gt=0)
     seq_len: int = Field(gt=0)
     checkpointing: bool
+    virtual_stages: int = Field(default=1, gt=0)  # the interleaved schedule's, where the source used it
     tokens_per_s_per_gpu: Optional[float] = Field(default=None, gt=0)
     tflops_per_gpu: Optional[float] = Field(default=None, gt=0)
 
@@ -120,6 +121,7 @@ class Source(BaseModel):
     cite: str
     reserved: bool = False  # the independent check: predicted and reported, never fitted
     excluded: str = ""  # why the cost model does not describe these rows: reported apart, never fitted
+    attention: Literal["flash", "materialized"] = "flash"  # how the source's engine computes attention
 
 
 class GptShape(BaseModel):
@@ -178,18 +180,21 @@ def _spec(name: str, shape: Optional[GptShape]):
                      n_kv_heads=shape.heads, ffn=round(2 * shape.gelu_ffn / 3), vocab=shape.vocab)
 
 
-def _cluster(device: str, gpus: int, fit: dict, gpus_per_node: int = GPUS_PER_NODE, nic_gbps: float = 0.0):
+def _cluster(device: str, gpus: int, fit: dict, gpus_per_node: int = GPUS_PER_NODE, nic_gbps: float = 0.0,
+             attention: str = "flash"):
     nodes = max(1, math.ceil(gpus / gpus_per_node))
     return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, device=gpu_device(device, fit),
-                       **gpu_links(device, fit, nic=nic_gbps * 1e9 / 8))
+                       attention=attention, **gpu_links(device, fit, nic=nic_gbps * 1e9 / 8))
 
 
-def _option(gpus: int, dp: int, tp: int, pp: int, micro_batches: int, checkpointing: bool = False):
+def _option(gpus: int, dp: int, tp: int, pp: int, micro_batches: int, checkpointing: bool = False,
+            virtual_stages: int = 1):
     from realbench.plan.mesh import Mesh, Option, Strategy
 
     nodes = max(1, gpus // GPUS_PER_NODE)
     mesh = Mesh(node=0, nodes=nodes, gpu=0, gpus=GPUS_PER_NODE if nodes > 1 else gpus)
-    return Option(mesh, Strategy(dp=dp, tp=tp, pp=pp, micro_batches=micro_batches, checkpointing=checkpointing))
+    return Option(mesh, Strategy(dp=dp, tp=tp, pp=pp, micro_batches=micro_batches, checkpointing=checkpointing,
+                                 virtual_stages=virtual_stages))
 
 
 def published_value(data: Published, kind: str, row) -> float:
@@ -217,14 +222,15 @@ def predict(data: Published, kind: str, row, fit: dict = FITTED) -> float:
 
     if kind == "train":
         spec = _spec(row.model, data.models.get(row.model))
-        cluster = _cluster(row.device, row.gpus, fit)
+        cluster = _cluster(row.device, row.gpus, fit, attention=data.sources[row.source].attention)
         m = row.global_batch // (row.dp * row.micro_batch)
         call = CallDef(name="train", model="m", kind=CallKind.TRAIN, seqs=row.global_batch, seq_len=row.seq_len)
-        t = call_cost(call, spec, cluster, _option(row.gpus, row.dp, row.tp, row.pp, m, row.checkpointing)).time_s
+        option = _option(row.gpus, row.dp, row.tp, row.pp, m, row.checkpointing, row.virtual_stages)
+        t = call_cost(call, spec, cluster, option).time_s
         return row.global_batch * row.seq_len / (t * row.gpus)
     if kind == "decode":
         spec = _spec(row.model, data.models.get(row.model))
-        cluster = _cluster(row.device, row.tp, fit)
+        cluster = _cluster(row.device, row.tp, fit, attention=data.sources[row.source].attention)
         out = row.output if row.out_tokens_per_s is not None else 1
         call = CallDef(name="generate", model="m", kind=CallKind.GENERATE, seqs=row.batch,
                        seq_len=row.input + out, gen_len=out)
@@ -281,12 +287,14 @@ def report(data: Published, params: dict) -> dict:
 
 def sc21_documents(data: Published, row) -> tuple[dict, dict]:
     """A reserved SC21 row as what a user writes: a scenario (SFT of the row's GPT shape on its
-    A100 nodes, the global batch per step) and a plan (the row's tp and pp, dp over the rest,
-    the published micro-batch size as micro-batches per replica, full recomputation)."""
+    A100 nodes, whose engine materializes the attention scores, the global batch per step) and
+    a plan (the row's tp and pp, dp over the rest, the published micro-batch size as
+    micro-batches per replica, full recomputation, the row's virtual pipeline stages)."""
     spec = _spec(row.model, data.models.get(row.model))
     nodes = max(1, math.ceil(row.gpus / GPUS_PER_NODE))
     scenario = {"schema": "realbench.scenario/1", "name": f"sc21-{row.model}", "algorithm": "sft",
-                "cluster": {"nodes": nodes, "gpus_per_node": min(row.gpus, GPUS_PER_NODE), "device": row.device},
+                "cluster": {"nodes": nodes, "gpus_per_node": min(row.gpus, GPUS_PER_NODE), "device": row.device,
+                            "attention": data.sources[row.source].attention},
                 "models": {"actor": spec.model_dump(include={"name", "n_layers", "hidden", "n_heads", "n_kv_heads",
                                                              "ffn", "vocab"})},
                 "dataflow": {"algorithm": "sft", "seqs": row.global_batch, "seq_len": row.seq_len}}
@@ -294,7 +302,8 @@ def sc21_documents(data: Published, row) -> tuple[dict, dict]:
     plan = {"schema": "realbench.plan/1", "scenario": scenario["name"],
             "calls": {"actor_train": {"mesh": mesh, "dp": row.dp, "tp": row.tp, "pp": row.pp,
                                       "micro_batches": row.global_batch // (row.dp * row.micro_batch),
-                                      "activation_checkpointing": row.checkpointing}}}
+                                      "activation_checkpointing": row.checkpointing,
+                                      **({"virtual_stages": row.virtual_stages} if row.virtual_stages > 1 else {})}}}
     return scenario, plan
 
 
@@ -327,6 +336,7 @@ def sc21_through_estimate(data: Published) -> dict:
             published = published_value(data, "train", row)
             rows.append({"model": row.model, "gpus": row.gpus, "tp": row.tp, "pp": row.pp,
                          "micro_batches": plan["calls"]["actor_train"]["micro_batches"],
+                         "virtual_stages": row.virtual_stages,
                          "time_per_iter_s": estimate["time_per_iter_s"], "fits": not estimate["oom"],
                          "published_tflops_per_gpu": row.tflops_per_gpu,
                          "predicted_tflops_per_gpu": row.tflops_per_gpu * predicted / published,

@@ -3,11 +3,29 @@
 Notation: L layers, hidden h, stage layers l = ceil(L / pp), a micro-batch of b sequences of
 length S (tokens t = b * S) on one device of a (dp, tp, pp) layout with m micro-batches.
 
-Compute of one layer on t tokens with context c (a roofline):
+Compute of one layer on t tokens of sequences of length S (attending to c = S/2 positions on
+average under a causal mask with flash attention; to all S with materialized scores, which
+compute the full square):
     flops  = 2 t P_layer / tp + 4 t c h / tp          (projections; attention scores and sum)
-    time   = max(flops / (F * eff(t)), weight bytes / BW) + kernel overhead
+    time   = max(flops / (F * eff(t)), weight bytes / BW) + element-wise bytes / BW + overhead
     eff(t) = E * t / (t + t_half)                      (small matmuls underuse the device)
 plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two more backward).
+
+Element-wise work (`elementwise_bytes`): every kernel that is not a matmul reads its inputs and
+writes its outputs once (fused kernels, as torch.compile or Megatron's fused kernels make them).
+Per token and layer, forward, in bf16 (2 bytes a value), with kvd = kv_heads x head_dim:
+    two RMSNorms        2 x (read h + write h)                  =  8 h   (replicated over tp)
+    two residual adds   2 x (read 2h + write h)                 = 12 h   (replicated over tp)
+    rotary on q and k   read and write h + kvd                  =  4 (h + kvd) / tp
+    SiLU(gate) * up     read 2 ffn + write ffn                  =  6 ffn / tp
+    attention scores    materialized only: 13 bytes per score   = 13 (heads / tp) S
+                        (QK^T written 2, softmax read and written 4, dropout read, written and its
+                        mask 5, read by the second matmul 2)
+LLaMA-2 7B: 44 h bytes; measured on an H100, torch.compile's fused block moves 50 h, eager
+PyTorch 176 h (README "On a GPU: measured"). The loss (or log-probabilities) over the vocabulary
+casts each logit to fp32 and takes a log-softmax: LOGIT_BYTES per logit (read 2, write 4, read
+and write 8), V / tp logits a token. A backward pass moves twice a forward's bytes (it reads
+the output gradient and the inputs, writes the input gradients), as it does twice the flops.
 
   * inference: one forward pipelined over m micro-batches: (m + pp - 1) stage slots. On
     generated sequences with response lengths (`call.lengths`), a micro-batch of b rows is as
@@ -20,7 +38,9 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
     realbench.cost.comm), then Adam; `iterations` passes over the batch. A policy trained in several optimizer steps first runs a
     forward over the later steps' rows for their behaviour log-probabilities (`behaviour_forwards`).
     Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
-    layer's input (t h bf16 values) plus one layer's activations.
+    layer's input (t h bf16 values) plus one layer's activations. The interleaved 1F1B
+    schedule (v virtual stages per rank) takes m + (pp - 1) / v slots and m v + pp - 1 pairs of
+    point-to-point messages, and holds (1 + (pp - 1) / (pp v)) times the activations.
   * function (reward functions): `seconds_per_sample` per response and function, split over dp
     processes.
   * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
@@ -30,7 +50,7 @@ plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two m
 
 Memory per device (bytes): weights 2 per parameter of the shard (tp x pp); a trained model's
 master copy 16 per parameter (bf16 weights and grads, fp32 master weights and two Adam
-moments); activations of the micro-batches in flight (min(m, pp) in 1F1B), taken as
+moments); activations of the micro-batches in flight (min(m, pp) in 1F1B, see above), taken as
 t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
 attention); fp32 logits of a micro-batch; and for generation the KV cache of the whole
 per-device batch, 2 x kv_heads x head_dim bf16 values per token per layer.
@@ -53,6 +73,8 @@ BF16 = 2
 FP32 = 4
 TRAINED_BYTES_PER_PARAM = 16  # bf16 weights + bf16 grads + fp32 master + fp32 Adam m and v
 ADAM_BYTES_MOVED_PER_PARAM = 36  # read grads, master, m, v; write master, m, v, bf16 weights
+SCORE_BYTES = 13  # a materialized attention score's round trips (see the module doc)
+LOGIT_BYTES = 14  # a logit's, in the fp32 log-softmax over the vocabulary
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +123,54 @@ def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
 
 
 # -- one stage ------------------------------------------------------------------------------------
-def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, context: float,
-                   weight_passes: float = 1.0) -> float:
+def elementwise_bytes(model: ModelSpec, tp: int, scores: float = 0.0) -> float:
+    """Bytes the element-wise kernels of one layer move per token in a forward pass (module doc),
+    `scores` being the attention scores per head the token has in memory (0 with flash attention)."""
+    h, kvd = model.hidden, model.n_kv_heads * model.head_dim
+    replicated = 2 * 2 * h * BF16 + 2 * 3 * h * BF16  # norms, residual adds: every tp rank does them
+    split = 2 * (h + kvd) * BF16 + 3 * model.ffn * BF16 + SCORE_BYTES * model.n_heads * scores
+    return replicated + split / tp
+
+
+def _attended(cluster: ClusterSpec, seq: float) -> float:
+    """Positions a token's attention computes over, on average, in a sequence of `seq`: half
+    under a causal mask with flash attention, all of them with materialized scores."""
+    return seq if cluster.attention == "materialized" else seq / 2
+
+
+def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, seq: float) -> float:
+    """One layer's forward on `tokens` tokens of sequences of length `seq`."""
+    context = _attended(cluster, seq)
     flops = 2 * tokens * model.layer_matmul_params / tp + 4 * tokens * context * model.hidden / tp
-    weights = weight_passes * model.layer_params * BF16 / tp
-    return max(matmul_time(cluster, flops, tokens), memory_time(cluster, weights)) + cluster.device.kernel_overhead_s
+    scores = context if cluster.attention == "materialized" else 0.0
+    return (max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.layer_params * BF16 / tp))
+            + memory_time(cluster, tokens * elementwise_bytes(model, tp, scores)) + cluster.device.kernel_overhead_s)
 
 
 def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float) -> float:
+    """The output layer on `tokens` tokens and the log-softmax over its logits."""
     flops = 2 * tokens * model.hidden * model.head_out / tp
-    return max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
+    softmax = tokens * model.head_out / tp * LOGIT_BYTES if not model.value_head else 0.0
+    return (max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
+            + memory_time(cluster, softmax))
+
+
+def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx):
+    """(one layer, the head) of a decode step of `rows` rows attending to `ctx` positions:
+    bound by the matmuls or by reading the weights and the KV cache, plus the element-wise work
+    (numbers or numpy arrays of them)."""
+    d = cluster.device
+    bw = d.mem_bw * d.mem_bw_efficiency
+    eff = d.matmul_efficiency * rows / (rows + d.half_efficiency_rows)
+    flops = 2 * rows * model.layer_matmul_params / tp + 4 * rows * ctx * model.hidden / tp
+    kv = rows * ctx * model.kv_bytes_per_token_layer() / tp
+    scores = ctx if cluster.attention == "materialized" else 0.0
+    layer = (np.maximum(flops / (d.flops * eff), (model.layer_params * BF16 / tp + kv) / bw)
+             + rows * elementwise_bytes(model, tp, scores) / bw + d.kernel_overhead_s)
+    head_flops = 2 * rows * model.hidden * model.head_out / tp
+    softmax = 0.0 if model.value_head else rows * model.head_out / tp * LOGIT_BYTES
+    head = np.maximum(head_flops / (d.flops * eff), model.head_params * BF16 / tp / bw) + softmax / bw
+    return layer, head
 
 
 def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, count: int) -> float:
@@ -164,14 +224,7 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     live = np.where(running > 1e-12, alive_rows(cdf, b) / np.maximum(running, 1e-12), 1.0)
     t = np.arange(len(running), dtype=np.float64)
     ctx = call.prompt_len + t
-    kv = live * ctx * model.kv_bytes_per_token_layer() / tp
-    flops = 2 * live * model.layer_matmul_params / tp + 4 * live * ctx * model.hidden / tp
-    d = cluster.device
-    eff = d.matmul_efficiency * live / (live + d.half_efficiency_rows)
-    layer_step = np.maximum(flops / (d.flops * eff), (model.layer_params * BF16 / tp + kv) / (d.mem_bw * d.mem_bw_efficiency)) \
-        + d.kernel_overhead_s
-    head_flops = 2 * live * model.hidden * model.head_out / tp
-    head = np.maximum(head_flops / (d.flops * eff), model.head_params * BF16 / tp / (d.mem_bw * d.mem_bw_efficiency))
+    layer_step, head = _decode_step(cluster, model, tp, live, ctx)
     slots = np.maximum(m * running, pp * call_running)
     compute = float((slots * (layers * layer_step + head)).sum())
     tp_comm = 0.0
@@ -205,7 +258,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         b = call.seqs / dp / m  # sequences per micro-batch
         # prefill: the prompt, pipelined like inference
         t_pre = b * call.prompt_len
-        pre_stage = layers * _layer_forward(cluster, model, tp, t_pre, call.prompt_len / 2) \
+        pre_stage = layers * _layer_forward(cluster, model, tp, t_pre, call.prompt_len) \
             + _head_forward(cluster, model, tp, b)  # only the last position's logits
         pre_tp = layers * _tp_all_reduces(cluster, model, tp, t_pre, 2)
         pre_pp = comm.p2p(cluster, t_pre * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
@@ -216,12 +269,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                                          (slots * pre_pp + decode[2]) if pp > 1 else 0.0)
             kv_cache = decode[3] * kv_token
         else:  # every row decodes gen_len steps, attending to the growing context (its mean)
-            ctx = call.prompt_len + call.gen_len / 2
-            kv = b * ctx * model.kv_bytes_per_token_layer() / tp
-            flops = 2 * b * model.layer_matmul_params / tp + 4 * b * ctx * model.hidden / tp
-            layer_step = max(matmul_time(cluster, flops, b), memory_time(cluster, model.layer_params * BF16 / tp + kv)) \
-                + cluster.device.kernel_overhead_s
-            dec_stage = layers * layer_step + _head_forward(cluster, model, tp, b)
+            layer_step, head = _decode_step(cluster, model, tp, b, call.prompt_len + call.gen_len / 2)
+            dec_stage = layers * layer_step + head
             dec_tp = layers * _tp_all_reduces(cluster, model, tp, b, 2)
             dec_pp = comm.p2p(cluster, b * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
             per_token = max(m, pp)
@@ -237,7 +286,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     steps = call.optimizer_steps * call.iterations  # optimizer updates
     width = call.width(b)  # a micro-batch is as wide as its longest row (the padding trimmed)
     tokens = b * width
-    fwd = layers * _layer_forward(cluster, model, tp, tokens, width / 2) + _head_forward(cluster, model, tp, tokens)
+    fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens)
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
     # memory: the widest micro-batch of the device's rows of a step (their longest row, at the
     # distribution's memory quantile)
@@ -254,20 +303,26 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
 
     # train: forward + backward (2x forward flops; weights read again in each); with activation
     # checkpointing, the forward again during the backward (its all-reduces too), and only each
-    # layer's input kept (bf16, t*h) besides the one layer being recomputed
+    # layer's input kept (bf16, t*h) besides the one layer being recomputed. The interleaved
+    # schedule (v virtual stages) fills and drains the pipeline in chunks of 1/v of a stage, so
+    # its bubble is (pp - 1) / v slots, but a micro-batch crosses v times as many boundaries.
     recompute = s.checkpointing
+    v = s.virtual_stages
+    train_slots = m + (pp - 1) / v
     fwd_bwd = (4 if recompute else 3) * fwd
     behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
-    compute = steps * slots * fwd_bwd + behaviour * slots * fwd
-    tp_comm = (steps * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
+    compute = steps * train_slots * fwd_bwd + behaviour * slots * fwd
+    tp_comm = (steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
                + behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2))
-    pp_comm = steps * slots * 2 * p2p_one + behaviour * slots * p2p_one
+    pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour * slots * p2p_one
     grads = shard_params(model, tp, pp) * BF16
     # a dp group that spans nodes has gpus_per_node / tp members on each (ranks are tp apart)
     dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option),
                                       per_node=max(1, cluster.gpus_per_node // tp))
     optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
-    in_flight = min(m, pp)
+    # the first stage holds the activations of min(m, pp) micro-batches; interleaved, of
+    # (1 + (pp - 1) / (pp v)) times as many layers (Korthikanti et al. 2022, section 4.2.3)
+    in_flight = min(m, pp) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
                + 2 * _logits_bytes(model, tp, peak_tokens))

@@ -9,6 +9,9 @@ seconds of operation X; p2p(B) of B bytes.
 
   stage forward   F_j = [embed.fwd] + n_j block.fwd + [head.fwd] + [p2p(activations) to j+1]
   pipeline        sum_j F_j + (m - 1) max_j F_j              (GPipe: the first micro-batch fills it)
+                  with v virtual stages (train layouts): sum_j F_j / v + (m - 1/v) max_j F_j, the
+                  first micro-batch's chunks filling it, and F_j counting v sends a micro-batch
+                  (v - 1 on the last stage: its last chunk ends the trip)
   inference       the pipeline, then logprobs.fwd over the data-parallel shard (language models)
   train, per optimizer step
                   the pipeline of fwd_bwd (plus loss.fwd_bwd on the last stage, two p2p per
@@ -74,10 +77,15 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
         return t
 
     layers = [hi - lo for lo, hi in (stage_layers(model.n_layers, pp, j) for j in range(pp))]
+    v = s.virtual_stages
 
     def pipeline(stage_time) -> float:
         per = [stage_time(j) for j in range(pp)]
-        return sum(per) + (m - 1) * max(per)
+        return sum(per) / v + (m - 1 / v) * max(per)
+
+    def sends(j: int) -> int:
+        """Activations a micro-batch sends from stage j (round the pipeline v times)."""
+        return v - (j == pp - 1)
 
     try:
         if call.kind == CallKind.GENERATE:
@@ -126,7 +134,7 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
 
         def forward(j):
             return ((op("embed.fwd", b, S) if j == 0 else 0.0) + layers[j] * op("block.fwd", b, S)
-                    + (op(f"{head}.fwd", b, S) if j == pp - 1 else 0.0) + (p2p(act) if j < pp - 1 else 0.0))
+                    + (op(f"{head}.fwd", b, S) if j == pp - 1 else 0.0) + (sends(j) * p2p(act) if sends(j) else 0.0))
 
         if call.kind == CallKind.INFERENCE:
             post = 0.0 if value else op("logprobs.fwd", call.seqs / dp, S)
@@ -139,7 +147,7 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
             return ((op("embed.fwd_bwd", b, S) if j == 0 else 0.0) + layers[j] * block
                     + (op(f"{head}.fwd_bwd", b, S) if j == pp - 1 else 0.0)
                     + (op("loss.fwd_bwd", b, S) if j == pp - 1 and not value else 0.0)
-                    + (2 * p2p(act) if j < pp - 1 else 0.0))
+                    + (2 * sends(j) * p2p(act) if sends(j) else 0.0))
 
         fit = profile.models[name].optimizer.get(str(tp))
         if fit is None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.errors import ConfigError
+from realbench.schema import DerivedValues
 
 
 class CallKind(str, Enum):
@@ -98,7 +99,7 @@ class CallDef(BaseModel):
         return self.seq_len - self.lengths.max + longest
 
 
-class Dataflow(BaseModel):
+class Dataflow(DerivedValues):
     """A list of calls and the graph they form. Validated on construction:
     unique names, one producer per key, no cycles, and (when `dataset_keys` is given) every
     consumed key is produced by a call or provided by the dataset."""

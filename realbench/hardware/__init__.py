@@ -12,6 +12,8 @@ the last byte runs out of memory. 0.9 is what serving engines leave by default (
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
@@ -47,6 +49,11 @@ class ClusterSpec(BaseModel):
     intra_latency_s: float = Field(default=8e-6, ge=0)
     inter_latency_s: float = Field(default=20e-6, ge=0)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)  # of each device's memory, for plans
+    # how the engine that runs the plan computes attention: "flash" (one fused kernel, the scores
+    # never in memory: FlashAttention, PyTorch's SDPA, realbench's runtime) or "materialized" (the
+    # scores written to memory and passed over by separate softmax and dropout kernels, as
+    # Megatron-LM did before flash attention; the cost model charges them, realbench.cost.calls)
+    attention: Literal["flash", "materialized"] = "flash"
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
@@ -82,17 +89,17 @@ DATASHEETS: dict[str, dict[str, float]] = {
 # H200). The test suite refits them and checks these values; the held-out rows' errors are in the
 # README. H100 generation has no published bf16 rows here: it shares A100's memory efficiency.
 FITTED: dict[str, float] = {
-    # one for both GPUs: the H100 rows alone (Llama 3's interleaved pipeline, whose smaller bubble
-    # realbench does not model) would fit 0.85, an MFU no published dense bf16 run reaches
-    "matmul_efficiency": 0.7421,
-    "mem_bw_efficiency": 0.7595,
-    "half_efficiency_rows": 21.13,
+    # one for both GPUs: the H100 rows alone (Llama 3's interleaved pipeline, whose virtual stage
+    # count is not published) would fit more, an MFU no published dense bf16 run reaches
+    "matmul_efficiency": 0.7913,
+    "mem_bw_efficiency": 0.7732,
+    "half_efficiency_rows": 28.20,
     "kernel_overhead_s": 1e-9,  # at its bound: fused kernels and CUDA graphs (TensorRT-LLM) hide launches
-    "a100.nvlink_efficiency": 0.6337,
-    "h100.nvlink_efficiency": 1.010,  # NVLink SHARP reduces inside the switch (see realbench.cost.comm)
-    "nic_efficiency": 0.7314,
-    "intra_latency_s": 2.960e-6,
-    "inter_latency_s": 1.090e-4,
+    "a100.nvlink_efficiency": 0.6340,
+    "h100.nvlink_efficiency": 1.012,  # NVLink SHARP reduces inside the switch (see realbench.cost.comm)
+    "nic_efficiency": 0.7317,
+    "intra_latency_s": 2.957e-6,
+    "inter_latency_s": 1.091e-4,
 }
 
 

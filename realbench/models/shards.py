@@ -10,6 +10,11 @@ means dim 0 and row-parallel dim 1. The embedding (vocab, hidden) is vocabulary-
 (Megatron): it splits dim 0, like the LM head, so that a head tied to the embedding holds the
 same slice of the same matrix on every tp rank.
 
+Under the interleaved schedule (`v` virtual stages, train layouts only) the layers split into
+pp x v equal chunks and stage j holds chunks j, j + pp, ..., j + (v - 1) pp (Megatron's virtual
+pipeline): the embedding stays with chunk 0 on stage 0, the head with the last chunk on stage
+pp - 1. Every function here that takes (pp, stage) takes v too (default 1: contiguous stages).
+
 A tied head (`ModelSpec.tie_embeddings`) is stored once when the embedding and the head sit on
 one stage (pp == 1): `head.weight` is then an alias of `embed.weight` (`tied_aliases`), in the
 flat buffer and in the shards. With pp > 1 the last stage holds a copy, kept equal to the
@@ -65,12 +70,19 @@ def tied_aliases(model: ModelSpec, pp: int) -> dict[str, str]:
     return {"head.weight": "embed.weight"} if model.tie_embeddings and pp == 1 else {}
 
 
-def in_stage(spec: ParamSpec, n_layers: int, pp: int, stage: int) -> bool:
-    lo, hi = stage_layers(n_layers, pp, stage)
+def chunk_of(layer: int, n_layers: int, pp: int, v: int) -> int:
+    """The virtual stage (chunk 0 .. pp v - 1) of a layer under v virtual stages per rank."""
+    return layer // (n_layers // (pp * v))
+
+
+def in_stage(spec: ParamSpec, n_layers: int, pp: int, stage: int, v: int = 1) -> bool:
     if spec.layer < 0:
         return stage == 0
     if spec.layer >= n_layers:
         return stage == pp - 1
+    if v > 1:
+        return chunk_of(spec.layer, n_layers, pp, v) % pp == stage
+    lo, hi = stage_layers(n_layers, pp, stage)
     return lo <= spec.layer < hi
 
 
@@ -92,14 +104,14 @@ def shard_shape(spec: ParamSpec, tp: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple[dict[str, int], int]:
+def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> tuple[dict[str, int], int]:
     """Where each shard of pipeline stage `stage` starts in the stage's flat buffer (in values),
     and the buffer's length. Every rank can compute any rank's layout from the model alone.
     An alias (`tied_aliases`) starts where its target does and takes no space."""
     offsets, total = {}, 0
     aliases = tied_aliases(model, pp)
     for p in param_specs(model):
-        if not in_stage(p, model.n_layers, pp, stage):
+        if not in_stage(p, model.n_layers, pp, stage, v):
             continue
         if p.name in aliases:
             offsets[p.name] = offsets[aliases[p.name]]
@@ -109,10 +121,10 @@ def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple[dict[s
     return offsets, total
 
 
-def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int) -> dict:
+def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> dict:
     """The shards of stage `stage` as views of its flat buffer `flat` (a tensor of
     `flat_offsets(...)[1]` values), by name."""
-    offsets, _ = flat_offsets(model, tp, pp, stage)
+    offsets, _ = flat_offsets(model, tp, pp, stage, v)
     specs = {p.name: p for p in param_specs(model)}
     views = {}
     for name, start in offsets.items():

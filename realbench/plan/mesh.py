@@ -128,13 +128,17 @@ class Strategy:
     # train calls: keep only each layer's input and recompute the layer in the backward pass
     # (one more forward, far fewer activations in memory)
     checkpointing: bool = False
+    # train calls on a pipeline: each rank holds this many chunks of layers, round robin
+    # (Megatron's interleaved 1F1B schedule: the bubble shrinks by this factor)
+    virtual_stages: int = 1
 
     @property
     def size(self) -> int:
         return self.dp * self.tp * self.pp
 
     def label(self) -> str:
-        return f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
+        return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
+                + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,11 @@ Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_hea
     hundreds); the search offers the powers of two up to SEARCHED_MICRO_BATCHES and, with a
     pipeline (pp > 1, where a depth of p idles (p - 1) / (m + p - 1) of a pass), pp, 2pp, 4pp
     and the largest count, one row (or example) per micro-batch (`micro_batch_counts`);
-  * train calls may checkpoint activations (recompute each layer in the backward pass), others not.
+  * train calls may checkpoint activations (recompute each layer in the backward pass), others not;
+  * a train call on a pipeline may run the interleaved 1F1B schedule (Megatron's virtual pipeline
+    stages): each rank holds `virtual_stages` chunks of layers, round robin, which needs the
+    layers to split evenly into pp x virtual_stages chunks and, as in Megatron, the micro-batches
+    into groups of pp. The search offers 2, 3 and 4 where they are valid (SEARCHED_VIRTUAL_STAGES).
 """
 
 from __future__ import annotations
@@ -31,6 +35,15 @@ from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, mesh_problem
 
 SEARCHED_MICRO_BATCHES = 16  # powers of two up to this, for every layout
+SEARCHED_VIRTUAL_STAGES = (2, 3, 4)  # interleaved schedules offered to train calls on pipelines
+
+
+def virtual_stage_counts(n_layers: int, pp: int, micro_batches: int) -> tuple[int, ...]:
+    """The virtual stage counts the search offers a train call: 1, and where the layers split into
+    pp x v chunks and the micro-batches into groups of pp, each of SEARCHED_VIRTUAL_STAGES."""
+    if pp == 1 or micro_batches % pp:
+        return (1,)
+    return (1,) + tuple(v for v in SEARCHED_VIRTUAL_STAGES if n_layers % (pp * v) == 0)
 
 
 def micro_batch_counts(per_replica: int, pp: int) -> list[int]:
@@ -48,12 +61,12 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                      s: Strategy) -> Optional[tuple[str, str]]:
     """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
     A reward function has no model to split: its processes share the responses (dp only)."""
-    if min(s.dp, s.tp, s.pp, s.micro_batches) < 1:
-        return "dp", "dp, tp, pp and micro_batches must be at least 1"
+    if min(s.dp, s.tp, s.pp, s.micro_batches, s.virtual_stages) < 1:
+        return "dp", "dp, tp, pp, micro_batches and virtual_stages must be at least 1"
     if s.size != mesh.size:
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
-        if (s.tp, s.pp, s.micro_batches) != (1, 1, 1):
+        if (s.tp, s.pp, s.micro_batches, s.virtual_stages) != (1, 1, 1, 1):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -67,6 +80,18 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
     if s.checkpointing and call.kind != CallKind.TRAIN:
         return "activation_checkpointing", "activation checkpointing is for train calls (it saves backward memory)"
+    if s.virtual_stages > 1:
+        v = s.virtual_stages
+        if call.kind != CallKind.TRAIN:
+            return "virtual_stages", "virtual pipeline stages are a schedule of train calls (interleaved 1F1B)"
+        if s.pp == 1:
+            return "virtual_stages", "virtual pipeline stages need a pipeline (pp > 1)"
+        if model.n_layers % (s.pp * v):
+            return "virtual_stages", (f"the {model.n_layers} layers of {model.name} do not split into "
+                                      f"pp*virtual_stages = {s.pp}*{v} chunks")
+        if s.micro_batches % s.pp:
+            return "virtual_stages", (f"the interleaved schedule runs micro-batches in groups of pp = {s.pp}: "
+                                      f"micro_batches {s.micro_batches} is not a multiple of it")
     batch = call.seqs // call.optimizer_steps
     unit, whole = call.rows_together, f" of whole {call.rows_together}-row examples" if call.rows_together > 1 else ""
     if batch % (s.dp * unit):
@@ -107,10 +132,12 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
             if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem would refuse, skipped cheaply
                 continue
             for m in micro_batch_counts(batch // (dp * call.rows_together), pp):
-                for checkpointing in ((False, True) if call.kind == CallKind.TRAIN else (False,)):
-                    s = Strategy(dp, tp, pp, m, checkpointing)
-                    if strategy_problem(call, model, cluster, probe, s) is None:
-                        out.append(s)
+                train = call.kind == CallKind.TRAIN
+                for checkpointing in ((False, True) if train else (False,)):
+                    for v in virtual_stage_counts(layers, pp, m) if train else (1,):
+                        s = Strategy(dp, tp, pp, m, checkpointing, v)
+                        if strategy_problem(call, model, cluster, probe, s) is None:
+                            out.append(s)
     return tuple(out)
 
 

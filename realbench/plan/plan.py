@@ -5,6 +5,7 @@
     calls:
       actor_gen:   {mesh: n0-1, dp: 8, tp: 2, pp: 1, micro_batches: 1}
       actor_train: {mesh: n0-1, dp: 2, tp: 4, pp: 2, micro_batches: 8}
+      # optional on train calls: activation_checkpointing: true, virtual_stages: 2 (interleaved 1F1B)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -33,6 +34,7 @@ class Placement(BaseModel):
     pp: int = Field(ge=1)
     micro_batches: int = Field(default=1, ge=1)
     activation_checkpointing: Optional[bool] = None  # train calls; absent: off
+    virtual_stages: Optional[int] = Field(default=None, ge=1)  # train calls on a pipeline; absent: 1
 
 
 class Origin(BaseModel):
@@ -68,7 +70,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
     G = scenario.cluster.gpus_per_node
     calls = {name: Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
                              micro_batches=o.strategy.micro_batches,
-                             activation_checkpointing=True if o.strategy.checkpointing else None)
+                             activation_checkpointing=True if o.strategy.checkpointing else None,
+                             virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None)
              for name, o in options.items()}
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, origin=origin)
 
@@ -90,7 +93,8 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
             mesh = parse_mesh(p.mesh, scenario.cluster)
         except ConfigError as e:
             raise ConfigError(e.message, f"calls.{name}.mesh") from None
-        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches, bool(p.activation_checkpointing)))
+        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches, bool(p.activation_checkpointing),
+                                        p.virtual_stages or 1))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")

@@ -7,6 +7,8 @@ File form (`realbench.scenario/1`):
     algorithm: ppo
     cluster: {nodes: 2, gpus_per_node: 8, device: h100}     # or device: {name: ..., ...}
                                                              # memory_fraction: 0.9 (usable by plans)
+                                                             # attention: flash (or materialized: priced
+                                                             # as Megatron-LM's 2021 kernels)
     models:
       actor: llama-7b                                        # a preset ...
       critic: {arch: llama-7b, value_head: true}             # ... with overrides
@@ -26,7 +28,7 @@ from typing import Any, Optional, Union
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from realbench.dataflow import ALGORITHMS, CallDef, CallKind, Dataflow, build_algorithm
 from realbench.dataflow.lengths import parse_gen_len
@@ -38,11 +40,11 @@ from realbench.plan.data import DataSpec
 from realbench.models.rewards import GIVEN, function_spec, load_function, missing_arguments
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
-from realbench.schema import SCENARIO_SCHEMA, read_document, validate_model
+from realbench.schema import SCENARIO_SCHEMA, DerivedValues, read_document, validate_model
 from realbench.plan.training import TrainingSpec
 
 
-class Scenario(BaseModel):
+class Scenario(DerivedValues):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1)

@@ -49,7 +49,7 @@ def load_hf_checkpoint(folder: str | Path, name: str | None = None, value_head: 
     return spec, load_hf_shards(spec, 1, 0, 1, 0, seed, names=list(full))
 
 
-def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, seed: int = 0,
+def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, seed: int = 0, v: int = 1,
                    names: list[str] | None = None, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The shards that tp rank `tp_rank` of pipeline stage `stage` holds, read from the
     checkpoint folder `spec.path` slice by slice (safetensors reads a slice without the rest of
@@ -64,7 +64,7 @@ def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, 
     folder = Path(spec.path)
     where = checkpoint_tensors(spec, folder)
     specs = {p.name: p for p in param_specs(spec)}
-    wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage)[0]
+    wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage, v)[0]
                                               if n not in tied_aliases(spec, pp)]
     out: dict[str, torch.Tensor] = {}
     by_file: dict[str, list[str]] = {}

@@ -1,7 +1,14 @@
 """A model placed on one layout, seen from one rank: forward and backward through the pipeline,
 gradient averaging over data parallelism, and the weights as a dict of named shards.
 
-Pipeline schedule: GPipe (all micro-batches forward, then all backward). Between stages,
+Pipeline schedule: GPipe (all micro-batches forward, then all backward). With v virtual stages
+(a train layout of the interleaved schedule, realbench.models.shards) each rank runs its v
+chunks of layers, and a micro-batch goes round the pipeline v times: chunk k of the last stage
+sends to chunk k + 1 of the first. Each rank works through its (micro-batch, chunk) items in
+Megatron's order, groups of pp micro-batches chunk by chunk, forward in that order and backward
+in its reverse. Each item depends only on items earlier in the order, and a send goes out in one
+batch with the rank's next receive (Megatron's send-and-receive pairs), so that no two ranks
+wait on each other's sends: tests replay the messages under NCCL's rules. Between stages,
 activations go forward and their gradients backward with point-to-point messages to the rank of
 the same (dp, tp) coordinates in the neighbouring stage. Every rank of the layout is given the
 token ids of its data-parallel share (so each stage knows the shapes it will receive, and which
@@ -34,11 +41,18 @@ class PlacedModel:
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
         self.device = torch.device(device)
-        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype, d.v)
         self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
         self.pp_group = groups.get(layout.pp_group(c))
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
         self.next = layout.rank_of(Coord(c.dp, c.tp, c.pp + 1)) if c.pp < d.pp - 1 else None
+        # chunk k's neighbours: the stages around, and across the wrap from the last stage's
+        # chunk k to the first stage's chunk k + 1 (interleaved schedule)
+        self.sources = [self.prev if self.prev is not None or k == 0 else layout.rank_of(Coord(c.dp, c.tp, d.pp - 1))
+                        for k in range(d.v)]
+        self.targets = [self.next if self.next is not None or k == d.v - 1 else layout.rank_of(Coord(c.dp, c.tp, 0))
+                        for k in range(d.v)]
+        self._pending: list = []  # with virtual stages: the send waiting for this rank's next receive
 
     @property
     def is_last(self) -> bool:
@@ -56,27 +70,64 @@ class PlacedModel:
             v.copy_(shards[k])
 
     # -- compute ----------------------------------------------------------------------------------------
-    def _stage_forward(self, tokens: torch.Tensor, grad: bool, checkpointing: bool = False):
-        """One micro-batch through this stage: (input that may need a gradient, output). The
-        columns after the micro-batch's last token (right padding of responses that ended
-        early) are left out: causal attention makes the positions before them compute what they
-        would with them, and every stage, holding the same ids, leaves out the same columns.
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Blocking on a plain pipeline, whose messages cannot wait in a cycle. With virtual
+        stages the send waits for this rank's next receive, and goes out in one batch with it
+        (`_receive`), as Megatron pairs them: the wrap from the last stage to the first would
+        otherwise leave two ranks each sending to the other first (a hang on NCCL)."""
+        if self.layout.dims.v == 1:
+            dist.send(tensor, dst)
+        else:
+            self._flush()
+            self._pending.append(dist.P2POp(dist.isend, tensor, dst))
+
+    def _receive(self, tensor: torch.Tensor, src: int) -> None:
+        if self.layout.dims.v == 1:
+            dist.recv(tensor, src)
+            return
+        ops, self._pending = self._pending + [dist.P2POp(dist.irecv, tensor, src)], []
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
+    def _flush(self) -> None:
+        """The send that waited for a receive, alone (no receive comes before this rank's next
+        send, or the pass ended)."""
+        if self._pending:
+            ops, self._pending = self._pending, []
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+
+    def _items(self, m: int) -> list[tuple[int, int]]:
+        """(micro-batch, chunk) in the order this rank runs its forwards: with v virtual stages,
+        groups of pp micro-batches chunk by chunk (Megatron's interleaved order)."""
+        d = self.layout.dims
+        if d.v == 1:
+            return [(i, 0) for i in range(m)]
+        group = d.pp if m % d.pp == 0 else m
+        return [(g + i, k) for g in range(0, m, group) for k in range(d.v) for i in range(group)]
+
+    def _stage_forward(self, tokens: torch.Tensor, grad: bool, checkpointing: bool = False, chunk: int = 0):
+        """One micro-batch through one chunk of this stage: (input that may need a gradient,
+        output). The columns after the micro-batch's last token (right padding of responses that
+        ended early) are left out: causal attention makes the positions before them compute what
+        they would with them, and every stage, holding the same ids, leaves out the same columns.
         The last stage's output is padded back with zeros to the batch's width."""
         width = tokens.shape[1]
         valid = tokens >= 0
         used = int(valid.any(0).nonzero().max()) + 1 if bool(valid.any()) else width
         tokens, valid = tokens[:, :used], valid[:, :used]
         valid = None if bool(valid.all()) else valid
-        if self.prev is None:
+        source, target = self.sources[chunk], self.targets[chunk]
+        if source is None:
             x = tokens
         else:
             x = torch.empty(*tokens.shape, self.spec.hidden, device=self.device, dtype=self.stage.flat.dtype)
-            dist.recv(x, self.prev)
+            self._receive(x, source)
             x.requires_grad_(grad)
         with torch.set_grad_enabled(grad):
-            y = self.stage(x, valid=valid, checkpointing=checkpointing)
-        if self.next is not None:
-            dist.send(y.detach().contiguous(), self.next)
+            y = self.stage(x, valid=valid, checkpointing=checkpointing, chunk=chunk)
+        if target is not None:
+            self._send(y.detach().contiguous(), target)
         elif used < width:  # zeros at the padding, as every consumer masks it
             y = torch.nn.functional.pad(y, (0, 0) * (y.dim() - 2) + (0, width - used))
         return x, y
@@ -84,30 +135,40 @@ class PlacedModel:
     @torch.no_grad()
     def forward(self, micro_batches: list[torch.Tensor]) -> Optional[list[torch.Tensor]]:
         """Outputs per micro-batch on the last stage, None on the others."""
-        outs = [self._stage_forward(mb, grad=False)[1] for mb in micro_batches]
-        return outs if self.is_last else None
+        outs, last = {}, self.layout.dims.v - 1
+        for i, k in self._items(len(micro_batches)):
+            y = self._stage_forward(micro_batches[i], grad=False, chunk=k)[1]
+            if k == last:  # the model's output on the last stage
+                outs[i] = y
+        self._flush()
+        return [outs[i] for i in range(len(micro_batches))] if self.is_last else None
 
     def forward_backward(self, micro_batches: list[torch.Tensor],
                          loss_fn: Callable[[int, torch.Tensor], torch.Tensor],
                          checkpointing: bool = False) -> Optional[float]:
-        """GPipe forward and backward. loss_fn(index, output) gives each micro-batch's loss on the
-        last stage (already scaled: the gradients are summed over micro-batches and averaged
-        over dp). Returns the summed loss on the last stage. `checkpointing`: activation
-        checkpointing of every block (see LlamaStage.forward)."""
-        saved = [self._stage_forward(mb, grad=True, checkpointing=checkpointing) for mb in micro_batches]
+        """GPipe forward and backward (over the chunks of each micro-batch with virtual stages).
+        loss_fn(index, output) gives each micro-batch's loss on the last stage (already scaled:
+        the gradients are summed over micro-batches and averaged over dp). Returns the summed
+        loss on the last stage. `checkpointing`: activation checkpointing of every block (see
+        LlamaStage.forward)."""
+        items = self._items(len(micro_batches))
+        saved = {(i, k): self._stage_forward(micro_batches[i], grad=True, checkpointing=checkpointing, chunk=k)
+                 for i, k in items}
+        self._flush()
         total = 0.0
-        for i in reversed(range(len(saved))):
-            x, y = saved[i]
-            if self.next is None:
+        for i, k in reversed(items):
+            x, y = saved.pop((i, k))
+            if self.targets[k] is None:
                 loss = loss_fn(i, y)
                 total += float(loss.detach())
                 loss.backward()
             else:
                 g = torch.empty_like(y)
-                dist.recv(g, self.next)
+                self._receive(g, self.targets[k])
                 y.backward(g)
-            if self.prev is not None:
-                dist.send(x.grad.contiguous(), self.prev)
+            if self.sources[k] is not None:
+                self._send(x.grad.contiguous(), self.sources[k])
+        self._flush()
         self.sum_tied_gradients()
         self.average_gradients()
         return total if self.next is None else None

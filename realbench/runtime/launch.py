@@ -274,6 +274,10 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
     resumes under any plan of its scenario and any number of processes (resharded on load)."""
     from realbench.runtime.checkpoint import check_scenario, read_manifest, written_options
 
+    if scenario.cluster.attention != "flash":
+        raise ConfigError(f"{scenario.cluster.attention} attention prices another engine (scores written to memory, "
+                          "softmax and dropout apart); realbench's runtime computes attention in one fused kernel: "
+                          "leave the field out to run", "cluster.attention")
     needed = needed_processes(scenario, options)
     if nproc != needed and nproc != scenario.cluster.n_devices:
         raise ConfigError(f"the plan uses {needed} device(s); run it with {needed} processes, not {nproc}", flag)

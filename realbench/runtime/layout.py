@@ -20,9 +20,10 @@ class ParallelDims:
     dp: int
     tp: int
     pp: int
+    v: int = 1  # virtual stages per rank (interleaved schedule; realbench.models.shards)
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp"):
+        for name in ("dp", "tp", "pp", "v"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
 
@@ -49,8 +50,8 @@ class Layout:
             raise ValueError("a rank appears twice in the layout")
 
     @classmethod
-    def on(cls, ranks, dp: int, tp: int, pp: int) -> "Layout":
-        return cls(tuple(ranks), ParallelDims(dp, tp, pp))
+    def on(cls, ranks, dp: int, tp: int, pp: int, v: int = 1) -> "Layout":
+        return cls(tuple(ranks), ParallelDims(dp, tp, pp, v))
 
     def rank_of(self, c: Coord) -> int:
         d = self.dims

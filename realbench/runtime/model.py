@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.models.shards import (flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
+from realbench.models.shards import (chunk_of, flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
                                       tp_range)
 
 
@@ -191,19 +191,24 @@ class LlamaStage(nn.Module):
     softmax and log-probabilities are computed in fp32 whatever it is)."""
 
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
-                 tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+                 tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, v: int = 1):
         super().__init__()
         if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
             raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
         if not 0 <= stage < pp <= spec.n_layers:
             raise ValueError(f"stage {stage} of pp={pp} for {spec.n_layers} layers")
         self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
-        self.first, self.last = stage == 0, stage == pp - 1
-        lo, hi = stage_layers(spec.n_layers, pp, stage)
+        self.first, self.last, self.v = stage == 0, stage == pp - 1, v
+        if v > 1:  # chunks stage, stage + pp, ... of the interleaved schedule (realbench.models.shards)
+            self.chunks = [[str(i) for i in range(spec.n_layers) if chunk_of(i, spec.n_layers, pp, v) == stage + k * pp]
+                           for k in range(v)]
+        else:
+            lo, hi = stage_layers(spec.n_layers, pp, stage)
+            self.chunks = [[str(i) for i in range(lo, hi)]]
         self.aliases = tied_aliases(spec, pp)  # {"head.weight": "embed.weight"} for a tied head on one stage
         if self.first:
             self.embed = nn.Embedding(spec.vocab // tp, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, tp, tp_group) for i in range(lo, hi)})
+        self.layers = nn.ModuleDict({i: Block(spec, tp, tp_group) for chunk in self.chunks for i in chunk})
         if self.last:
             self.norm = RMSNorm(spec.hidden, spec.norm_eps)
             out = 1 if spec.value_head else spec.vocab // tp
@@ -214,8 +219,8 @@ class LlamaStage(nn.Module):
 
     @torch.no_grad()
     def _flatten(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage)[1], device=device, dtype=dtype)
-        views = flat_views(flat, self.spec, self.tp, self.pp, self.stage)
+        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage, self.v)[1], device=device, dtype=dtype)
+        views = flat_views(flat, self.spec, self.tp, self.pp, self.stage, self.v)
         params = dict(self.named_parameters())  # an alias is listed once, under its target's name
         stored = {k: v for k, v in views.items() if k not in self.aliases}
         assert params.keys() == stored.keys(), sorted(set(params) ^ set(stored))
@@ -229,14 +234,17 @@ class LlamaStage(nn.Module):
         return {"valid": None, "layers": {name: {} for name in self.layers}}
 
     def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None,
-                checkpointing: bool = False, last_only: bool = False):
+                checkpointing: bool = False, last_only: bool = False, chunk: int = 0):
         """x: token ids (first stage; -1 marks padding) or hidden states. `valid` (batch, seq):
         which positions are tokens rather than padding (None: all). Positions default to the
         count of valid tokens before each one. `checkpointing`: keep only each block's input for
         the backward pass, which runs the block again (activation checkpointing). `last_only`:
-        the last stage's output at the last position only (what generation samples from)."""
+        the last stage's output at the last position only (what generation samples from). `chunk`:
+        which of the stage's chunks of layers to run (interleaved schedule); the embedding runs
+        before the first stage's first chunk, the head after the last stage's last one."""
         B, S = x.shape[:2]
-        if self.first:
+        first, last = self.first and chunk == 0, self.last and chunk == self.v - 1
+        if first:
             x = self.embed_tokens(x.clamp(min=0))  # padding ids are never attended to
         if positions is None:
             positions = torch.arange(S, device=x.device) if valid is None else positions_of(valid)
@@ -250,12 +258,13 @@ class LlamaStage(nn.Module):
         elif valid is not None:
             mask = attention_mask(valid, S, S, x.device)
         tables = rotary_tables(positions, self.spec.head_dim, self.spec.rope_theta, x.dtype)
-        for name, block in self.layers.items():
+        for name in self.chunks[chunk]:
+            block = self.layers[name]
             if checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, positions, None, mask, tables, use_reentrant=False)
             else:
                 x = block(x, positions, None if caches is None else caches["layers"][name], mask, tables)
-        if not self.last:
+        if not last:
             return x
         return self.output(x[:, -1:] if last_only else x)
 

@@ -57,7 +57,7 @@ class MixedPrecisionAdam:
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         st = self.model.stage
-        return flat_views(flat, st.spec, st.tp, st.pp, st.stage)
+        return flat_views(flat, st.spec, st.tp, st.pp, st.stage, st.v)
 
     def zero_grad(self) -> None:
         for p in self.model.stage.parameters():

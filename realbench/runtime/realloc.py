@@ -50,8 +50,8 @@ class Transfer:
     dst_lo: int  # and in the destination shard
 
 
-def _stage_of(spec: ParamSpec, n_layers: int, pp: int) -> int:
-    return next(s for s in range(pp) if in_stage(spec, n_layers, pp, s))
+def _stage_of(spec: ParamSpec, n_layers: int, pp: int, v: int) -> int:
+    return next(s for s in range(pp) if in_stage(spec, n_layers, pp, s, v))
 
 
 def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]:
@@ -61,9 +61,9 @@ def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]
     for p in param_specs(model):
         if p.name in stored_once:
             continue
-        s_stage = _stage_of(p, L, src.dims.pp)
+        s_stage = _stage_of(p, L, src.dims.pp, src.dims.v)
         for c in dst.coords():
-            if not in_stage(p, L, dst.dims.pp, c.pp):
+            if not in_stage(p, L, dst.dims.pp, c.pp, dst.dims.v):
                 continue
             r = dst.rank_of(c)
             if p.split is None:  # replicated: one copy from any source rank of the stage
@@ -147,8 +147,8 @@ def _pair_messages(model: ModelSpec, specs: dict[str, ParamSpec], src: Layout, d
     """The message from `sender` (layout src) to `receiver` (layout dst) with the given transfers,
     as each of the two sees it. Both ranks compute it from the layouts alone. Order: the sender's
     memory order when it can send in place, else the receiver's (which may then receive in place)."""
-    src_at = flat_offsets(model, src.dims.tp, src.dims.pp, src.coord(sender).pp)[0]
-    dst_at = flat_offsets(model, dst.dims.tp, dst.dims.pp, dst.coord(receiver).pp)[0]
+    src_at = flat_offsets(model, src.dims.tp, src.dims.pp, src.coord(sender).pp, src.dims.v)[0]
+    dst_at = flat_offsets(model, dst.dims.tp, dst.dims.pp, dst.coord(receiver).pp, dst.dims.v)[0]
     items = []  # (slice in the sender's shard, in the receiver's, values, flat positions on each side)
     for t in transfers:
         n = t.hi - t.lo
@@ -270,8 +270,8 @@ def empty_shards(model: ModelSpec, layout: Layout, rank: int, dtype: torch.dtype
     if coord is None:
         return {}
     d = layout.dims
-    flat = torch.empty(flat_offsets(model, d.tp, d.pp, coord.pp)[1], dtype=dtype, device=device)
-    return flat_views(flat, model, d.tp, d.pp, coord.pp)
+    flat = torch.empty(flat_offsets(model, d.tp, d.pp, coord.pp, d.v)[1], dtype=dtype, device=device)
+    return flat_views(flat, model, d.tp, d.pp, coord.pp, d.v)
 
 
 def reallocate(model: ModelSpec, src: Layout, dst: Layout, shards: dict[str, torch.Tensor], rank: int,

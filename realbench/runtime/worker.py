@@ -125,7 +125,7 @@ class Event:
 
 def layout_of(option: Option, gpus_per_node: int) -> Layout:
     s = option.strategy
-    return Layout.on(option.mesh.devices(gpus_per_node), s.dp, s.tp, s.pp)
+    return Layout.on(option.mesh.devices(gpus_per_node), s.dp, s.tp, s.pp, s.virtual_stages)
 
 
 def dp_heads(layout: Layout) -> list[int]:
@@ -234,7 +234,7 @@ class Worker:
             model = PlacedModel(spec, lay, rank, self.groups, self.device, self.dtype)
             if weights and spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
-                                                 seed=self.seed))
+                                                 seed=self.seed, v=lay.dims.v))
             elif weights:
                 model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
