@@ -114,7 +114,7 @@ def _dpo_parity(rank, world, plans):
             if s.split is not None:
                 lo, hi = tp_range(s, dims.tp, coord.tp)
                 want = want.narrow(s.split, lo, hi - lo)
-            assert in_stage(s, spec.n_layers, dims.pp, coord.pp)
+            assert in_stage(s, spec.n_layers, dims.pp, coord.pp, dims.v)
             err = max(err, float((g - want).abs().max()))
         out.append((loss, err if grads else None))
     return out

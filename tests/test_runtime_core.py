@@ -48,7 +48,7 @@ def test_transfers_cover_each_destination_exactly_once():
         for c in dst.coords():
             r = dst.rank_of(c)
             for p in param_specs(spec):
-                if not in_stage(p, spec.n_layers, dst.dims.pp, c.pp) or p.name in tied_aliases(spec, dst.dims.pp):
+                if not in_stage(p, spec.n_layers, dst.dims.pp, c.pp, dst.dims.v) or p.name in tied_aliases(spec, dst.dims.pp):
                     continue
                 expected.add((r, p.name))
                 ts = sorted(by_dest.get((r, p.name), []), key=lambda t: t.lo)
@@ -57,7 +57,7 @@ def test_transfers_cover_each_destination_exactly_once():
                 assert ts[0].lo == lo and ts[-1].hi == hi and all(a.hi == b.lo for a, b in zip(ts, ts[1:]))
                 for t in ts:  # the sender holds what it sends, where the transfer says
                     sc = src.coord(t.src)
-                    assert sc is not None and in_stage(specs[t.name], spec.n_layers, src.dims.pp, sc.pp)
+                    assert sc is not None and in_stage(specs[t.name], spec.n_layers, src.dims.pp, sc.pp, src.dims.v)
                     have_lo, have_hi = tp_range(p, src.dims.tp, sc.tp)
                     assert have_lo <= t.lo < t.hi <= have_hi and t.src_lo == t.lo - have_lo and t.dst_lo == t.lo - lo
         assert set(by_dest) == expected, (src, dst)  # and nothing else is sent
@@ -298,7 +298,7 @@ def _realloc_worker(rank, world, pairs):
             c = lay.coord(rank)
             if c is None:
                 return {}
-            st = LlamaStage(spec, lay.dims.tp, c.tp, lay.dims.pp, c.pp, dtype=dtype)
+            st = LlamaStage(spec, lay.dims.tp, c.tp, lay.dims.pp, c.pp, dtype=dtype, v=lay.dims.v)
             st.load_full(full)
             # a stage's own tensors are views of its flat buffer (messages in place); clones are not
             return dict(st.state_dict()) if flat else {k: v.clone() for k, v in st.state_dict().items()}
@@ -345,7 +345,9 @@ def random_layout(rng, world):
         rng.shuffle(ranks)  # meshes need not be in rank order at this level
     options = [(dp, tp, size // dp // tp) for dp in (1, 2, 4) for tp in (1, 2)
                if size % (dp * tp) == 0 and size // dp // tp <= SPEC.n_layers]
-    return Layout.on(ranks, *rng.choice(options))
+    dp, tp, pp = rng.choice(options)
+    v = 2 if pp == 2 and rng.random() < 0.3 else 1  # a train layout of the interleaved schedule
+    return Layout.on(ranks, dp, tp, pp, v)
 
 
 # A sender may read a message straight from its flat buffer with gaps of at most 1/8 of the
@@ -403,12 +405,12 @@ def _stage_numel(spec, layout, coord):
 
     out = {}
     for p in param_specs(spec):
-        if in_stage(p, spec.n_layers, layout.dims.pp, coord.pp) and p.name not in tied_aliases(spec, layout.dims.pp):
+        if in_stage(p, spec.n_layers, layout.dims.pp, coord.pp, layout.dims.v) and p.name not in tied_aliases(spec, layout.dims.pp):
             n = 1
             for d in shard_shape(p, layout.dims.tp):
                 n *= d
             out[p.name] = n
-    assert sum(out.values()) == flat_offsets(spec, layout.dims.tp, layout.dims.pp, coord.pp)[1]
+    assert sum(out.values()) == flat_offsets(spec, layout.dims.tp, layout.dims.pp, coord.pp, layout.dims.v)[1]
     return out
 
 
