@@ -132,26 +132,29 @@ def elementwise_bytes(model: ModelSpec, tp: int, scores: float = 0.0) -> float:
     return replicated + split / tp
 
 
-def _attended(cluster: ClusterSpec, seq: float) -> float:
-    """Positions a token's attention computes over, on average, in a sequence of `seq`: half
-    under a causal mask with flash attention, all of them with materialized scores."""
-    return seq if cluster.attention == "materialized" else seq / 2
+def _scores_in_memory(cluster: ClusterSpec, context):
+    """Attention scores per head a token writes to memory when it attends to `context`
+    positions: all of them with materialized attention, none with flash attention."""
+    return context if cluster.attention == "materialized" else 0.0
 
 
 def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, seq: float) -> float:
-    """One layer's forward on `tokens` tokens of sequences of length `seq`."""
-    context = _attended(cluster, seq)
+    """One layer's forward on `tokens` tokens of sequences of length `seq`: each attends to half
+    of them on average under a causal mask with flash attention, to all of them with materialized
+    scores (which compute the whole square)."""
+    context = seq if cluster.attention == "materialized" else seq / 2
     flops = 2 * tokens * model.layer_matmul_params / tp + 4 * tokens * context * model.hidden / tp
-    scores = context if cluster.attention == "materialized" else 0.0
     return (max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.layer_params * BF16 / tp))
-            + memory_time(cluster, tokens * elementwise_bytes(model, tp, scores)) + cluster.device.kernel_overhead_s)
+            + memory_time(cluster, tokens * elementwise_bytes(model, tp, _scores_in_memory(cluster, context)))
+            + cluster.device.kernel_overhead_s)
 
 
-def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float) -> float:
-    """The output layer on `tokens` tokens and the log-softmax over its logits."""
+def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens):
+    """The output layer on `tokens` tokens and the log-softmax over its logits (a number or a
+    numpy array of them)."""
     flops = 2 * tokens * model.hidden * model.head_out / tp
-    softmax = tokens * model.head_out / tp * LOGIT_BYTES if not model.value_head else 0.0
-    return (max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
+    softmax = 0.0 if model.value_head else tokens * model.head_out / tp * LOGIT_BYTES
+    return (np.maximum(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
             + memory_time(cluster, softmax))
 
 
@@ -159,18 +162,12 @@ def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx):
     """(one layer, the head) of a decode step of `rows` rows attending to `ctx` positions:
     bound by the matmuls or by reading the weights and the KV cache, plus the element-wise work
     (numbers or numpy arrays of them)."""
-    d = cluster.device
-    bw = d.mem_bw * d.mem_bw_efficiency
-    eff = d.matmul_efficiency * rows / (rows + d.half_efficiency_rows)
     flops = 2 * rows * model.layer_matmul_params / tp + 4 * rows * ctx * model.hidden / tp
     kv = rows * ctx * model.kv_bytes_per_token_layer() / tp
-    scores = ctx if cluster.attention == "materialized" else 0.0
-    layer = (np.maximum(flops / (d.flops * eff), (model.layer_params * BF16 / tp + kv) / bw)
-             + rows * elementwise_bytes(model, tp, scores) / bw + d.kernel_overhead_s)
-    head_flops = 2 * rows * model.hidden * model.head_out / tp
-    softmax = 0.0 if model.value_head else rows * model.head_out / tp * LOGIT_BYTES
-    head = np.maximum(head_flops / (d.flops * eff), model.head_params * BF16 / tp / bw) + softmax / bw
-    return layer, head
+    layer = (np.maximum(matmul_time(cluster, flops, rows), memory_time(cluster, model.layer_params * BF16 / tp + kv))
+             + memory_time(cluster, rows * elementwise_bytes(model, tp, _scores_in_memory(cluster, ctx)))
+             + cluster.device.kernel_overhead_s)
+    return layer, _head_forward(cluster, model, tp, rows)
 
 
 def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, count: int) -> float:
