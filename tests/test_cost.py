@@ -158,6 +158,22 @@ def test_peak_memory_lower_bound_for_partial_plans():
     assert est.peak_memory(partial) <= est.peak_memory(full)
 
 
+def test_heuristic_lookahead_prices_the_leanest_options():
+    """The look-ahead places a later call among its LOOKAHEAD_POOL options that need the least
+    memory alone (not all of the millions a large cluster offers)."""
+    from realbench.cost.baselines import LOOKAHEAD_POOL, _leanest
+
+    est = Estimator(get_builtin("ppo-70b-8b-1024gpu"))
+    i = est.call_names.index("actor_gen")
+    everything = est.candidates(i)
+    assert len(everything) > 10 * LOOKAHEAD_POOL
+    own = np.asarray(est.weights[i]) + np.asarray(est.working[i])
+    pool = _leanest(est, i, everything)
+    rest = np.setdiff1d(everything, pool)
+    assert len(pool) == LOOKAHEAD_POOL and own[pool].max() <= own[rest].min()
+    assert _leanest(est, i, everything[:5]) == everything[:5].tolist()  # a small pool stays whole
+
+
 def test_estimate_cli_every_builtin(cli):
     import json
 
