@@ -168,6 +168,39 @@ def test_pipelined_generation_costs_max_of_busy_stages_and_token_loop():
     assert (time(4) - time(2)) > 0.9 * (G - 1) * 2 * max(per_stage)
 
 
+def test_a_measured_whole_call_scales_the_composed_estimate_of_its_layout():
+    """A whole call measured at CALL_REFERENCE on a (tp, pp) layout makes every call of its
+    kind on that layout cost composed x (measured / composed at the reference); other kinds
+    and layouts keep the composition (factor 1)."""
+    from realbench.cost.profiled import _composed, call_factor
+    from realbench.dataflow import CallKind
+    from realbench.hardware.profile import CALL_REFERENCE
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    cost = {"embed.fwd": 1e-3, "block.fwd": 2e-3, "head.fwd": 3e-3, "logprobs.fwd": 4e-4}
+    plain = synthetic_profile(lambda op, b, s: cost.get(op, 1e-3))
+    spec = get_model("llama-tiny")
+    # the reference inference on one device: embed + L blocks + head + logprobs = 1 + 8 + 3 + 0.4 ms
+    reference = 1e-3 + spec.n_layers * 2e-3 + 3e-3 + 4e-4
+    point = {"kind": "inference", "tp": 1, "pp": 1, "layers": spec.n_layers, "copies": 2, **CALL_REFERENCE,
+             "median_s": 2.5 * reference, "p10_s": 2.5 * reference, "p90_s": 2.5 * reference, "repeats": 3}
+    doc = plain.model_dump()
+    doc["models"]["llama-tiny"]["calls"] = [point]
+    prof = Profile.model_validate(doc)
+    assert call_factor(prof, "llama-tiny", spec, CallKind.INFERENCE, 1, 1) == pytest.approx(2.5)
+    assert call_factor(prof, "llama-tiny", spec, CallKind.INFERENCE, 1, 2) == 1.0  # not measured
+    assert call_factor(prof, "llama-tiny", spec, CallKind.TRAIN, 1, 1) == 1.0
+    scenario = load_scenario("ppo-tiny-2cpu")
+    plain_est, est = Estimator(scenario, profile=plain), Estimator(scenario, profile=prof)
+    i = est.call_names.index("ref_inf")
+    one, two = (Option(Mesh(0, 1, 0, n), Strategy(1, 1, n, 1)) for n in (1, 2))
+    assert est.dur[i][est.index_of(i, one)] == pytest.approx(2.5 * plain_est.dur[i][plain_est.index_of(i, one)])
+    assert est.dur[i][est.index_of(i, two)] == pytest.approx(plain_est.dur[i][plain_est.index_of(i, two)])
+    call = scenario.dataflow.call("ref_inf")
+    assert plain_est.dur[i][plain_est.index_of(i, one)] == pytest.approx(
+        _composed(call, scenario.models["ref"], one, plain, "llama-tiny"))
+
+
 def test_slower_measured_blocks_make_slower_estimates():
     scenario = load_scenario("ppo-tiny-2cpu")
     fast = Estimator(scenario, profile=synthetic_profile(lambda op, b, s: 1e-3))
@@ -198,6 +231,10 @@ def test_small_real_profile(measured, cli):
         "all_reduce", "all_gather", "broadcast", "p2p"}
     for p in tiny.ops["1"]["block.fwd"]:
         assert 0 < p.p10_s <= p.median_s <= p.p90_s
+    # whole calls: every kind on every layout of 2 processes, copies filling them
+    assert {(c.kind, c.tp, c.pp, c.copies) for c in tiny.calls} == {
+        (k, tp, pp, 2 // (tp * pp)) for k in ("generate", "inference", "train") for tp, pp in ((1, 1), (1, 2), (2, 1))}
+    assert all(0 < c.p10_s <= c.median_s <= c.p90_s for c in tiny.calls)
     code, out, _ = cli("estimate", "--scenario", "ppo-tiny-cpu", "--baseline", "symmetric", "--profile", measured,
                        "--json")
     assert code == 0 and set(json.loads(out)["cost_source"].values()) == {"profile"}
@@ -215,6 +252,15 @@ def test_calibration_benchmark_quick(measured, cli):
     assert -1 <= r["kendall_tau"] <= 1
     for run in r["runs"]:
         assert run["measured_iter_s"] > 0 and run["estimated_iter_s"] > 0
+    race = r["race"]  # the searched plan against the symmetric one on ppo-tiny-cpu, 1 round here
+    assert race["scenario"] == "ppo-tiny-cpu" and set(race["plans"]) == {"searched", "symmetric"}
+    searched, symmetric = race["plans"]["searched"], race["plans"]["symmetric"]
+    assert race["measured_speedup"] == pytest.approx(symmetric["measured_iter_s"] / searched["measured_iter_s"])
+    assert race["predicted_speedup"] == pytest.approx(symmetric["estimated_iter_s"] / searched["estimated_iter_s"])
+    assert race["speedup_rel_err"] == pytest.approx(abs(race["predicted_speedup"] / race["measured_speedup"] - 1))
+    for plan in (searched, symmetric):
+        errs = [abs(c["estimated_s"] - c["measured_s"]) / c["measured_s"] for c in plan["calls"].values()]
+        assert len(errs) == 6 and plan["median_call_rel_err"] == pytest.approx(float(np.median(errs)))
 
 
 def test_profile_on_cuda_needs_a_gpu_per_process(cli, tmp_path, monkeypatch):

@@ -575,3 +575,20 @@ def test_a_resumed_or_moved_optimizer_keeps_its_step_count_where_torch_keeps_it(
     one_step(straight)
     one_step(moved)
     assert torch.equal(straight.master, moved.master) and moved.steps_taken == 2
+
+
+def test_a_calls_measured_time_runs_from_its_last_rank_arriving_to_its_last_leaving():
+    """Rank 0 arrives at 10.0 and waits for rank 1 (busy with another call until 10.5) inside
+    its call time; the call's own time is 10.5 -> 11.25, what the estimate of a call alone
+    prices. Records without spans (older runs) keep the slowest rank's time."""
+    from realbench.runtime.launch import summarize
+
+    def step(call_s, span):
+        return {"call_s": call_s, "call_span": span, "step_s": 2.0, "reward": None, "loss": None,
+                "realloc_bytes": 0}
+
+    records = [[step({"gen": 1.25}, {"gen": [10.0, 11.25]})], [step({"gen": 0.7}, {"gen": [10.5, 11.2]})]]
+    assert summarize(records, {"gen": 0.5}, 0.0)["calls"]["gen"]["measured_s"] == pytest.approx(0.75)
+    for r in records:
+        del r[0]["call_span"]
+    assert summarize(records, {"gen": 0.5}, 0.0)["calls"]["gen"]["measured_s"] == pytest.approx(1.25)

@@ -12,6 +12,16 @@ the estimated one:
     kendall_tau       rank agreement of estimated and measured time per iteration over plans
 
 Targets on this machine: median_rel_err <= 0.20 (every kind) and kendall_tau >= 0.6.
+
+Then the race on RACE_SCENARIO (more processes than this machine has cores: calls that run at
+once share them), costed with this machine's cached profile for its process count: the searched
+plan (MCMC, RACE_SEARCH_S seconds, seed 0) against the best symmetric plan, `rounds` alternating
+runs of `race_steps` steps each (A B A B ..., so that the machine's drift touches both):
+
+    per plan: median over calls of |estimated - measured| / measured, each call's measured
+              seconds the median over the rounds           target <= RACE_TARGET_CALL_ERR
+    speedup:  symmetric / searched time per iteration, measured (medians over the rounds)
+              and predicted; |predicted / measured - 1|   target <= RACE_TARGET_SPEEDUP_ERR
 """
 
 from __future__ import annotations
@@ -25,7 +35,56 @@ import numpy as np
 TARGET_MEDIAN_ERR = 0.20
 TARGET_TAU = 0.6
 SCENARIOS = ("ppo-tiny-2cpu",)
-QUICK = {"plans": 2, "steps": 2, "quick": True}
+QUICK = {"plans": 2, "steps": 2, "quick": True, "rounds": 1, "race_steps": 3}
+RACE_SCENARIO = "ppo-tiny-cpu"
+RACE_SEARCH_S = 5.0
+RACE_TARGET_CALL_ERR = 0.25
+RACE_TARGET_SPEEDUP_ERR = 0.20
+
+
+def race(rounds: int = 3, steps: int = 16, scenario: str = RACE_SCENARIO, seed: int = 0) -> dict:
+    """The searched plan against the symmetric one, in alternating runs (see the docstring)."""
+    import statistics
+
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import BASELINES
+    from realbench.plan import load_scenario
+    from realbench.runtime.launch import run_plan
+    from realbench.runtime.profile_cache import scenario_profile
+    from realbench.search import run_search
+
+    s = load_scenario(scenario)
+    profile = scenario_profile(s, note=lambda line: print(line, file=sys.stderr))
+    est = Estimator(s, profile=profile)
+    plans = {"searched": tuple(run_search(est, "mcmc", RACE_SEARCH_S, seed=seed).best_choice),
+             "symmetric": tuple(BASELINES["symmetric"](est))}
+    runs: dict[str, list[dict]] = {k: [] for k in plans}
+    for r in range(rounds):
+        for label, choice in plans.items():
+            print(f"{scenario}: round {r + 1} of {rounds}, the {label} plan...", file=sys.stderr)
+            runs[label].append(run_plan(s, est.options_of(choice), s.cluster.n_devices, steps, seed=seed,
+                                        profile=profile, device="cpu"))
+    out: dict = {"scenario": scenario, "rounds": rounds, "steps": steps, "plans": {}}
+    for label, results in runs.items():
+        calls = {}
+        for name, first in results[0]["calls"].items():
+            measured = statistics.median(x["calls"][name]["measured_s"] for x in results)
+            calls[name] = {"measured_s": measured, "estimated_s": first["estimated_s"],
+                           "rel_err": abs(first["estimated_s"] - measured) / measured}
+        out["plans"][label] = {
+            "placements": {n: o.label(s.cluster.gpus_per_node) for n, o in est.options_of(plans[label]).items()},
+            "measured_iter_s": statistics.median(x["measured_iter_s"] for x in results),
+            "estimated_iter_s": results[0]["estimated_iter_s"], "calls": calls,
+            "median_call_rel_err": statistics.median(c["rel_err"] for c in calls.values())}
+    p = out["plans"]
+    measured = p["symmetric"]["measured_iter_s"] / p["searched"]["measured_iter_s"]
+    predicted = p["symmetric"]["estimated_iter_s"] / p["searched"]["estimated_iter_s"]
+    out.update(measured_speedup=measured, predicted_speedup=predicted,
+               speedup_rel_err=abs(predicted / measured - 1),
+               targets={"median_call_rel_err": RACE_TARGET_CALL_ERR, "speedup_rel_err": RACE_TARGET_SPEEDUP_ERR})
+    out["meets_targets"] = bool(all(x["median_call_rel_err"] <= RACE_TARGET_CALL_ERR for x in p.values())
+                                and out["speedup_rel_err"] <= RACE_TARGET_SPEEDUP_ERR)
+    return out
 
 
 def pick_plans(est, n: int, seed: int = 0, samples: int = 4000) -> list[tuple[str, tuple[int, ...]]]:
@@ -53,7 +112,7 @@ def _stats(errors: list[float]) -> dict:
 
 
 def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optional[str] = None,
-        seed: int = 0, quick: bool = False) -> dict:
+        seed: int = 0, quick: bool = False, rounds: int = 3, race_steps: int = 16) -> dict:
     from scipy.stats import kendalltau
 
     from realbench.cost import Estimator
@@ -110,5 +169,5 @@ def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optio
         "targets": {"median_rel_err": TARGET_MEDIAN_ERR, "kendall_tau": TARGET_TAU},
         "meets_targets": bool(all(s["median_rel_err"] <= TARGET_MEDIAN_ERR for s in per_kind.values())
                               and tau >= TARGET_TAU),
-        "runs": rows, "seconds": time.perf_counter() - t0,
+        "runs": rows, "race": race(rounds, race_steps, seed=seed), "seconds": time.perf_counter() - t0,
     }

@@ -33,7 +33,7 @@ from typing import Optional
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware.profile import Profile
 from realbench.models import ModelSpec, stage_layers
-from realbench.plan.mesh import Option
+from realbench.plan.mesh import Mesh, Option, Strategy
 from realbench.cost.calls import behaviour_forwards
 
 TENSORS_PER_BLOCK = 9  # two norms, q, k, v, o, gate, up, down
@@ -45,13 +45,36 @@ class _Silent(Exception):
 
 def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile: Profile) -> Optional[float]:
     """Seconds of one call under one option from the profile, or None where it is silent (a
-    reward function's time is its own: the analytic model's `seconds_per_sample`)."""
+    reward function's time is its own: the analytic model's `seconds_per_sample`): the call
+    composed from the profiled operations, times the layout's call_factor."""
     if call.kind == CallKind.FUNCTION:
         return None
     found = profile.model_for(model)
     if found is None:
         return None
-    name, _ = found
+    t = _composed(call, model, option, profile, found[0])
+    return None if t is None else t * call_factor(profile, found[0], model, call.kind, option.strategy.tp,
+                                                  option.strategy.pp)
+
+
+def call_factor(profile: Profile, name: str, model: ModelSpec, kind: CallKind, tp: int, pp: int) -> float:
+    """Measured / composed seconds of the profile's whole call of this kind on a (tp, pp) layout
+    at CALL_REFERENCE (realbench.hardware.profile), or 1 where the profile has none: what the
+    composition of operations misses (the runtime's per-slot work, stages waiting on each other,
+    processes sharing cores) as a ratio, carried to the call's own shape."""
+    point = profile.call_point(name, kind.value, tp, pp)
+    if point is None:
+        return 1.0
+    R, P, G = point.rows, point.prompt_len, point.gen_len
+    reference = CallDef(name="reference", model="reference", kind=kind, seqs=R, seq_len=P + G,
+                        gen_len=G if kind == CallKind.GENERATE else 0)
+    spec = model.model_copy(update={"n_layers": point.layers, "value_head": False})
+    composed = _composed(reference, spec, Option(Mesh(0, 1, 0, tp * pp), Strategy(1, tp, pp)), profile, name)
+    return 1.0 if not composed else point.median_s / composed
+
+
+def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile, name: str) -> Optional[float]:
+    """The call composed from the profile's operations (see the module's docstring)."""
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
     value = bool(model.value_head)

@@ -13,6 +13,15 @@ of each layer operation over a grid of (batch, length):
 plus an Adam fit (seconds = c0 + c_tensor * tensors + c_param * parameters) and, per group
 size, the collectives all_reduce, all_gather, broadcast and p2p over message sizes.
 
+Whole calls, too (`calls`): the runtime's own generate, inference forward and train update
+(forward, backward, gradient norm, the flat fused Adam) at one reference shape (CALL_REFERENCE)
+on every (tp, pp) layout that the processes allow, with as many copies of the layout running
+at once as the processes hold, so that they share the cores as a run's calls do. The cost
+model composes a call from the operations and scales it by measured / composed at the
+reference (realbench.cost.profiled.call_factor): what the operations miss (the runtime's
+per-slot Python work, waits between stages, processes that outnumber the cores) is measured
+rather than assumed.
+
 Interpolation is piecewise linear in log(batch), log(length) and log(seconds) (bilinear inside
 the grid, so exact at grid points and monotone between monotone neighbours); outside the grid
 it extrapolates along the last segment's power law (below it, holds the first value). Measured
@@ -58,6 +67,33 @@ class CollectivePoint(Timing):
     nbytes: int = Field(ge=1)
 
 
+# The shape at which whole calls are measured: `rows` sequences of a `prompt_len`-token prompt
+# and `gen_len` generated tokens (inference and train read rows of prompt_len + gen_len), one
+# micro-batch, one optimizer update.
+CALL_REFERENCE = {"rows": 8, "prompt_len": 8, "gen_len": 8}
+CALL_KINDS = ("generate", "inference", "train")
+
+
+class CallPoint(Timing):
+    """Seconds of one whole call of the runtime at CALL_REFERENCE on a (tp, pp) layout of a
+    model with `layers` layers, `copies` copies of the layout running at once."""
+
+    kind: str
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    layers: int = Field(ge=1)
+    copies: int = Field(ge=1)
+    rows: int = Field(ge=1)
+    prompt_len: int = Field(ge=1)
+    gen_len: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "CallPoint":
+        if self.kind not in CALL_KINDS:
+            raise ValueError(f"unknown call kind {self.kind!r} (known: {', '.join(CALL_KINDS)})")
+        return self
+
+
 class OptimizerFit(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,6 +117,7 @@ class ModelProfile(BaseModel):
     vocab: int = Field(gt=0)
     ops: dict[str, dict[str, list[LayerPoint]]]  # tp (as a string key) -> op -> points
     optimizer: dict[str, OptimizerFit] = {}  # tp -> Adam fit
+    calls: list[CallPoint] = []  # whole calls of the runtime (empty in profiles from before them)
 
     @model_validator(mode="after")
     def _check(self) -> "ModelProfile":
@@ -164,6 +201,10 @@ class Profile(BaseModel):
     def _curves(self) -> dict:
         return {(kind, int(n)): Curve1D.from_points([(p.nbytes, p.median_s) for p in points])
                 for kind, groups in self.collectives.items() for n, points in groups.items() if points}
+
+    def call_point(self, model_name: str, kind: str, tp: int, pp: int) -> Optional[CallPoint]:
+        """The whole-call measurement of a kind on a (tp, pp) layout, or None."""
+        return next((c for c in self.models[model_name].calls if (c.kind, c.tp, c.pp) == (kind, tp, pp)), None)
 
     def op_time(self, model_name: str, tp: int, op: str, batch: float, length: float) -> Optional[float]:
         grid = self._grids.get((model_name, tp, op))

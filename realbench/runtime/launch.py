@@ -195,9 +195,11 @@ def responses_by_call(per_rank: list[dict]) -> dict[str, list[int]]:
 
 
 def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_realloc: float) -> dict:
-    """Per call: measured seconds (slowest rank, median over the steps after the first: robust
-    to a step slowed by the machine; with plan switches, the steps of the first plan) beside the
-    estimate, and generated tokens per second;
+    """Per call: measured seconds (from the last of its ranks starting it to the last finishing,
+    so that waiting for a rank still busy elsewhere is not counted, as the estimate of the call
+    alone does not; median over the steps after the first: robust to a step slowed by the
+    machine; with plan switches, the steps of the first plan) beside the estimate, and
+    generated tokens per second;
     reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
     averaged over the ranks that report them; token counts summed), which a seeded run
     reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
@@ -212,9 +214,13 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     def slowest(name: str, s: int) -> float:
         return max((r[s]["call_s"].get(name, 0.0) for r in records), default=0.0)
 
+    def own(name: str, s: int) -> float:
+        spans = [r[s]["call_span"][name] for r in records if name in r[s].get("call_span", {})]
+        return max(end for _, end in spans) - max(start for start, _ in spans) if spans else slowest(name, s)
+
     calls = {}
     for name, est in estimated.items():
-        calls[name] = {"measured_s": statistics.median([slowest(name, s) for s in warm]), "estimated_s": est}
+        calls[name] = {"measured_s": statistics.median([own(name, s) for s in warm]), "estimated_s": est}
     metrics, timings, samples, lengths = [], [], [], []
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]

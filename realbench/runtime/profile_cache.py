@@ -102,15 +102,18 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
         profile = profile_machine(request or quick_request(processes, specs or ["llama-tiny"], device), on_progress)
     else:
         profile = cached
-    missing = [s for s in specs if profile.model_for(s) is None]  # (a given request may lack the scenario's)
+    # shapes the profile lacks (a given request may lack the scenario's), or whose whole calls it
+    # does not have (a profile from before they were measured)
+    missing = [s for s in specs if profile.model_for(s) is None or not profile.model_for(s)[1].calls]
     if cached is not None and not missing:
         return cached
     if missing:
         if cached is not None:
-            note(f"the cached profile of this machine has no measurements of {', '.join(s.name for s in missing)}: "
+            note(f"the cached profile of this machine has no (whole-call) measurements of {', '.join(s.name for s in missing)}: "
                  f"measuring them (once), added to {path}")
         extra = profile_machine(quick_request(processes, missing, device, collectives=False), on_progress)
-        profile = profile.model_copy(update={"models": {**profile.models, **extra.models}})
+        kept = {n: m for n, m in profile.models.items() if not any(m.matches(s) for s in missing)}
+        profile = profile.model_copy(update={"models": {**kept, **extra.models}})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     profile.save(tmp, overwrite=True)

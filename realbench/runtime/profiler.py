@@ -109,8 +109,12 @@ class _Clock:
     bandwidth or a hypervisor, a process alone runs faster than the runtime's). A repeat's time
     is the slowest of `max_group`'s processes."""
 
-    def __init__(self, req: ProfileRequest, max_group, start_group, device):
+    def __init__(self, req: ProfileRequest, max_group, start_group, device, block: bool = False):
         self.req, self.max_group, self.start_group, self.device = req, max_group, start_group, device
+        # block: the median is the repeats' mean wall time (the slowest process's), for work
+        # that runs at once on more processes than cores: the scheduler hands out the cores in
+        # slices, so one repeat's time says little, the block's says how the cores were shared
+        self.block = block
 
     def __call__(self, fn: Callable[[], object]) -> dict:
         import torch
@@ -123,16 +127,21 @@ class _Clock:
         synchronize(self.device)
         dist.barrier(group=self.start_group)
         times = []
+        start = time.perf_counter()
         for _ in range(self.req.repeats):
             t0 = time.perf_counter()
             fn()
             synchronize(self.device)
             times.append(time.perf_counter() - t0)
-        t = torch.tensor(times, dtype=torch.float64, device=self.device)  # NCCL reduces only on the GPU
+        mean = (time.perf_counter() - start) / len(times)
+        t = torch.tensor(times + [mean], dtype=torch.float64, device=self.device)  # NCCL reduces only on the GPU
         if self.max_group is not None:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.max_group)
-        q = np.quantile(t.cpu().numpy(), [0.1, 0.5, 0.9])
-        return {"median_s": float(q[1]), "p10_s": float(q[0]), "p90_s": float(q[2]), "repeats": len(times)}
+        t = t.cpu().numpy()
+        q = np.quantile(t[:-1], [0.1, 0.5, 0.9])
+        middle = float(t[-1]) if self.block else float(q[1])
+        return {"median_s": middle, "p10_s": min(float(q[0]), middle), "p90_s": max(float(q[2]), middle),
+                "repeats": len(times)}
 
 
 def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick, dev) -> dict:
@@ -222,6 +231,70 @@ def _optimizer_fit(spec, tp: int, rank: int, group, clock: _Clock, tick, dev) ->
     return {"fixed_s": float(coef[0]), "per_tensor_s": float(coef[1]), "per_param_s": float(coef[2])}
 
 
+def call_layouts(spec, req: ProfileRequest) -> list[tuple[int, int]]:
+    """The (tp, pp) layouts whose whole calls are measured: every tp the processes allow, times
+    every power-of-two pipeline depth that fits beside it and that the layers fill."""
+    out = []
+    for tp in req.tp_degrees(spec):
+        pp = 1
+        while tp * pp <= req.nproc and pp <= spec.n_layers:
+            out.append((tp, pp))
+            pp *= 2
+    return out
+
+
+def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) -> list[dict]:
+    """The runtime's own calls at CALL_REFERENCE on each layout of `call_layouts`, with world //
+    (tp pp) copies of the layout running at once (the processes left over wait): generate
+    (sampling, KV cache, the pipeline's token loop), an inference forward, and a train update
+    (forward and backward with the log-probability loss, the gradient norm, the flat Adam)."""
+    import torch
+
+    from realbench.hardware.profile import CALL_REFERENCE
+    from realbench.runtime import losses
+    from realbench.runtime.device import torch_dtype
+    from realbench.runtime.engine import PlacedModel, generate
+    from realbench.runtime.layout import Groups, Layout
+    from realbench.runtime.optim import MixedPrecisionAdam
+
+    R, P, G = CALL_REFERENCE["rows"], CALL_REFERENCE["prompt_len"], CALL_REFERENCE["gen_len"]
+    dtype = torch_dtype(profile_dtype(req))
+    shapes = call_layouts(spec, req)
+    copies = {(tp, pp): [Layout.on(range(k * tp * pp, (k + 1) * tp * pp), 1, tp, pp) for k in range(world // (tp * pp))]
+              for tp, pp in shapes}
+    groups = Groups()
+    groups.prepare([lay for lays in copies.values() for lay in lays])  # every rank, one order
+    g = torch.Generator(device="cpu").manual_seed(0)
+    prompts = torch.randint(0, spec.vocab, (R, P), generator=g).to(dev)
+    seqs = torch.randint(0, spec.vocab, (R, P + G), generator=g).to(dev)
+    clock = _Clock(req, None, None, dev, block=True)  # all processes start together, the slowest's mean
+    out = []
+    for tp, pp in shapes:
+        lays = copies[(tp, pp)]
+        mine = lays[rank // (tp * pp)] if rank < len(lays) * tp * pp else None
+        model = PlacedModel(spec, mine, rank, groups, dev, dtype) if mine is not None else None
+        opt = MixedPrecisionAdam(model) if model is not None else None
+
+        def train():
+            opt.zero_grad()
+            model.forward_backward([seqs], lambda j, y: losses.token_logprobs(y, seqs, G).sum())
+            model.grad_norm()
+            opt.step()
+
+        def inference():
+            outs = model.forward([seqs])
+            if outs is not None:  # the last stage's log-probabilities, as a reference model's call
+                losses.token_logprobs(outs[0], seqs, G)
+
+        calls = {"generate": lambda: generate(model, prompts, G, key=0), "inference": inference, "train": train}
+        for kind, fn in calls.items():
+            timing = clock(fn if model is not None else (lambda: None))
+            out.append({"kind": kind, "tp": tp, "pp": pp, "layers": spec.n_layers, "copies": len(lays), "rows": R,
+                        "prompt_len": P, "gen_len": G, **timing})
+            tick()
+    return out
+
+
 def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
     import torch
     import torch.distributed as dist
@@ -304,6 +377,11 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 entry["ops"][str(tp)] = _merge_passes([ops for ops, _ in runs])
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
+        runs = [_whole_calls(spec, rank, world, req, tick, dev) for _ in range(req.passes)]
+        entry["calls"] = [{**first, "median_s": float(np.median([run[i]["median_s"] for run in runs])),
+                           "p10_s": min(run[i]["p10_s"] for run in runs), "p90_s": max(run[i]["p90_s"] for run in runs),
+                           "repeats": sum(run[i]["repeats"] for run in runs)} for i, first in enumerate(runs[0])]
+        dist.barrier()
         models[name] = entry
     collectives = _collectives(rank, world, req, tick, dev) if req.collectives else {}
     return {"models": models, "collectives": collectives} if rank == 0 else None
@@ -311,7 +389,8 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
 
 def planned_measurements(req: ProfileRequest) -> int:
     per_tp = (len(req.batches) * (len(req.lengths) * 11 + 1) + 6) * req.passes
-    layers = sum(per_tp * len(req.tp_degrees(spec)) for _, spec in req.specs())
+    layers = sum(per_tp * len(req.tp_degrees(spec)) + 3 * len(call_layouts(spec, req)) * req.passes
+                 for _, spec in req.specs())
     colls = sum(len(req.sizes) * (len(COLLECTIVES) if n == 2 else len(COLLECTIVES) - 1) for n in req.group_sizes())
     return layers + (colls if req.collectives else 0)
 

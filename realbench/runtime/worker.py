@@ -135,6 +135,10 @@ def dp_heads(layout: Layout) -> list[int]:
 @dataclass
 class StepRecord:
     call_s: dict[str, float] = field(default_factory=dict)
+    # per call: [start, end] on the wall clock (seconds since the epoch; one clock for the local
+    # processes), so that a call's own time is from the last of its ranks arriving to the last
+    # leaving: a rank that arrives early waits for the others inside call_s
+    call_span: dict[str, list[float]] = field(default_factory=dict)
     realloc_s: dict[str, float] = field(default_factory=dict)
     realloc_bytes: int = 0
     step_s: float = 0.0  # the whole step on this rank
@@ -313,9 +317,11 @@ class Worker:
                 self._transfer(e)
                 synchronize(self.device)
             else:
+                started = time.time()
                 self._call(e.call, step, rec)
                 synchronize(self.device)
                 rec.call_s[self.calls[e.call].name] = time.perf_counter() - t0
+                rec.call_span[self.calls[e.call].name] = [started, time.time()]
 
     def _model(self, i: int) -> PlacedModel:
         m = self.master_of[i]
