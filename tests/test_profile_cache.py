@@ -156,3 +156,28 @@ def test_bad_flags_are_refused_before_this_machine_is_profiled(cli, own_cache, t
     code, _, err = cli("estimate", "--scenario", "ppo-tiny-2cpu", "--plan", tmp_path / "missing.yaml")
     assert code == 2 and err.count("\n") == 1
     assert not (own_cache / "profiles").exists()  # nothing was measured
+
+
+def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache, machine_profile_cache, monkeypatch):
+    """A profile from before whole calls were measured: its shape is measured again (once), its
+    entry replaced by one with whole calls, the collectives kept."""
+    path = seeded(machine_profile_cache)
+    real = machine_profile(2, [get_model("llama-tiny")])
+    doc = json.loads(path.read_text())
+    for m in doc["models"].values():
+        del m["calls"]
+    path.write_text(json.dumps(doc))
+    measured = []
+
+    def profile_machine(request, on_progress=None):
+        measured.append(request)
+        return real
+    monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
+    notes = []
+    profile = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
+    assert len(measured) == 1 and not measured[0].collectives
+    assert len(notes) == 1 and "has no whole-call measurements of h64-a4-kv2-f176-v128" in notes[0]
+    assert len(profile.models) == 1 and profile.model_for(get_model("llama-tiny"))[1].calls
+    assert profile.collectives == real.collectives
+    machine_profile(2, [get_model("llama-tiny")], note=notes.append)
+    assert len(measured) == 1 and len(notes) == 1

@@ -109,7 +109,8 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
         return cached
     if missing:
         if cached is not None:
-            note(f"the cached profile of this machine has no (whole-call) measurements of {', '.join(s.name for s in missing)}: "
+            what = "measurements" if any(cached.model_for(s) is None for s in missing) else "whole-call measurements"
+            note(f"the cached profile of this machine has no {what} of {', '.join(s.name for s in missing)}: "
                  f"measuring them (once), added to {path}")
         extra = profile_machine(quick_request(processes, missing, device, collectives=False), on_progress)
         kept = {n: m for n, m in profile.models.items() if not any(m.matches(s) for s in missing)}
