@@ -47,14 +47,25 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
     """Seconds of one call under one option from the profile, or None where it is silent (a
     reward function's time is its own: the analytic model's `seconds_per_sample`): the call
     composed from the profiled operations, times the layout's call_factor."""
-    if call.kind == CallKind.FUNCTION:
-        return None
-    found = profile.model_for(model)
+    return profiled_call_times(call, model, [option], profile)[0]
+
+
+def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile) -> list[Optional[float]]:
+    """profiled_call_time of each option, each layout's call_factor worked out once."""
+    found = None if call.kind == CallKind.FUNCTION else profile.model_for(model)
     if found is None:
-        return None
-    t = _composed(call, model, option, profile, found[0])
-    return None if t is None else t * call_factor(profile, found[0], model, call.kind, option.strategy.tp,
-                                                  option.strategy.pp)
+        return [None] * len(options)
+    factors: dict[tuple[int, int], float] = {}
+    out = []
+    for option in options:
+        t = _composed(call, model, option, profile, found[0])
+        if t is not None:
+            layout = (option.strategy.tp, option.strategy.pp)
+            if layout not in factors:
+                factors[layout] = call_factor(profile, found[0], model, call.kind, *layout)
+            t *= factors[layout]
+        out.append(t)
+    return out
 
 
 def call_factor(profile: Profile, name: str, model: ModelSpec, kind: CallKind, tp: int, pp: int) -> float:

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from realbench.cost.calls import call_cost
-from realbench.cost.profiled import profiled_call_time, profiled_links
+from realbench.cost.profiled import profiled_call_times, profiled_links
 from realbench.cost.realloc import Layouts, holds_same_shards, realloc_times, transfer_bytes
 from realbench.dataflow import CallKind
 from realbench.plan.mesh import Option
@@ -198,7 +198,7 @@ class Estimator:
         costs = [call_cost(c, model, self.cluster, o) for o in options]
         measured = 0
         if self.profile is not None:
-            times = [profiled_call_time(c, model, o, self.profile) for o in options]
+            times = profiled_call_times(c, model, options, self.profile)
             costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
             measured = sum(t is not None for t in times)
         own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]

@@ -335,15 +335,15 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
 
 
 def _merge_passes(passes: list[dict]) -> dict:
-    """One point per (operation, batch, length): the median of the passes' medians (robust to a
-    pass that ran while the machine was busy), the widest p10..p90, the repeats summed."""
+    """One point per (operation, batch, length), or per whole call: the point's own fields (as
+    the first pass has them), the median of the passes' medians (robust to a pass that ran while
+    the machine was busy), the widest p10..p90, the repeats summed."""
     out: dict = {}
     for op in passes[0]:
         for i, first in enumerate(passes[0][op]):
             same = [run[op][i] for run in passes]
             out.setdefault(op, []).append({
-                "batch": first["batch"], "length": first["length"],
-                "median_s": float(np.median([p["median_s"] for p in same])),
+                **first, "median_s": float(np.median([p["median_s"] for p in same])),
                 "p10_s": min(p["p10_s"] for p in same), "p90_s": max(p["p90_s"] for p in same),
                 "repeats": sum(p["repeats"] for p in same)})
     return out
@@ -377,10 +377,8 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 entry["ops"][str(tp)] = _merge_passes([ops for ops, _ in runs])
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
-        runs = [_whole_calls(spec, rank, world, req, tick, dev) for _ in range(req.passes)]
-        entry["calls"] = [{**first, "median_s": float(np.median([run[i]["median_s"] for run in runs])),
-                           "p10_s": min(run[i]["p10_s"] for run in runs), "p90_s": max(run[i]["p90_s"] for run in runs),
-                           "repeats": sum(run[i]["repeats"] for run in runs)} for i, first in enumerate(runs[0])]
+        runs = [{"calls": _whole_calls(spec, rank, world, req, tick, dev)} for _ in range(req.passes)]
+        entry["calls"] = _merge_passes(runs)["calls"]
         dist.barrier()
         models[name] = entry
     collectives = _collectives(rank, world, req, tick, dev) if req.collectives else {}
