@@ -9,6 +9,7 @@ import pytest
 from realbench.runtime import profile_cache as cache
 from realbench.cache import CACHE_ENV
 from realbench.runtime.profile_cache import cache_path, machine_identity, machine_profile
+from realbench.hardware.profile import ModelProfile
 from realbench.models import get_model
 
 ESTIMATE = ("estimate", "--scenario", "ppo-tiny-2cpu", "--baseline", "symmetric", "--json")
@@ -177,7 +178,11 @@ def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache,
     profile = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and not measured[0].collectives
     assert len(notes) == 1 and "has no whole-call measurements of h64-a4-kv2-f176-v128" in notes[0]
-    assert len(profile.models) == 1 and profile.model_for(get_model("llama-tiny"))[1].calls
+    tiny = get_model("llama-tiny")
+    [entry] = [m for m in profile.models.values() if m.matches(tiny)]  # replaced, not added beside
+    assert entry.calls
+    others = {n for n, m in doc["models"].items() if not ModelProfile.model_validate(m).matches(tiny)}
+    assert others <= set(profile.models)  # shapes the session measured for other tests stay
     assert profile.collectives == real.collectives
     machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and len(notes) == 1
