@@ -1,13 +1,13 @@
 """The worker: one process per device, walking the plan (REAL.md section 8).
 
-Every rank builds the same list of events from the scenario and the plan, in the dataflow's
-topological order:
+Every rank builds the same list of events from the scenario and the plan (`step_order`):
   * `realloc`  before a call whose layout differs from its model's master layout (the train
                call's, or a frozen model's first call's): the master's ranks send, the call's
                ranks receive (realbench.runtime.realloc);
-  * `transfer` before a call, for each producer it reads from: the producer's data-parallel
+  * `transfer` before a call that reads other calls' outputs: each producer's data-parallel
                heads (last stage, tp rank 0) send their shards of the keys to every rank of the
-               consumer's mesh;
+               consumer's mesh, all producers in one exchange (on a busy machine a round of
+               messages costs far more than its bytes);
   * `call`     the call itself on its layout: generate, inference or a train step.
 A rank runs only the events it takes part in. All communication happens inside events and every
 rank meets the events in the same order, so the earliest unfinished event can always complete:
@@ -119,8 +119,52 @@ class Event:
     kind: str  # realloc | transfer | call
     call: int
     ranks: frozenset
-    producer: int = -1
-    keys: tuple[str, ...] = ()
+    sources: tuple[tuple[int, tuple[str, ...]], ...] = ()  # transfer: (producer call, its keys)
+
+
+EVENT_UNITS = {"call": 1.0, "realloc": 1.0, "transfer": 0.0}
+
+
+def step_order(events: list[Event], calls: list[CallDef]) -> list[Event]:
+    """The order in which every rank walks a step's events (each taking those it is part of): a
+    list schedule, each event as early as its inputs and its ranks allow (calls and weight moves
+    a unit long, data transfers none; ties to the shorter, then to the dataflow's order). So data
+    moves as soon as it exists and its ranks are free, as the cost model's simulator assumes: in
+    the dataflow's order, a rank that produced a later call's input would first run its own next
+    call, and the later call would wait for it.
+    Dependencies: a transfer on its producers' calls; a call on the transfer and the weight move
+    into it; a model's train call on the model's events before it (they read the weights it
+    updates), and the model's events after it on it. Every rank following one order that keeps
+    them cannot deadlock: the earliest unfinished event finds all its ranks done with the events
+    before it."""
+    model = [calls[e.call].model for e in events]
+    deps: list[set[int]] = [set() for _ in events]
+    call_event = {e.call: k for k, e in enumerate(events) if e.kind == "call"}
+    for k, e in enumerate(events):
+        if e.kind == "transfer":
+            deps[k] |= {call_event[p] for p, _ in e.sources}
+        if e.kind == "call":
+            deps[k] |= {j for j, d in enumerate(events) if d.kind != "call" and d.call == e.call}
+        for j in range(k):
+            trains_j = events[j].kind == "call" and calls[events[j].call].kind == CallKind.TRAIN
+            trains_k = e.kind == "call" and calls[e.call].kind == CallKind.TRAIN
+            if model[j] == model[k] and (trains_j or trains_k) and events[j].kind != "transfer" and e.kind != "transfer":
+                deps[k].add(j)
+    end: dict[int, float] = {}
+    free: dict[int, float] = {}
+    order: list[int] = []
+    while len(order) < len(events):
+        ready = [k for k in range(len(events)) if k not in end and deps[k] <= end.keys()]
+
+        def start(k: int) -> float:
+            return max([end[j] for j in deps[k]] + [free.get(r, 0.0) for r in events[k].ranks])
+
+        k = min(ready, key=lambda k: (start(k), EVENT_UNITS[events[k].kind], k))
+        end[k] = start(k) + EVENT_UNITS[events[k].kind]
+        for r in events[k].ranks:
+            free[r] = end[k]
+        order.append(k)
+    return [events[k] for k in order]
 
 
 def layout_of(option: Option, gpus_per_node: int) -> Layout:
@@ -216,10 +260,11 @@ class Worker:
             for k in c.inputs:
                 if k in producer:
                     by_producer.setdefault(producer[k], []).append(k)
-            for p, keys in by_producer.items():
-                ranks = frozenset(dp_heads(self.layouts[p])) | frozenset(self.layouts[i].ranks)
-                self.events.append(Event("transfer", i, ranks, p, tuple(keys)))
+            if by_producer:
+                ranks = frozenset(self.layouts[i].ranks).union(*(dp_heads(self.layouts[p]) for p in by_producer))
+                self.events.append(Event("transfer", i, ranks, tuple((p, tuple(keys)) for p, keys in by_producer.items())))
             self.events.append(Event("call", i, frozenset(self.layouts[i].ranks)))
+        self.events = step_order(self.events, self.calls)
         # master copies (and optimizers) of the models whose master layout holds this rank
         self.masters: dict[int, PlacedModel] = {}
         # copies of models on other calls' layouts, filled by reallocation and kept from step to
@@ -303,7 +348,7 @@ class Worker:
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
         for e in self.events:
-            if self.rank not in e.ranks or e.call not in calls or (e.kind == "transfer" and e.producer not in calls):
+            if self.rank not in e.ranks or e.call not in calls:
                 continue
             self.current = f"{e.kind} {self.calls[e.call].name}"
             if fault == f"{self.rank}:{self.calls[e.call].name}" and e.kind == "call":
@@ -314,7 +359,7 @@ class Worker:
                 synchronize(self.device)  # a GPU's queued work is part of the event's time
                 rec.realloc_s[self.calls[e.call].name] = time.perf_counter() - t0
             elif e.kind == "transfer":
-                self._transfer(e)
+                self._transfer(e.call, [(p, keys) for p, keys in e.sources if p in calls])
                 synchronize(self.device)
             else:
                 started = time.time()
@@ -339,20 +384,24 @@ class Worker:
         self.reallocations[i]()
         rec.realloc_bytes += self.realloc_bytes[i]
 
-    def _transfer(self, e: Event) -> None:
-        src_layout, dst_layout = self.layouts[e.producer], self.layouts[e.call]
-        heads = dp_heads(src_layout)
-        received: dict[str, list] = {k: [None] * len(heads) for k in e.keys}
+    def _transfer(self, i: int, sources: list[tuple[int, tuple[str, ...]]]) -> None:
+        """The keys of each producer in `sources` to every rank of call i's mesh: the producers'
+        dp heads send their shards; one round of shapes, then one of data, for all of them."""
+        dst_layout = self.layouts[i]
+        received: dict[str, list] = {}
         outgoing, incoming = [], []  # (peer, tensor); (peer, key, dp index of the head)
-        for key in e.keys:
-            for d, head in enumerate(heads):
-                for r in dst_layout.ranks:
-                    if head == r == self.rank:
-                        received[key][d] = self.outputs[e.producer][key]
-                    elif head == self.rank:
-                        outgoing.append((r, self.outputs[e.producer][key].contiguous()))
-                    elif r == self.rank:
-                        incoming.append((head, key, d))
+        for p, keys in sources:
+            heads = dp_heads(self.layouts[p])
+            for key in keys:
+                received[key] = [None] * len(heads)
+                for d, head in enumerate(heads):
+                    for r in dst_layout.ranks:
+                        if head == r == self.rank:
+                            received[key][d] = self.outputs[p][key]
+                        elif head == self.rank:
+                            outgoing.append((r, self.outputs[p][key].contiguous()))
+                        elif r == self.rank:
+                            incoming.append((head, key, d))
         # two rounds, each posted at once (peers may send to each other; on NCCL, sends issued
         # one by one would wait for each other's receives): the shapes, then the data
         headers = [(head, torch.empty(8, dtype=torch.long, device=self.device)) for head, _, _ in incoming]
@@ -366,7 +415,7 @@ class Worker:
         for (_, key, d), (_, buf) in zip(incoming, buffers):
             received[key][d] = buf
         if dst_layout.coord(self.rank) is not None:
-            store = self.data.setdefault(e.call, {})
+            store = self.data.setdefault(i, {})
             for key, parts in received.items():
                 store[key] = torch.cat(parts)
 
