@@ -159,14 +159,14 @@ def test_bad_flags_are_refused_before_this_machine_is_profiled(cli, own_cache, t
     assert not (own_cache / "profiles").exists()  # nothing was measured
 
 
-def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache, machine_profile_cache, monkeypatch):
-    """A profile from before whole calls were measured: its shape is measured again (once), its
-    entry replaced by one with whole calls, the collectives kept."""
+def _an_older_cached_profile(machine_profile_cache, monkeypatch, edit):
+    """The session's cached profile, `edit`ed in place of the file as an older version would have
+    written it; the profiler replaced by one that records its requests and returns the real
+    profile. Returns (the edited document, the real profile, the requests)."""
     path = seeded(machine_profile_cache)
     real = machine_profile(2, [get_model("llama-tiny")])
     doc = json.loads(path.read_text())
-    for m in doc["models"].values():
-        del m["calls"]
+    edit(doc)
     path.write_text(json.dumps(doc))
     measured = []
 
@@ -174,6 +174,16 @@ def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache,
         measured.append(request)
         return real
     monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
+    return doc, real, measured
+
+
+def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache, machine_profile_cache, monkeypatch):
+    """A profile from before whole calls were measured: its shape is measured again (once), its
+    entry replaced by one with whole calls, the collectives kept."""
+    def drop_calls(doc):
+        for m in doc["models"].values():
+            del m["calls"]
+    doc, real, measured = _an_older_cached_profile(machine_profile_cache, monkeypatch, drop_calls)
     notes = []
     profile = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and not measured[0].collectives
@@ -184,5 +194,21 @@ def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache,
     others = {n for n, m in doc["models"].items() if not ModelProfile.model_validate(m).matches(tiny)}
     assert others <= set(profile.models)  # shapes the session measured for other tests stay
     assert profile.collectives == real.collectives
+    machine_profile(2, [get_model("llama-tiny")], note=notes.append)
+    assert len(measured) == 1 and len(notes) == 1
+
+
+def test_a_cached_profile_without_the_exchange_gets_the_collectives_measured_once(own_cache, machine_profile_cache,
+                                                                                  monkeypatch):
+    """A profile from before the runtime's exchange was measured: the collectives (only) are
+    measured once and merged in; the models' entries stay as they were."""
+    doc, real, measured = _an_older_cached_profile(machine_profile_cache, monkeypatch,
+                                                   lambda doc: doc["collectives"].pop("exchange"))
+    notes = []
+    profile = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
+    assert len(measured) == 1 and measured[0].collectives and measured[0].models == ()
+    assert len(notes) == 1 and "has no exchange measurements" in notes[0]
+    assert profile.collectives["exchange"] == real.collectives["exchange"]
+    assert profile.models == {n: ModelProfile.model_validate(m) for n, m in doc["models"].items()}  # kept
     machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and len(notes) == 1

@@ -2,6 +2,7 @@
 (logits and gradients), and reallocation round trips between many random layout pairs."""
 
 import random
+import time
 
 import pytest
 import torch
@@ -592,3 +593,59 @@ def test_a_calls_measured_time_runs_from_its_last_rank_arriving_to_its_last_leav
     for r in records:
         del r[0]["call_span"]
     assert summarize(records, {"gen": 0.5}, 0.0)["calls"]["gen"]["measured_s"] == pytest.approx(1.25)
+
+
+def test_the_step_order_moves_data_as_soon_as_it_exists_and_keeps_every_dependency():
+    """A plan with the trains side by side (actor on ranks 2-3, critic on 0-1) and the
+    inferences on single processes: in the dataflow's order ranks 2-3 would run the actor's
+    train before sending the critic's train its inputs (the critic then waits for the actor's
+    whole train); the step order sends first. Every event keeps its dependencies."""
+    from realbench.plan import load_scenario
+    from realbench.runtime.worker import Event, step_order
+
+    df = load_scenario("ppo-tiny-cpu").dataflow
+    calls = [df.call(n) for n in df.order]
+    gen, reward, ref, critic, actor_train, critic_train = range(6)
+    every, inputs = frozenset(range(4)), tuple((p, ("x",)) for p in (gen, reward, ref, critic))
+    events = [Event("realloc", gen, every), Event("call", gen, every),
+              Event("transfer", reward, every, ((gen, ("seqs",)),)), Event("call", reward, frozenset({3})),
+              Event("transfer", ref, every, ((gen, ("seqs",)),)), Event("call", ref, frozenset({2})),
+              Event("realloc", critic, frozenset({0, 1})), Event("transfer", critic, every, ((gen, ("seqs",)),)),
+              Event("call", critic, frozenset({0, 1})),
+              Event("transfer", actor_train, every, inputs), Event("call", actor_train, frozenset({2, 3})),
+              Event("transfer", critic_train, every, inputs), Event("call", critic_train, frozenset({0, 1}))]
+    order = step_order(events, calls)
+    assert sorted(map(id, order)) == sorted(map(id, events))
+    at = {(e.kind, e.call): k for k, e in enumerate(order)}
+    assert at[("transfer", critic_train)] < at[("call", actor_train)]  # was after it
+    for e in order:
+        k = at[(e.kind, e.call)]
+        if e.kind == "transfer":
+            assert all(at[("call", p)] < k for p, _ in e.sources)
+        if e.kind == "call":
+            assert all(at[(kind, e.call)] < k for kind in ("transfer", "realloc") if (kind, e.call) in at)
+    # the actor's weights: moved to the generation layout and read there before its train updates them
+    assert at[("realloc", gen)] < at[("call", gen)] < at[("call", actor_train)]
+    assert at[("realloc", critic)] < at[("call", critic)] < at[("call", critic_train)]
+
+
+def _busy_worker(rank, world):
+    import torch.distributed as dist
+
+    from realbench.runtime.profiler import _keep_busy
+
+    if rank == 0:  # measures something for a while, then lets the other stop
+        time.sleep(0.3)
+        dist.send(torch.ones(1), 1)
+        return None
+    start = time.perf_counter()
+    rounds = _keep_busy(rank, "cpu")
+    return rounds, time.perf_counter() - start
+
+
+def test_a_process_outside_a_measured_group_computes_until_told_to_stop():
+    """While the profiler times an exchange among some processes, the others compute (as a run's
+    other calls keep them busy) and stop when rank 0 says so: not before, and not never (gloo's
+    receive cannot be polled, which once left them computing forever)."""
+    _, (rounds, waited) = spawn(_busy_worker, 2, timeout_s=60)
+    assert rounds > 0 and waited >= 0.25

@@ -164,7 +164,7 @@ def test_cluster_panel_profiles_in_the_background(tmp_path):
     panel.out_box.value = str(tmp_path / "p.json")
     got = []
     panel.listeners.append(got.append)
-    req = ProfileRequest(nproc=2, batches=(1, 2), lengths=(4, 8), repeats=3, warmup=1, passes=1)
+    req = ProfileRequest(nproc=2, batches=(1, 2), lengths=(4, 8), repeats=3, warmup=1, passes=1, call_passes=1)
     assert panel.start_profile(req)
     assert panel.profile_button.disabled
     panel.wait(300)

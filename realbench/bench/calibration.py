@@ -129,8 +129,10 @@ def run(plans: int = 8, steps: int = 5, scenarios=SCENARIOS, profile_path: Optio
     if profile_path:
         profile = load_profile(profile_path)
     else:
-        req = ProfileRequest(nproc=nproc, repeats=5 if quick else ProfileRequest().repeats, passes=1 if quick else 3,
-                             batches=(1, 2, 4, 8) if quick else ProfileRequest().batches, device=device)
+        full = ProfileRequest()
+        req = ProfileRequest(nproc=nproc, repeats=5 if quick else full.repeats, passes=1 if quick else full.passes,
+                             call_passes=1 if quick else full.call_passes,
+                             batches=(1, 2, 4, 8) if quick else full.batches, device=device)
         print(f"profiling {nproc} processes...", file=sys.stderr)
         profile = profile_machine(req)
     profile_s = time.perf_counter() - t0

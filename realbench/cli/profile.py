@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=non_negative_int, default=d.warmup)
     p.add_argument("--passes", type=non_negative_int, default=d.passes,
                    help=f"measure the grid this many times and keep the median (default {d.passes})")
+    p.add_argument("--call-passes", type=non_negative_int, default=d.call_passes,
+                   help=f"measure the runtime's whole calls this many times and keep the median (default {d.call_passes})")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(handler=run)
 
@@ -60,7 +62,7 @@ def run(args) -> int:
         models += shape_named(scenario.models.values())
         nproc = nproc or scenario.cluster.n_devices
     req = ProfileRequest(models=tuple(models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
-                         repeats=args.repeats, warmup=args.warmup, passes=args.passes,
+                         repeats=args.repeats, warmup=args.warmup, passes=args.passes, call_passes=args.call_passes,
                          nproc=ProfileRequest().nproc if nproc is None else nproc, device=args.device,
                          dtype=args.dtype)
     check_request(req)

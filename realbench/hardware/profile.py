@@ -11,16 +11,18 @@ of each layer operation over a grid of (batch, length):
     sample                                              log-softmax + multinomial, per batch (length 1)
 
 plus an Adam fit (seconds = c0 + c_tensor * tensors + c_param * parameters) and, per group
-size, the collectives all_reduce, all_gather, broadcast and p2p over message sizes.
+size, the collectives all_reduce, all_gather, broadcast, p2p and exchange (the runtime's
+all-to-all of a call's inputs) over message sizes.
 
 Whole calls, too (`calls`): the runtime's own generate, inference forward and train update
 (forward, backward, gradient norm, the flat fused Adam) at one reference shape (CALL_REFERENCE)
-on every (tp, pp) layout that the processes allow, with as many copies of the layout running
-at once as the processes hold, so that they share the cores as a run's calls do. The cost
-model composes a call from the operations and scales it by measured / composed at the
-reference (realbench.cost.profiled.call_factor): what the operations miss (the runtime's
-per-slot Python work, waits between stages, processes that outnumber the cores) is measured
-rather than assumed.
+split into each micro-batch count of CALL_MICRO_BATCHES, on every (tp, pp) layout that the
+processes allow, with as many copies of the layout running at once as the processes hold, so
+that they share the cores as a run's calls do, and, where the processes outnumber the cores,
+one copy alone as well. The cost model composes a call from the operations and scales it by
+measured / composed at the reference (realbench.cost.profiled.call_factor): what the operations
+miss (the runtime's per-slot Python work, which grows with the micro-batches, waits between
+stages, processes that outnumber the cores) is measured rather than assumed.
 
 Interpolation is piecewise linear in log(batch), log(length) and log(seconds) (bilinear inside
 the grid, so exact at grid points and monotone between monotone neighbours); outside the grid
@@ -44,7 +46,9 @@ from realbench.schema import PROFILE_SCHEMA, read_document, validate_model, writ
 
 LAYER_OPS = ("embed.fwd", "embed.fwd_bwd", "block.fwd", "block.fwd_bwd", "block.decode", "head.fwd",
              "head.fwd_bwd", "value_head.fwd", "value_head.fwd_bwd", "logprobs.fwd", "loss.fwd_bwd", "sample")
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "p2p")
+# exchange: every process of the group sends a message to every other, all posted at once (how
+# the runtime moves a call's inputs: realbench.runtime.worker._exchange)
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "p2p", "exchange")
 
 
 class Timing(BaseModel):
@@ -71,6 +75,7 @@ class CollectivePoint(Timing):
 # and `gen_len` generated tokens (inference and train read rows of prompt_len + gen_len), one
 # micro-batch, one optimizer update.
 CALL_REFERENCE = {"rows": 8, "prompt_len": 8, "gen_len": 8}
+CALL_MICRO_BATCHES = (1, 2, 4)  # each whole call is measured split into these
 CALL_KINDS = ("generate", "inference", "train")
 
 
@@ -81,6 +86,7 @@ class CallPoint(Timing):
     kind: str
     tp: int = Field(ge=1)
     pp: int = Field(ge=1)
+    micro_batches: int = Field(1, ge=1)
     layers: int = Field(ge=1)
     copies: int = Field(ge=1)
     rows: int = Field(ge=1)
@@ -128,6 +134,14 @@ class ModelProfile(BaseModel):
                 if op not in LAYER_OPS:
                     raise ValueError(f"unknown operation {op!r} (known: {', '.join(LAYER_OPS)})")
         return self
+
+    def has_whole_calls(self, contended: bool = False) -> bool:
+        """Whole calls measured at every micro-batch count of CALL_MICRO_BATCHES (profiles from
+        before they were measured have none, from before they were split one count), and, on a
+        machine whose processes outnumber its cores (`contended`), every layout alone too."""
+        layouts = {(c.tp, c.pp) for c in self.calls}
+        alone = {(c.tp, c.pp) for c in self.calls if c.copies == 1}
+        return set(CALL_MICRO_BATCHES) <= {c.micro_batches for c in self.calls} and (not contended or alone == layouts)
 
     def matches(self, spec) -> bool:
         return shape_key(self) == shape_key(spec)
@@ -202,9 +216,14 @@ class Profile(BaseModel):
         return {(kind, int(n)): Curve1D.from_points([(p.nbytes, p.median_s) for p in points])
                 for kind, groups in self.collectives.items() for n, points in groups.items() if points}
 
-    def call_point(self, model_name: str, kind: str, tp: int, pp: int) -> Optional[CallPoint]:
-        """The whole-call measurement of a kind on a (tp, pp) layout, or None."""
-        return next((c for c in self.models[model_name].calls if (c.kind, c.tp, c.pp) == (kind, tp, pp)), None)
+    def call_points(self, model_name: str, kind: str, tp: int, pp: int, alone: bool = False) -> list[CallPoint]:
+        """The whole-call measurements of a kind on a (tp, pp) layout by micro-batch count: with
+        as many copies running as the processes held, or (`alone`) one copy; [] where none."""
+        points = [c for c in self.models[model_name].calls if (c.kind, c.tp, c.pp) == (kind, tp, pp)]
+        if not points:
+            return []
+        copies = 1 if alone else max(c.copies for c in points)
+        return sorted((c for c in points if c.copies == copies), key=lambda c: c.micro_batches)
 
     def op_time(self, model_name: str, tp: int, op: str, batch: float, length: float) -> Optional[float]:
         grid = self._grids.get((model_name, tp, op))
@@ -338,7 +357,7 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
         name = torch.cuda.get_device_name(0)
         preset = "h100" if "H100" in name else "a100" if "A100" in name else name.lower().replace(" ", "-")
         return DeviceInfo(kind="cuda", name=name, preset=preset, processes=processes, threads_per_process=threads,
-                          cores=_cores())
+                          cores=usable_cores())
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -349,10 +368,10 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
     except OSError:
         pass
     return DeviceInfo(kind="cpu", name=name, preset="cpu", processes=processes, threads_per_process=threads,
-                      cores=_cores())
+                      cores=usable_cores())
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     import os
 
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from realbench.cache import cache_folder
-from realbench.hardware.profile import DeviceInfo, Profile, load_profile, shape_key, this_machine
+from realbench.hardware.profile import COLLECTIVES, DeviceInfo, Profile, load_profile, shape_key, this_machine
 
 
 def machine_identity(processes: int, device: str = "cpu") -> tuple[DeviceInfo, str]:
@@ -103,10 +103,18 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
     else:
         profile = cached
     # shapes the profile lacks (a given request may lack the scenario's), or whose whole calls it
-    # does not have (a profile from before they were measured)
-    missing = [s for s in specs if profile.model_for(s) is None or not profile.model_for(s)[1].calls]
-    if cached is not None and not missing:
+    # does not have (a profile from before they were measured, or split into micro-batches)
+    contended = device == "cpu" and processes > identity.cores
+    missing = [s for s in specs if profile.model_for(s) is None or not profile.model_for(s)[1].has_whole_calls(contended)]
+    # collectives the profile lacks (the runtime's exchange, in profiles from before it)
+    lacking = [k for k in COLLECTIVES if k not in profile.collectives] if profile.collectives else []
+    if cached is not None and not missing and not lacking:
         return cached
+    if lacking and cached is not None:
+        note(f"the cached profile of this machine has no {', '.join(lacking)} measurements: measuring the "
+             f"collectives (once), added to {path}")
+        extra = profile_machine(quick_request(processes, [], device), on_progress)
+        profile = profile.model_copy(update={"collectives": {**profile.collectives, **extra.collectives}})
     if missing:
         if cached is not None:
             what = "measurements" if any(cached.model_for(s) is None for s in missing) else "whole-call measurements"

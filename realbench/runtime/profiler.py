@@ -4,30 +4,40 @@
 measures, with warm-up runs and repeats in several passes, for every requested model architecture and every
 tensor-parallel degree that N processes allow, the layer operations listed in
 realbench.hardware.profile over a grid of batch sizes and lengths (tp > 1 runs on the first tp
-processes and includes their all-reduces), an Adam fit, and the collectives over message sizes
-and group sizes. A repeat's time is the slowest rank's. Rank 0 reports progress through a queue
-so that the caller can draw a bar; interrupting the caller stops the processes.
+processes and includes their all-reduces), an Adam fit, the runtime's whole calls (see
+`_whole_calls`), and the collectives over message sizes and group sizes (with the runtime's own
+exchange of a call's inputs). A repeat's time is the slowest rank's. Rank 0 reports progress
+through a queue so that the caller can draw a bar; interrupting the caller stops the processes.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Union
 
 import numpy as np
 
 from realbench.errors import ConfigError
-from realbench.hardware.profile import COLLECTIVES, Profile, shape_key, this_machine
+from realbench.hardware.profile import CALL_MICRO_BATCHES, COLLECTIVES, Profile, shape_key, this_machine, usable_cores
 from realbench.models import ModelSpec
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_LENGTHS = (4, 8, 16, 32)
 DEFAULT_SIZES = tuple(4**k for k in range(5, 12))  # 1 KiB .. 4 MiB
+# Whole calls of tiny models take milliseconds and vary from run to run where processes share
+# cores: each is repeated for about CALL_BUDGET_S seconds, at most CALL_REPEATS times, in
+# CALL_PASSES passes over them all by default (the median: a stretch of time when the machine was
+# slower, which moved every call measured in it by a third, counts once)
+CALL_REPEATS = 20
+CALL_BUDGET_S = 0.1
+CALL_PASSES = 3
+EXCHANGE_REPEATS, EXCHANGE_BUDGET_S = 200, 0.3  # an exchange takes about a millisecond
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class ProfileRequest:
     repeats: int = 10
     warmup: int = 3
     passes: int = 3  # the grid is measured this many times, spread over the run
+    call_passes: int = CALL_PASSES  # and the whole calls this many times (the runtime's drift)
     nproc: int = 2
     device: str = "cpu"
     # what the layers compute in: "auto" is what a run on `device` uses (bf16 on CUDA, fp32 on
@@ -98,6 +109,8 @@ def check_request(req: ProfileRequest) -> None:
         raise ConfigError("must be at least 3 (the statistics need a few runs)", "--repeats")
     if req.passes < 1:
         raise ConfigError("must be at least 1", "--passes")
+    if req.call_passes < 1:
+        raise ConfigError("must be at least 1", "--call-passes")
     req.specs()  # unknown preset names fail here
 
 
@@ -107,14 +120,17 @@ class _Clock:
     a barrier over `start_group` (None: all processes, for layer operations, so that every
     process computes at once as the runtime's do; on a machine whose cores share caches, memory
     bandwidth or a hypervisor, a process alone runs faster than the runtime's). A repeat's time
-    is the slowest of `max_group`'s processes."""
+    is the slowest of `max_group`'s processes. With `budget_s`, the repeats are as many as fill
+    that many seconds (the slowest process's last warm-up run decides, so every process runs the
+    same number), at least 3 and at most `repeats`."""
 
-    def __init__(self, req: ProfileRequest, max_group, start_group, device, block: bool = False):
+    def __init__(self, req: ProfileRequest, max_group, start_group, device, block: bool = False,
+                 budget_s: Optional[float] = None):
         self.req, self.max_group, self.start_group, self.device = req, max_group, start_group, device
         # block: the median is the repeats' mean wall time (the slowest process's), for work
         # that runs at once on more processes than cores: the scheduler hands out the cores in
         # slices, so one repeat's time says little, the block's says how the cores were shared
-        self.block = block
+        self.block, self.budget_s = block, budget_s
 
     def __call__(self, fn: Callable[[], object]) -> dict:
         import torch
@@ -122,13 +138,22 @@ class _Clock:
 
         from realbench.runtime.device import synchronize
 
+        warm = 0.0
         for _ in range(self.req.warmup):
+            t0 = time.perf_counter()
             fn()
+            synchronize(self.device)
+            warm = time.perf_counter() - t0
+        repeats = self.req.repeats
+        if self.budget_s is not None:
+            slowest = torch.tensor([warm], dtype=torch.float64, device=self.device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.start_group)
+            repeats = int(min(repeats, max(3, math.ceil(self.budget_s / max(float(slowest[0]), 1e-9)))))
         synchronize(self.device)
         dist.barrier(group=self.start_group)
         times = []
         start = time.perf_counter()
-        for _ in range(self.req.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
             synchronize(self.device)
@@ -244,13 +269,16 @@ def call_layouts(spec, req: ProfileRequest) -> list[tuple[int, int]]:
 
 
 def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) -> list[dict]:
-    """The runtime's own calls at CALL_REFERENCE on each layout of `call_layouts`, with world //
-    (tp pp) copies of the layout running at once (the processes left over wait): generate
-    (sampling, KV cache, the pipeline's token loop), an inference forward, and a train update
-    (forward and backward with the log-probability loss, the gradient norm, the flat Adam)."""
+    """The runtime's own calls at CALL_REFERENCE on each layout of `call_layouts`, split into each
+    of CALL_MICRO_BATCHES, with world // (tp pp) copies of the layout running at once (the
+    processes left over wait): generate (sampling, KV cache, the pipeline's token loop), an
+    inference forward, and a train update (forward and backward with the log-probability loss,
+    the gradient norm, the flat Adam). The runtime's work per micro-batch slot (Python, a stage
+    waking for its input) is what the composed operations miss most, and it grows with the
+    micro-batches: hence a measurement per count."""
     import torch
 
-    from realbench.hardware.profile import CALL_REFERENCE
+    from realbench.hardware.profile import CALL_MICRO_BATCHES, CALL_REFERENCE
     from realbench.runtime import losses
     from realbench.runtime.device import torch_dtype
     from realbench.runtime.engine import PlacedModel, generate
@@ -260,6 +288,9 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
     R, P, G = CALL_REFERENCE["rows"], CALL_REFERENCE["prompt_len"], CALL_REFERENCE["gen_len"]
     dtype = torch_dtype(profile_dtype(req))
     shapes = call_layouts(spec, req)
+    # where the processes outnumber the cores, a layout's calls are measured alone too (one copy,
+    # the other processes idle): a call runs between the two, as the calls beside it keep busy
+    contended = req.device == "cpu" and world > usable_cores()
     copies = {(tp, pp): [Layout.on(range(k * tp * pp, (k + 1) * tp * pp), 1, tp, pp) for k in range(world // (tp * pp))]
               for tp, pp in shapes}
     groups = Groups()
@@ -267,37 +298,46 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
     g = torch.Generator(device="cpu").manual_seed(0)
     prompts = torch.randint(0, spec.vocab, (R, P), generator=g).to(dev)
     seqs = torch.randint(0, spec.vocab, (R, P + G), generator=g).to(dev)
-    clock = _Clock(req, None, None, dev, block=True)  # all processes start together, the slowest's mean
+    # all processes start together; the slowest's mean over the block
+    clock = _Clock(replace(req, repeats=max(req.repeats, CALL_REPEATS), warmup=1), None, None, dev,
+                   block=True, budget_s=CALL_BUDGET_S)
     out = []
-    for tp, pp in shapes:
-        lays = copies[(tp, pp)]
+    for (tp, pp), running in [(shape, n) for shape in shapes
+                              for n in sorted({len(copies[shape]), 1 if contended else len(copies[shape])}, reverse=True)]:
+        lays = copies[(tp, pp)][:running]
         mine = lays[rank // (tp * pp)] if rank < len(lays) * tp * pp else None
         model = PlacedModel(spec, mine, rank, groups, dev, dtype) if mine is not None else None
         opt = MixedPrecisionAdam(model) if model is not None else None
+        for m in CALL_MICRO_BATCHES:
+            parts = list(seqs.chunk(m))
 
-        def train():
-            opt.zero_grad()
-            model.forward_backward([seqs], lambda j, y: losses.token_logprobs(y, seqs, G).sum())
-            model.grad_norm()
-            opt.step()
+            def train(parts=parts):
+                opt.zero_grad()
+                model.forward_backward(parts, lambda j, y: losses.token_logprobs(y, parts[j], G).sum())
+                model.grad_norm()
+                opt.step()
 
-        def inference():
-            outs = model.forward([seqs])
-            if outs is not None:  # the last stage's log-probabilities, as a reference model's call
-                losses.token_logprobs(outs[0], seqs, G)
+            def inference(parts=parts):
+                outs = model.forward(parts)
+                if outs is not None:  # the last stage's log-probabilities, as a reference model's call
+                    for y, part in zip(outs, parts):
+                        losses.token_logprobs(y, part, G)
 
-        calls = {"generate": lambda: generate(model, prompts, G, key=0), "inference": inference, "train": train}
-        for kind, fn in calls.items():
-            timing = clock(fn if model is not None else (lambda: None))
-            out.append({"kind": kind, "tp": tp, "pp": pp, "layers": spec.n_layers, "copies": len(lays), "rows": R,
-                        "prompt_len": P, "gen_len": G, **timing})
-            tick()
+            calls = {"generate": lambda m=m: generate(model, prompts, G, key=0, micro_batches=m),
+                     "inference": inference, "train": train}
+            for kind, fn in calls.items():
+                timing = clock(fn if model is not None else (lambda: None))
+                out.append({"kind": kind, "tp": tp, "pp": pp, "micro_batches": m, "layers": spec.n_layers,
+                            "copies": len(lays), "rows": R, "prompt_len": P, "gen_len": G, **timing})
+                tick()
     return out
 
 
 def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
     import torch
     import torch.distributed as dist
+
+    from realbench.runtime.worker import _exchange
 
     out: dict = {}
     for n in req.group_sizes():
@@ -317,6 +357,10 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
                         part = torch.zeros(count // n, device=dev)
                         parts = [torch.empty_like(part) for _ in range(n)]
                         fn = lambda: dist.all_gather(parts, part, group=group)  # noqa: E731
+                    elif kind == "exchange":  # every process to every other, all posted at once
+                        peers = [r for r in range(n) if r != rank]
+                        inbox = [(r, torch.empty_like(buf)) for r in peers]
+                        fn = lambda: _exchange([(r, buf) for r in peers], inbox)  # noqa: E731
                     else:  # ping-pong, half the round trip: in the runtime a hop waits for the last
                         def fn(buf=buf):
                             if rank == 0:
@@ -325,13 +369,51 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
                             else:
                                 dist.recv(buf, 0)
                                 dist.send(buf, 0)
-                    timing = _Clock(req, group, group, dev)(fn)
+                    if kind == "exchange":  # its messages wait on each other's processes: a block's mean
+                        timing = _Clock(replace(req, repeats=max(req.repeats, EXCHANGE_REPEATS)), group, group, dev,
+                                        block=True, budget_s=EXCHANGE_BUDGET_S)(fn)
+                        if rank == 0:  # the processes outside the group may stop computing
+                            for r in range(n, world):
+                                dist.send(torch.ones(1, device=dev), r)
+                    else:
+                        timing = _Clock(req, group, group, dev)(fn)
                     if kind == "p2p":
                         timing = {k: v / 2 if k.endswith("_s") else v for k, v in timing.items()}
                     out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
                     tick()
+                elif kind == "exchange":
+                    _keep_busy(rank, dev)
         dist.barrier()
     return out
+
+
+def _keep_busy(rank: int, dev) -> int:
+    """Compute until rank 0 says stop: the processes outside an exchange's group, while it is
+    measured (in a run other calls keep them busy, and a process woken by a message then waits
+    for a core; measured with them idle, a round among 2 of 4 processes on 2 cores took a tenth
+    of what it takes in a run). The computing runs in a thread (torch releases the interpreter
+    lock in its kernels) while this one waits in a blocking receive: gloo marks a receive
+    complete only once it is waited for, so it cannot be polled. Returns the rounds computed."""
+    import torch
+    import torch.distributed as dist
+
+    stop = threading.Event()
+    rounds = [0]
+
+    def compute():
+        x = torch.randn(64, 64, device=dev)
+        while not stop.is_set():
+            x = torch.tanh(x @ x)
+            rounds[0] += 1
+
+    worker = threading.Thread(target=compute, daemon=True)
+    worker.start()
+    try:
+        dist.recv(torch.zeros(1, device=dev), 0)
+    finally:
+        stop.set()
+        worker.join()
+    return rounds[0]
 
 
 def _merge_passes(passes: list[dict]) -> dict:
@@ -377,7 +459,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
                 entry["ops"][str(tp)] = _merge_passes([ops for ops, _ in runs])
                 entry["optimizer"][str(tp)] = {k: float(np.median([fit[k] for _, fit in runs])) for k in runs[0][1]}
             dist.barrier()
-        runs = [{"calls": _whole_calls(spec, rank, world, req, tick, dev)} for _ in range(req.passes)]
+        runs = [{"calls": _whole_calls(spec, rank, world, req, tick, dev)} for _ in range(req.call_passes)]
         entry["calls"] = _merge_passes(runs)["calls"]
         dist.barrier()
         models[name] = entry
@@ -387,8 +469,11 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
 
 def planned_measurements(req: ProfileRequest) -> int:
     per_tp = (len(req.batches) * (len(req.lengths) * 11 + 1) + 6) * req.passes
-    layers = sum(per_tp * len(req.tp_degrees(spec)) + 3 * len(call_layouts(spec, req)) * req.passes
-                 for _, spec in req.specs())
+    contended = req.device == "cpu" and req.nproc > usable_cores()
+    layouts = sum(len(call_layouts(spec, req)) + (sum(req.nproc // (tp * pp) > 1 for tp, pp in call_layouts(spec, req))
+                                                  if contended else 0) for _, spec in req.specs())
+    layers = sum(per_tp * len(req.tp_degrees(spec)) for _, spec in req.specs()) \
+        + 3 * len(CALL_MICRO_BATCHES) * layouts * req.call_passes
     colls = sum(len(req.sizes) * (len(COLLECTIVES) if n == 2 else len(COLLECTIVES) - 1) for n in req.group_sizes())
     return layers + (colls if req.collectives else 0)
 
