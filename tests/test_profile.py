@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from realbench.cost import Estimator
-from realbench.hardware.profile import Curve1D, Grid2D, LAYER_OPS, Profile, load_profile
+from realbench.hardware.profile import CALL_MICRO_BATCHES, Curve1D, Grid2D, LAYER_OPS, Profile, load_profile, usable_cores
 from realbench.models import get_model
 from realbench.plan import load_scenario
 
@@ -228,12 +228,16 @@ def test_small_real_profile(measured, cli):
     assert set(tiny.ops) == {"1", "2"} and set(tiny.ops["1"]) == set(LAYER_OPS)
     assert prof.device.kind == "cpu" and prof.device.processes == 2 and "torch" in prof.versions
     assert {p.nbytes for p in prof.collectives["p2p"]["2"]} and set(prof.collectives) == {
-        "all_reduce", "all_gather", "broadcast", "p2p"}
+        "all_reduce", "all_gather", "broadcast", "p2p", "exchange"}
     for p in tiny.ops["1"]["block.fwd"]:
         assert 0 < p.p10_s <= p.median_s <= p.p90_s
-    # whole calls: every kind on every layout of 2 processes, copies filling them
-    assert {(c.kind, c.tp, c.pp, c.copies) for c in tiny.calls} == {
-        (k, tp, pp, 2 // (tp * pp)) for k in ("generate", "inference", "train") for tp, pp in ((1, 1), (1, 2), (2, 1))}
+    # whole calls: every kind on every layout of 2 processes at every micro-batch count, copies
+    # filling them (and one copy alone where 2 processes outnumber the cores)
+    alone = usable_cores() < 2
+    assert {(c.kind, c.tp, c.pp, c.micro_batches, c.copies) for c in tiny.calls} == {
+        (k, tp, pp, m, n) for k in ("generate", "inference", "train") for tp, pp in ((1, 1), (1, 2), (2, 1))
+        for m in CALL_MICRO_BATCHES for n in {2 // (tp * pp), 1 if alone else 2 // (tp * pp)}}
+    assert tiny.has_whole_calls(contended=alone)
     assert all(0 < c.p10_s <= c.median_s <= c.p90_s for c in tiny.calls)
     code, out, _ = cli("estimate", "--scenario", "ppo-tiny-cpu", "--baseline", "symmetric", "--profile", measured,
                        "--json")
@@ -272,6 +276,12 @@ def test_profile_on_cuda_needs_a_gpu_per_process(cli, tmp_path, monkeypatch):
     assert not (tmp_path / "p.json").exists()
 
 
+def test_profile_refuses_no_passes_over_the_whole_calls(cli, tmp_path):
+    code, _, err = cli("profile", "--call-passes", 0, "--out", tmp_path / "p.json")
+    assert code == 2 and "--call-passes" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_profile_computes_in_the_dtype_a_run_uses(cli, tmp_path):
     """bf16 on CUDA and fp32 on the CPU unless --dtype says otherwise: a GPU profile taken in
     fp32 would price a bf16 run's matmuls several times too slow (measured on an H100: actor
@@ -283,9 +293,110 @@ def test_profile_computes_in_the_dtype_a_run_uses(cli, tmp_path):
     assert profile_dtype(ProfileRequest(device="cuda", dtype="fp32")) == "fp32"
     path = tmp_path / "bf16 profile.json"
     code, _, err = cli("profile", "--nproc", 1, "--dtype", "bf16", "--batches", "1", "--lengths", "4",
-                       "--repeats", 3, "--warmup", 1, "--passes", 1, "--out", path)
+                       "--repeats", 3, "--warmup", 1, "--passes", 1, "--call-passes", 1, "--out", path)
     assert code == 0, err
     prof = load_profile(str(path))
     assert (prof.dtype, prof.bytes_per_value) == ("bfloat16", 2)
     code, _, err = cli("profile", "--dtype", "fp16", "--out", tmp_path / "p.json")
     assert code == 2 and "--dtype" in err and not (tmp_path / "p.json").exists()
+
+
+def _with_calls(profile: Profile, points: list[dict], processes: int = 2, cores: int = 0) -> Profile:
+    doc = profile.model_dump()
+    doc["models"]["llama-tiny"]["calls"] = points
+    doc["device"].update(processes=processes, cores=cores)
+    return Profile.model_validate(doc)
+
+
+def _reference_point(profile: Profile, kind: str, tp: int, pp: int, m: int, ratio: float, copies: int) -> dict:
+    """A whole call measured at `ratio` times its composition at the reference."""
+    from realbench.cost.profiled import _composed
+    from realbench.dataflow import CallDef, CallKind
+    from realbench.hardware.profile import CALL_REFERENCE
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    R, P, G = CALL_REFERENCE["rows"], CALL_REFERENCE["prompt_len"], CALL_REFERENCE["gen_len"]
+    reference = CallDef(name="reference", model="reference", kind=CallKind(kind), seqs=R, seq_len=P + G,
+                        gen_len=G if kind == "generate" else 0)
+    spec = get_model("llama-tiny")
+    composed = _composed(reference, spec, Option(Mesh(0, 1, 0, tp * pp), Strategy(1, tp, pp, micro_batches=m)),
+                         profile, "llama-tiny")
+    t = ratio * composed
+    return {"kind": kind, "tp": tp, "pp": pp, "micro_batches": m, "layers": spec.n_layers, "copies": copies,
+            **CALL_REFERENCE, "median_s": t, "p10_s": t, "p90_s": t, "repeats": 3}
+
+
+def test_the_call_factor_follows_the_micro_batch_count_it_was_measured_at():
+    """Measured at 1 and 4 micro-batches (ratios 2 and 4 to the composition): at 2 the ratio is
+    halfway in log(count), 3; below and above the measured counts it holds the nearest."""
+    from realbench.cost.profiled import call_factor
+    from realbench.dataflow import CallKind
+
+    plain = synthetic_profile()
+    prof = _with_calls(plain, [_reference_point(plain, "generate", 1, 2, 1, 2.0, 1),
+                               _reference_point(plain, "generate", 1, 2, 4, 4.0, 1)])
+    spec = get_model("llama-tiny")
+    factor = {m: call_factor(prof, "llama-tiny", spec, CallKind.GENERATE, 1, 2, m) for m in (1, 2, 4, 8)}
+    assert factor == pytest.approx({1: 2.0, 2: 3.0, 4: 4.0, 8: 4.0})
+    assert not prof.models["llama-tiny"].has_whole_calls()  # 2 is not measured: a cache measures again
+
+
+def test_alone_and_crowded_calls_and_the_estimate_between_them():
+    """On a CPU whose 4 processes outnumber its 2 cores, a whole call measured with copies filling
+    the processes (crowded) and alone: call_factor gives each; a plan's calls are costed between
+    them by how many processes are busy beside them (Estimator._crowded, hand-worked)."""
+    from realbench.cost.profiled import call_factor
+    from realbench.cost.simulate import _Schedule
+    from realbench.dataflow import CallKind
+
+    plain = synthetic_profile()
+    prof = _with_calls(plain, [_reference_point(plain, "train", 1, 1, 1, 3.0, 4),
+                               _reference_point(plain, "train", 1, 1, 1, 1.5, 1)], processes=4, cores=2)
+    spec = get_model("llama-tiny")
+    assert call_factor(prof, "llama-tiny", spec, CallKind.TRAIN, 1, 1) == pytest.approx(3.0)
+    assert call_factor(prof, "llama-tiny", spec, CallKind.TRAIN, 1, 1, alone=True) == pytest.approx(1.5)
+    assert prof.models["llama-tiny"].has_whole_calls(contended=False) is False  # only m = 1
+
+    est = Estimator(load_scenario("ppo-tiny-cpu"), profile=prof)
+    assert est.contended
+    # two calls in the last of 2 iterations: u0 on 1 process over [0, 10], u1 on 2 over [5, 15];
+    # the first iteration's far before. busy(u0) = 1 + 2 * 5/10 = 2: the cores, so alone;
+    # busy(u1) = 2 + 1 * 5/10 = 2.5: a quarter of the way from 2 (the cores) to 4 processes
+    start = np.array([[[-100.0, -95.0]], [[0.0, 5.0]]])
+    first = _Schedule(np.zeros(1), np.zeros(1), start, start + 10.0)
+    times = est._crowded(first, np.array([[1, 2]]), np.array([[1.0, 2.0]]), np.array([[5.0, 6.0]]), [0, 1])
+    assert times == pytest.approx(np.array([[1.0, 2.0 + 0.25 * 4.0]]))
+    # a call on every process is costed as measured with them (it is its own crowd)
+    whole = est._crowded(first, np.array([[4, 4]]), np.array([[1.0, 1.0]]), np.array([[5.0, 5.0]]), [0, 1])
+    assert whole == pytest.approx(np.array([[5.0, 5.0]]))
+
+
+def test_a_profile_with_the_runtimes_exchange_prices_every_data_transfer_by_it():
+    """The runtime moves a call's inputs in two rounds of an exchange among the producers' heads
+    and the consumer's processes, even on one mesh, and its processes wait in it: with a measured
+    exchange of 1 ms a round (whatever the size), a call starts 2 ms after the call it reads
+    from, or after the call before it on its processes; without one, at once."""
+    from realbench.cost.baselines import BASELINES
+    from realbench.cost.profiled import profiled_exchange
+
+    plain = synthetic_profile()
+    doc = plain.model_dump()
+    doc["collectives"]["exchange"] = {"2": [{"nbytes": n, "median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3,
+                                             "repeats": 3} for n in (64, 1 << 20)]}
+    prof = Profile.model_validate(doc)
+    exchange = profiled_exchange(prof)
+    assert profiled_exchange(plain) is None
+    assert exchange(np.array([2, 1]), 4096) == pytest.approx([2e-3, 0.0])  # a process alone moves nothing
+    scenario = load_scenario("ppo-tiny-2cpu")
+    for profile, gap in ((plain, 0.0), (prof, 2e-3)):
+        est = Estimator(scenario, profile=profile)
+        e = est.estimate(BASELINES["symmetric"](est))  # every call on both processes
+        calls = e.calls
+        assert calls["reward_inf"].start_s - calls["actor_gen"].end_s == pytest.approx(gap, abs=1e-9)
+        # the exchange keeps the processes busy: the next consumer's inputs move after this
+        # consumer's call, and an iteration on one mesh is its calls and transfers end to end
+        assert calls["ref_inf"].start_s - calls["reward_inf"].end_s == pytest.approx(gap, abs=1e-9)
+        moves = [t for t in e.tasks if t.kind == "transfer" and t.iteration == 1]
+        assert len(moves) == (5 if gap else 0)  # every call but the generation reads another's outputs
+        assert all(t.devices == ((0, 2),) and t.end_s - t.start_s == pytest.approx(gap) for t in moves)
+        assert e.time_per_iter_s == pytest.approx(sum(c.time_s for c in calls.values()) + 5 * gap)

@@ -28,7 +28,10 @@ seconds of operation X; p2p(B) of B bytes.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
+
+import numpy as np
 
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware.profile import Profile
@@ -50,38 +53,53 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
     return profiled_call_times(call, model, [option], profile)[0]
 
 
-def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile) -> list[Optional[float]]:
-    """profiled_call_time of each option, each layout's call_factor worked out once."""
+def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile, alone: bool = False) -> list[Optional[float]]:
+    """profiled_call_time of each option, each layout's call_factor worked out once; `alone`: as
+    if the call's processes were the only busy ones (see call_factor)."""
     found = None if call.kind == CallKind.FUNCTION else profile.model_for(model)
     if found is None:
         return [None] * len(options)
-    factors: dict[tuple[int, int], float] = {}
+    factors: dict[tuple[int, int, int], float] = {}
     out = []
     for option in options:
         t = _composed(call, model, option, profile, found[0])
         if t is not None:
-            layout = (option.strategy.tp, option.strategy.pp)
+            s = option.strategy
+            layout = (s.tp, s.pp, s.micro_batches)
             if layout not in factors:
-                factors[layout] = call_factor(profile, found[0], model, call.kind, *layout)
+                factors[layout] = call_factor(profile, found[0], model, call.kind, *layout, alone=alone)
             t *= factors[layout]
         out.append(t)
     return out
 
 
-def call_factor(profile: Profile, name: str, model: ModelSpec, kind: CallKind, tp: int, pp: int) -> float:
+def call_factor(profile: Profile, name: str, model: ModelSpec, kind: CallKind, tp: int, pp: int,
+                micro_batches: int = 1, alone: bool = False) -> float:
     """Measured / composed seconds of the profile's whole call of this kind on a (tp, pp) layout
     at CALL_REFERENCE (realbench.hardware.profile), or 1 where the profile has none: what the
     composition of operations misses (the runtime's per-slot work, stages waiting on each other,
-    processes sharing cores) as a ratio, carried to the call's own shape."""
-    point = profile.call_point(name, kind.value, tp, pp)
-    if point is None:
+    processes sharing cores) as a ratio, carried to the call's own shape. The reference is
+    measured split into a few micro-batch counts (the runtime's work per slot grows with them);
+    between two counts the ratio is interpolated linearly in log(count), beyond the measured
+    ones it holds the nearest. The measurement with every process busy (copies of the layout
+    filling them), or `alone` (one copy; the crowded one where the profile has no such)."""
+    points = profile.call_points(name, kind.value, tp, pp, alone=alone) or profile.call_points(name, kind.value, tp, pp)
+    if not points:
         return 1.0
-    R, P, G = point.rows, point.prompt_len, point.gen_len
-    reference = CallDef(name="reference", model="reference", kind=kind, seqs=R, seq_len=P + G,
-                        gen_len=G if kind == CallKind.GENERATE else 0)
-    spec = model.model_copy(update={"n_layers": point.layers, "value_head": False})
-    composed = _composed(reference, spec, Option(Mesh(0, 1, 0, tp * pp), Strategy(1, tp, pp)), profile, name)
-    return 1.0 if not composed else point.median_s / composed
+    spec = model.model_copy(update={"n_layers": points[0].layers, "value_head": False})
+    counts, ratios = [], []
+    for point in points:
+        R, P, G = point.rows, point.prompt_len, point.gen_len
+        reference = CallDef(name="reference", model="reference", kind=kind, seqs=R, seq_len=P + G,
+                            gen_len=G if kind == CallKind.GENERATE else 0)
+        option = Option(Mesh(0, 1, 0, tp * pp), Strategy(1, tp, pp, micro_batches=point.micro_batches))
+        composed = _composed(reference, spec, option, profile, name)
+        if composed:
+            counts.append(math.log(point.micro_batches))
+            ratios.append(point.median_s / composed)
+    if not ratios:
+        return 1.0
+    return float(np.interp(math.log(micro_batches), counts, ratios))
 
 
 def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile, name: str) -> Optional[float]:
@@ -218,3 +236,31 @@ def profiled_links(cluster, profile: Profile):
     bw = big / max(profile.collective_time("p2p", 2, big) - small, 1e-9) * 2 / profile.bytes_per_value
     return cluster.model_copy(update={"intra_bw": bw, "inter_bw": bw, "intra_latency_s": small,
                                       "inter_latency_s": small})
+
+
+HEADER_BYTES = 64  # the runtime's message of a tensor's shape before the tensor
+
+
+def profiled_exchange(profile: Optional[Profile]):
+    """exchange(processes, nbytes, rounds=2) -> seconds (numpy arrays in, arrays out) of the
+    runtime moving `nbytes` among `processes` processes as it moves a call's inputs: a round of
+    shapes (HEADER_BYTES a message), then one of data (nbytes / processes a message), each the
+    profile's measured exchange (every process to every other at once). On a machine whose
+    processes outnumber its cores a round costs milliseconds, far more than its bytes over the
+    links say (each message waits for a process to be scheduled). None where the profile has no
+    exchange measurements (profiles from before them, GPU presets)."""
+    if profile is None or "exchange" not in profile.collectives:
+        return None
+
+    def exchange(processes, nbytes, rounds: int = 2):
+        processes = np.atleast_1d(np.asarray(processes))
+        out = np.zeros(processes.shape)
+        for p in np.unique(processes):
+            if p < 2:
+                continue
+            data = profile.collective_time("exchange", int(p), max(float(nbytes) / p, 1.0))
+            header = profile.collective_time("exchange", int(p), HEADER_BYTES)
+            out[processes == p] = data + (rounds - 1) * header
+        return out
+
+    return exchange

@@ -11,6 +11,14 @@ dataflow and list-schedules its tasks in a fixed order (iteration, then topologi
     call's, or the first call's for a frozen model), a reallocation task moves the weights first;
     it occupies the source and the destination meshes and can start as soon as the new version
     of the weights exists.
+With a profile of the scenario's kind of device that measured the runtime's exchange (its
+all-to-all of a call's inputs), a call's inputs move in a transfer task before it, as the runtime
+moves them: one exchange among the producers' dp heads and the consumer's processes (on one
+mesh too), which occupies their processes (so on a shared mesh the transfers of consecutive
+calls queue behind each other, as the runtime's do); a reallocation costs one round more. Where the profile's processes outnumber its cores
+(a CPU), a call's time lies between its time alone and its time with every process busy (both
+measured), by how many processes the tasks overlapping it keep busy in a first schedule of the
+calls alone (Estimator._crowded); the plan is then scheduled again with those times.
 The objective is the steady-state time per iteration: (end of the last iteration - end of the
 first) / (iterations - 1). The list schedule is periodic from the second iteration on, so two
 iterations give the steady state exactly (a test checks it against longer unrolls).
@@ -32,14 +40,16 @@ from typing import Optional, Sequence
 import numpy as np
 
 from realbench.cost.calls import call_cost
-from realbench.cost.profiled import profiled_call_times, profiled_links
+from realbench.cost.profiled import profiled_call_times, profiled_exchange, profiled_links
 from realbench.cost.realloc import Layouts, holds_same_shards, realloc_times, transfer_bytes
 from realbench.dataflow import CallKind
 from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "lo", "hi", "tp", "pp", "micro_batches", "node", "mesh_id", "working", "weights", "master_bytes")
+COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "node", "mesh_id", "working", "weights",
+           "master_bytes")
+COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 
 class _Column:
@@ -68,9 +78,9 @@ Choice = Sequence[int]  # an option index per call, in Estimator.call_names orde
 
 @dataclass(frozen=True)
 class Task:
-    name: str  # the call, or "realloc:<call>"
+    name: str  # the call, or "realloc:<call>", "transfer:<call>" (its inputs moving to it)
     call: str
-    kind: str  # "call" | "realloc"
+    kind: str  # "call" | "realloc" | "transfer"
     iteration: int
     start_s: float
     end_s: float
@@ -140,6 +150,13 @@ class Estimator:
         same_device = profile is not None and profile.device.preset == scenario.cluster.device.name
         # measured links stand for the scenario's only when measured on its kind of device
         self.cluster = profiled_links(scenario.cluster, profile) if same_device else scenario.cluster
+        # the runtime's measured exchange among a call's processes, which moves its inputs (two
+        # rounds: shapes, then data) and reallocated weights; None: links only (see _schedule)
+        self.exchange = profiled_exchange(profile) if same_device else None
+        # a CPU whose processes outnumber its cores: a call's time depends on how many processes
+        # are busy beside it (see _crowded)
+        device = profile.device if profile is not None else None
+        self.contended = bool(same_device and device.kind == "cpu" and 0 < device.cores < device.processes)
         self.iterations = iterations
         df = scenario.dataflow
         self.call_names: tuple[str, ...] = df.order
@@ -171,16 +188,18 @@ class Estimator:
         self.master_of = [trains.get(c.model, firsts[c.model]) for c in self.calls]
         self.train_of = [trains.get(c.model, -1) for c in self.calls]
         self.masters = sorted(set(self.master_of))
-        # the tasks of one iteration: a reallocation slot before every call that is not its
-        # model's master (it costs nothing when the layouts agree), then the call
+        # the tasks of one iteration, per call: with the runtime's exchange, the transfer of its
+        # inputs (the runtime moves every producer's outputs in one exchange, which keeps the
+        # processes taking part in it busy); a reallocation slot where the call is not its
+        # model's master (it costs nothing when the layouts agree); then the call
         self.task_call: list[int] = []
-        self.task_is_realloc: list[bool] = []
+        self.task_kind: list[str] = []  # "transfer" | "realloc" | "call"
         for i in range(self.n):
-            if self.master_of[i] != i:
-                self.task_call.append(i)
-                self.task_is_realloc.append(True)
-            self.task_call.append(i)
-            self.task_is_realloc.append(False)
+            kinds = (["transfer"] if self.exchange is not None and self.data_preds[i] else []) \
+                + (["realloc"] if self.master_of[i] != i else []) + ["call"]
+            self.task_call += [i] * len(kinds)
+            self.task_kind += kinds
+        self.task_of = {(i, kind): u for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind))}
 
         # per-option columns (numpy, gathered by option index), computed lazily: a column indexed
         # with option indices costs only the blocks (mesh shapes) those options belong to; the
@@ -197,13 +216,17 @@ class Estimator:
         model = self.scenario.models[c.model]
         costs = [call_cost(c, model, self.cluster, o) for o in options]
         measured = 0
+        alone = [x.time_s for x in costs]
         if self.profile is not None:
             times = profiled_call_times(c, model, options, self.profile)
             costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
             measured = sum(t is not None for t in times)
+            alone = profiled_call_times(c, model, options, self.profile, alone=True) if self.contended else times
+            alone = [x.time_s if t is None else t for x, t in zip(costs, alone)]
         own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
         scale = self.call_scale.get(c.name, 1.0)
         return {"dur": np.array([x.time_s * scale for x in costs], dtype=np.float64),
+                "alone": np.array(alone, dtype=np.float64) * scale,
                 "working": np.array([x.working_bytes for x in costs], dtype=np.float64),
                 "weights": np.array([x.weights_bytes for x in costs], dtype=np.float64),
                 "master_bytes": np.array(own, dtype=np.float64)}, measured
@@ -238,7 +261,7 @@ class Estimator:
         opts = self.options[i]
         G = self.cluster.gpus_per_node
         if isinstance(opts, OptionSet):
-            parts: dict[str, list[np.ndarray]] = {k: [] for k in ("dur", "working", "weights", "master_bytes")}
+            parts: dict[str, list[np.ndarray]] = {k: [] for k in COST_COLUMNS}
             lo, size, strategies, measured = [], [], [], 0
             for j, b in enumerate(opts.blocks):
                 costs, m = self._block(i, j)
@@ -272,14 +295,14 @@ class Estimator:
         flat = np.asarray(k, dtype=np.int64).ravel()
         bases = np.array([b.base for b in opts.blocks], dtype=np.int64)
         which = np.searchsorted(bases, flat, side="right") - 1
-        out = np.empty(flat.shape, dtype=np.float64 if key in ("dur", "working", "weights", "master_bytes")
+        out = np.empty(flat.shape, dtype=np.float64 if key in COST_COLUMNS
                        else np.int64)
         G = self.cluster.gpus_per_node
         for j in np.unique(which):
             b = opts.blocks[int(j)]
             sel = which == j
             p, st = np.divmod(flat[sel] - b.base, len(b.strategies))
-            if key in ("dur", "working", "weights", "master_bytes"):
+            if key in COST_COLUMNS:
                 out[sel] = self._block(i, int(j))[0][key][st]
             else:
                 place = self._placement(b.starts(G)[p], np.full(p.shape, b.size, dtype=np.int64),
@@ -337,6 +360,9 @@ class Estimator:
                 continue
             src, dst = self._layouts(m, C[:, m]), self._layouts(i, C[:, i])
             R[:, i] = realloc_times(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
+            if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's
+                union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
+                R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)
             copy[:, i] = ~holds_same_shards(src, dst)
         return R, copy
 
@@ -382,9 +408,13 @@ class Estimator:
         dur = np.empty((B, T))
         lo1, hi1 = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
         lo2, hi2 = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
-        for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
+        intra, inter = self.cluster.intra_bw, self.cluster.inter_bw
+        lat_in, lat_out = self.cluster.intra_latency_s, self.cluster.inter_latency_s
+        # per task: the tasks of its iteration it waits for, each with a delay after their end
+        deps: list[list[tuple[int, np.ndarray | float]]] = [[] for _ in range(T)]
+        for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind)):
             k = C[:, i]
-            if is_rl:
+            if kind == "realloc":
                 m = self.master_of[i]
                 busy = R[:, i] > 0  # a free reallocation occupies no device
                 dur[:, u] = R[:, i]
@@ -392,57 +422,101 @@ class Estimator:
                 hi1[:, u] = np.where(busy, self.hi[m][C[:, m]], 0)
                 lo2[:, u] = np.where(busy, self.lo[i][k], 0)
                 hi2[:, u] = np.where(busy, self.hi[i][k], 0)
+            elif kind == "transfer":  # the runtime's exchange, among the producers' dp heads and the mesh
+                producers = [j for j, _ in self.data_preds[i]]
+                lo = np.minimum.reduce([self.lo[i][k]] + [self.lo[j][C[:, j]] for j in producers])
+                hi = np.maximum.reduce([self.hi[i][k]] + [self.hi[j][C[:, j]] for j in producers])
+                heads = sum((self.hi[j][C[:, j]] - self.lo[j][C[:, j]]) // (self.tp[j][C[:, j]] * self.pp[j][C[:, j]])
+                            for j in producers)
+                dur[:, u] = self.exchange(np.minimum(self.hi[i][k] - self.lo[i][k] + heads, hi - lo),
+                                          sum(nbytes for _, nbytes in self.data_preds[i]))
+                busy = dur[:, u] > 0  # all on one process: nothing moves
+                lo1[:, u], hi1[:, u] = np.where(busy, lo, 0), np.where(busy, hi, 0)
+                deps[u] = [(self.task_of[(j, "call")], 0.0) for j in producers]
             else:
                 dur[:, u] = self.dur[i][k]
                 lo1[:, u], hi1[:, u] = self.lo[i][k], self.hi[i][k]
+                row: list[tuple[int, np.ndarray | float]] = [(self.task_of[(j, "call")], 0.0) for j in self.param_preds[i]]
+                if (i, "transfer") in self.task_of:
+                    row.append((self.task_of[(i, "transfer")], 0.0))
+                else:  # the links: a delay after each producer, nothing where the meshes agree
+                    for j, nbytes in self.data_preds[i]:
+                        kj = C[:, j]
+                        same_node = (self.node[i][k] >= 0) & (self.node[i][k] == self.node[j][kj])
+                        dt = np.where(self.mesh_id[i][k] == self.mesh_id[j][kj], 0.0,
+                                      np.where(same_node, nbytes / intra + lat_in, nbytes / inter + lat_out))
+                        row.append((self.task_of[(j, "call")], dt))
+                if (i, "realloc") in self.task_of:
+                    row.append((self.task_of[(i, "realloc")], 0.0))
+                deps[u] = row
 
         def cross(a_lo, a_hi, b_lo, b_hi):
             return (a_lo[:, :, None] < b_hi[:, None, :]) & (b_lo[:, None, :] < a_hi[:, :, None])
 
         overlap = cross(lo1, hi1, lo1, hi1) | cross(lo1, hi1, lo2, hi2) | cross(lo2, hi2, lo1, hi1) \
             | cross(lo2, hi2, lo2, hi2)
+        if not self.contended:
+            return self._list_schedule(dur, overlap, deps, R, record)
+        # processes a task keeps computing (a move: its two meshes; a transfer waits on messages)
+        size = np.where(dur > 0, np.maximum(hi1, np.where(hi2 > lo2, hi2, hi1)) - np.minimum(lo1, np.where(
+            hi2 > lo2, lo2, lo1)), 0)
+        size[:, [u for u, kind in enumerate(self.task_kind) if kind == "transfer"]] = 0
+        calls = [u for u, kind in enumerate(self.task_kind) if kind == "call"]
+        crowded = dur[:, calls].copy()
+        for u in calls:  # first, each call as if alone
+            dur[:, u] = self.alone[self.task_call[u]][C[:, self.task_call[u]]]
+        first = self._list_schedule(dur, overlap, deps, R, record=True)
+        dur[:, calls] = self._crowded(first, size, dur[:, calls], crowded, calls)
+        return self._list_schedule(dur, overlap, deps, R, record)
 
-        # data dependencies with their transfer times, per consumer call
-        intra, inter = self.cluster.intra_bw, self.cluster.inter_bw
-        lat_in, lat_out = self.cluster.intra_latency_s, self.cluster.inter_latency_s
-        deps: list[list[tuple[int, np.ndarray | float]]] = []
-        for i in range(n):
-            k = C[:, i]
-            row: list[tuple[int, np.ndarray | float]] = []
-            for j, nbytes in self.data_preds[i]:
-                kj = C[:, j]
-                same_node = (self.node[i][k] >= 0) & (self.node[i][k] == self.node[j][kj])
-                dt = np.where(self.mesh_id[i][k] == self.mesh_id[j][kj], 0.0,
-                              np.where(same_node, nbytes / intra + lat_in, nbytes / inter + lat_out))
-                row.append((j, dt))
-            row += [(j, 0.0) for j in self.param_preds[i]]
-            deps.append(row)
+    def _crowded(self, first: _Schedule, size: np.ndarray, alone: np.ndarray, crowded: np.ndarray,
+                 calls: list[int]) -> np.ndarray:
+        """Call durations between alone and crowded (B, len(calls)), by the processes busy while
+        each call runs in a first schedule of the calls alone: its own, plus those of every task
+        overlapping it, weighted by the share of its time they overlap. Up to the cores nothing
+        slows; from there to every process busy (where `crowded` was measured) the time moves
+        linearly from alone to crowded:
+            busy_u = sum_v size_v |u & v| / |u|,   f = clip((busy_u - max(size_u, cores)) / (P - max(size_u, cores)), 0, 1)
+            t_u = alone_u + f (crowded_u - alone_u)."""
+        K, B, T = first.start.shape
+        P, cores = self.profile.device.processes, self.profile.device.cores
+        S, E = first.start.transpose(1, 0, 2).reshape(B, K * T), first.end.transpose(1, 0, 2).reshape(B, K * T)
+        sizes = np.tile(size, (1, K))
+        out = np.empty_like(alone)
+        for c, u in enumerate(calls):
+            su, eu = first.start[K - 1, :, u], first.end[K - 1, :, u]
+            shared = np.clip(np.minimum(E, eu[:, None]) - np.maximum(S, su[:, None]), 0.0, None)
+            busy = (shared * sizes).sum(axis=1) / np.maximum(eu - su, 1e-12)
+            floor = np.maximum(size[:, u], cores)
+            f = np.where(P > floor, np.clip((busy - floor) / np.maximum(P - floor, 1), 0.0, 1.0), 1.0)
+            out[:, c] = alone[:, c] + f * (crowded[:, c] - alone[:, c])
+        return out
 
+    def _list_schedule(self, dur: np.ndarray, overlap: np.ndarray, deps, R: np.ndarray, record: bool) -> _Schedule:
+        """The list schedule of `iterations` iterations (see the module's docstring)."""
+        B, T = dur.shape
         K = self.iterations
         starts = np.zeros((K, B, T)) if record else None
         ends = np.zeros((K, B, T)) if record else None
         last_end = np.zeros((B, T))
-        prev_end = np.zeros((B, n))
+        prev_call_end = np.zeros((B, self.n))
+        call_task = [self.task_of[(i, "call")] for i in range(self.n)]
         iter_end = np.zeros((K, B))
         zeros = np.zeros(B)
         for it in range(K):
-            cur_end = np.zeros((B, n))
-            rl_end = np.zeros((B, n))
-            for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
-                tr = self.train_of[i]
-                ready = prev_end[:, tr] if (it and tr >= 0) else zeros
-                if not is_rl:
-                    for j, dt in deps[i]:
-                        ready = np.maximum(ready, cur_end[:, j] + dt)
-                    ready = np.maximum(ready, rl_end[:, i])
+            cur_end = np.zeros((B, T))
+            for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind)):
+                tr = self.train_of[i]  # the weights' version of the previous iteration
+                ready = prev_call_end[:, tr] if (it and tr >= 0 and kind != "transfer") else zeros
+                for v, dt in deps[u]:
+                    ready = np.maximum(ready, cur_end[:, v] + dt)
                 start = np.maximum(ready, (last_end * overlap[:, u, :]).max(axis=1))
                 end = start + dur[:, u]
-                last_end[:, u] = end
-                (rl_end if is_rl else cur_end)[:, i] = end
+                last_end[:, u] = cur_end[:, u] = end
                 np.maximum(iter_end[it], end, out=iter_end[it])
                 if record:
                     starts[it, :, u], ends[it, :, u] = start, end
-            prev_end = cur_end
+            prev_call_end = cur_end[:, call_task]
         time = (iter_end[-1] - iter_end[0]) / (K - 1)
         return _Schedule(time, R.sum(axis=1), starts, ends)
 
@@ -485,21 +559,23 @@ class Estimator:
         base = float(s.start[steady, 0].min())
         calls, tasks = {}, []
         for it in range(self.iterations):
-            for u, (i, is_rl) in enumerate(zip(self.task_call, self.task_is_realloc)):
+            for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind)):
                 start, end = float(s.start[it, 0, u]), float(s.end[it, 0, u])
                 k, name = int(C[0, i]), self.call_names[i]
-                if is_rl and end == start:
+                if kind != "call" and end == start:
                     continue
                 ranges = [(int(self.lo[i][k]), int(self.hi[i][k]))]
-                if is_rl:
+                if kind == "realloc":
                     m = self.master_of[i]
                     ranges.insert(0, (int(self.lo[m][C[0, m]]), int(self.hi[m][C[0, m]])))
-                tasks.append(Task(("realloc:" if is_rl else "") + name, name, "realloc" if is_rl else "call",
-                                  it, start, end, tuple(ranges)))
-                if it == steady and not is_rl:
+                elif kind == "transfer":  # from the producers' meshes
+                    ranges = sorted({(int(self.lo[j][C[0, j]]), int(self.hi[j][C[0, j]])) for j, _ in self.data_preds[i]}
+                                    | set(ranges))
+                tasks.append(Task(("" if kind == "call" else kind + ":") + name, name, kind, it, start, end, tuple(ranges)))
+                if it == steady and kind == "call":
                     a, b = ranges[0]
                     calls[name] = CallTiming(start - base, end - base, max(peaks[a:b]),
-                                             float(self.dur[i][k]), float(R[0, i]))
+                                             end - start, float(R[0, i]))
         peak = max(peaks)
         return PlanEstimate(float(s.time[0]), peak, peak > self.capacity, float(s.realloc[0]),
                             {n: calls[n] for n in self.call_names}, tuple(peaks),

@@ -21,6 +21,7 @@ from realbench.plan.scenario import Scenario
 GIB = 1024**3
 KIND_COLORS = {"generate": "#1f77b4", "inference": "#2ca02c", "train": "#d62728", "function": "#9467bd"}
 REALLOC_COLOR = "#ff7f0e"
+TRANSFER_COLOR = "#bbbbbb"
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
 
@@ -111,14 +112,17 @@ def mesh_map_figure(scenario: Scenario, options: Mapping[str, Option], width: in
 
 def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640):
     """The simulated Gantt chart of one steady-state iteration: a bar per call, reallocations
-    (weights moving to the call's layout) in orange before it."""
+    (weights moving to the call's layout) in orange before it, the exchange of its inputs (where
+    the profile measured the runtime's) in grey."""
     names = list(scenario.dataflow.call_names)
     steady = max(t.iteration for t in estimate.tasks)
     base = min(t.start_s for t in estimate.tasks if t.iteration == steady)
+    def what(t):
+        return {"realloc": ("reallocation", REALLOC_COLOR), "transfer": ("inputs moving", TRANSFER_COLOR)}.get(
+            t.kind, (scenario.dataflow.call(t.call).kind.value, KIND_COLORS[scenario.dataflow.call(t.call).kind.value]))
+
     rows = [dict(call=t.call, start=t.start_s - base, end=t.end_s - base, seconds=t.end_s - t.start_s,
-                 what="reallocation" if t.kind == "realloc" else scenario.dataflow.call(t.call).kind.value,
-                 color=REALLOC_COLOR if t.kind == "realloc" else KIND_COLORS[scenario.dataflow.call(t.call).kind.value])
-            for t in estimate.tasks if t.iteration == steady]
+                 what=what(t)[0], color=what(t)[1]) for t in estimate.tasks if t.iteration == steady]
     src = ColumnDataSource({k: [r[k] for r in rows] for k in rows[0]})
     p = figure(width=width, height=60 + 34 * len(names), y_range=list(reversed(names)), tools=TOOLS,
                title=f"simulated timeline of one iteration: {estimate.time_per_iter_s:.4g} s "
