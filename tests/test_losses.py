@@ -80,6 +80,26 @@ def test_clipped_policy_loss_outside_the_clip_range():
     close(losses.clipped_fraction(d.detach(), torch.zeros(5), adv, 0.2), [1.0, 0.0, 0.0, 1.0, 0.0])
 
 
+def test_decoupled_policy_loss_weights_the_surrogate_around_the_proximal_policy():
+    """Token probabilities now 0.5, before this update (proximal) 0.4, when generated 0.2: the
+    ratio to the proximal is 1.25, clipped to 1.2 for A = 1 (the pessimistic term), kept for
+    A = -1; the behaviour weight 0.4 / 0.2 = 2 multiplies both; a cap of 1.5 drops the token."""
+    logp = torch.tensor([LN(0.5), LN(0.5)], requires_grad=True)
+    prox, behav = torch.tensor([LN(0.4)] * 2), torch.tensor([LN(0.2)] * 2)
+    adv = torch.tensor([1.0, -1.0])
+    per_token = losses.decoupled_policy_loss(logp, prox, behav, adv, clip=0.2)
+    close(per_token.detach(), [2 * -1.2, 2 * 1.25])
+    per_token.sum().backward()
+    close(logp.grad, [0.0, 2 * 1.25])  # clipped: no gradient; else w (-A) ratio
+    close(losses.decoupled_policy_loss(logp.detach(), prox, behav, adv, 0.2, behav_weight_cap=1.5), [0.0, 0.0])
+    close(losses.decoupled_policy_loss(logp.detach(), prox, behav, adv, 0.2, behav_weight_cap=2.5), [-2.4, 2.5])
+    # the generating policy no older than the proximal one: today's loss, bit for bit
+    d, a = torch.randn(64), torch.randn(64)
+    old = torch.randn(64)
+    assert torch.equal(losses.decoupled_policy_loss(d, old, old, a, 0.2, 0.28, behav_weight_cap=5.0),
+                       losses.policy_loss(d, old, a, 0.2, 0.28))
+
+
 def test_group_advantages():
     # TRL's: (score - group mean) / (group std + 1e-4), std with Bessel's correction
     r2 = math.sqrt(2) + 1e-4
