@@ -339,6 +339,8 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
 
     from realbench.runtime.worker import _exchange
 
+    # where processes share cores, those outside a measured group compute meanwhile (_keep_busy)
+    contended = req.device == "cpu" and world > usable_cores()
     out: dict = {}
     for n in req.group_sizes():
         group = dist.new_group(list(range(n)))
@@ -372,26 +374,26 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
                     if kind == "exchange":  # its messages wait on each other's processes: a block's mean
                         timing = _Clock(replace(req, repeats=max(req.repeats, EXCHANGE_REPEATS)), group, group, dev,
                                         block=True, budget_s=EXCHANGE_BUDGET_S)(fn)
-                        if rank == 0:  # the processes outside the group may stop computing
-                            for r in range(n, world):
-                                dist.send(torch.ones(1, device=dev), r)
                     else:
                         timing = _Clock(req, group, group, dev)(fn)
+                    if rank == 0 and contended:  # the processes outside the group may stop computing
+                        for r in range(n, world):
+                            dist.send(torch.ones(1, device=dev), r)
                     if kind == "p2p":
                         timing = {k: v / 2 if k.endswith("_s") else v for k, v in timing.items()}
                     out.setdefault(kind, {}).setdefault(str(n), []).append({"nbytes": count * 4, **timing})
                     tick()
-                elif kind == "exchange":
+                elif contended:
                     _keep_busy(rank, dev)
         dist.barrier()
     return out
 
 
 def _keep_busy(rank: int, dev) -> int:
-    """Compute until rank 0 says stop: the processes outside an exchange's group, while it is
+    """Compute until rank 0 says stop: the processes outside a collective's group, while it is
     measured (in a run other calls keep them busy, and a process woken by a message then waits
-    for a core; measured with them idle, a round among 2 of 4 processes on 2 cores took a tenth
-    of what it takes in a run). The computing runs in a thread (torch releases the interpreter
+    for a core; measured with them idle, an exchange among 2 of 4 processes on 2 cores took a
+    fraction of what it takes in a run). The computing runs in a thread (torch releases the interpreter
     lock in its kernels) while this one waits in a blocking receive: gloo marks a receive
     complete only once it is waited for, so it cannot be polled. Returns the rounds computed."""
     import torch
