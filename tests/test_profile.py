@@ -218,7 +218,7 @@ def measured(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("profile") / "cpu.json"
     assert main(["profile", "--nproc", "2", "--batches", "1,4", "--lengths", "4,16", "--repeats", "3",
-                 "--warmup", "1", "--out", str(path)]) == 0
+                 "--warmup", "1", "--call-passes", "1", "--out", str(path)]) == 0
     return path
 
 

@@ -101,7 +101,8 @@ def test_a_cached_profile_of_another_machine_is_refused_and_measured_again(own_c
 def test_realbench_profile_without_out_refreshes_the_cached_profile(cli, own_cache, machine_profile_cache):
     path = seeded(machine_profile_cache)
     before = json.loads(path.read_text())
-    code, _, err = cli("profile", "--nproc", 2, "--batches", "1,2", "--lengths", "4,8", "--repeats", 3, "--passes", 1)
+    code, _, err = cli("profile", "--nproc", 2, "--batches", "1,2", "--lengths", "4,8", "--repeats", 3, "--passes", 1,
+                       "--call-passes", 1)
     assert code == 0, err
     assert f"refreshed this machine's cached profile for 2 processes: {path}" in err
     after = json.loads(path.read_text())
