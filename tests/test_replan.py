@@ -115,6 +115,24 @@ def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
     assert new[0] < 1.1 * fresh.best_time_s, (new[0], fresh.best_time_s)
 
 
+def test_closing_the_replanner_ends_its_search_and_joins_its_thread(est):
+    """At the end of a run, a search still going is stopped and waited for: a thread left
+    computing while the worker's interpreter exits aborts it, failing a run that finished."""
+    import time
+
+    from realbench.runtime.replan import Replanner
+
+    options = poor_plan(est)
+    replanner = Replanner(est.scenario, options, every=1, budget_s=60, seed=0)
+    e = est.estimate(est.choice_of(options))
+    replanner.observe(0, {n: c.time_s for n, c in e.calls.items()}, e.time_per_iter_s)
+    thread = replanner._thread
+    assert thread is not None and thread.is_alive()  # a search of a 60 s budget has begun
+    t0 = time.perf_counter()
+    replanner.close()
+    assert not thread.is_alive() and time.perf_counter() - t0 < 30
+
+
 @pytest.mark.parametrize("flags,needle", [
     (("--replan-every", "0"), "must be 1 or more"),
     (("--replan-every", "2", "--replan-budget", "-1"), "must be a positive number"),

@@ -67,7 +67,7 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    worker = None
+    worker = replanner = None
     try:
         device = init_process_group(device_type, COLLECTIVE_TIMEOUT_S)
         scenario = scenario_from_document(scenario_doc)
@@ -110,6 +110,8 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
                     worker.current = f"switching plans after step {s}"
                     worker = switch_plan(worker, resolve_plan(plan_from_document(new_doc), scenario))
                     plan_doc, version = new_doc, version + 1
+        if replanner is not None:
+            replanner.close()
         if save_hf:
             worker.current = "saving the trained models"
             export_hf(worker, save_hf)
@@ -124,6 +126,8 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:
+        if replanner is not None:
+            replanner.close()
         where = worker.current if worker is not None else "start-up"
         Path(out_dir, f"error.{rank}").write_text(
             f"rank {rank} failed in {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"

@@ -111,6 +111,7 @@ class Replanner:
     running_step: int = -1  # the step the driver is running now (set before each step)
     _thread: Optional[threading.Thread] = None
     _result: Optional[dict] = None
+    _closing: threading.Event = field(default_factory=threading.Event)
     _observed: int = -1
 
     def observe(self, step: int, call_s: dict, step_s: float, lengths: Optional[dict] = None) -> None:
@@ -162,7 +163,7 @@ class Replanner:
         t0 = time.perf_counter()
         try:
             est = Estimator(scenario, profile=self.profile, call_scale=scale)
-            result = run_search(est, "mcmc", self.budget_s, seed=self.seed + requested)
+            result = run_search(est, "mcmc", self.budget_s, seed=self.seed + requested, stop=self._closing.is_set)
             current, memory = est.evaluate(est.choice_of(self.options))
             new = est.options_of(result.best_choice) if result.best_choice is not None else None
             self._result = {"options": new, "new_s": result.best_time_s, "old_s": current,
@@ -170,6 +171,14 @@ class Replanner:
         except Exception as e:  # a failed search keeps the running plan; the run goes on
             self._result = {"options": None, "error": f"{type(e).__name__}: {e}", "scale": scale}
         self._result.update(search_s=time.perf_counter() - t0, finished_in_step=self.running_step, lengths=lengths)
+
+    def close(self) -> None:
+        """End a search still running (the run is over) and wait for its thread: a thread left
+        computing while the interpreter exits aborts the process (SIGABRT, "terminate called
+        without an active exception"), which fails a run that finished every step."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def poll(self) -> Optional[dict]:
         """At an iteration boundary: the options to switch to, or None (no search finished, or
