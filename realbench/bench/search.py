@@ -16,6 +16,9 @@
 6. Long tails: on `tail_scenarios`, MCMC plans the length distribution and the mean length
    (`realbench.search.tail`: the mean twin with later calls at the mean width, and at the padded
    width) with the same budget, and the plans are judged on the same seeded sampled lengths.
+7. Asynchronous RL: on `async_scenarios`, MCMC with generation allowed `async_staleness`
+   iterations ahead against MCMC synchronous, the same budget and seed: both bests, the speedup,
+   and the devices each best gives generation alone.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ RACED = ("mcmc", "tpe", "cmaes", "gp", "random")
 TARGET_SHARE = 0.9
 TPE_TARGET = 0.03  # TPE's long run within 3% of MCMC's result
 TAIL_SCENARIOS = ("grpo-8b-32gpu-longtail", "ppo-8b-16gpu-longtail")
+ASYNC_SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
+                   "ppo-8b-16gpu-longtail")
 
 
 def _time_to_within(curve, final: float, tol: float = 0.01) -> float:
@@ -63,7 +68,8 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
         exact=EXACT, exact_methods=("mcmc", "tpe"), exact_budget_s: float = 10.0, exact_seeds=tuple(range(10)),
         ablation_scenario: str = "ppo-70b-7b-128gpu", ablation_methods=("tpe", "random"),
         scale_scenario: str = "ppo-70b-8b-1024gpu", scale_budget_s: float = 60.0, scale_seed: int = 0,
-        tail_scenarios=TAIL_SCENARIOS, tail_steps: int = 8) -> dict:
+        tail_scenarios=TAIL_SCENARIOS, tail_steps: int = 8, async_scenarios=ASYNC_SCENARIOS,
+        async_staleness: int = 1) -> dict:
     out = {"benchmark": "search", "budget_s": budget_s, "seeds": list(seeds), "scenarios": {}, "long": {},
            "exact": {}, "ablations": {}}
     estimators = {}
@@ -127,6 +133,9 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
 
         out["tail"] = {name: compare(get_builtin(name), "mcmc", budget_s, seed=seeds[0], steps=tail_steps)
                        for name in tail_scenarios}
+    if async_scenarios:
+        out["async"] = {name: compare_async(get_builtin(name), async_staleness, budget_s, seeds[0])
+                        for name in async_scenarios}
     shares = [v for row in out["exact"].values() for k, v in row.items() if k.endswith("_share_within_1pct")]
     out["meets_exact_target"] = bool(shares) and min(shares) >= TARGET_SHARE
     majority = len(seeds) // 2 + 1
@@ -136,7 +145,28 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
     return out
 
 
+def compare_async(scenario, staleness: int, budget_s: float, seed: int) -> dict:
+    """MCMC's best plan with generation up to `staleness` iterations ahead and its synchronous
+    best, the same budget and seed."""
+    out = {"max_staleness": staleness}
+    for key, s in (("synchronous", scenario.with_staleness(0)), ("asynchronous", scenario.with_staleness(staleness))):
+        est = Estimator(s)
+        r = run_search(est, "mcmc", budget_s, seed=seed)
+        options = est.options_of(r.best_choice)
+        gens = [n for n in s.dataflow.call_names if s.dataflow.call(n).kind.value == "generate"]
+        others = set().union(*(range(o.mesh.start(s.cluster.gpus_per_node), o.mesh.start(s.cluster.gpus_per_node)
+                                      + o.mesh.size) for n, o in options.items() if n not in gens))
+        generation = set().union(*(range(options[n].mesh.start(s.cluster.gpus_per_node),
+                                         options[n].mesh.start(s.cluster.gpus_per_node) + options[n].mesh.size)
+                                   for n in gens))
+        out[key] = {"best_time_s": r.best_time_s, "evaluations": r.evaluations,
+                    "generation_only_devices": len(generation - others), "devices": s.cluster.n_devices,
+                    "plan": {n: o.label(s.cluster.gpus_per_node) for n, o in options.items()}}
+    out["speedup"] = out["synchronous"]["best_time_s"] / out["asynchronous"]["best_time_s"]
+    return out
+
+
 QUICK = dict(scenarios=("ppo-7b-7b-16gpu",), methods=("mcmc", "tpe", "random"), budget_s=2.0, seeds=(0,),
              long_scenarios=("ppo-7b-7b-16gpu",), long_budget_s=3.0, exact=("dpo-7b-8gpu",), exact_budget_s=2.0,
              exact_seeds=(0, 1), ablation_scenario="ppo-7b-7b-16gpu", ablation_methods=("tpe",), scale_budget_s=3.0,
-             tail_scenarios=("ppo-8b-16gpu-longtail",), tail_steps=2)
+             tail_scenarios=("ppo-8b-16gpu-longtail",), tail_steps=2, async_scenarios=("grpo-7b-16gpu",))

@@ -92,6 +92,23 @@ def fraction(text: str) -> float:
     return v
 
 
+def add_staleness_arg(p) -> None:
+    p.add_argument("--max-staleness", type=non_negative_int, default=None, metavar="S",
+                   help="asynchronous RL: generation runs up to S iterations ahead of training (overrides the "
+                        "scenario's dataflow.max_staleness; 0: synchronous)")
+
+
+def with_staleness(args, scenario):
+    """The scenario with --max-staleness applied, when given."""
+    from realbench.errors import ConfigError
+
+    given = getattr(args, "max_staleness", None)
+    try:
+        return scenario if given is None else scenario.with_staleness(given)
+    except ConfigError as e:
+        raise ConfigError(e.message, "--max-staleness") from None
+
+
 def add_replan_args(p) -> None:
     p.add_argument("--replan-every", type=positive_int, default=0, metavar="K",
                    help="every K steps under one plan, recalibrate the estimator from the measured call times, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from realbench.cli import add_profile_args, emit_json, log, profile_for
+from realbench.cli import add_profile_args, add_staleness_arg, emit_json, log, profile_for, with_staleness
 from realbench.cost import Estimator
 from realbench.cost.baselines import BASELINES
 from realbench.errors import ConfigError
@@ -17,13 +17,14 @@ def add_parser(sub) -> None:
     how.add_argument("--baseline", choices=sorted(BASELINES), help="estimate a baseline plan")
     p.add_argument("--out", help="also write the plan that was estimated (useful with --baseline)")
     p.add_argument("--force", action="store_true", help="with --out: overwrite an existing file")
+    add_staleness_arg(p)
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario = with_staleness(args, load_scenario(args.scenario))
     options = load_plan(args.plan, scenario)[2] if args.plan else None  # a bad file is refused before profiling
     est = Estimator(scenario, profile=profile_for(args, scenario))
     if args.plan:
@@ -70,6 +71,10 @@ def print_estimate(scenario, est, choice, result, source: str) -> None:
     sources = sorted(set(result.cost_source.values()))
     console.print(f"call times from: {', '.join(sources)}"
                   + (f" ({est.profile.device.name}, {est.profile.date})" if any("profile" in x for x in sources) else ""))
+    if result.max_staleness:
+        console.print(f"asynchronous: generation up to {result.max_staleness} iteration(s) ahead; an iteration "
+                      f"takes {result.iteration_s:.3f} s from its first task to its last, and one ends every "
+                      f"{result.time_per_iter_s:.3f} s")
     console.print(f"time per iteration {result.time_per_iter_s:.3f} s, reallocation {result.realloc_s:.3f} s, "
                   f"peak memory {result.peak_mem_bytes / gib:.1f} GiB per device of {result.usable_memory_bytes / gib:.1f} "
                   f"usable ({result.device_memory_bytes / gib:.0f} GiB device): {status}")

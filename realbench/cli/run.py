@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from realbench.cli import (add_device_args, add_output_args, add_profile_args, add_replan_args, emit_json, log,
-                           non_negative_int, profile_for, replan_settings)
+from realbench.cli import (add_device_args, add_output_args, add_profile_args, add_replan_args, add_staleness_arg,
+                           emit_json, log, non_negative_int, profile_for, replan_settings, with_staleness)
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario, plan_from_options
 
@@ -36,6 +36,7 @@ def add_parser(sub) -> None:
                         "--out), or none (default)")
     add_output_args(p)
     add_replan_args(p)
+    add_staleness_arg(p)
     add_device_args(p, "one GPU per process")
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
@@ -102,7 +103,7 @@ def run(args) -> int:
     from realbench.runtime.device import DTYPE_NAMES, resolve_device, resolve_dtype
     from realbench.runtime.launch import RunError, check_run, run_plan
 
-    scenario = load_scenario(args.scenario)
+    scenario = with_staleness(args, load_scenario(args.scenario))
     _, _, options = load_plan(args.plan, scenario)
     if args.out:
         out = Path(args.out)

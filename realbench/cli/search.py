@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 
-from realbench.cli import add_profile_args, emit_json, log, non_negative_int, positive_float, positive_int, profile_for
+from realbench.cli import (add_profile_args, add_staleness_arg, emit_json, log, non_negative_int, positive_float,
+                           positive_int, profile_for, with_staleness)
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options, scenario_ref
@@ -39,13 +40,16 @@ def add_parser(sub) -> None:
                    help="Optuna methods: report sampled plans as they are, without descending to a local optimum")
     p.add_argument("--multi-objective", action="store_true",
                    help="Optuna methods: minimize time and peak memory, report the Pareto front")
+    add_staleness_arg(p)
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
+    p.epilog = ("With max_staleness S > 0 (asynchronous RL), a synchronous search of the same method and budget "
+                "follows, and both bests are reported.")
 
 
 def run(args) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario = with_staleness(args, load_scenario(args.scenario))
     if args.out and not args.force:
         from pathlib import Path
 
@@ -56,19 +60,22 @@ def run(args) -> int:
         from realbench.search.record import open_study
 
         open_study(args.storage, study_name, scenario.name)
-    est = Estimator(scenario, profile=profile_for(args, scenario))
-    with _ProgressBar(args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
-        result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,
-                            max_evaluations=args.max_evals, storage=args.storage, study_name=study_name,
-                            multi_objective=args.multi_objective, workers=args.workers, descent=args.descent,
-                            settings=SamplerSettings(args.startup_trials, args.multivariate))
-    if result.best_choice is None:
-        raise ConfigError("no plan that fits in memory was found within the budget", "--time-budget")
+    profile = profile_for(args, scenario)
+    est = Estimator(scenario, profile=profile)
+    result = _search(args, est, args.storage, study_name)
     out = result.to_json()
     out["scenario"] = scenario.name
     out["speedup"] = {k: (v / result.best_time_s if math.isfinite(v) else None) for k, v in result.baselines.items()}
     G = scenario.cluster.gpus_per_node
     out["plan"] = {n: o.label(G) for n, o in est.options_of(result.best_choice).items()}
+    out["max_staleness"] = est.staleness
+    if est.staleness:  # the synchronous best, searched the same way, for comparison
+        sync_est = Estimator(scenario.with_staleness(0), profile=profile)
+        sync = _search(args, sync_est, None, "", label=f"{args.method} (synchronous)")
+        out["synchronous"] = {"best_time_s": sync.best_time_s, "evaluations": sync.evaluations,
+                              "seconds": sync.seconds,
+                              "plan": {n: o.label(G) for n, o in sync_est.options_of(sync.best_choice).items()}}
+        out["async_speedup"] = sync.best_time_s / result.best_time_s
     for p in out.get("pareto", []):
         p["plan"] = {n: o.label(G) for n, o in est.options_of(p.pop("choice")).items()}
     if args.out:
@@ -88,7 +95,21 @@ def run(args) -> int:
               f"in {result.seconds:.1f} s; baselines: {base}")
         for name, label in out["plan"].items():
             print(f"  {name:14s} {label}")
+        if est.staleness:
+            print(f"synchronous best {out['synchronous']['best_time_s']:.4f} s per iteration: running generation up "
+                  f"to {est.staleness} iteration(s) ahead is {out['async_speedup']:.2f}x as fast")
     return 0
+
+
+def _search(args, est, storage, study_name, label: str = ""):
+    with _ProgressBar(label or args.method, args.time_budget, enabled=sys.stderr.isatty() or not args.json) as bar:
+        result = run_search(est, args.method, args.time_budget, seed=args.seed, on_event=bar.update,
+                            max_evaluations=args.max_evals, storage=storage, study_name=study_name or None,
+                            multi_objective=args.multi_objective, workers=args.workers, descent=args.descent,
+                            settings=SamplerSettings(args.startup_trials, args.multivariate))
+    if result.best_choice is None:
+        raise ConfigError("no plan that fits in memory was found within the budget", "--time-budget")
+    return result
 
 
 class _ProgressBar:

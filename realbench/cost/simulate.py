@@ -34,6 +34,7 @@ so evaluating a plan is mostly scheduling arithmetic on arrays. A single plan is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
@@ -109,10 +110,17 @@ class PlanEstimate:
     tasks: tuple[Task, ...] = field(repr=False)
     # per call: where its time came from (profile, or analytic where the profile is silent)
     cost_source: dict[str, str] = field(default_factory=dict)
+    # asynchronous RL: generation runs up to this many iterations ahead (0: synchronous)
+    max_staleness: int = 0
+    # one iteration from its first task's start to its last task's end (the steady state's); with
+    # iterations overlapping it exceeds time_per_iter_s, the time between iterations' ends
+    iteration_s: float = 0.0
 
     def to_json(self) -> dict:
         return {
             "time_per_iter_s": self.time_per_iter_s,
+            "iteration_s": self.iteration_s,
+            "max_staleness": self.max_staleness,
             "peak_mem_bytes": self.peak_mem_bytes,
             "oom": self.oom,
             "realloc_s": self.realloc_s,
@@ -122,6 +130,20 @@ class PlanEstimate:
             "device_memory_bytes": self.device_memory_bytes,
             "usable_memory_bytes": self.usable_memory_bytes,
         }
+
+
+def steady_window(staleness: int) -> int:
+    """Iterations the steady state is averaged over. With generation running up to S iterations
+    ahead, S + 1 iterations are in flight and the schedule may repeat every k <= S + 1 of them
+    rather than every one (k = 2 at S = 2 happens): lcm(1, ..., S + 1) covers every such k."""
+    return math.lcm(*range(1, staleness + 2))
+
+
+def steady_iterations(staleness: int) -> int:
+    """Iterations to unroll: 2 for synchronous RL (the schedule repeats from the second
+    iteration on); with generation running ahead, a start-up of 2 (S + 1), then the window (a
+    test checks these against unrolls of 120 iterations)."""
+    return 2 if staleness == 0 else 2 * (staleness + 1) + steady_window(staleness)
 
 
 @dataclass
@@ -135,7 +157,7 @@ class _Schedule:
 class Estimator:
     """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
 
-    def __init__(self, scenario: Scenario, iterations: int = 2, profile=None,
+    def __init__(self, scenario: Scenario, iterations: Optional[int] = None, profile=None,
                  only: Optional[dict[str, Sequence[Option]]] = None, call_scale: Optional[dict[str, float]] = None):
         """`profile` (a realbench.hardware.profile.Profile) replaces the analytic call times
         where it has measurements (see `cost_source`) and the links by its measured ones.
@@ -143,8 +165,12 @@ class Estimator:
         a factor on its time under every option (a run's measured time over the estimate of
         the plan it ran: re-planning recalibrates the estimator this way)."""
         self.call_scale = dict(call_scale or {})
-        if iterations < 2:
-            raise ValueError("the steady state needs at least 2 iterations")
+        # asynchronous RL: generation may run `staleness` iterations ahead of training
+        self.staleness = scenario.dataflow.max_staleness
+        if iterations is None:
+            iterations = steady_iterations(self.staleness)
+        if iterations < 1 + steady_window(self.staleness):
+            raise ValueError(f"the steady state needs at least {1 + steady_window(self.staleness)} iterations")
         self.scenario = scenario
         self.profile = profile
         same_device = profile is not None and profile.device.preset == scenario.cluster.device.name
@@ -188,6 +214,9 @@ class Estimator:
         self.master_of = [trains.get(c.model, firsts[c.model]) for c in self.calls]
         self.train_of = [trains.get(c.model, -1) for c in self.calls]
         self.masters = sorted(set(self.master_of))
+        # the calls that run ahead of training (max_staleness > 0): each generates, then receives
+        # the weights its next batch will use (its reallocation task comes after it)
+        self.ahead = {idx[n] for n in df.ahead_calls} if self.staleness else set()
         # the tasks of one iteration, per call: with the runtime's exchange, the transfer of its
         # inputs (the runtime moves every producer's outputs in one exchange, which keeps the
         # processes taking part in it busy); a reallocation slot where the call is not its
@@ -195,11 +224,26 @@ class Estimator:
         self.task_call: list[int] = []
         self.task_kind: list[str] = []  # "transfer" | "realloc" | "call"
         for i in range(self.n):
+            moves = ["realloc"] if self.master_of[i] != i else []
             kinds = (["transfer"] if self.exchange is not None and self.data_preds[i] else []) \
-                + (["realloc"] if self.master_of[i] != i else []) + ["call"]
+                + (["call"] + moves if i in self.ahead else moves + ["call"])
             self.task_call += [i] * len(kinds)
             self.task_kind += kinds
         self.task_of = {(i, kind): u for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind))}
+        # per task: (task, lag) it waits for in an earlier iteration, the weights' versions. A
+        # call and its reallocation read the version its model's train call wrote last
+        # iteration; a call that runs ahead generates with the weights its reallocation of the
+        # previous iteration brought, which carried the version written S iterations before that
+        self.lagged: list[list[tuple[int, int]]] = []
+        for i, kind in zip(self.task_call, self.task_kind):
+            tr = self.train_of[i]
+            if tr < 0 or kind == "transfer":
+                self.lagged.append([])
+            elif i in self.ahead:
+                self.lagged.append([(self.task_of[(i, "realloc")], 1)] if kind == "call" else
+                                   [(self.task_of[(tr, "call")], self.staleness)])
+            else:
+                self.lagged.append([(self.task_of[(tr, "call")], 1)])
 
         # per-option columns (numpy, gathered by option index), computed lazily: a column indexed
         # with option indices costs only the blocks (mesh shapes) those options belong to; the
@@ -446,7 +490,7 @@ class Estimator:
                         dt = np.where(self.mesh_id[i][k] == self.mesh_id[j][kj], 0.0,
                                       np.where(same_node, nbytes / intra + lat_in, nbytes / inter + lat_out))
                         row.append((self.task_of[(j, "call")], dt))
-                if (i, "realloc") in self.task_of:
+                if (i, "realloc") in self.task_of and i not in self.ahead:
                     row.append((self.task_of[(i, "realloc")], 0.0))
                 deps[u] = row
 
@@ -497,17 +541,19 @@ class Estimator:
         B, T = dur.shape
         K = self.iterations
         starts = np.zeros((K, B, T)) if record else None
-        ends = np.zeros((K, B, T)) if record else None
+        stops = np.zeros((K, B, T)) if record else None
         last_end = np.zeros((B, T))
-        prev_call_end = np.zeros((B, self.n))
-        call_task = [self.task_of[(i, "call")] for i in range(self.n)]
+        ends: list[np.ndarray] = []  # per iteration so far, (B, T) task ends
         iter_end = np.zeros((K, B))
         zeros = np.zeros(B)
         for it in range(K):
             cur_end = np.zeros((B, T))
-            for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind)):
-                tr = self.train_of[i]  # the weights' version of the previous iteration
-                ready = prev_call_end[:, tr] if (it and tr >= 0 and kind != "transfer") else zeros
+            ends.append(cur_end)
+            for u in range(T):
+                ready = zeros
+                for v, lag in self.lagged[u]:  # the weights' version, from an earlier iteration
+                    if it >= lag:
+                        ready = np.maximum(ready, ends[it - lag][:, v])
                 for v, dt in deps[u]:
                     ready = np.maximum(ready, cur_end[:, v] + dt)
                 start = np.maximum(ready, (last_end * overlap[:, u, :]).max(axis=1))
@@ -515,10 +561,10 @@ class Estimator:
                 last_end[:, u] = cur_end[:, u] = end
                 np.maximum(iter_end[it], end, out=iter_end[it])
                 if record:
-                    starts[it, :, u], ends[it, :, u] = start, end
-            prev_call_end = cur_end[:, call_task]
-        time = (iter_end[-1] - iter_end[0]) / (K - 1)
-        return _Schedule(time, R.sum(axis=1), starts, ends)
+                    starts[it, :, u], stops[it, :, u] = start, end
+        window = steady_window(self.staleness)
+        time = (iter_end[-1] - iter_end[-1 - window]) / window
+        return _Schedule(time, R.sum(axis=1), starts, stops)
 
     # -- the public API -------------------------------------------------------------------------------
     def evaluate_batch(self, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -555,7 +601,7 @@ class Estimator:
         R, copy = self._realloc_columns(C)
         s = self._schedule(C, R, record=True)
         peaks = [int(x) for x in self._memory(C, copy, per_device=True)[0]]
-        steady = 1  # report the second iteration, relative to its first start
+        steady = self.iterations - 1  # report the last iteration (in the steady state), relative to its first start
         base = float(s.start[steady, 0].min())
         calls, tasks = {}, []
         for it in range(self.iterations):
@@ -577,7 +623,9 @@ class Estimator:
                     calls[name] = CallTiming(start - base, end - base, max(peaks[a:b]),
                                              end - start, float(R[0, i]))
         peak = max(peaks)
+        ran = [u for u in range(len(self.task_call)) if s.end[steady, 0, u] > s.start[steady, 0, u]]
+        iteration = float(s.end[steady, 0, ran].max() - s.start[steady, 0, ran].min()) if ran else 0.0
         return PlanEstimate(float(s.time[0]), peak, peak > self.capacity, float(s.realloc[0]),
                             {n: calls[n] for n in self.call_names}, tuple(peaks),
                             self.cluster.device.memory_bytes, self.capacity, tuple(tasks),
-                            dict(zip(self.call_names, self.cost_source)))
+                            dict(zip(self.call_names, self.cost_source)), self.staleness, iteration)

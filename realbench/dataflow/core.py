@@ -102,16 +102,26 @@ class CallDef(BaseModel):
 class Dataflow(DerivedValues):
     """A list of calls and the graph they form. Validated on construction:
     unique names, one producer per key, no cycles, and (when `dataset_keys` is given) every
-    consumed key is produced by a call or provided by the dataset."""
+    consumed key is produced by a call or provided by the dataset.
+
+    `max_staleness` S (asynchronous RL, as AReaL's `max_head_offpolicyness`): the samples
+    trained in iteration i may come from the weights of version i - S, so generation runs up to
+    S iterations ahead of training; 0 is synchronous RL. Only a dataflow whose trained model
+    generates can run ahead (DPO and SFT train on fixed data)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
     calls: tuple[CallDef, ...] = Field(min_length=1)
     dataset_keys: Optional[tuple[str, ...]] = None
+    max_staleness: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Dataflow":
+        if self.max_staleness and not self.ahead_calls:
+            raise ConfigError(f"max_staleness {self.max_staleness} needs a generation call of a trained model to run "
+                              f"ahead of training; the {self.name} dataflow has none (it trains on fixed data): "
+                              "leave it 0", "max_staleness")
         names = [c.name for c in self.calls]
         for i, n in enumerate(names):
             if n in names[:i]:
@@ -143,10 +153,18 @@ class Dataflow(DerivedValues):
                           "calls")
 
     # -- the graph ---------------------------------------------------------------------------
+    @property
+    def ahead_calls(self) -> tuple[str, ...]:
+        """The calls that may run ahead of training with stale weights (`max_staleness`): the
+        generation calls of trained models."""
+        trained = self.trained_models
+        return tuple(c.name for c in self.calls if c.kind == CallKind.GENERATE and c.model in trained)
+
     @cached_property
     def graph(self) -> nx.DiGraph:
         """Nodes: call names (attribute `call`). Edges: `kind` = "data" (attribute `keys`) or
-        "param"; `lag` = 0 (same iteration) or 1 (next iteration)."""
+        "param"; `lag` = 0 (same iteration), 1 (next iteration), or 1 + max_staleness on the edge
+        from a train call to a generation call of its model (the generator may run ahead)."""
         g = nx.DiGraph()
         for c in self.calls:
             g.add_node(c.name, call=c)
@@ -170,7 +188,8 @@ class Dataflow(DerivedValues):
                     g.add_edge(c.name, t.name, kind="param", keys=[], lag=0)
                 if not g.has_edge(t.name, c.name):
                     # read-after-write across iterations (a self-loop for the train call itself)
-                    g.add_edge(t.name, c.name, kind="param", keys=[], lag=1)
+                    ahead = self.max_staleness if c.kind == CallKind.GENERATE else 0
+                    g.add_edge(t.name, c.name, kind="param", keys=[], lag=1 + ahead)
         return g
 
     @cached_property
@@ -190,7 +209,13 @@ class Dataflow(DerivedValues):
         calls = tuple(c.model_copy(update={"lengths": lengths})
                       if c.name == generate or (seqs in c.inputs and c.kind in (CallKind.INFERENCE, CallKind.TRAIN)
                                                 and c.seq_len == gen.seq_len) else c for c in self.calls)
-        return Dataflow(name=self.name, calls=calls, dataset_keys=self.dataset_keys)
+        return self.with_calls(calls)
+
+    def with_calls(self, calls) -> "Dataflow":
+        """The same dataflow (name, dataset keys, staleness) with other calls, validated."""
+        return Dataflow(name=self.name, calls=tuple(calls), dataset_keys=self.dataset_keys,
+                        max_staleness=self.max_staleness)
+
 
     def call(self, name: str) -> CallDef:
         for c in self.calls:

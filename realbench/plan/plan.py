@@ -56,6 +56,8 @@ class Plan(BaseModel):
 
     scenario: str = Field(min_length=1)
     calls: dict[str, Placement]
+    # asynchronous RL: how many iterations generation runs ahead of training (absent: 0, synchronous)
+    max_staleness: Optional[int] = Field(default=None, ge=0)
     origin: Optional[Origin] = None
 
     def to_document(self) -> dict:
@@ -73,7 +75,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                              activation_checkpointing=True if o.strategy.checkpointing else None,
                              virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None)
              for name, o in options.items()}
-    return Plan(scenario=scenario_ref or scenario.name, calls=calls, origin=origin)
+    staleness = scenario.dataflow.max_staleness
+    return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
 
 
 def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
@@ -85,6 +88,10 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
     for name in names:
         if name not in plan.calls:
             raise ConfigError(f"call {name!r} of the scenario has no placement", "calls")
+    planned, allowed = plan.max_staleness or 0, scenario.dataflow.max_staleness
+    if planned != allowed:
+        raise ConfigError(f"the plan was made for max_staleness {planned}, the scenario has {allowed} "
+                          "(dataflow.max_staleness, or --max-staleness)", "max_staleness")
     out = {}
     for name in names:
         p = plan.calls[name]
@@ -146,12 +153,15 @@ def _names(plan: Plan, scenario: Scenario, plan_path: str) -> bool:
 
 def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Scenario, dict[str, Option]]:
     """Read and check a plan file. Without `scenario`, the one the plan names is loaded
-    (a built-in name, or a file path relative to the plan's folder)."""
+    (a built-in name, or a file path relative to the plan's folder), with the plan's
+    max_staleness (a plan searched with --max-staleness)."""
     plan = plan_from_document(read_document(path), path)
     try:
         if scenario is None:
             file = _named_file(plan.scenario, path)
             scenario = load_scenario(str(file) if file is not None else plan.scenario)
+            if (plan.max_staleness or 0) != scenario.dataflow.max_staleness:  # the plan says how it runs
+                scenario = scenario.with_staleness(plan.max_staleness or 0)
         elif not _names(plan, scenario, path):
             raise ConfigError(f"the plan is for scenario {plan.scenario!r}, not {scenario.name!r}", "scenario")
         return plan, scenario, resolve_plan(plan, scenario)

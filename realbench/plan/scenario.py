@@ -120,8 +120,10 @@ class Scenario(DerivedValues):
             except ConfigError as e:
                 raise e.within("gen_len") from None
             v = {**v, "gen_len": gen_len}
+        staleness = None
         if isinstance(v, dict) and "algorithm" in v:
-            args = {k: x for k, x in v.items() if k != "algorithm"}
+            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness")}
+            staleness = v.get("max_staleness")
             if v["algorithm"] not in ALGORITHMS:
                 raise ConfigError(f"unknown algorithm {v['algorithm']!r} (known: {', '.join(ALGORITHMS)})",
                                   "algorithm")
@@ -129,6 +131,8 @@ class Scenario(DerivedValues):
                 v = build_algorithm(v["algorithm"], **args)
             except TypeError as e:  # an argument the builder does not take
                 raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
+            if staleness is not None:
+                v = {**v.model_dump(), "max_staleness": staleness}
         if lengths is not None:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             for c in [c for c in v.calls if c.kind == CallKind.GENERATE]:
@@ -155,7 +159,7 @@ class Scenario(DerivedValues):
                                 inputs=(c.inputs[0], *(f"model_{k}" for k in c.outputs)), outputs=c.outputs,
                                 seqs=c.seqs, seq_len=c.seq_len)
                 calls.append(c)
-            v = Dataflow(name=v.name, calls=tuple(calls), dataset_keys=v.dataset_keys)
+            v = v.with_calls(calls)
         return v
 
     @model_validator(mode="after")
@@ -214,6 +218,11 @@ class Scenario(DerivedValues):
         flow = self.dataflow
         for name, dist in lengths.items():
             flow = flow.with_lengths(name, dist)
+        return self.model_copy(update={"dataflow": flow})
+
+    def with_staleness(self, max_staleness: int) -> "Scenario":
+        """The scenario planned for asynchronous RL with this bound (0: synchronous)."""
+        flow = validate_model(Dataflow, {**self.dataflow.model_dump(), "max_staleness": max_staleness})
         return self.model_copy(update={"dataflow": flow})
 
     def to_document(self) -> dict:

@@ -113,23 +113,34 @@ def mesh_map_figure(scenario: Scenario, options: Mapping[str, Option], width: in
 def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640):
     """The simulated Gantt chart of one steady-state iteration: a bar per call, reallocations
     (weights moving to the call's layout) in orange before it, the exchange of its inputs (where
-    the profile measured the runtime's) in grey."""
+    the profile measured the runtime's) in grey. With generation running ahead (max_staleness
+    S), the last S + 1 iterations, overlapping, each bar labelled with its iteration (a
+    generation's weights move to it after it, for its next batch)."""
     names = list(scenario.dataflow.call_names)
     steady = max(t.iteration for t in estimate.tasks)
-    base = min(t.start_s for t in estimate.tasks if t.iteration == steady)
+    shown = range(steady - estimate.max_staleness, steady + 1)
+    base = min(t.start_s for t in estimate.tasks if t.iteration == shown[0])
     def what(t):
         return {"realloc": ("reallocation", REALLOC_COLOR), "transfer": ("inputs moving", TRANSFER_COLOR)}.get(
             t.kind, (scenario.dataflow.call(t.call).kind.value, KIND_COLORS[scenario.dataflow.call(t.call).kind.value]))
 
     rows = [dict(call=t.call, start=t.start_s - base, end=t.end_s - base, seconds=t.end_s - t.start_s,
-                 what=what(t)[0], color=what(t)[1]) for t in estimate.tasks if t.iteration == steady]
+                 what=what(t)[0], color=what(t)[1], iteration=f"it {t.iteration - shown[0] + 1}")
+            for t in estimate.tasks if t.iteration in shown]
     src = ColumnDataSource({k: [r[k] for r in rows] for k in rows[0]})
+    title = f"simulated timeline of one iteration: {estimate.time_per_iter_s:.4g} s " \
+            f"(reallocation {estimate.realloc_s:.3g} s)"
+    if estimate.max_staleness:
+        title = f"simulated timeline, generation up to {estimate.max_staleness} iteration(s) ahead: one iteration " \
+                f"ends every {estimate.time_per_iter_s:.4g} s, each takes {estimate.iteration_s:.4g} s"
     p = figure(width=width, height=60 + 34 * len(names), y_range=list(reversed(names)), tools=TOOLS,
-               title=f"simulated timeline of one iteration: {estimate.time_per_iter_s:.4g} s "
-                     f"(reallocation {estimate.realloc_s:.3g} s)", x_axis_label="seconds")
+               title=title, x_axis_label="seconds")
     bars = p.hbar(y="call", left="start", right="end", height=0.6, source=src, fill_color="color",
                   line_color="black")
-    p.add_tools(HoverTool(renderers=[bars], tooltips=[("call", "@call"), ("what", "@what"),
+    if estimate.max_staleness:
+        p.add_layout(LabelSet(x="start", y="call", text="iteration", source=src, x_offset=3, y_offset=-6,
+                              text_font_size="8pt"))
+    p.add_tools(HoverTool(renderers=[bars], tooltips=[("call", "@call"), ("what", "@what"), ("iteration", "@iteration"),
                                                        ("start s", "@start{0.000}"), ("seconds", "@seconds{0.000}")]))
     for r in rows:  # generation calls with a length distribution: the live batch shrinking
         call = scenario.dataflow.call(r["call"])

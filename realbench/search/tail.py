@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from realbench.cost import Estimator
-from realbench.dataflow import CallKind, Dataflow
+from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 
 
@@ -39,8 +39,7 @@ def mean_twin(scenario, shorten_later: bool = True):
         elif c.seq_len in widths:
             c = c.model_copy(update={"lengths": None, **({"seq_len": widths[c.seq_len]} if shorten_later else {})})
         calls.append(c)
-    return scenario.model_copy(update={"dataflow": Dataflow(name=scenario.dataflow.name, calls=tuple(calls),
-                                                            dataset_keys=scenario.dataflow.dataset_keys)})
+    return scenario.model_copy(update={"dataflow": scenario.dataflow.with_calls(calls)})
 
 
 def sampled_lengths(scenario, steps: int, seed: int) -> list[dict[str, LengthDistribution]]:
