@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from realbench.cli import add_device_args, add_output_args, add_replan_args, emit_json, non_negative_int, replan_settings
+from realbench.cli import (add_device_args, add_output_args, add_replan_args, add_staleness_arg, emit_json,
+                           non_negative_int, replan_settings, with_staleness)
 from realbench.errors import ConfigError
 from realbench.plan import load_plan, load_scenario
 
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true")
     add_output_args(p)
     add_replan_args(p)
+    add_staleness_arg(p)
     p.add_argument("--replan-profile", default="", metavar="FILE", help="the profile re-planning estimates with")
     add_device_args(p, "the GPU LOCAL_RANK")
     p.add_argument("--json", action="store_true", help="rank 0 also prints the summary as JSON")
@@ -51,7 +53,7 @@ def run(args) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device_type = resolve_device(args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     dtype = resolve_dtype(args.dtype, device_type)
-    scenario = load_scenario(args.scenario)
+    scenario = with_staleness(args, load_scenario(args.scenario))
     _, _, options = load_plan(args.plan, scenario)
     replan = replan_settings(args, args.replan_profile)
     resume_step = check_run(scenario, options, world, args.steps, args.save_every, args.checkpoint_dir,

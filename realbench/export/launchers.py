@@ -30,6 +30,7 @@ class LaunchSpec:
     dtype: str = "auto"
     save_hf: str = ""  # where node 0 writes the trained models, relative to the launch folder
     eval_every: int = 0
+    max_staleness: int = 0  # asynchronous RL: the plan's
 
     @property
     def world(self) -> int:
@@ -43,6 +44,7 @@ class LaunchSpec:
         extra = f" --dtype {self.dtype}" if self.dtype != "auto" else ""
         extra += f" --save-hf {q(self.save_hf)}" if self.save_hf else ""
         extra += f" --eval-every {self.eval_every}" if self.eval_every else ""
+        extra += f" --max-staleness {self.max_staleness}" if self.max_staleness else ""
         return (f"worker --scenario {q(self.scenario_ref)} --plan {q(self.plan_path)} "
                 f"--steps {self.steps} --out {run_dir}{extra}")
 

@@ -108,6 +108,9 @@ class TrainingSpec(OptimizerSettings):
     cliprange_value: float = Field(default=0.2, gt=0)
     whiten_rewards: bool = False
     reward_weights: Optional[tuple[float, ...]] = None
+    # asynchronous RL (dataflow.max_staleness > 0), AReaL's: tokens whose behaviour importance
+    # weight exp(proximal - behaviour log-prob) exceeds the cap are dropped (None: no cap)
+    behav_imp_weight_cap: Optional[float] = Field(default=None, gt=1)
     # a trained model's own optimizer settings, by role (`critic: {learning_rate: ...}`)
     models: dict[str, OptimizerSettings] = Field(default_factory=dict)
 

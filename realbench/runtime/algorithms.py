@@ -52,6 +52,9 @@ class Algorithm:
     loss_type: str = "dapo"  # how a step's token losses aggregate (losses.loss_weights)
     rows_together: int = 1  # rows of one example that the trainer's splits keep together
     recomputes_behaviour: bool = True  # the policy's train call needs the behaviour log-probabilities
+    # asynchronous RL: the samples come from older weights; AReaL's decoupled objective (see `loss`)
+    decoupled: bool = False
+    behav_weight_cap: Optional[float] = None
 
     def token_logprobs(self, logits: Tensor, seqs: Tensor, gen_len: int) -> Tensor:
         return losses.token_logprobs(logits, seqs, gen_len, self.temperature)
@@ -77,15 +80,28 @@ class Algorithm:
         mask = t.get("mask")
         return losses.loss_weights(mask[rows] if mask is not None else torch.ones_like(t["adv"][rows]), self.loss_type)
 
+    def with_generation_log_probs(self, out: dict[str, Tensor], data: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Targets plus, for the decoupled objective, the log-probabilities of the policy that
+        generated the samples (`behav_logp`: generation's, from weights up to S versions old)."""
+        return {**out, "behav_logp": data["logprobs"]} if self.decoupled else out
+
     def loss(self, y: Tensor, t: dict[str, Tensor], value_model: bool) -> tuple[Tensor, dict[str, Tensor]]:
         """Policy loss summed over the micro-batch's response tokens, plus the KL penalty to the
         reference when the targets carry reference log-probabilities. Without `old_logp` the
-        behaviour log-probabilities are this forward's own (detached): the ratio is 1."""
+        behaviour log-probabilities are this forward's own (detached): the ratio is 1.
+        Decoupled (asynchronous RL): `old_logp` (or the forward's own) is the proximal policy,
+        the weights before this call's first update, and the samples' generation log-probs
+        (`behav_logp`) weight each token by exp(proximal - behaviour), capped
+        (losses.decoupled_policy_loss)."""
         gen = t["adv"].shape[1]
         logp = self.token_logprobs(y, t["seqs"], gen)
         old = t["old_logp"] if "old_logp" in t else logp.detach()
         mask = t.get("mask")
-        per_token = losses.policy_loss(logp, old, t["adv"], self.clip, self.clip_high)
+        if "behav_logp" in t:
+            per_token = losses.decoupled_policy_loss(logp, old, t["behav_logp"], t["adv"], self.clip, self.clip_high,
+                                                     self.behav_weight_cap)
+        else:
+            per_token = losses.policy_loss(logp, old, t["adv"], self.clip, self.clip_high)
         sums = {"clipfrac": _sum(losses.clipped_fraction(logp, old, t["adv"], self.clip, self.clip_high), mask),
                 "entropy": _sum(losses.entropy(y.detach(), gen, self.temperature), mask)}
         ref = t.get("ref_logp", t.get("kl_ref"))
@@ -134,7 +150,8 @@ class PPO(Algorithm):
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
         out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values,
                "kl_ref": data["ref_logprobs"]}
-        return out if mask is None else {**out, "mask": mask}
+        out = out if mask is None else {**out, "mask": mask}
+        return out if value_model else self.with_generation_log_probs(out, data)
 
     def loss(self, y, t, value_model):
         if not value_model:
@@ -165,7 +182,7 @@ class GRPO(Algorithm):
         mask = losses.response_mask(data["seqs"], lp.shape[1])
         if mask is not None:
             out["mask"] = mask
-        return out
+        return self.with_generation_log_probs(out, data)
 
 
 @dataclass(frozen=True)
@@ -269,7 +286,8 @@ def make_algorithm(name: str, scenario=None) -> Algorithm:
     if training is None:
         return cls()
     args = dict(kl_coef=training.beta_for(name), clip=training.epsilon, clip_high=training.epsilon_high,
-                temperature=training.temperature, loss_type=training.loss_type)
+                temperature=training.temperature, loss_type=training.loss_type,
+                decoupled=scenario.dataflow.max_staleness > 0, behav_weight_cap=training.behav_imp_weight_cap)
     if cls is GRPO:
         args["scale_rewards"] = training.scale_rewards
     if cls is PPO:

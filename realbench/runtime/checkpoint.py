@@ -128,6 +128,8 @@ def written_options(scenario, manifest: dict) -> dict:
     from realbench.plan.plan import plan_from_document, resolve_plan
 
     doc = {"schema": "realbench.plan/1", "scenario": scenario.name, "calls": manifest["calls"]}
+    if scenario.dataflow.max_staleness:  # the weights' layouts do not depend on it: a checkpoint resumes either way
+        doc["max_staleness"] = scenario.dataflow.max_staleness
     return resolve_plan(plan_from_document(doc, "the checkpoint's manifest"), scenario)
 
 

@@ -284,10 +284,6 @@ def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, 
     resumes under any plan of its scenario and any number of processes (resharded on load)."""
     from realbench.runtime.checkpoint import check_scenario, read_manifest, written_options
 
-    if scenario.dataflow.max_staleness:
-        raise ConfigError(f"max_staleness {scenario.dataflow.max_staleness}: the runtime runs synchronous plans only "
-                          "(asynchronous RL is planned and estimated, not executed yet): run a plan searched with "
-                          "max_staleness 0", "dataflow.max_staleness")
     if scenario.cluster.attention != "flash":
         raise ConfigError(f"{scenario.cluster.attention} attention prices another engine (scores written to memory, "
                           "softmax and dropout apart); realbench's runtime computes attention in one fused kernel: "

@@ -125,7 +125,7 @@ class Event:
 EVENT_UNITS = {"call": 1.0, "realloc": 1.0, "transfer": 0.0}
 
 
-def step_order(events: list[Event], calls: list[CallDef]) -> list[Event]:
+def step_order(events: list[Event], calls: list[CallDef], ahead: frozenset = frozenset()) -> list[Event]:
     """The order in which every rank walks a step's events (each taking those it is part of): a
     list schedule, each event as early as its inputs and its ranks allow (calls and weight moves
     a unit long, data transfers none; ties to the shorter, then to the dataflow's order). So data
@@ -136,7 +136,10 @@ def step_order(events: list[Event], calls: list[CallDef]) -> list[Event]:
     into it; a model's train call on the model's events before it (they read the weights it
     updates), and the model's events after it on it. Every rank following one order that keeps
     them cannot deadlock: the earliest unfinished event finds all its ranks done with the events
-    before it."""
+    before it.
+    A call in `ahead` (asynchronous RL: a generation running ahead of training) generates with
+    the weights it has, then receives the new ones for its next batch: its weight move depends
+    on it instead (and, reading the master copy, comes before the model's train call)."""
     model = [calls[e.call].model for e in events]
     deps: list[set[int]] = [set() for _ in events]
     call_event = {e.call: k for k, e in enumerate(events) if e.kind == "call"}
@@ -144,7 +147,10 @@ def step_order(events: list[Event], calls: list[CallDef]) -> list[Event]:
         if e.kind == "transfer":
             deps[k] |= {call_event[p] for p, _ in e.sources}
         if e.kind == "call":
-            deps[k] |= {j for j, d in enumerate(events) if d.kind != "call" and d.call == e.call}
+            deps[k] |= {j for j, d in enumerate(events) if d.kind != "call" and d.call == e.call
+                        and not (d.kind == "realloc" and e.call in ahead)}
+        if e.kind == "realloc" and e.call in ahead:
+            deps[k].add(call_event[e.call])
         for j in range(k):
             trains_j = events[j].kind == "call" and calls[events[j].call].kind == CallKind.TRAIN
             trains_k = e.kind == "call" and calls[e.call].kind == CallKind.TRAIN
@@ -264,7 +270,13 @@ class Worker:
                 ranks = frozenset(self.layouts[i].ranks).union(*(dp_heads(self.layouts[p]) for p in by_producer))
                 self.events.append(Event("transfer", i, ranks, tuple((p, tuple(keys)) for p, keys in by_producer.items())))
             self.events.append(Event("call", i, frozenset(self.layouts[i].ranks)))
-        self.events = step_order(self.events, self.calls)
+        # asynchronous RL: the generation calls that run ahead of training with weights up to
+        # max_staleness versions old (they receive the new weights after generating; see step_order)
+        self.ahead = frozenset(index[n] for n in df.ahead_calls) if df.max_staleness else frozenset()
+        # per such call: the weights' version (train steps applied) its layout holds, set when
+        # they move to it; none yet: they move before its first generation (`_walk`)
+        self.weights_version: dict[int, int] = {}
+        self.events = step_order(self.events, self.calls, self.ahead)
         # master copies (and optimizers) of the models whose master layout holds this rank
         self.masters: dict[int, PlacedModel] = {}
         # copies of models on other calls' layouts, filled by reallocation and kept from step to
@@ -348,8 +360,17 @@ class Worker:
         self.data: dict[int, dict[str, torch.Tensor]] = {}  # call -> full-batch inputs it received
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}  # call -> this rank's dp shard of outputs
         for e in self.events:
+            if e.kind == "realloc" and e.call in self.ahead and e.call not in self.weights_version:
+                # a generation that runs ahead starts from the weights as they are (the run's
+                # first step, a resume, a plan switch): moved before it, once
+                if self.rank in e.ranks:
+                    self._realloc(e.call, rec)
+                self.weights_version[e.call] = step
+        for e in self.events:
             if self.rank not in e.ranks or e.call not in calls:
                 continue
+            if e.kind == "realloc" and e.call in self.ahead and self.evaluating:
+                continue  # an evaluation generates with the generator's weights and moves none
             self.current = f"{e.kind} {self.calls[e.call].name}"
             if fault == f"{self.rank}:{self.calls[e.call].name}" and e.kind == "call":
                 raise RuntimeError(f"injected fault ({FAULT_ENV})")
@@ -358,6 +379,8 @@ class Worker:
                 self._realloc(e.call, rec)
                 synchronize(self.device)  # a GPU's queued work is part of the event's time
                 rec.realloc_s[self.calls[e.call].name] = time.perf_counter() - t0
+                if e.call in self.ahead:  # the master copy has had `step` train steps (its train call comes after)
+                    self.weights_version[e.call] = step
             elif e.kind == "transfer":
                 self._transfer(e.call, [(p, keys) for p, keys in e.sources if p in calls])
                 synchronize(self.device)
@@ -477,6 +500,8 @@ class Worker:
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
+                # how many train steps behind the weights that generated this batch are when it trains
+                rec.metrics["staleness"] = float(step - self.weights_version.get(i, step))
                 response = seqs[:, -c.gen_len:] >= 0
                 rec.metrics[f"{c.name}/response_len"] = float(response.sum(1).float().mean())
                 if coord.tp == 0:  # once per data-parallel replica: summed over ranks into tokens/s

@@ -1,0 +1,113 @@
+"""Asynchronous RL, run: generation ranks run ahead of the training ranks on local processes,
+with the weights moved to them after each generation, the decoupled objective, resume."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from realbench.plan import get_builtin
+from realbench.runtime import losses
+from realbench.runtime.algorithms import GRPO
+from realbench.runtime.launch import run_plan
+from realbench.plan.plan import load_plan
+
+SCENARIO = "grpo-tiny-cpu"
+# generation alone on ranks 2-3; reward and reference on rank 1; the actor trains on ranks 0-1
+SPLIT = {"actor_gen": {"mesh": "n0:2-3", "dp": 2, "tp": 1, "pp": 1},
+         "reward_inf": {"mesh": "n0:1", "dp": 1, "tp": 1, "pp": 1},
+         "ref_inf": {"mesh": "n0:1", "dp": 1, "tp": 1, "pp": 1},
+         "actor_train": {"mesh": "n0:0-1", "dp": 2, "tp": 1, "pp": 1}}
+
+
+def split_plan(tmp_path, staleness: int, learning_rate: float = 0.05):
+    """The split plan of the scenario, its training at `learning_rate` (fast enough that one
+    update changes what the actor samples)."""
+    path = tmp_path / f"split-s{staleness}.yaml"
+    doc = {"schema": "realbench.plan/1", "scenario": SCENARIO, "calls": SPLIT}
+    if staleness:
+        doc["max_staleness"] = staleness
+    path.write_text(yaml.safe_dump(doc))
+    _, scenario, options = load_plan(str(path))
+    training = scenario.training.model_copy(update={"learning_rate": learning_rate, "lr_scheduler_type": "constant"})
+    return scenario.model_copy(update={"training": training}), options
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """3 steps of the split plan: synchronous, with generation up to 1 and 2 iterations ahead,
+    and synchronous with (practically) frozen weights."""
+    tmp = tmp_path_factory.mktemp("async")
+    out = {s: run_plan(*split_plan(tmp, s), nproc=4, steps=3, seed=1) for s in (0, 1, 2)}
+    out["frozen"] = run_plan(*split_plan(tmp, 0, learning_rate=1e-12), nproc=4, steps=3, seed=1)
+    return out
+
+
+def test_no_trained_sample_is_staler_than_max_staleness(runs):
+    """Each step's batch records how many train steps behind the weights that generated it are:
+    0 when synchronous; with generation ahead, 0 at the first step (the generator starts from the
+    initial weights) and 1 after (the new weights reach it after each of its batches)."""
+    assert [m["staleness"] for m in runs[0]["metrics"]] == [0, 0, 0]
+    for s in (1, 2):
+        staleness = [m["staleness"] for m in runs[s]["metrics"]]
+        assert staleness == [0, 1, 1] and max(staleness) <= s
+
+
+def test_a_generation_ahead_samples_from_the_weights_one_update_old(runs):
+    """Step 0 generates with the same weights either way: the same reward, and (the behaviour
+    weight exp(proximal - behaviour) is 1 up to rounding) the same loss. Step 1 runs ahead: it
+    samples from the initial weights, exactly what a run whose weights never move samples at
+    step 1, and not what the synchronous run (one update later) samples."""
+    sync, ahead, frozen = runs[0]["metrics"], runs[1]["metrics"], runs["frozen"]["metrics"]
+    assert ahead[0]["reward"] == pytest.approx(sync[0]["reward"], abs=1e-6)
+    assert ahead[0]["loss"] == pytest.approx(sync[0]["loss"], abs=1e-5, rel=1e-4)
+    assert ahead[1]["reward"] == pytest.approx(frozen[1]["reward"], abs=1e-6)
+    assert abs(ahead[1]["reward"] - sync[1]["reward"]) > 1e-4
+    # S = 2 is a bound: here the new weights reach the generator after each batch, as with S = 1
+    assert [m["reward"] for m in runs[2]["metrics"]] == pytest.approx([m["reward"] for m in ahead], abs=1e-6)
+
+
+def test_resume_restarts_the_generator_from_the_checkpoint(tmp_path):
+    """A resumed asynchronous run: the generator starts from the checkpoint's weights (nothing is
+    in flight across a step boundary, so no sample is lost), then runs ahead again."""
+    scenario, options = split_plan(tmp_path, 1)
+    ckpt = tmp_path / "ckpt"
+    first = run_plan(scenario, options, nproc=4, steps=2, seed=1, save_every=2, checkpoint_dir=str(ckpt))
+    assert [m["staleness"] for m in first["metrics"]] == [0, 1]
+    resumed = run_plan(scenario, options, nproc=4, steps=4, seed=1, checkpoint_dir=str(ckpt), resume=True)
+    assert [m["step"] for m in resumed["metrics"]] == [2, 3] and [m["staleness"] for m in resumed["metrics"]] == [0, 1]
+
+
+def test_the_decoupled_objective_is_todays_when_nothing_is_stale_and_weights_stale_tokens():
+    torch.manual_seed(0)
+    B, T, V = 2, 3, 11
+    logits = torch.randn(B, 5 + T, V)
+    seqs = torch.randint(0, V, (B, 5 + T))
+    adv = torch.randn(B, T)
+    plain, decoupled = GRPO(kl_coef=0.0), GRPO(kl_coef=0.0, decoupled=True)
+    logp = plain.token_logprobs(logits, seqs, T)
+    t = {"seqs": seqs, "adv": adv}
+    same, _ = decoupled.loss(logits, {**t, "behav_logp": logp.detach()}, False)
+    assert torch.equal(same, plain.loss(logits, t, False)[0])  # bit for bit
+    # a token generated by a policy that gave it half the probability: weight exp(prox - behav) = 2
+    behav = logp.detach().clone()
+    behav[0, 1] -= torch.log(torch.tensor(2.0))
+    stale, _ = decoupled.loss(logits, {**t, "behav_logp": behav}, False)
+    per_token = losses.policy_loss(logp, logp.detach(), adv, 0.2)
+    assert float(stale) == pytest.approx(float(per_token.sum() + per_token[0, 1]), rel=1e-6)
+    capped, _ = GRPO(kl_coef=0.0, decoupled=True, behav_weight_cap=1.5).loss(logits, {**t, "behav_logp": behav}, False)
+    assert float(capped) == pytest.approx(float(per_token.sum() - per_token[0, 1]), rel=1e-6)
+
+
+def test_step_order_moves_the_weights_after_a_generation_that_runs_ahead():
+    from realbench.runtime.worker import Event, step_order
+
+    s = get_builtin(SCENARIO)
+    calls = [s.dataflow.call(n) for n in s.dataflow.order]
+    gen, train = 0, calls.index(s.dataflow.call("actor_train"))
+    events = [Event("realloc", gen, frozenset({0, 2})), Event("call", gen, frozenset({2})),
+              Event("call", train, frozenset({0}))]
+    kinds = lambda order: [(e.kind, e.call) for e in order]  # noqa: E731
+    assert kinds(step_order(events, calls)) == [("realloc", gen), ("call", gen), ("call", train)]
+    assert kinds(step_order(events, calls, frozenset({gen}))) == [("call", gen), ("realloc", gen), ("call", train)]
