@@ -43,3 +43,11 @@ def test_cluster_presets():
     assert set(DEVICES) >= {"h100", "a100", "cpu"}
     with pytest.raises(ValueError, match="power of two"):
         cluster(1, 6, "h100")
+
+
+def test_processes_share_cores_only_on_a_cpu_with_more_processes_than_cores():
+    from realbench.hardware.profile import shares_cores
+
+    assert shares_cores("cpu", 4, 2) and not shares_cores("cpu", 2, 2) and not shares_cores("cpu", 1, 2)
+    assert not shares_cores("cuda", 8, 2)  # a GPU process does not compute on the cores
+    assert not shares_cores("cpu", 4, 0)  # an old profile that did not record its cores

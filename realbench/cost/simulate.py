@@ -44,6 +44,7 @@ from realbench.cost.calls import call_cost
 from realbench.cost.profiled import profiled_call_times, profiled_exchange, profiled_links
 from realbench.cost.realloc import Layouts, holds_same_shards, realloc_times, transfer_bytes
 from realbench.dataflow import CallKind
+from realbench.hardware.profile import shares_cores
 from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
@@ -182,7 +183,7 @@ class Estimator:
         # a CPU whose processes outnumber its cores: a call's time depends on how many processes
         # are busy beside it (see _crowded)
         device = profile.device if profile is not None else None
-        self.contended = bool(same_device and device.kind == "cpu" and 0 < device.cores < device.processes)
+        self.contended = bool(same_device and shares_cores(device.kind, device.processes, device.cores))
         self.iterations = iterations
         df = scenario.dataflow
         self.call_names: tuple[str, ...] = df.order

@@ -371,6 +371,14 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
                       cores=usable_cores())
 
 
+def shares_cores(kind: str, processes: int, cores: int | None = None) -> bool:
+    """Whether `processes` processes of a device of `kind` outnumber the cores (`cores`, or this
+    machine's usable ones): a CPU whose processes then compete for cores, so a call's time
+    depends on how many are busy beside it (measured alone and crowded; see the simulator)."""
+    cores = usable_cores() if cores is None else cores
+    return kind == "cpu" and 0 < cores < processes
+
+
 def usable_cores() -> int:
     import os
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from realbench.cache import cache_folder
-from realbench.hardware.profile import COLLECTIVES, DeviceInfo, Profile, load_profile, shape_key, this_machine
+from realbench.hardware.profile import (COLLECTIVES, DeviceInfo, Profile, load_profile, shape_key, shares_cores,
+                                        this_machine)
 
 
 def machine_identity(processes: int, device: str = "cpu") -> tuple[DeviceInfo, str]:
@@ -104,7 +105,7 @@ def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", 
         profile = cached
     # shapes the profile lacks (a given request may lack the scenario's), or whose whole calls it
     # does not have (a profile from before they were measured, or split into micro-batches)
-    contended = device == "cpu" and processes > identity.cores
+    contended = shares_cores(device, processes, identity.cores)
     missing = [s for s in specs if profile.model_for(s) is None or not profile.model_for(s)[1].has_whole_calls(contended)]
     # collectives the profile lacks (the runtime's exchange, in profiles from before it)
     lacking = [k for k in COLLECTIVES if k not in profile.collectives] if profile.collectives else []

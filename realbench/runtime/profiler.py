@@ -24,7 +24,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from realbench.errors import ConfigError
-from realbench.hardware.profile import CALL_MICRO_BATCHES, COLLECTIVES, Profile, shape_key, this_machine, usable_cores
+from realbench.hardware.profile import CALL_MICRO_BATCHES, COLLECTIVES, Profile, shape_key, shares_cores, this_machine
 from realbench.models import ModelSpec
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -290,7 +290,7 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
     shapes = call_layouts(spec, req)
     # where the processes outnumber the cores, a layout's calls are measured alone too (one copy,
     # the other processes idle): a call runs between the two, as the calls beside it keep busy
-    contended = req.device == "cpu" and world > usable_cores()
+    contended = shares_cores(req.device, world)
     copies = {(tp, pp): [Layout.on(range(k * tp * pp, (k + 1) * tp * pp), 1, tp, pp) for k in range(world // (tp * pp))]
               for tp, pp in shapes}
     groups = Groups()
@@ -340,7 +340,7 @@ def _collectives(rank: int, world: int, req: ProfileRequest, tick, dev) -> dict:
     from realbench.runtime.worker import _exchange
 
     # where processes share cores, those outside a measured group compute meanwhile (_keep_busy)
-    contended = req.device == "cpu" and world > usable_cores()
+    contended = shares_cores(req.device, world)
     out: dict = {}
     for n in req.group_sizes():
         group = dist.new_group(list(range(n)))
@@ -471,7 +471,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
 
 def planned_measurements(req: ProfileRequest) -> int:
     per_tp = (len(req.batches) * (len(req.lengths) * 11 + 1) + 6) * req.passes
-    contended = req.device == "cpu" and req.nproc > usable_cores()
+    contended = shares_cores(req.device, req.nproc)
     layouts = sum(len(call_layouts(spec, req)) + (sum(req.nproc // (tp * pp) > 1 for tp, pp in call_layouts(spec, req))
                                                   if contended else 0) for _, spec in req.specs())
     layers = sum(per_tp * len(req.tp_degrees(spec)) for _, spec in req.specs()) \
