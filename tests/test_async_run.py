@@ -111,3 +111,17 @@ def test_step_order_moves_the_weights_after_a_generation_that_runs_ahead():
     kinds = lambda order: [(e.kind, e.call) for e in order]  # noqa: E731
     assert kinds(step_order(events, calls)) == [("realloc", gen), ("call", gen), ("call", train)]
     assert kinds(step_order(events, calls, frozenset({gen}))) == [("call", gen), ("realloc", gen), ("call", train)]
+
+
+def test_the_async_bench_races_both_plans(cli):
+    """`bench async --quick`: both searches, a run of each, samples per second measured and
+    predicted, and the reward curves over the same steps."""
+    code, out, err = cli("bench", "async", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    sync, ahead = r["synchronous"], r["asynchronous"]
+    assert sync["staleness"] == 0 and 0 < ahead["staleness"] <= r["max_staleness"] == 1
+    for key in ("measured", "predicted"):
+        assert r["speedup"][key] == pytest.approx(ahead["samples_per_s"][key] / sync["samples_per_s"][key])
+    assert all(len(curve) == r["steps"] == 3 for curve in sync["reward"] + ahead["reward"])
+    assert r["meets_speedup_target"] == (r["speedup"]["measured"] >= 1.3)

@@ -9,7 +9,8 @@ from realbench.cli import emit_json
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
-              "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths"}
+              "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
+              "async": "realbench.bench.asynchronous"}
 
 
 def add_parser(sub) -> None:
