@@ -260,3 +260,21 @@ def test_run_monitor_marks_plan_switches_on_the_step_time_curve():
     assert mon._replan().every == 0  # off unless asked
     mon.replan_box.value, mon.replan_budget_box.value = 3, 2.0
     assert (mon._replan().every, mon._replan().budget_s) == (3, 2.0)
+
+
+def test_run_monitor_shows_the_staleness_of_asynchronous_plans():
+    from realbench.cost import Estimator
+    from realbench.plan import get_builtin
+    from realbench.widgets import RunMonitor
+
+    mon = RunMonitor(steps=3)
+    scenario = get_builtin("grpo-tiny-cpu")
+    for staleness, panels in ((0, 3), (1, 4)):  # a fourth panel only for a plan that runs ahead
+        s = scenario.with_staleness(staleness)
+        est = Estimator(s)
+        mon.set_plan(s, est.options_of([int(est.candidates(i)[0]) for i in range(est.n)]))
+        assert len(mon._figures(list(s.dataflow.call_names)).children) == panels
+    summary = {"metrics": [{"step": k, "reward": 0.0, "loss": 0.0, "staleness": float(k > 0)} for k in range(3)],
+               "calls": {}, "samples": [], "timings": [{"step": k, "seconds": 0.1} for k in range(3)]}
+    mon._show(summary)
+    assert mon.staleness.data == {"step": [0, 1, 2], "staleness": [0.0, 1.0, 1.0]}

@@ -1,6 +1,7 @@
 """Run monitor: run a plan on local processes (Accelerate's launcher, started from a background
 thread) with live reward and loss curves, measured beside estimated time per call, seconds per
-step with a marker at each plan switch (re-planning, `replan_box`), the latest
+step with a marker at each plan switch (re-planning, `replan_box`), for asynchronous plans the
+staleness of each step's trained batch (train steps behind the weights that generated it), the latest
 decoded samples, a stop button (the processes end; checkpoints already written stay) and,
 optionally, the trained models saved as Hugging Face folders at the end."""
 
@@ -42,6 +43,7 @@ class RunMonitor:
         self.training = TrainingForm()
         self.status = w.HTML("<i>no plan yet</i>")
         self.samples = w.HTML()
+        self.scenario: Optional[Scenario] = None
         self._new_sources()
         self.plot = BokehModel(self._figures([]))
         self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
@@ -50,7 +52,6 @@ class RunMonitor:
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self._stop = threading.Event()
-        self.scenario: Optional[Scenario] = None
         self.options: Optional[dict[str, Option]] = None
         self.result: Optional[dict] = None
         self.error: Optional[str] = None
@@ -62,6 +63,7 @@ class RunMonitor:
         self.calls = ColumnDataSource(dict(call=[], measured=[], estimated=[]))
         self.step_times = ColumnDataSource(dict(step=[], seconds=[]))
         self.switch_marks = ColumnDataSource(dict(step=[], seconds=[]))  # the first step under each new plan
+        self.staleness = ColumnDataSource(dict(step=[], staleness=[]))  # asynchronous plans: per step
 
     def _figures(self, names: list[str]):
         curves = figure(width=420, height=260, title="reward and loss per step", x_axis_label="step", tools="save")
@@ -76,7 +78,13 @@ class RunMonitor:
                        tools="save")
         times.line("step", "seconds", source=self.step_times, color="#555555", line_width=2)
         times.scatter("step", "seconds", source=self.switch_marks, marker="triangle", size=14, color="#9467bd")
-        return row(curves, bars, times)
+        if self.scenario is None or not self.scenario.dataflow.max_staleness:
+            return row(curves, bars, times)
+        bound = self.scenario.dataflow.max_staleness
+        stale = figure(width=300, height=260, title=f"staleness of the trained batch (at most {bound})",
+                       x_axis_label="step", y_axis_label="train steps behind", tools="save")
+        stale.step("step", "staleness", source=self.staleness, mode="center", color="#8c564b", line_width=2)
+        return row(curves, bars, times, stale)
 
     def set_plan(self, scenario: Scenario, options: Mapping[str, Option], method: str = "") -> None:
         from realbench.runtime.launch import needed_processes
@@ -172,6 +180,7 @@ class RunMonitor:
         timings = summary["timings"]
         self.step_times.data = dict(step=[t["step"] for t in timings], seconds=[t["seconds"] for t in timings])
         switched = [t for a, t in zip(timings, timings[1:]) if t.get("plan_version", 0) > a.get("plan_version", 0)]
+        self.staleness.data = dict(step=[x["step"] for x in m], staleness=[x.get("staleness", 0.0) for x in m])
         self.switch_marks.data = dict(step=[t["step"] for t in switched], seconds=[t["seconds"] for t in switched])
         calls = summary["calls"]
         self.calls.data = dict(call=list(calls), measured=[c["measured_s"] for c in calls.values()],
