@@ -92,6 +92,12 @@ def test_max_staleness_in_a_scenario_file_and_its_refusals():
     doc["dataflow"]["max_staleness"] = -1
     with pytest.raises(ConfigError, match=r"dataflow.max_staleness: .*greater than or equal to 0"):
         scenario_from_document(doc)
+    doc["dataflow"]["max_staleness"] = 0  # the decoupled objective's cap means nothing to synchronous RL
+    doc["training"] = {**doc.get("training", {}), "behav_imp_weight_cap": 5.0}
+    with pytest.raises(ConfigError, match=r"training.behav_imp_weight_cap: a setting of asynchronous RL"):
+        scenario_from_document(doc)
+    doc["dataflow"]["max_staleness"] = 1
+    assert scenario_from_document(doc).training.behav_imp_weight_cap == 5.0
     for name in ("dpo-tiny-cpu", "sft-tiny-cpu"):
         with pytest.raises(ConfigError, match="no generation call|none \\(it trains on fixed data\\)"):
             get_builtin(name).with_staleness(1)

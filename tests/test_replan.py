@@ -309,3 +309,32 @@ def test_a_switch_there_and_back_gives_every_state_back_bit_for_bit(est, dtype):
     assert all(steps for _, steps, _, _ in results)
     assert sum(n for _, _, n, _ in results) > 0
     assert {d for _, _, _, d in results if d} == {str(dtype)}
+
+
+def test_a_run_ended_by_a_signal_names_the_rank_and_the_native_message():
+    """No worker wrote an error (a process aborted in native code): the one line says which
+    rank ended how, from the launcher's log, instead of its last line of '='."""
+    from realbench.runtime.launch import launcher_cause
+
+    log = """per iteration: measured 0.4027 s, estimated 0.0386 s
+terminate called without an active exception
+W1125 16:41:11.096000 4290 api.py:1028] Sending process 4295 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 4295)  (SIGTERM)
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_16:41:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 4294)  (SIGABRT)
+  error_file: <N/A>
+======================================================
+"""
+    assert launcher_cause(log) == ("rank 0 ended with exit code -6 (pid: 4294)  (SIGABRT) "
+                                   "(terminate called without an active exception)")
+    assert launcher_cause("starting\nsomething went wrong\n") == "something went wrong"

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 TARGET_SPEEDUP = 1.3
-QUICK = {"steps": 3, "seeds": (0,), "search_s": 1.0, "profiled": False}
+QUICK = {"steps": 2, "seeds": (0,), "search_s": 0.5, "profiled": False}
 
 
 def run(steps: int = 40, seeds=(0, 1, 2), search_s: float = 5.0, staleness: int = 1, processes: int = 4,

@@ -187,6 +187,9 @@ class Scenario(DerivedValues):
         functions = [m for m in self.models.values() if isinstance(m, FunctionSpec)]
         scorers = functions[0].scorers if functions else int(any(set(c.outputs) & SCORES for c in self.dataflow.calls))
         self.training.check(self.algorithm, trained, scorers)
+        if self.training.behav_imp_weight_cap is not None and not self.dataflow.max_staleness:
+            raise ConfigError("a setting of asynchronous RL (the decoupled objective); this dataflow is synchronous "
+                              "(dataflow.max_staleness: 0)", "training.behav_imp_weight_cap")
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:

@@ -168,6 +168,7 @@ USED_BY = {
     "temperature": GENERATION, "top_p": GENERATION, "top_k": GENERATION, "max_new_tokens": GENERATION,
     "reward_weights": GENERATION,
     "gamma": ("ppo",), "lam": ("ppo",), "cliprange_value": ("ppo",), "whiten_rewards": ("ppo",),
+    "behav_imp_weight_cap": POLICY_GRADIENT,
 }
 
 # Defaults that depend on the algorithm: TRL's GRPOConfig beta 0.0, RLOOConfig 0.05, PPOConfig's

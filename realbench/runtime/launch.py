@@ -472,12 +472,27 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
             errors = sorted(Path(out_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
             if errors:
                 raise RunError(errors[0].read_text().splitlines()[0])
-            lines = [x for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
-            raise RunError(f"the launcher exited with status {proc.returncode}"
-                           + (f": {lines[-1].strip()}" if lines else ""))
+            raise RunError(f"the launcher exited with status {proc.returncode}: "
+                           + launcher_cause(log_path.read_text(errors="replace")))
         records = json.loads(Path(out_dir, "records.json").read_text())
         switches = read_switches(out_dir)
     return {**summary(records), "device": device_type, "dtype": dtype, **switches}
+
+
+def launcher_cause(log: str) -> str:
+    """What a launcher's log says ended the run when no worker wrote an error (a process killed
+    by a signal, or aborted in native code): its root-cause rank and exit code, and a native
+    message such as "terminate called ...", else the log's last line."""
+    import re
+
+    lines = [x.strip() for x in log.splitlines() if x.strip()]
+    native = next((x for x in lines if x.startswith(("terminate called", "Segmentation fault", "Fatal Python"))), "")
+    root = log.split("Root Cause", 1)[-1] if "Root Cause" in log else ""
+    rank, code = re.search(r"rank\s*:\s*(\d+)", root), re.search(r"exitcode\s*:\s*(-?\d+)[^\n]*", root)
+    if rank and code:
+        return f"rank {rank.group(1)} ended with exit code {code.group(0).split(':', 1)[1].strip()}" + \
+            (f" ({native})" if native else "")
+    return native or (lines[-1] if lines else "no output")
 
 
 def read_switches(out_dir) -> dict:
