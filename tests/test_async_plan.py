@@ -158,3 +158,14 @@ def test_the_async_bench_compares_both_searches():
     r = compare_async(get_builtin("grpo-7b-16gpu"), 1, 1.0, 0)
     assert r["speedup"] == pytest.approx(r["synchronous"]["best_time_s"] / r["asynchronous"]["best_time_s"])
     assert r["asynchronous"]["devices"] == 16 and 0 <= r["asynchronous"]["generation_only_devices"] <= 16
+
+
+def test_the_dataflow_figure_draws_the_edge_to_a_generation_that_runs_ahead():
+    """The train call's weights reach the generation 1 + S iterations later: an edge of its own
+    (a figure that knew lags 0 and 1 only left it out)."""
+    from realbench.report.figures import dataflow_figure
+
+    for staleness, label in ((0, "next iteration"), (2, "3 iterations later")):
+        p = dataflow_figure(get_builtin("grpo-7b-16gpu").with_staleness(staleness))
+        keys = [k for r in p.renderers if "keys" in r.data_source.data for k in r.data_source.data["keys"]]
+        assert label in keys, keys

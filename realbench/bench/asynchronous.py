@@ -53,7 +53,7 @@ def run(steps: int = 40, seeds=(0, 1, 2), search_s: float = 5.0, staleness: int 
             for key, (scenario, options, _) in plans.items():
                 rows[key].append(run_plan(scenario, options, nproc=processes, steps=steps, seed=seed,
                                           profile=profile))
-    samples = base.dataflow.call(base.dataflow.order[-1]).seqs  # the train call's batch
+    samples = base.dataflow.call("actor_train").seqs  # the sequences a step trains on
     out = {"benchmark": "async", "scenario": base.name, "processes": processes, "steps": steps,
            "seeds": list(seeds), "max_staleness": staleness, "profiled": profiled}
     for key, (scenario, options, estimate) in plans.items():

@@ -27,6 +27,7 @@ import math
 import statistics
 
 from realbench.cost import Estimator
+from realbench.dataflow import CallKind
 from realbench.plan import PAPER_LIKE, get_builtin
 from realbench.search import SamplerSettings, run_search
 
@@ -152,16 +153,13 @@ def compare_async(scenario, staleness: int, budget_s: float, seed: int) -> dict:
     for key, s in (("synchronous", scenario.with_staleness(0)), ("asynchronous", scenario.with_staleness(staleness))):
         est = Estimator(s)
         r = run_search(est, "mcmc", budget_s, seed=seed)
-        options = est.options_of(r.best_choice)
-        gens = [n for n in s.dataflow.call_names if s.dataflow.call(n).kind.value == "generate"]
-        others = set().union(*(range(o.mesh.start(s.cluster.gpus_per_node), o.mesh.start(s.cluster.gpus_per_node)
-                                      + o.mesh.size) for n, o in options.items() if n not in gens))
-        generation = set().union(*(range(options[n].mesh.start(s.cluster.gpus_per_node),
-                                         options[n].mesh.start(s.cluster.gpus_per_node) + options[n].mesh.size)
-                                   for n in gens))
+        options, G = est.options_of(r.best_choice), s.cluster.gpus_per_node
+        generates = {n: s.dataflow.call(n).kind == CallKind.GENERATE for n in options}
+        generation = set().union(*(o.mesh.devices(G) for n, o in options.items() if generates[n]))
+        others = set().union(*(o.mesh.devices(G) for n, o in options.items() if not generates[n]))
         out[key] = {"best_time_s": r.best_time_s, "evaluations": r.evaluations,
                     "generation_only_devices": len(generation - others), "devices": s.cluster.n_devices,
-                    "plan": {n: o.label(s.cluster.gpus_per_node) for n, o in options.items()}}
+                    "plan": {n: o.label(G) for n, o in options.items()}}
     out["speedup"] = out["synchronous"]["best_time_s"] / out["asynchronous"]["best_time_s"]
     return out
 

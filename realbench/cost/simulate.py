@@ -10,7 +10,10 @@ dataflow and list-schedules its tasks in a fixed order (iteration, then topologi
   * where a call runs its model in a layout other than the model's master layout (the train
     call's, or the first call's for a frozen model), a reallocation task moves the weights first;
     it occupies the source and the destination meshes and can start as soon as the new version
-    of the weights exists.
+    of the weights exists;
+  * asynchronous RL (`dataflow.max_staleness` S > 0): a generation of a trained model runs
+    ahead: it generates with the weights it has, then its reallocation task moves the weights
+    for its next batch, carrying the version the train call wrote S iterations before.
 With a profile of the scenario's kind of device that measured the runtime's exchange (its
 all-to-all of a call's inputs), a call's inputs move in a transfer task before it, as the runtime
 moves them: one exchange among the producers' dp heads and the consumer's processes (on one
@@ -19,9 +22,11 @@ calls queue behind each other, as the runtime's do); a reallocation costs one ro
 (a CPU), a call's time lies between its time alone and its time with every process busy (both
 measured), by how many processes the tasks overlapping it keep busy in a first schedule of the
 calls alone (Estimator._crowded); the plan is then scheduled again with those times.
-The objective is the steady-state time per iteration: (end of the last iteration - end of the
-first) / (iterations - 1). The list schedule is periodic from the second iteration on, so two
-iterations give the steady state exactly (a test checks it against longer unrolls).
+The objective is the steady-state time per iteration: the ends of the last iterations' apart,
+over a window of steady_window(S) iterations. Synchronous, the list schedule is periodic from
+the second iteration on, so two iterations give the steady state exactly; running ahead, it
+repeats after a start-up every k <= S + 1 iterations (steady_iterations; tests check both
+against longer unrolls).
 
 Peak memory per device = the master copies it holds (a trained model's 16 bytes/param, a
 frozen model's weights) + the largest working set (activations, KV cache, reallocated weights)
@@ -143,7 +148,7 @@ def steady_window(staleness: int) -> int:
 def steady_iterations(staleness: int) -> int:
     """Iterations to unroll: 2 for synchronous RL (the schedule repeats from the second
     iteration on); with generation running ahead, a start-up of 2 (S + 1), then the window (a
-    test checks these against unrolls of 120 iterations)."""
+    test checks these against unrolls of 60 and 61 iterations)."""
     return 2 if staleness == 0 else 2 * (staleness + 1) + steady_window(staleness)
 
 
@@ -217,7 +222,7 @@ class Estimator:
         self.masters = sorted(set(self.master_of))
         # the calls that run ahead of training (max_staleness > 0): each generates, then receives
         # the weights its next batch will use (its reallocation task comes after it)
-        self.ahead = {idx[n] for n in df.ahead_calls} if self.staleness else set()
+        self.ahead = {idx[n] for n in df.ahead_calls}
         # the tasks of one iteration, per call: with the runtime's exchange, the transfer of its
         # inputs (the runtime moves every producer's outputs in one exchange, which keeps the
         # processes taking part in it busy); a reallocation slot where the call is not its

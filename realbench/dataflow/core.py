@@ -118,7 +118,7 @@ class Dataflow(DerivedValues):
 
     @model_validator(mode="after")
     def _check(self) -> "Dataflow":
-        if self.max_staleness and not self.ahead_calls:
+        if self.max_staleness and not self._generates_trained_model:
             raise ConfigError(f"max_staleness {self.max_staleness} needs a generation call of a trained model to run "
                               f"ahead of training; the {self.name} dataflow has none (it trains on fixed data): "
                               "leave it 0", "max_staleness")
@@ -154,11 +154,16 @@ class Dataflow(DerivedValues):
 
     # -- the graph ---------------------------------------------------------------------------
     @property
-    def ahead_calls(self) -> tuple[str, ...]:
-        """The calls that may run ahead of training with stale weights (`max_staleness`): the
-        generation calls of trained models."""
+    def _generates_trained_model(self) -> tuple[str, ...]:
+        """The generation calls of trained models: those that can run ahead of training."""
         trained = self.trained_models
         return tuple(c.name for c in self.calls if c.kind == CallKind.GENERATE and c.model in trained)
+
+    @property
+    def ahead_calls(self) -> tuple[str, ...]:
+        """The calls that run ahead of training with weights up to `max_staleness` versions old
+        (none when synchronous)."""
+        return self._generates_trained_model if self.max_staleness else ()
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -215,7 +220,6 @@ class Dataflow(DerivedValues):
         """The same dataflow (name, dataset keys, staleness) with other calls, validated."""
         return Dataflow(name=self.name, calls=tuple(calls), dataset_keys=self.dataset_keys,
                         max_staleness=self.max_staleness)
-
 
     def call(self, name: str) -> CallDef:
         for c in self.calls:

@@ -31,7 +31,8 @@ def model_colors(scenario: Scenario) -> dict[str, str]:
 
 def dataflow_figure(scenario: Scenario, width: int = 640, height: int = 320):
     """The calls as nodes in dependency layers; data edges solid (labelled with their keys),
-    parameter-version edges dashed (grey: same iteration, orange: next iteration)."""
+    parameter-version edges dashed (grey: same iteration, orange: a later iteration: the next, or
+    1 + max_staleness iterations later for a generation that runs ahead)."""
     flow = scenario.dataflow
     g = flow.graph
     dag = nx.DiGraph((u, v) for u, v, d in g.edges(data=True) if d["lag"] == 0)
@@ -51,19 +52,22 @@ def dataflow_figure(scenario: Scenario, width: int = 640, height: int = 320):
     p.grid.visible = False
     for style, dash, color in (("data", "solid", "#444444"), ("param0", "dashed", "#999999"),
                                ("param1", "dotted", REALLOC_COLOR)):
-        xs, ys, keys = [], [], []
+        xs, ys, keys, lags = [], [], [], []
         for u, v, d in g.edges(data=True):
-            kind = "data" if d["kind"] == "data" else f"param{d['lag']}"
+            kind = "data" if d["kind"] == "data" else f"param{min(d['lag'], 1)}"
             if kind != style or u == v:
                 continue
             xs.append([pos[u][0], pos[v][0]])
             ys.append([pos[u][1], pos[v][1]])
-            keys.append(", ".join(d["keys"]) or ("next iteration" if d["lag"] else "weights"))
+            keys.append(", ".join(d["keys"]) or {0: "weights", 1: "next iteration"}.get(
+                d["lag"], f"{d['lag']} iterations later"))
+            lags.append(d["lag"])
         if xs:
             src = ColumnDataSource(dict(xs=xs, ys=ys, keys=keys))
             p.multi_line("xs", "ys", source=src, line_dash=dash, line_color=color, line_width=2,
                          legend_label={"data": "data", "param0": "weights (same iteration)",
-                                       "param1": "weights (next iteration)"}[style])
+                                       "param1": "weights (next iteration)" if max(lags) == 1 else
+                                       "weights (later iterations)"}[style])
     colors = model_colors(scenario)
     calls = [flow.call(n) for n in flow.call_names]
     src = ColumnDataSource(dict(

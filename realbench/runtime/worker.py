@@ -272,7 +272,7 @@ class Worker:
             self.events.append(Event("call", i, frozenset(self.layouts[i].ranks)))
         # asynchronous RL: the generation calls that run ahead of training with weights up to
         # max_staleness versions old (they receive the new weights after generating; see step_order)
-        self.ahead = frozenset(index[n] for n in df.ahead_calls) if df.max_staleness else frozenset()
+        self.ahead = frozenset(index[n] for n in df.ahead_calls)
         # per such call: the weights' version (train steps applied) its layout holds, set when
         # they move to it; none yet: they move before its first generation (`_walk`)
         self.weights_version: dict[int, int] = {}
