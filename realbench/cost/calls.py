@@ -40,7 +40,8 @@ the output gradient and the inputs, writes the input gradients), as it does twic
     Activation checkpointing adds a forward per slot (and its all-reduces) and keeps only each
     layer's input (t h bf16 values) plus one layer's activations. The interleaved 1F1B
     schedule (v virtual stages per rank) takes m + (pp - 1) / v slots and m v + pp - 1 pairs of
-    point-to-point messages, and holds (1 + (pp - 1) / (pp v)) times the activations.
+    point-to-point messages, and holds pp + (pp - 1) / v stage-loads of activations once
+    m >= 2 pp (realbench.plan.pipeline.activations_in_flight).
   * function (reward functions): `seconds_per_sample` per response and function, split over dp
     processes.
   * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
@@ -50,7 +51,7 @@ the output gradient and the inputs, writes the input gradients), as it does twic
 
 Memory per device (bytes): weights 2 per parameter of the shard (tp x pp); a trained model's
 master copy 16 per parameter (bf16 weights and grads, fp32 master weights and two Adam
-moments); activations of the micro-batches in flight (min(m, pp) in 1F1B, see above), taken as
+moments); activations of the micro-batches in flight on the first stage (min(m, pp) in 1F1B, see above), taken as
 t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
 attention); fp32 logits of a micro-batch; and for generation the KV cache of the whole
 per-device batch, 2 x kv_heads x head_dim bf16 values per token per layer.
@@ -68,6 +69,7 @@ from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Option
+from realbench.plan.pipeline import activations_in_flight
 
 BF16 = 2
 FP32 = 4
@@ -317,9 +319,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option),
                                       per_node=max(1, cluster.gpus_per_node // tp))
     optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
-    # the first stage holds the activations of min(m, pp) micro-batches; interleaved, of
-    # (1 + (pp - 1) / (pp v)) times as many layers (Korthikanti et al. 2022, section 4.2.3)
-    in_flight = min(m, pp) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
+    # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,
+    # min(2 (pp - 1) + (v - 1) pp + 1, m v) chunks of 1 / v of its layers (realbench.plan.pipeline)
+    in_flight = activations_in_flight(m, pp, v)
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
                + 2 * _logits_bytes(model, tp, peak_tokens))

@@ -8,7 +8,8 @@ embedding, the last the head; a micro-batch is b sequences of S tokens; X(b, S) 
 seconds of operation X; p2p(B) of B bytes.
 
   stage forward   F_j = [embed.fwd] + n_j block.fwd + [head.fwd] + [p2p(activations) to j+1]
-  pipeline        sum_j F_j + (m - 1) max_j F_j              (GPipe: the first micro-batch fills it)
+  pipeline        sum_j F_j + (m - 1) max_j F_j              (the first micro-batch fills it: GPipe's
+                  time, and 1F1B's, which only orders the same slots otherwise)
                   with v virtual stages (train layouts): sum_j F_j / v + (m - 1/v) max_j F_j, the
                   first micro-batch's chunks filling it, and F_j counting v sends a micro-batch
                   (v - 1 on the last stage: its last chunk ends the trip)

@@ -1,19 +1,18 @@
 """A model placed on one layout, seen from one rank: forward and backward through the pipeline,
 gradient averaging over data parallelism, and the weights as a dict of named shards.
 
-Pipeline schedule: GPipe (all micro-batches forward, then all backward). With v virtual stages
-(a train layout of the interleaved schedule, realbench.models.shards) each rank runs its v
-chunks of layers, and a micro-batch goes round the pipeline v times: chunk k of the last stage
-sends to chunk k + 1 of the first. Each rank works through its (micro-batch, chunk) items in
-Megatron's order, groups of pp micro-batches chunk by chunk, forward in that order and backward
-in its reverse. Each item depends only on items earlier in the order, and a send goes out in one
-batch with the rank's next receive (Megatron's send-and-receive pairs), so that no two ranks
-wait on each other's sends: tests replay the messages under NCCL's rules. Between stages,
-activations go forward and their gradients backward with point-to-point messages to the rank of
-the same (dp, tp) coordinates in the neighbouring stage. Every rank of the layout is given the
-token ids of its data-parallel share (so each stage knows the shapes it will receive, and which
-positions are padding: id -1, left of a prompt or after the end of a response); the last stage
-returns the outputs (logits or values) and owns the loss.
+Pipeline schedule: Megatron's 1F1B (realbench.plan.pipeline, whose docstring has the order and
+the activations each stage holds; the cost model charges those). With v virtual stages (a train
+layout of the interleaved schedule, realbench.models.shards) each rank runs its v chunks of
+layers, and a micro-batch goes round the pipeline v times: chunk k of the last stage sends to
+chunk k + 1 of the first. A stage's program (realbench.plan.pipeline.stage_program) places its
+point-to-point messages in batches where Megatron places its send/receive calls, so that no two
+ranks wait on each other's sends: tests replay the messages under NCCL's rules. Between stages, activations go forward and
+their gradients backward with point-to-point messages to the rank of the same (dp, tp)
+coordinates in the neighbouring stage. Every rank of the layout is given the token ids of its
+data-parallel share (so each stage knows the shapes it will receive, and which positions are
+padding: id -1, left of a prompt or after the end of a response); the last stage returns the
+outputs (logits or values) and owns the loss.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import LlamaStage
 from realbench.models.shards import param_specs
+from realbench.plan.pipeline import ACTIVATION, EXCHANGE, FORWARD, GRADIENT, stage_program
 
 
 class PlacedModel:
@@ -52,7 +52,6 @@ class PlacedModel:
                         for k in range(d.v)]
         self.targets = [self.next if self.next is not None or k == d.v - 1 else layout.rank_of(Coord(c.dp, c.tp, 0))
                         for k in range(d.v)]
-        self._pending: list = []  # with virtual stages: the send waiting for this rank's next receive
 
     @property
     def is_last(self) -> bool:
@@ -70,105 +69,102 @@ class PlacedModel:
             v.copy_(shards[k])
 
     # -- compute ----------------------------------------------------------------------------------------
-    def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        """Blocking on a plain pipeline, whose messages cannot wait in a cycle. With virtual
-        stages the send waits for this rank's next receive, and goes out in one batch with it
-        (`_receive`), as Megatron pairs them: the wrap from the last stage to the first would
-        otherwise leave two ranks each sending to the other first (a hang on NCCL)."""
-        if self.layout.dims.v == 1:
-            dist.send(tensor, dst)
-        else:
-            self._flush()
-            self._pending.append(dist.P2POp(dist.isend, tensor, dst))
+    def _width(self, tokens: torch.Tensor) -> int:
+        """The columns of a micro-batch up to its last token: the ones after it (right padding of
+        responses that ended early) are left out, since causal attention makes the positions
+        before them compute what they would with them; every stage, holding the same ids, leaves
+        out the same columns (and so knows the shape of what it receives)."""
+        valid = tokens >= 0
+        return int(valid.any(0).nonzero().max()) + 1 if bool(valid.any()) else tokens.shape[1]
 
-    def _receive(self, tensor: torch.Tensor, src: int) -> None:
-        if self.layout.dims.v == 1:
-            dist.recv(tensor, src)
-            return
-        ops, self._pending = self._pending + [dist.P2POp(dist.irecv, tensor, src)], []
+    def _stage_forward(self, tokens: torch.Tensor, x: Optional[torch.Tensor], grad: bool,
+                       checkpointing: bool = False, chunk: int = 0) -> torch.Tensor:
+        """One micro-batch through one chunk of this stage, from its tokens (the first chunk of
+        the first stage) or the hidden states `x` received; the last stage's output is padded
+        back with zeros to the batch's width."""
+        width, used = tokens.shape[1], self._width(tokens)
+        tokens = tokens[:, :used]
+        valid = tokens >= 0
+        valid = None if bool(valid.all()) else valid
+        with torch.set_grad_enabled(grad):
+            y = self.stage(tokens if x is None else x, valid=valid, checkpointing=checkpointing, chunk=chunk)
+        if self.targets[chunk] is None and used < width:  # zeros at the padding, as every consumer masks it
+            y = torch.nn.functional.pad(y, (0, 0) * (y.dim() - 2) + (0, width - used))
+        return y
+
+    def _exchange(self, step, micro_batches: list[torch.Tensor], outbox: dict, inputs: dict, grads: dict) -> None:
+        """One batch of the program's sends (from `outbox`) and receives (into `inputs`:
+        activations by the item that uses them, `grads`: gradients of an item's output). An
+        activation goes to the chunk's next virtual stage, a gradient to its previous one."""
+        ops = []
+        for kind, item in step.sends:
+            peer = self.targets[item[1]] if kind == ACTIVATION else self.sources[item[1]]
+            ops.append(dist.P2POp(dist.isend, outbox.pop((kind, item)), peer))
+        for kind, item in step.recvs:
+            tokens = micro_batches[item[0]]
+            buf = torch.empty(len(tokens), self._width(tokens), self.spec.hidden, device=self.device,
+                              dtype=self.stage.flat.dtype)
+            if kind == ACTIVATION:
+                inputs[item], peer = buf, self.sources[item[1]]
+            else:
+                grads[item], peer = buf, self.targets[item[1]]
+            ops.append(dist.P2POp(dist.irecv, buf, peer))
         for request in dist.batch_isend_irecv(ops):
             request.wait()
-
-    def _flush(self) -> None:
-        """The send that waited for a receive, alone (no receive comes before this rank's next
-        send, or the pass ended)."""
-        if self._pending:
-            ops, self._pending = self._pending, []
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-
-    def _items(self, m: int) -> list[tuple[int, int]]:
-        """(micro-batch, chunk) in the order this rank runs its forwards: with v virtual stages,
-        groups of pp micro-batches chunk by chunk (Megatron's interleaved order)."""
-        d = self.layout.dims
-        if d.v == 1:
-            return [(i, 0) for i in range(m)]
-        group = d.pp if m % d.pp == 0 else m
-        return [(g + i, k) for g in range(0, m, group) for k in range(d.v) for i in range(group)]
-
-    def _stage_forward(self, tokens: torch.Tensor, grad: bool, checkpointing: bool = False, chunk: int = 0):
-        """One micro-batch through one chunk of this stage: (input that may need a gradient,
-        output). The columns after the micro-batch's last token (right padding of responses that
-        ended early) are left out: causal attention makes the positions before them compute what
-        they would with them, and every stage, holding the same ids, leaves out the same columns.
-        The last stage's output is padded back with zeros to the batch's width."""
-        width = tokens.shape[1]
-        valid = tokens >= 0
-        used = int(valid.any(0).nonzero().max()) + 1 if bool(valid.any()) else width
-        tokens, valid = tokens[:, :used], valid[:, :used]
-        valid = None if bool(valid.all()) else valid
-        source, target = self.sources[chunk], self.targets[chunk]
-        if source is None:
-            x = tokens
-        else:
-            x = torch.empty(*tokens.shape, self.spec.hidden, device=self.device, dtype=self.stage.flat.dtype)
-            self._receive(x, source)
-            x.requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
-            y = self.stage(x, valid=valid, checkpointing=checkpointing, chunk=chunk)
-        if target is not None:
-            self._send(y.detach().contiguous(), target)
-        elif used < width:  # zeros at the padding, as every consumer masks it
-            y = torch.nn.functional.pad(y, (0, 0) * (y.dim() - 2) + (0, width - used))
-        return x, y
 
     @torch.no_grad()
     def forward(self, micro_batches: list[torch.Tensor]) -> Optional[list[torch.Tensor]]:
         """Outputs per micro-batch on the last stage, None on the others."""
-        outs, last = {}, self.layout.dims.v - 1
-        for i, k in self._items(len(micro_batches)):
-            y = self._stage_forward(micro_batches[i], grad=False, chunk=k)[1]
-            if k == last:  # the model's output on the last stage
+        d = self.layout.dims
+        outbox, inputs, outs = {}, {}, {}
+        for step in stage_program(len(micro_batches), d.pp, self.coord.pp, d.v, forward_only=True):
+            if step.kind == EXCHANGE:
+                self._exchange(step, micro_batches, outbox, inputs, {})
+                continue
+            i, k = step.item
+            y = self._stage_forward(micro_batches[i], inputs.pop(step.item, None), grad=False, chunk=k)
+            if self.targets[k] is not None:
+                outbox[ACTIVATION, step.item] = y.contiguous()
+            else:  # the model's output, on the last stage
                 outs[i] = y
-        self._flush()
         return [outs[i] for i in range(len(micro_batches))] if self.is_last else None
 
     def forward_backward(self, micro_batches: list[torch.Tensor],
                          loss_fn: Callable[[int, torch.Tensor], torch.Tensor],
                          checkpointing: bool = False) -> Optional[float]:
-        """GPipe forward and backward (over the chunks of each micro-batch with virtual stages).
-        loss_fn(index, output) gives each micro-batch's loss on the last stage (already scaled:
-        the gradients are summed over micro-batches and averaged over dp). Returns the summed
-        loss on the last stage. `checkpointing`: activation checkpointing of every block (see
-        LlamaStage.forward)."""
-        items = self._items(len(micro_batches))
-        saved = {(i, k): self._stage_forward(micro_batches[i], grad=True, checkpointing=checkpointing, chunk=k)
-                 for i, k in items}
-        self._flush()
-        total = 0.0
-        for i, k in reversed(items):
-            x, y = saved.pop((i, k))
+        """Forward and backward of every micro-batch (and chunk, with virtual stages) in this
+        stage's 1F1B program (realbench.plan.pipeline.stage_program): a micro-batch's
+        activations are kept from its forward to its backward only. loss_fn(index, output) gives
+        each micro-batch's loss on the last stage (already scaled: the gradients are summed over
+        micro-batches and averaged over dp). Returns the summed loss on the last stage.
+        `checkpointing`: activation checkpointing of every block (see LlamaStage.forward)."""
+        d = self.layout.dims
+        outbox, inputs, grads, saved, total = {}, {}, {}, {}, 0.0
+        for step in stage_program(len(micro_batches), d.pp, self.coord.pp, d.v):
+            if step.kind == EXCHANGE:
+                self._exchange(step, micro_batches, outbox, inputs, grads)
+                continue
+            i, k = step.item
+            if step.kind == FORWARD:
+                x = inputs.pop(step.item, None)
+                if x is not None:
+                    x.requires_grad_(True)
+                y = self._stage_forward(micro_batches[i], x, grad=True, checkpointing=checkpointing, chunk=k)
+                if self.targets[k] is not None:
+                    outbox[ACTIVATION, step.item] = y.detach().contiguous()
+                saved[step.item] = (x, y)
+                continue
+            x, y = saved.pop(step.item)
             if self.targets[k] is None:
                 loss = loss_fn(i, y)
                 total += float(loss.detach())
                 loss.backward()
             else:
-                g = torch.empty_like(y)
-                self._receive(g, self.targets[k])
-                y.backward(g)
-            if self.sources[k] is not None:
-                self._send(x.grad.contiguous(), self.sources[k])
-        self._flush()
+                y.backward(grads.pop(step.item))
+            del y  # its graph is freed: this micro-batch's activations go now
+            if x is not None:
+                outbox[GRADIENT, step.item] = x.grad.contiguous()
+        assert not outbox and not saved, "the program left a message unsent or a backward undone"
         self.sum_tied_gradients()
         self.average_gradients()
         return total if self.next is None else None
@@ -243,10 +239,11 @@ def row_uniforms(key: int, rows: torch.Tensor, t: int) -> torch.Tensor:
 
 
 def truncated(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """The probabilities with all but the `top_k` most likely tokens (0: all) and all but the
-    smallest set of most likely tokens whose mass reaches `top_p` set to 0 (transformers'
-    top-k and top-p warpers; at least one token is kept). Not renormalized: sampling inverts
-    the cumulative sum up to its own total."""
+    """The probabilities with all but the `top_k` most likely tokens (0: all) set to 0, then all
+    but the smallest set of the most likely tokens left whose mass reaches `top_p` of what top-k
+    kept (transformers' TopKLogitsWarper, then TopPLogitsWarper on the renormalized
+    distribution; at least one token is kept). Not renormalized: sampling inverts the
+    cumulative sum up to its own total."""
     if not top_k and top_p >= 1.0:
         return probs
     ordered, order = probs.sort(-1, descending=True)
@@ -254,8 +251,9 @@ def truncated(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.
     if top_k:
         keep[:, top_k:] = False
     if top_p < 1.0:
-        before = ordered.cumsum(-1) - ordered  # mass of the more likely tokens
-        keep &= before < top_p * ordered.sum(-1, keepdim=True)
+        kept = ordered * keep
+        before = kept.cumsum(-1) - kept  # mass of the more likely tokens top-k kept
+        keep &= before < top_p * kept.sum(-1, keepdim=True)
     keep[:, 0] = True
     return probs * torch.zeros_like(keep).scatter(-1, order, keep)
 
