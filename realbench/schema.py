@@ -1,18 +1,23 @@
-"""Reading and writing the versioned files: scenarios (`realbench.scenario/1`) and plans
-(`realbench.plan/1`), as YAML or JSON. Every problem becomes one ConfigError naming the file
-and the field."""
+"""Reading and writing the versioned files: scenarios (`realbench.scenario/1`), plans
+(`realbench.plan/1`) and profiles (`realbench.profile/1`), as YAML or JSON. Every problem becomes
+one ConfigError naming the file and the field; an unknown key is refused by its full path with
+the closest valid one (`refuse_unknown_keys`, `FileModel`):
+
+    cluster.gpus_per_nod: unknown setting (did you mean 'gpus_per_node'? valid: nodes, gpus_per_node, ...)
+"""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from functools import cached_property
 import tempfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterable, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from realbench.errors import ConfigError
 
@@ -24,7 +29,45 @@ SCHEMAS = (SCENARIO_SCHEMA, PLAN_SCHEMA, PROFILE_SCHEMA)
 M = TypeVar("M", bound=BaseModel)
 
 
-class DerivedValues(BaseModel):
+def unknown_key(key: Any, known: Iterable[str], where: str = "", also: Iterable[str] = ()) -> ConfigError:
+    """The error for a key that is not one of `known`: its path (`where` is the prefix, with its
+    dot: "cluster."), the closest of `known` (or of `also`, names that are valid in another form
+    of the section) when one is close, and the valid keys."""
+    known = list(known)
+    close = difflib.get_close_matches(str(key), known + [a for a in also if a not in known], n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown setting ({hint}valid: {', '.join(known)})", f"{where}{key}")
+
+
+def refuse_unknown_keys(known: Union[type[BaseModel], Iterable[str]], value: Any, where: str = "",
+                        also: Iterable[str] = ()) -> None:
+    """Refuse the first key of mapping `value` that is not a field of model class `known` (or one
+    of the names `known`), with `unknown_key`'s one line. Anything but a mapping passes."""
+    if not isinstance(value, dict):
+        return
+    names = list(known.model_fields) if isinstance(known, type) and issubclass(known, BaseModel) else list(known)
+    for key in value:
+        if key not in names:
+            raise unknown_key(key, names, where, also)
+
+
+class FileModel(BaseModel):
+    """A section of a file (or an object nested in one): frozen, and a key that is not a field is
+    refused by name with the closest field (`refuse_unknown_keys`) before anything else is
+    checked, so that a misspelt key is not reported as the field it was meant to be, missing.
+    A subclass's own before-validators run first: one that reads other sections calls
+    `refuse_unknown_keys(cls, v)` itself, first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_keys(cls, v: Any) -> Any:
+        refuse_unknown_keys(cls, v)
+        return v
+
+
+class DerivedValues(FileModel):
     """A frozen model whose `functools.cached_property` values (a scenario's options, a
     dataflow's graph) are worked out again on a copy: pydantic's `model_copy` copies the
     instance's __dict__, where they are kept, so a copy with other models or calls would
@@ -47,8 +90,8 @@ def _first_error(e: ValidationError) -> ConfigError:
     if err["type"] not in ("missing", "value_error") and "input" in err:
         shown = repr(err["input"])
         msg += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
+    if err["type"] == "extra_forbidden":  # a model that is not a FileModel (its fields unknown here)
+        msg = "unknown setting"
     return ConfigError(msg, loc)
 
 

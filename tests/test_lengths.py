@@ -182,7 +182,9 @@ dataflow: {algorithm: grpo, prompts: 64, prompt_len: 512, group_size: 8,
     ("cv: 1.0, ", "", "dataflow.gen_len.cv: a lognormal distribution needs mean and cv"),
     ("cv: 1.0", "cv: -1", "dataflow.gen_len.cv: Input should be greater than 0"),
     ("dist: lognormal", "dist: lognormol", "dataflow.gen_len.dist: Input should be 'fixed', 'lognormal' or 'empirical'"),
-    ("cv: 1.0", "cv: 1.0, mode: 3", "dataflow.gen_len.mode: unknown field"),
+    ("cv: 1.0", "cv: 1.0, mode: 3", "dataflow.gen_len.mode: unknown setting (valid: dist, max, mean, cv, lengths, "
+                                    "counts, memory_at)"),
+    ("cv: 1.0", "cv: 1.0, maxx: 3", "dataflow.gen_len.maxx: unknown setting (did you mean 'max'?"),
     ("mean: 2000", "mean: 20000", "dataflow.gen_len.mean: 20000 is above the cap max = 16384"),
     ("cv: 1.0", "cv: 1.0, memory_at: 1.5", "dataflow.gen_len.memory_at: 1.5 is neither a quantile between 0 and 1 "
                                            "nor mean"),

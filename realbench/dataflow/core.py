@@ -7,11 +7,11 @@ from functools import cached_property
 from typing import Optional
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.errors import ConfigError
-from realbench.schema import DerivedValues
+from realbench.schema import DerivedValues, FileModel
 
 
 class CallKind(str, Enum):
@@ -21,7 +21,7 @@ class CallKind(str, Enum):
     FUNCTION = "function"  # a Python function (a reward function) rather than a model
 
 
-class CallDef(BaseModel):
+class CallDef(FileModel):
     """One model function call.
 
     `seqs` sequences of `seq_len` tokens each; a generate call produces the last `gen_len`

@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
+from realbench.schema import FileModel, refuse_unknown_keys, validate_model
 
 
-class LengthDistribution(BaseModel):
+class LengthDistribution(FileModel):
     """A response-length distribution on 1..max: `fixed` (every response `max` tokens),
     `lognormal` (`mean`, `cv`), or `empirical` (`lengths` with their `counts`)."""
 
@@ -202,21 +203,20 @@ def parse_gen_len(value: Any, cap: Optional[int], base: Path) -> tuple[int, Opti
     if not isinstance(value, dict):
         return value, None
     v = dict(value)
+    if "from" in v:  # the lengths a run measured
+        refuse_unknown_keys(("from", "call", "max", "memory_at"), v)
+    else:  # a distribution (a key close to one of the other form's is pointed to it)
+        refuse_unknown_keys(LengthDistribution, v, also=("from", "call"))
     if cap is not None and isinstance(v.get("max"), int) and v["max"] > cap:
         raise ConfigError(f"{v['max']} is above max_new_tokens ({cap}), the cap", "max")
     if "from" in v:
         path = Path(str(v.pop("from")))
         path = path if path.is_absolute() else base / path
         call = v.pop("call", None)
-        unknown = sorted(set(v) - {"max", "memory_at"})
-        if unknown:
-            raise ConfigError("unknown key (with from: max, call, memory_at)", unknown[0])
         lengths = read_lengths_file(path, call)
         top = v.get("max", cap or max(lengths))
         v = {**v, "dist": "empirical", "max": top, **histogram(lengths, top)}
     if cap is not None:
         v.setdefault("max", cap)
-    from realbench.schema import validate_model
-
     dist = validate_model(LengthDistribution, v)
     return dist.max, dist

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
+from realbench.schema import FileModel
 
 GiB = 1024**3
 
 
-class DeviceSpec(BaseModel):
+class DeviceSpec(FileModel):
     """One accelerator. `flops` is dense bf16 peak; `matmul_efficiency` the best fraction of it
     that large matmuls reach; `half_efficiency_rows` the number of rows (tokens) at which a
     matmul reaches half of that (small matmuls underuse the device)."""
@@ -38,7 +39,7 @@ class DeviceSpec(BaseModel):
     kernel_overhead_s: float = Field(default=6e-6, ge=0)  # fixed cost per layer per step (launches)
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nodes: int = Field(gt=0)

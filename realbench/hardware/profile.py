@@ -39,10 +39,10 @@ import platform
 from functools import cached_property
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
-from realbench.schema import PROFILE_SCHEMA, read_document, validate_model, write_text
+from realbench.schema import PROFILE_SCHEMA, FileModel, read_document, unknown_key, validate_model, write_text
 
 LAYER_OPS = ("embed.fwd", "embed.fwd_bwd", "block.fwd", "block.fwd_bwd", "block.decode", "head.fwd",
              "head.fwd_bwd", "value_head.fwd", "value_head.fwd_bwd", "logprobs.fwd", "loss.fwd_bwd", "sample")
@@ -51,7 +51,7 @@ LAYER_OPS = ("embed.fwd", "embed.fwd_bwd", "block.fwd", "block.fwd_bwd", "block.
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "p2p", "exchange")
 
 
-class Timing(BaseModel):
+class Timing(FileModel):
     """Seconds of `repeats` runs after `warmup` unmeasured ones."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,7 +100,7 @@ class CallPoint(Timing):
         return self
 
 
-class OptimizerFit(BaseModel):
+class OptimizerFit(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     fixed_s: float = Field(ge=0)
@@ -111,7 +111,7 @@ class OptimizerFit(BaseModel):
         return self.fixed_s + self.per_tensor_s * tensors + self.per_param_s * params
 
 
-class ModelProfile(BaseModel):
+class ModelProfile(FileModel):
     """Measurements of one model architecture (its shape: hidden, heads, ffn, vocab)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,7 +132,7 @@ class ModelProfile(BaseModel):
                 raise ValueError(f"tp key {tp!r} is not a positive whole number")
             for op in ops:
                 if op not in LAYER_OPS:
-                    raise ValueError(f"unknown operation {op!r} (known: {', '.join(LAYER_OPS)})")
+                    raise unknown_key(op, LAYER_OPS, f"ops.{tp}.")
         return self
 
     def has_whole_calls(self, contended: bool = False) -> bool:
@@ -153,7 +153,7 @@ def shape_key(m) -> tuple[int, ...]:
     return (m.hidden, m.n_heads, m.n_kv_heads, m.ffn, m.vocab)
 
 
-class DeviceInfo(BaseModel):
+class DeviceInfo(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str  # cpu | cuda
@@ -164,7 +164,7 @@ class DeviceInfo(BaseModel):
     cores: int = Field(default=0, ge=0)  # CPU cores this process may use (0: not recorded)
 
 
-class Profile(BaseModel):
+class Profile(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device: DeviceInfo
@@ -179,7 +179,7 @@ class Profile(BaseModel):
     def _check(self) -> "Profile":
         for kind, groups in self.collectives.items():
             if kind not in COLLECTIVES:
-                raise ValueError(f"unknown collective {kind!r} (known: {', '.join(COLLECTIVES)})")
+                raise unknown_key(kind, COLLECTIVES, "collectives.")
             for n in groups:
                 if not n.isdigit() or int(n) < 2:
                     raise ValueError(f"group size {n!r} must be a whole number >= 2")

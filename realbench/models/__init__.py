@@ -25,12 +25,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
+from realbench.schema import FileModel
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(FileModel):
     """Architecture of one LLaMA-family decoder. Frozen: specs are values."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -118,7 +119,7 @@ class ModelSpec(BaseModel):
                                        "tie_embeddings": self.tie_embeddings and not value_head})
 
 
-class FunctionSpec(BaseModel):
+class FunctionSpec(FileModel):
     """Rewards computed by Python functions instead of a model, called as TRL calls them (see
     realbench.models.rewards). They run on the CPU of the processes their call is placed on;
     the cost model charges `seconds_per_sample` per response and function (the run measures

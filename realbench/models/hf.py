@@ -17,6 +17,7 @@ from pathlib import Path
 
 from realbench.errors import ConfigError
 from realbench.models import ModelSpec
+from realbench.schema import refuse_unknown_keys, validate_model
 
 # The families the runtime computes exactly: LLaMA; Mistral (LLaMA's computation, when it has no
 # sliding window); Qwen2 (LLaMA's with biases on q, k and v). Each as a language model or as a
@@ -113,8 +114,6 @@ def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
     value_head = arch in SEQUENCE_CLASSIFICATION
     if value_head and (cfg.get("num_labels") or len(cfg.get("id2label") or {"0": 0})) != 1:
         raise ConfigError("a reward or critic head needs exactly one label", "num_labels", source)
-    from realbench.schema import validate_model
-
     fields = dict(name=name, **shape, **FAMILIES[family], value_head=value_head, rope_theta=rope_theta(cfg, source),
                   norm_eps=cfg.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
                   tie_embeddings=bool(cfg.get("tie_word_embeddings", False)) and not value_head)
@@ -130,16 +129,14 @@ def spec_from_folder(folder: str | Path, name: str | None = None) -> ModelSpec:
     return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"))
 
 
-CHECKPOINT_KEYS = {"path", "value_head", "name"}
+CHECKPOINT_KEYS = ("path", "value_head", "name")  # of a scenario's checkpoint entry
 
 
 def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
     """A scenario's `{path: DIR[, value_head: true][, name: N]}` model: the spec of the folder's
     config (`path` relative to `base`, the scenario file's folder), with a fresh value head when
     asked (a critic or reward model started from a language model)."""
-    unknown = sorted(set(entry) - CHECKPOINT_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown field beside path (known: {', '.join(sorted(CHECKPOINT_KEYS))})", unknown[0])
+    refuse_unknown_keys(CHECKPOINT_KEYS, entry)
     if not isinstance(entry["path"], str) or not entry["path"]:
         raise ConfigError("must be a folder name", "path")
     folder = (base / Path(entry["path"]).expanduser()).resolve()

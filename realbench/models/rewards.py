@@ -31,6 +31,9 @@ from typing import Any, Callable
 
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
+from realbench.schema import refuse_unknown_keys
+
+FUNCTION_KEYS = ("function", "seconds_per_sample")  # of a scenario's function entry
 
 
 def load_function(file: str, name: str) -> Callable:
@@ -60,9 +63,7 @@ def load_function(file: str, name: str) -> Callable:
 def function_spec(entry: dict, base: Path, role: str, model_score: bool = False) -> FunctionSpec:
     """`{function: FILE:NAME or [FILE:NAME, ...][, seconds_per_sample: S]}` of a scenario,
     checked (each file imported, each function found)."""
-    unknown = sorted(set(entry) - {"function", "seconds_per_sample"})
-    if unknown:
-        raise ConfigError("unknown field beside function (known: function, seconds_per_sample)", unknown[0])
+    refuse_unknown_keys(FUNCTION_KEYS, entry)
     texts = entry["function"] if isinstance(entry["function"], list) else [entry["function"]]
     functions = []
     for text in texts:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from realbench.schema import FileModel, unknown_key
 
 FIELDS = {"ppo": ("prompt",), "grpo": ("prompt",), "rloo": ("prompt",), "remax": ("prompt",),
           "dpo": ("prompt", "chosen", "rejected"), "sft": ("text",)}
@@ -45,7 +47,7 @@ def saved_dataset(ds: Any) -> str:
     return str(folder)
 
 
-class DataSpec(BaseModel):
+class DataSpec(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     train: tuple[str, ...] = Field(min_length=1)  # absolute paths once the scenario is read
@@ -81,9 +83,9 @@ class DataSpec(BaseModel):
     @field_validator("fields")
     @classmethod
     def _fields(cls, v: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(v) - set(ALL_FIELDS))
-        if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r} (fields: {', '.join(ALL_FIELDS)})")
+        for key in v:
+            if key not in ALL_FIELDS:
+                raise unknown_key(key, ALL_FIELDS)
         return v
 
     def column(self, field: str) -> str:

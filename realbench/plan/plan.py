@@ -12,20 +12,21 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy, parse_mesh
 from realbench.plan.options import option_problem
 from realbench.plan.scenario import Scenario, load_scenario
-from realbench.schema import PLAN_SCHEMA, read_document, validate_model, write_document
+from realbench.schema import PLAN_SCHEMA, FileModel, read_document, validate_model, write_document
 
 
-class Placement(BaseModel):
+class Placement(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mesh: str = Field(min_length=1)
@@ -37,7 +38,7 @@ class Placement(BaseModel):
     virtual_stages: Optional[int] = Field(default=None, ge=1)  # train calls on a pipeline; absent: 1
 
 
-class Origin(BaseModel):
+class Origin(FileModel):
     """How a plan was made: the search method and what it measured along the way."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -51,7 +52,7 @@ class Origin(BaseModel):
     baselines: dict[str, float] = {}
 
 
-class Plan(BaseModel):
+class Plan(FileModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scenario: str = Field(min_length=1)
@@ -84,7 +85,9 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
     names = scenario.dataflow.call_names
     for name in plan.calls:
         if name not in names:
-            raise ConfigError(f"unknown call {name!r} (the scenario has: {', '.join(names)})", f"calls.{name}")
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"unknown call {name!r} ({hint}the scenario has: {', '.join(names)})", f"calls.{name}")
     for name in names:
         if name not in plan.calls:
             raise ConfigError(f"call {name!r} of the scenario has no placement", "calls")

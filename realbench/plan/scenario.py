@@ -22,6 +22,8 @@ File form (`realbench.scenario/1`):
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 from functools import cached_property
 from typing import Any, Optional, Union
@@ -37,10 +39,10 @@ from realbench.hardware import LINKS, ClusterSpec, get_device
 from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
 from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
 from realbench.plan.data import DataSpec
-from realbench.models.rewards import GIVEN, function_spec, load_function, missing_arguments
+from realbench.models.rewards import FUNCTION_KEYS, GIVEN, function_spec, load_function, missing_arguments
 from realbench.plan.mesh import Option
 from realbench.plan.options import enumerate_options
-from realbench.schema import SCENARIO_SCHEMA, DerivedValues, read_document, validate_model
+from realbench.schema import SCENARIO_SCHEMA, DerivedValues, read_document, refuse_unknown_keys, validate_model
 from realbench.plan.training import TrainingSpec
 
 
@@ -63,6 +65,14 @@ class Scenario(DerivedValues):
         tokenized prompts, `max_new_tokens`), so the plan is costed for the job that will run."""
         if not isinstance(v, dict):
             return v
+        # unknown keys first: reading the data needs the other sections (a misspelt `path` of the
+        # actor's checkpoint would read as a missing tokenizer)
+        refuse_unknown_keys(cls, v)
+        for role, entry in v["models"].items() if isinstance(v.get("models"), dict) else ():
+            try:
+                _check_scorers(entry) if isinstance(entry, list) else check_entry(entry)
+            except ConfigError as e:
+                raise e.within(f"models.{role}") from None
         v = _max_new_tokens(v)
         if v.get("data") is None or isinstance(v["data"], DataSpec):
             return v
@@ -88,7 +98,11 @@ class Scenario(DerivedValues):
     @classmethod
     def _cluster(cls, v: Any) -> Any:
         if isinstance(v, dict) and isinstance(v.get("device"), str):
-            v = {**LINKS.get(v["device"], {}), **v, "device": get_device(v["device"])}
+            try:
+                device = get_device(v["device"])
+            except ConfigError as e:
+                raise e.within("device") from None
+            v = {**LINKS.get(v["device"], {}), **v, "device": device}
         return v
 
     @field_validator("models", mode="before")
@@ -111,6 +125,10 @@ class Scenario(DerivedValues):
     @field_validator("dataflow", mode="before")
     @classmethod
     def _dataflow(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, dict) and v.get("algorithm") in ALGORITHMS:  # an algorithm's builder and its arguments
+            refuse_unknown_keys(algorithm_keys(v["algorithm"]), v)
+        elif isinstance(v, dict) and "algorithm" not in v:  # the calls themselves (Dataflow, CallDef)
+            refuse_unknown_keys(Dataflow, v, also=("algorithm",))
         lengths = None
         if isinstance(v, dict) and isinstance(v.get("gen_len"), dict):  # response lengths as a distribution
             data = info.data.get("data")
@@ -127,10 +145,7 @@ class Scenario(DerivedValues):
             if v["algorithm"] not in ALGORITHMS:
                 raise ConfigError(f"unknown algorithm {v['algorithm']!r} (known: {', '.join(ALGORITHMS)})",
                                   "algorithm")
-            try:
-                v = build_algorithm(v["algorithm"], **args)
-            except TypeError as e:  # an argument the builder does not take
-                raise ConfigError(str(e).split(") ", 1)[-1] if ") " in str(e) else str(e)) from None
+            v = build_algorithm(v["algorithm"], **args)
             if staleness is not None:
                 v = {**v.model_dump(), "max_staleness": staleness}
         if lengths is not None:
@@ -271,29 +286,93 @@ def _max_new_tokens(v: dict) -> dict:
     return v
 
 
+def algorithm_keys(algorithm: str) -> tuple[str, ...]:
+    """The keys of `dataflow: {algorithm: NAME, ...}`: the builder's arguments and max_staleness."""
+    return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness")
+
+
+# The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.
+ENTRY_FORMS = {
+    "path": CHECKPOINT_KEYS,  # a Hugging Face checkpoint folder
+    "function": FUNCTION_KEYS,  # reward functions
+    "arch": ("arch", *ModelSpec.model_fields),  # a preset changed
+    "name": tuple(ModelSpec.model_fields),  # a full spec (as a scenario written out holds it)
+    "functions": (*FunctionSpec.model_fields, "function"),  # functions, as a scenario written out holds them
+}
+_SPEC_ONLY = set(ModelSpec.model_fields) - set(CHECKPOINT_KEYS)
+
+
+def _entry_form(spec: dict) -> str:
+    """Which form of ENTRY_FORMS a mapping of `models:` is: by its marking key, else (a mapping
+    with none, such as a misspelt `path`) by the marking key closest to one of its keys."""
+    if "path" in spec and not set(spec) & _SPEC_ONLY:
+        return "path"
+    if "function" in spec and "name" not in spec:
+        return "function"
+    if "arch" in spec:
+        return "arch"
+    if "functions" in spec or "function" in spec:
+        return "functions"
+    known = {k for keys in ENTRY_FORMS.values() for k in keys}
+    for key in spec:
+        close = difflib.get_close_matches(str(key), list(ENTRY_FORMS), n=1, cutoff=0.6) if key not in known else ()
+        if close:
+            return close[0]
+    return "name"
+
+
+def check_entry(spec: Any) -> None:
+    """A `models:` entry is a preset name or a mapping of one of ENTRY_FORMS (`_entry_form`), with
+    only that form's keys: refuse one it does not have, with the closest one it has. (Checked
+    before the data is read, which needs the actor's checkpoint folder.)"""
+    if isinstance(spec, (str, ModelSpec, FunctionSpec)):  # a preset name, or a spec from the Python API
+        return
+    if not isinstance(spec, dict):
+        shown = repr(spec)
+        raise ConfigError(f"a preset name ({', '.join(PRESETS)}) or a mapping ({{path: DIR}}, "
+                          f"{{arch: PRESET, ...}}, {{function: FILE.py:NAME}} or a full spec), not "
+                          f"{shown[:60] + '...' if len(shown) > 60 else shown}")
+    refuse_unknown_keys(ENTRY_FORMS[_entry_form(spec)], spec)
+
+
+def _check_scorers(entries: list) -> None:
+    """A list of scorers holds mappings, each of a form of `models:` (`check_entry`)."""
+    if not entries or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError("a list of scorers holds mappings: a reward model first (optional), then "
+                          "{function: ...} entries")
+    for i, e in enumerate(entries):
+        try:
+            check_entry(e)
+        except ConfigError as err:
+            raise err.within(str(i)) from None
+
+
 def _model_entry(spec: Any, base: Path, role: str) -> Any:
-    """One `models:` entry: a preset name, a checkpoint folder, functions, or a preset changed."""
+    """One `models:` entry: a preset name, a checkpoint folder, functions, a preset changed, or a
+    full spec."""
+    check_entry(spec)
     if isinstance(spec, str):
         return get_model(spec)
-    if isinstance(spec, dict) and "path" in spec and set(spec) <= CHECKPOINT_KEYS:
+    if isinstance(spec, (ModelSpec, FunctionSpec)):
+        return spec
+    form = _entry_form(spec)
+    if form == "path":
         return spec_from_checkpoint_entry(spec, base)
-    if isinstance(spec, dict) and "function" in spec and "name" not in spec:
+    if form == "function":
         return function_spec(spec, base, role)
-    if isinstance(spec, dict) and "arch" in spec:
+    if form == "arch":
         preset = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
         if preset is None:
             raise ConfigError(f"arch must be a preset name ({', '.join(PRESETS)})", "arch")
         rest = {k: x for k, x in spec.items() if k != "arch"}
         return validate_model(ModelSpec, {**preset.model_dump(), **rest})
-    return spec
+    return validate_model(FunctionSpec if form == "functions" else ModelSpec, spec)
 
 
 def _scorers(role: str, entries: list, base: Path) -> dict:
     """`reward: [{path: RM}, {function: ...}, ...]`: the reward model under `role` (first, if
     any) and every function, in order, under `<role>_functions`, which adds the model's score."""
-    if not entries or not all(isinstance(e, dict) for e in entries):
-        raise ConfigError("a list of scorers holds mappings: a reward model first (optional), then "
-                          "{function: ...} entries")
+    _check_scorers(entries)
     functions = [e for e in entries if "function" in e]
     models = [e for e in entries if "function" not in e]
     if len(models) > 1 or (models and entries[0] is not models[0]):
@@ -306,14 +385,13 @@ def _scorers(role: str, entries: list, base: Path) -> dict:
     merged = {"function": [f for e in functions for f in (e["function"] if isinstance(e["function"], list)
                                                            else [e["function"]])],
               **({"seconds_per_sample": seconds.pop()} if seconds else {})}
-    for e in functions:
-        unknown = sorted(set(e) - {"function", "seconds_per_sample"})
-        if unknown:
-            raise ConfigError("unknown field beside function (known: function, seconds_per_sample)", unknown[0])
     if not models:
         return {role: function_spec(merged, base, role)}
-    return {role: _model_entry(models[0], base, role),
-            FUNCTIONS_OF.format(role): function_spec(merged, base, role, model_score=True)}
+    try:
+        model = _model_entry(models[0], base, role)
+    except ConfigError as e:
+        raise e.within("0") from None
+    return {role: model, FUNCTIONS_OF.format(role): function_spec(merged, base, role, model_score=True)}
 
 
 def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallDef:
