@@ -191,10 +191,11 @@ def explodes(prompts, completions, **columns):
 
 
 def test_an_infinite_loss_stops_the_run_naming_the_call_and_step_and_the_checkpoint_stays(cli, tmp_path, ckpt):
-    """RLOO's advantage of a 3e38 reward is finite, its loss summed over a response is not: the
-    run stops with one line naming the call and the step; the checkpoints before stay complete
-    and resume."""
-    scenario = grpo_job(tmp_path, ckpt, reward="rewards.py:explodes", algorithm="rloo")
+    """RLOO's advantage of a 3e38 reward is finite, its loss summed over a response's tokens (the
+    token-level loss_type dapo) is not: the run stops with one line naming the call and the step;
+    the checkpoints before stay complete and resume."""
+    scenario = grpo_job(tmp_path, ckpt, reward="rewards.py:explodes", algorithm="rloo",
+                        edit=lambda d: d["training"].update(loss_type="dapo"))
     with open(tmp_path / "rewards.py", "a") as f:
         f.write(EXPLODING_REWARD)
     plan = tmp_path / "plan.yaml"

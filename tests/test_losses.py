@@ -111,8 +111,6 @@ def test_group_advantages():
     close(losses.grpo_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2, "none"), [-1.0, 1.0, 0.0, 0.0])
     # a sample no scorer rewarded (NaN) leaves its group's statistics and gets advantage 0
     close(losses.grpo_advantages(torch.tensor([1.0, math.nan, 3.0]), 3), [-1 / r2, 0.0, 1 / r2])
-    close(losses.rloo_advantages(torch.tensor([1.0, 3.0, 5.0]), 3), [1 - 4, 3 - 3, 5 - 2])
-    close(losses.rloo_advantages(torch.tensor([1.0, math.nan, 5.0]), 3), [1 - 5, 0.0, 5 - 1])
     close(losses.remax_advantages(torch.tensor([0.5, -1.0]), torch.tensor([0.2, -1.5])), [0.3, 0.5])
     close(losses.remax_advantages(torch.tensor([math.nan]), torch.tensor([0.2])), [0.0])
 
@@ -132,9 +130,39 @@ def test_asymmetric_clipping_and_loss_type_weights():
         assert float((x * losses.loss_weights(mask, loss_type)).sum() / mask.sum()) == pytest.approx(want)
 
 
-def test_whitened_scores_keep_their_mean():
-    x = torch.tensor([1.0, 2.0, 6.0])  # mean 3, population variance 14/3
-    close(losses.whiten_scores(x), [3 + (v - 3) / math.sqrt(14 / 3 + 1e-8) for v in (1.0, 2.0, 6.0)])
+def test_whitening_keeps_the_mean_when_asked():
+    # TRL's whiten_rewards (shift_mean=False): mean 3, unbiased variance (4 + 1 + 9) / 2 = 7
+    x = torch.tensor([[1.0, 2.0, 6.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    close(losses.whiten(x, mask, shift_mean=False), [[3 + (v - 3) / math.sqrt(7 + 1e-8) for v in (1.0, 2.0, 6.0)] + [0.0]])
+
+
+def test_rloo_leaves_one_out_among_the_scored_samples():
+    nan = math.nan
+    close(losses.rloo_advantages(torch.tensor([1.0, 3.0, 5.0]), 3), [1 - 4, 3 - 3, 5 - 2])
+    close(losses.rloo_advantages(torch.tensor([1.0, nan, 5.0]), 3), [1 - 5, 0.0, 5 - 1])
+    close(losses.rloo_advantages(torch.tensor([2.0, nan, nan, nan]), 4), [0.0] * 4)  # no sibling scored
+    # normalized: advantages -3, 0, 3 have mean 0 and std 3 (Bessel)
+    close(losses.rloo_advantages(torch.tensor([1.0, 3.0, 5.0]), 3, normalize=True), [-3 / 3.0001, 0.0, 3 / 3.0001])
+
+
+def test_rloo_subtracts_the_sequences_kl_from_its_score_and_clips_one_ratio_per_sequence():
+    # two samples of one prompt, one response token each: KL ln 2 and 0, beta 0.5
+    data = {"seqs": torch.tensor([[0, 1], [0, 1]]), "logprobs": torch.tensor([[LN(0.5)], [LN(0.5)]]),
+            "ref_logprobs": torch.tensor([[LN(0.25)], [LN(0.5)]]), "rewards": torch.tensor([1.0, 1.0])}
+    algo = RLOO(kl_coef=0.5)
+    t = algo.targets(data, value_model=False, group_size=2)
+    r0, r1 = 1 - 0.5 * LN(2), 1.0
+    close(t["adv"][:, 0], [r0 - r1, r1 - r0])
+    assert "ref_logp" not in t  # no penalty in the loss
+    # a later update: the policy gives token 1 probability 0.75 where the behaviour policy gave
+    # 0.5: ratio 1.5, clipped to 1.2 for the positive advantage, not for the negative one
+    t["old_logp"] = torch.tensor([[LN(0.5)], [LN(0.5)]])
+    loss, parts = algo.loss(logits_for([0.75, 0.75]), t, value_model=False)
+    a = r1 - r0
+    close(loss, -min(1.5 * -a, 1.2 * -a) - min(1.5 * a, 1.2 * a))
+    close(parts["clipfrac"], 1.0)
+    assert algo.normalizer(t, torch.arange(2)) == 2  # the step's sequences
 
 
 def test_dpo_loss_and_margin():

@@ -135,3 +135,15 @@ def test_random_plans_of_the_7b_scenario_do_not_beat_the_symmetric_baseline():
         t, _, ok = space.objective(C)
         best = min(best, t[ok].min() if ok.any() else math.inf)
     assert best > symmetric
+
+
+def test_the_settings_table_has_every_training_setting_and_says_where_trl_differs():
+    from realbench.plan.training import TrainingSpec
+
+    start = README.index("| key | default | used by | what it does | against TRL |")
+    rows = README[start:README.index("\n\n", start)].splitlines()[2:]
+    named = {k for row in rows for k in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert named == set(TrainingSpec.model_fields) - {"models", "weight_decay_embeddings"}
+    for row in rows:  # five cells, the last saying how it compares with TRL
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 5 and cells[4], row

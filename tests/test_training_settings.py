@@ -67,14 +67,20 @@ def test_a_typo_or_a_setting_the_algorithm_ignores_is_refused_by_name(cli, tmp_p
     check({"actor": {"learnig_rate": 1e-5}}, "training.actor.learnig_rate: unknown setting")
     check({"reward_weights": [1.0, 2.0]}, "2 weight(s) for 1 reward scorer(s)")
     check({"warmup_steps": 3, "warmup_ratio": 0.1}, "give warmup_steps or warmup_ratio, not both")
+    check({"lr_scheduler_type": "constant", "warmup_steps": 3},
+          "training.warmup_steps: transformers' constant schedule has no warm-up (it would be ignored): use "
+          "lr_scheduler_type: constant_with_warmup")
+    check({"loss_type": "rloo"}, "training.loss_type: rloo is RLOO's sequence-level loss")
+    check({"normalize_advantages": True}, "training.normalize_advantages: a setting of RLOO; grpo does not use it")
     check({"max_new_tokens": 9}, "data.max_new_tokens: 6 here, 9 in training.max_new_tokens: give one")
     # TRL's names and defaults (GRPOConfig), and a model's own values
     s = load_scenario(str(job(tmp_path, ckpt, edit=lambda d: d.update(training={"actor": {"learning_rate": 2e-5}}))))
     t = s.training
     assert (t.learning_rate, t.lr_scheduler_type, t.max_grad_norm, t.epsilon, t.epsilon_high, t.num_iterations,
-            t.loss_type, t.scale_rewards, t.temperature, t.top_p, t.top_k, t.adam_epsilon) == \
+            t.loss_type_for("grpo"), t.scale_rewards, t.temperature, t.top_p, t.top_k, t.adam_epsilon) == \
         (1e-6, "linear", 1.0, 0.2, None, 1, "dapo", "group", 1.0, 1.0, 0, 1e-8)
     assert t.beta_for("grpo") == 0.0 and t.beta_for("rloo") == 0.05 and t.beta_for("dpo") == 0.1
+    assert t.loss_type_for("rloo") == "rloo" and not t.normalize_advantages  # TRL's RLOOTrainer and RLOOConfig
     assert t.optimizer("actor").learning_rate == 2e-5 and t.optimizer("critic").learning_rate == 1e-6
     # max_new_tokens may be given here instead of in data:
     s = load_scenario(str(job(tmp_path, ckpt, edit=lambda d: (d["data"].pop("max_new_tokens"),
@@ -95,12 +101,14 @@ def test_the_settings_reach_the_algorithm():
 # -- the optimizer ----------------------------------------------------------------------------------
 def test_learning_rate_schedules_worked_by_hand():
     base = dict(learning_rate=1.0, warmup_steps=2)
-    lin, cos, const = (OptimizerSettings(**base, lr_scheduler_type=t) for t in ("linear", "cosine", "constant"))
+    lin, cos, const = (OptimizerSettings(**base, lr_scheduler_type=t) for t in ("linear", "cosine",
+                                                                               "constant_with_warmup"))
     # 10 updates, 2 of warm-up: 0, 1/2, then from 1 down over the 8 others
     assert [lin.learning_rate_at(k, 10) for k in range(10)] == pytest.approx([0, 0.5] + [(10 - k) / 8 for k in range(2, 10)])
     assert [cos.learning_rate_at(k, 10) for k in (2, 6, 10)] == pytest.approx([1.0, 0.5, 0.0])
     assert [const.learning_rate_at(k, 10) for k in (0, 1, 5)] == pytest.approx([0, 0.5, 1.0])
-    ratio = OptimizerSettings(learning_rate=1.0, warmup_ratio=0.25, lr_scheduler_type="constant")
+    ratio = OptimizerSettings(learning_rate=1.0, warmup_ratio=0.25, lr_scheduler_type="constant_with_warmup")
+    assert OptimizerSettings(learning_rate=1.0).model_copy(update={"lr_scheduler_type": "constant"}).warmup(10) == 0
     assert ratio.warmup(10) == 3 and ratio.learning_rate_at(1, 10) == pytest.approx(1 / 3)
 
 
@@ -360,15 +368,22 @@ def test_bench_peers_quick_trains_the_same_job_with_trl_and_realbench(cli):
     code, out, err = cli("bench", "peers", "--quick", "--json")
     assert code == 0, err
     r = json.loads(out)
-    for system in ("realbench", "trl"):
-        (run,) = r["runs"][system]
-        assert len(run["rewards"]) == r["steps"] == 2 and all(x is not None for x in run["rewards"])
-        assert len(run["seconds"]) == 2 and all(t > 0 for t in run["seconds"])
-    assert r["step_ratio"] == pytest.approx(r["step_s"]["trl"] / r["step_s"]["realbench"])
-    assert r["settings"]["loss_type"] == "dapo" and r["settings"]["group_size"] == 2
-    assert r["realbench_mean_within_trl_spread"] == (r["trl_spread"][0] <= r["final_reward"]["realbench"][0]
-                                                     <= r["trl_spread"][1])
-    assert r["first_step_reward"] == {s: r["runs"][s][0]["rewards"][0] for s in ("realbench", "trl")}
+    # GRPO's summary at the top level, RLOO's under "rloo": the same keys, each algorithm's settings
+    assert set(r["rloo"]) == set(r) - {"model_params", "steps", "seeds", "smooth_steps", "rloo"}
+    for summary, algorithm in ((r, "grpo"), (r["rloo"], "rloo")):
+        for system in ("realbench", "trl"):
+            (run,) = summary["runs"][system]
+            assert len(run["rewards"]) == r["steps"] == 2 and all(x is not None for x in run["rewards"]), algorithm
+            assert len(run["seconds"]) == 2 and all(t > 0 for t in run["seconds"]), algorithm
+        assert summary["step_ratio"] == pytest.approx(summary["step_s"]["trl"] / summary["step_s"]["realbench"])
+        assert summary["settings"]["group_size"] == 2 and summary["settings"]["epsilon"] == 0.2
+        assert summary["realbench_mean_within_trl_spread"] == (
+            summary["trl_spread"][0] <= summary["final_reward"]["realbench"][0] <= summary["trl_spread"][1])
+        assert summary["first_step_reward"] == {s: summary["runs"][s][0]["rewards"][0] for s in ("realbench", "trl")}
+        assert 0 <= summary["curve_inside_trl_band"] <= 1
+    assert r["settings"]["loss_type"] == "dapo" and r["settings"]["beta"] == 0.04
+    # RLOO: TRL's RLOOConfig has no loss_type, and its beta is RLOO's default
+    assert "loss_type" not in r["rloo"]["settings"] and r["rloo"]["settings"]["beta"] == 0.05
 
 
 def test_the_reward_curve_comparison_smooths_and_counts_steps_inside_the_band():

@@ -2,58 +2,50 @@
 
     training:
       learning_rate: 1.0e-6          # every trained model's optimizer (AdamW) ...
-      lr_scheduler_type: linear      # constant | linear | cosine, after warmup_steps (or warmup_ratio)
+      lr_scheduler_type: linear      # constant | constant_with_warmup | linear | cosine (transformers')
       max_grad_norm: 1.0
       critic: {learning_rate: 5.0e-6}  # ... and a trained model's own values, by its role
       beta: 0.0                      # the KL coefficient (DPO: its beta)
       epsilon: 0.2                   # the ratio's clip range; epsilon_high its upper side (DAPO)
-      loss_type: dapo                # grpo | dr_grpo | dapo | bnpo
+      loss_type: dapo                # grpo | dr_grpo | dapo | bnpo; RLOO: rloo (TRL's RLOOTrainer)
       temperature: 1.0               # sampling; top_p, top_k, max_new_tokens
 
-Defaults are TRL's (GRPOConfig, RLOOConfig, DPOConfig, the experimental PPOConfig and
-transformers' TrainingArguments), except where TRL's depends on the algorithm (`beta`), listed in
-`DEFAULTS`. Every setting is used by some algorithms only (`USED_BY`): one set to another value
+Defaults are TRL's (GRPOConfig, RLOOConfig, DPOConfig and transformers' TrainingArguments;
+where they depend on the algorithm, `beta` and `loss_type`, they are listed in `DEFAULTS`), except
+PPO's `num_iterations` and `temperature`, which are every algorithm's 1 and 1.0 where TRL's
+PPOConfig has num_ppo_epochs 4 and temperature 0.7 (the README's settings table says where
+realbench follows TRL and where not). Every setting is used by some algorithms only (`USED_BY`): one set to another value
 than its default for an algorithm that would ignore it is refused by name, as is an unknown key
 (with the closest valid one).
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
+from realbench.schema import refuse_unknown_keys
 
 GENERATION = ("ppo", "grpo", "rloo", "remax")  # algorithms that sample responses
 POLICY_GRADIENT = GENERATION
-
-
-def refuse_unknown_keys(cls: type[BaseModel], value: Any, where: str = "", also: tuple[str, ...] = ()) -> None:
-    """One line naming a key `cls` does not have, with the closest one it has (or of `also`)."""
-    if not isinstance(value, dict):
-        return
-    known = list(cls.model_fields)
-    for key in value:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known + list(also), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"unknown setting ({hint}valid: {', '.join(known)})", f"{where}{key}")
 
 
 class OptimizerSettings(BaseModel):
     """A trained model's optimizer: AdamW with decoupled weight decay (not on norms, biases or
     the embedding unless `weight_decay_embeddings`), the global gradient norm clipped to
     `max_grad_norm` (0: no clipping), and the learning rate scheduled over the run's optimizer
-    updates: linear warm-up over `warmup_steps` (or `warmup_ratio` of them), then constant,
-    linear to 0 or a half cosine to 0 (transformers' schedules)."""
+    updates: linear warm-up over `warmup_steps` (or `warmup_ratio` of them), then constant
+    (constant_with_warmup), linear to 0 or a half cosine to 0; `constant` has no warm-up
+    (transformers' schedules of those names: a warm-up given with `constant`, which transformers
+    would ignore, is refused)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     learning_rate: float = Field(default=1e-6, gt=0)
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "linear"
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(default=0, ge=0)
     warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
@@ -67,12 +59,18 @@ class OptimizerSettings(BaseModel):
     @classmethod
     def _known(cls, v: Any) -> Any:
         refuse_unknown_keys(cls, v)
-        if isinstance(v, dict) and v.get("warmup_steps") and v.get("warmup_ratio"):
-            raise ConfigError("give warmup_steps or warmup_ratio, not both", "warmup_ratio")
+        _check_warmup(v)
         return v
 
     def warmup(self, total_updates: int) -> int:
+        if self.lr_scheduler_type == "constant":
+            return 0
         return self.warmup_steps or math.ceil(self.warmup_ratio * total_updates)
+
+    @property
+    def needs_total_updates(self) -> bool:
+        """Whether the rate depends on the run's length (a decay, or a warm-up given as a ratio)."""
+        return self.lr_scheduler_type in ("linear", "cosine") or bool(self.warmup_ratio)
 
     def learning_rate_at(self, update: int, total_updates: int) -> float:
         """The learning rate of optimizer update `update` (0-based) of `total_updates`, as
@@ -80,12 +78,23 @@ class OptimizerSettings(BaseModel):
         warm = self.warmup(total_updates)
         if update < warm:
             return self.learning_rate * update / max(1, warm)
-        if self.lr_scheduler_type == "constant":
+        if self.lr_scheduler_type in ("constant", "constant_with_warmup"):
             return self.learning_rate
         progress = (update - warm) / max(1, total_updates - warm)
         if self.lr_scheduler_type == "linear":
             return self.learning_rate * max(0.0, 1.0 - progress)
         return self.learning_rate * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _check_warmup(v: Any) -> None:
+    if not isinstance(v, dict):
+        return
+    if v.get("warmup_steps") and v.get("warmup_ratio"):
+        raise ConfigError("give warmup_steps or warmup_ratio, not both", "warmup_ratio")
+    warm = next((k for k in ("warmup_steps", "warmup_ratio") if v.get(k)), None)
+    if warm and v.get("lr_scheduler_type") == "constant":
+        raise ConfigError("transformers' constant schedule has no warm-up (it would be ignored): use "
+                          "lr_scheduler_type: constant_with_warmup", warm)
 
 
 OPTIMIZER_KEYS = tuple(OptimizerSettings.model_fields)
@@ -97,7 +106,8 @@ class TrainingSpec(OptimizerSettings):
     epsilon: float = Field(default=0.2, gt=0)
     epsilon_high: Optional[float] = Field(default=None, gt=0)
     num_iterations: int = Field(default=1, ge=1)
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
+    loss_type: Optional[Literal["grpo", "dr_grpo", "dapo", "bnpo", "rloo"]] = None  # None: DEFAULTS
+    normalize_advantages: bool = False  # RLOO's: whitened over the batch (TRL's RLOOConfig)
     scale_rewards: Literal["group", "batch", "none"] = "group"
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -127,8 +137,7 @@ class TrainingSpec(OptimizerSettings):
         for role, settings in own.items():
             refuse_unknown_keys(OptimizerSettings, settings, f"{role}.")
         refuse_unknown_keys(cls, v)
-        if v.get("warmup_steps") and v.get("warmup_ratio"):
-            raise ConfigError("give warmup_steps or warmup_ratio, not both", "warmup_ratio")
+        _check_warmup(v)
         return {**v, "models": {**(v.get("models") or {}), **own}} if own else v
 
     def optimizer(self, role: str) -> OptimizerSettings:
@@ -139,6 +148,16 @@ class TrainingSpec(OptimizerSettings):
 
     def beta_for(self, algorithm: str) -> float:
         return DEFAULTS["beta"].get(algorithm, 0.0) if self.beta is None else self.beta
+
+    @classmethod
+    def choices(cls, key: str) -> tuple:
+        """The values a setting of a fixed set takes (its Literal's), for forms."""
+        args = get_args(cls.model_fields[key].annotation)
+        literal = next((a for a in args if get_origin(a) is Literal), None)  # Optional[Literal[...]]
+        return get_args(literal) if literal is not None else args
+
+    def loss_type_for(self, algorithm: str) -> str:
+        return DEFAULTS["loss_type"].get(algorithm, "dapo") if self.loss_type is None else self.loss_type
 
     def check(self, algorithm: str, trained: set[str], reward_scorers: int) -> None:
         """Refuse what the algorithm would ignore, roles that are not trained models, and reward
@@ -155,6 +174,9 @@ class TrainingSpec(OptimizerSettings):
         if self.reward_weights is not None and len(self.reward_weights) != reward_scorers:
             raise ConfigError(f"{len(self.reward_weights)} weight(s) for {reward_scorers} reward scorer(s) "
                               "(models.reward: the model, then the functions, in order)", "training.reward_weights")
+        if self.loss_type == "rloo" and algorithm != "rloo":
+            raise ConfigError(f"rloo is RLOO's sequence-level loss (TRL's RLOOTrainer); {algorithm} aggregates token "
+                              "losses: grpo, dr_grpo, dapo or bnpo", "training.loss_type")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon and "epsilon_high" in self.model_fields_set:
             raise ConfigError(f"below epsilon ({self.epsilon}): the upper clip is 1 + epsilon_high",
                               "training.epsilon_high")
@@ -168,9 +190,11 @@ USED_BY = {
     "temperature": GENERATION, "top_p": GENERATION, "top_k": GENERATION, "max_new_tokens": GENERATION,
     "reward_weights": GENERATION,
     "gamma": ("ppo",), "lam": ("ppo",), "cliprange_value": ("ppo",), "whiten_rewards": ("ppo",),
-    "behav_imp_weight_cap": POLICY_GRADIENT,
+    "behav_imp_weight_cap": POLICY_GRADIENT, "normalize_advantages": ("rloo",),
 }
 
 # Defaults that depend on the algorithm: TRL's GRPOConfig beta 0.0, RLOOConfig 0.05, PPOConfig's
-# kl_coef 0.05, DPOConfig 0.1 (ReMax, which TRL lacks: as RLOO).
-DEFAULTS = {"beta": {"grpo": 0.0, "rloo": 0.05, "ppo": 0.05, "remax": 0.05, "dpo": 0.1}}
+# kl_coef 0.05, DPOConfig 0.1 (ReMax, which TRL lacks: as RLOO); the loss of RLOOTrainer (RLOOConfig
+# has no loss_type), GRPOConfig's dapo for the others.
+DEFAULTS = {"beta": {"grpo": 0.0, "rloo": 0.05, "ppo": 0.05, "remax": 0.05, "dpo": 0.1},
+            "loss_type": {"rloo": "rloo"}}

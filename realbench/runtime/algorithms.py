@@ -65,9 +65,15 @@ class Algorithm:
         return self.token_logprobs(logits, seqs, gen_len)
 
     def normalizer(self, t: dict[str, Tensor], rows: Tensor) -> float:
-        """Response tokens of the optimizer step's rows (all data-parallel ranks together)."""
+        """What the optimizer step's summed loss is divided by (all data-parallel ranks
+        together): the response tokens of its rows; for dapo, as TRL divides (num_items_in_batch
+        rescaled to one optimizer step), the response tokens of the whole batch over its optimizer
+        steps (the same when the batch takes one step)."""
         mask = t.get("mask")
-        return float(mask[rows].sum()) if mask is not None else float(len(rows) * t["adv"].shape[1])
+        tokens = mask if mask is not None else torch.ones_like(t["adv"])
+        if self.loss_type == "dapo":
+            return float(tokens.sum()) * len(rows) / len(t["seqs"])
+        return float(tokens[rows].sum())
 
     def targets(self, data: dict[str, Tensor], value_model: bool, group_size: int) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -75,7 +81,7 @@ class Algorithm:
     def step_weights(self, t: dict[str, Tensor], rows: Tensor, value_model: bool) -> Optional[Tensor]:
         """Per-token loss weights of an optimizer step's rows for the policy's `loss_type`
         (losses.loss_weights), or None where every token weighs 1."""
-        if value_model or self.loss_type in ("dapo", "bnpo") or "adv" not in t:
+        if value_model or self.loss_type in ("dapo", "bnpo", "rloo") or "adv" not in t:
             return None
         mask = t.get("mask")
         return losses.loss_weights(mask[rows] if mask is not None else torch.ones_like(t["adv"][rows]), self.loss_type)
@@ -144,9 +150,9 @@ class PPO(Algorithm):
         lp, values = data["logprobs"], data["values"]
         mask = losses.response_mask(data["seqs"], lp.shape[1])
         score = torch.nan_to_num(data["rewards"], nan=0.0)  # no scorer gave a reward: 0
-        if self.whiten_rewards:
-            score = losses.whiten_scores(score)
         rewards = losses.kl_shaped_rewards(score, lp, data["ref_logprobs"], self.kl_coef, mask)
+        if self.whiten_rewards:  # TRL's: the per-token rewards after the KL shaping, mean kept
+            rewards = losses.whiten(rewards, mask, shift_mean=False)
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
         out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values,
                "kl_ref": data["ref_logprobs"]}
@@ -187,10 +193,64 @@ class GRPO(Algorithm):
 
 @dataclass(frozen=True)
 class RLOO(GRPO):
+    """TRL's RLOOTrainer (loss_type rloo, the default): the sequence's k1 KL to the reference,
+    summed over its tokens, subtracted from its score (`kl_coef`: TRL's beta), the leave-one-out
+    baseline over the group's scored samples, then one clipped ratio per sequence, averaged over
+    the step's sequences (losses.rloo_advantages; the loss's first step has ratio 1, as TRL's).
+    The KL is of the log-probabilities generation sampled with (TRL recomputes them with a
+    forward of the policy before training; equal in fp32). With another loss_type, the same
+    advantages in GRPO's per-token loss, with its k3 penalty (verl's RLOO estimator)."""
+
     name: str = "rloo"
+    loss_type: str = "rloo"
+    normalize_advantages: bool = False
+
+    def targets(self, data, value_model, group_size):
+        if self.loss_type != "rloo":
+            return super().targets(data, value_model, group_size)
+        lp = data["logprobs"]
+        mask = losses.response_mask(data["seqs"], lp.shape[1])
+        score = data["rewards"]  # NaN: no scorer gave a reward (left out of the baselines)
+        out = {"seqs": data["seqs"]}
+        if "ref_logprobs" in data:
+            score = score - self.kl_coef * losses.sequence_sums(lp - data["ref_logprobs"], mask)
+            out["kl_ref"] = data["ref_logprobs"]  # the KL metric; no penalty in the loss
+        adv = losses.rloo_advantages(score, group_size, self.normalize_advantages)
+        out["adv"] = _sequence_advantages(adv, lp)
+        if mask is not None:
+            out["mask"] = mask
+        return self.with_generation_log_probs(out, data)
 
     def advantages(self, data, group_size):
-        return losses.rloo_advantages(data["rewards"], group_size)
+        return losses.rloo_advantages(data["rewards"], group_size, self.normalize_advantages)
+
+    def normalizer(self, t, rows):
+        return float(len(rows)) if self.loss_type == "rloo" else super().normalizer(t, rows)
+
+    def loss(self, y, t, value_model):
+        """Per sequence, summed over the micro-batch's: TRL's -min(ratio A, clip(ratio) A) with
+        ratio = exp(sum of the response's log-probabilities - the behaviour policy's); decoupled
+        (asynchronous RL), weighted by the sequence's capped behaviour weight. The metrics are
+        per sequence (its clipping, its token-mean entropy and KL), as the loss."""
+        if self.loss_type != "rloo":
+            return super().loss(y, t, value_model)
+        gen = t["adv"].shape[1]
+        mask = t.get("mask")
+        logp = self.token_logprobs(y, t["seqs"], gen)
+        old = t["old_logp"] if "old_logp" in t else logp.detach()
+        seq, old_seq, adv = losses.sequence_sums(logp, mask), losses.sequence_sums(old, mask), t["adv"][:, 0]
+        if "behav_logp" in t:
+            per_seq = losses.decoupled_policy_loss(seq, old_seq, losses.sequence_sums(t["behav_logp"], mask), adv,
+                                                   self.clip, self.clip_high, self.behav_weight_cap)
+        else:
+            per_seq = losses.policy_loss(seq, old_seq, adv, self.clip, self.clip_high)
+        tokens = (mask.sum(-1) if mask is not None else torch.full_like(seq, gen)).clamp(min=1)
+        sums = {"clipfrac": losses.clipped_fraction(seq.detach(), old_seq, adv, self.clip, self.clip_high).sum(),
+                "entropy": (losses.sequence_sums(losses.entropy(y.detach(), gen, self.temperature), mask)
+                            / tokens).sum()}
+        if "kl_ref" in t:
+            sums["kl"] = (losses.sequence_sums(old - t["kl_ref"], mask) / tokens).sum()
+        return per_seq.sum(), sums
 
 
 @dataclass(frozen=True)
@@ -286,10 +346,12 @@ def make_algorithm(name: str, scenario=None) -> Algorithm:
     if training is None:
         return cls()
     args = dict(kl_coef=training.beta_for(name), clip=training.epsilon, clip_high=training.epsilon_high,
-                temperature=training.temperature, loss_type=training.loss_type,
+                temperature=training.temperature, loss_type=training.loss_type_for(name),
                 decoupled=scenario.dataflow.max_staleness > 0, behav_weight_cap=training.behav_imp_weight_cap)
     if cls is GRPO:
         args["scale_rewards"] = training.scale_rewards
+    if cls is RLOO:
+        args["normalize_advantages"] = training.normalize_advantages
     if cls is PPO:
         args.update(gamma=training.gamma, lam=training.lam, value_clip=training.cliprange_value,
                     whiten_rewards=training.whiten_rewards)

@@ -14,11 +14,17 @@ PPO (Schulman et al. 2017; Ouyang et al. 2022 for the KL-shaped reward):
     decoupled (AReaL, for samples from older weights): the same around the proximal policy,
     times the behaviour weight exp(logp_prox - logp_behaviour), capped (see decoupled_policy_loss)
     value_t  = max((V_t - R_t)^2, (clip(V_t, V_old - eps_v, V_old + eps_v) - R_t)^2) / 2
-    advantages are whitened over the batch: (A - mean) / (std + 1e-6), std with Bessel's correction
+    advantages are whitened over the batch's response tokens, TRL's masked_whiten:
+    (A - mean) / sqrt(var + 1e-8), var with Bessel's correction; `whiten_rewards` whitens the
+    KL-shaped per-token rewards the same way before GAE, the mean kept (shift_mean=False)
 GRPO (Shao et al. 2024): A = (score - mean of its group) / (std of its group + 1e-4) for every
     token (TRL's `scale_rewards`: the group's std, the batch's, or none); KL to the reference by the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman's
     "Approximating KL divergence"), added to the loss with kl_coef.
-RLOO (Ahmadian et al. 2024): A = score - mean of the other samples of its group.
+RLOO (Ahmadian et al. 2024), as TRL's RLOOTrainer: r = score - beta sum_t (logp_t - ref_t) (the k1
+    KL of the sequence subtracted from its score), A = r - mean of the other samples of its group;
+    one ratio per sequence, exp(sum_t logp_t - sum_t logp_old_t), clipped per sequence, the loss
+    -min(ratio A, clip(ratio) A) averaged over the step's sequences (`loss_type` rloo). The
+    token-level variant (any other loss_type) takes GRPO's per-token loss with these advantages.
 ReMax (Li et al. 2023): A = score - score of the greedy response to the same prompt.
 DPO (Rafailov et al. 2023): -log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))) on sequence
     log-probabilities; the implicit reward margin is beta ((logp_c - ref_c) - (logp_r - ref_r)).
@@ -98,16 +104,23 @@ def kl_shaped_rewards(score: torch.Tensor, logp: torch.Tensor, ref_logp: torch.T
     return r
 
 
-def whiten(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(x - mean) / (std + 1e-6) over the response tokens (std with Bessel's correction);
-    positions outside the mask become 0."""
+def whiten(x: torch.Tensor, mask: Optional[torch.Tensor] = None, shift_mean: bool = True) -> torch.Tensor:
+    """TRL's masked_whiten over the response tokens: (x - mean) / sqrt(var + 1e-8), var with
+    Bessel's correction, the mean added back unless `shift_mean`; positions outside the mask
+    become 0."""
     m = torch.ones_like(x) if mask is None else mask
     n = m.sum()
+    mean = (x * m).sum() / n.clamp(min=1)
     if n <= 1:
-        return (x - masked_mean(x, m)) * m
-    mean = (x * m).sum() / n
-    std = (((x - mean) ** 2 * m).sum() / (n - 1)).sqrt()
-    return (x - mean) / (std + 1e-6) * m
+        return ((x - mean) if shift_mean else x) * m
+    var = ((x - mean) ** 2 * m).sum() / (n - 1)
+    out = (x - mean) * torch.rsqrt(var + 1e-8)
+    return (out if shift_mean else out + mean) * m
+
+
+def sequence_sums(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per row, the sum over its response tokens."""
+    return (x if mask is None else x * mask).sum(-1)
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float = 0.2,
@@ -198,23 +211,21 @@ def grpo_advantages(score: torch.Tensor, group: int, scale: str = "group") -> to
     return torch.nan_to_num(adv.reshape(-1), nan=0.0)
 
 
-def rloo_advantages(score: torch.Tensor, group: int) -> torch.Tensor:
-    """score - mean of the other samples of its group (those with a score); 0 without one."""
+def rloo_advantages(score: torch.Tensor, group: int, normalize: bool = False) -> torch.Tensor:
+    """TRL's RLOOTrainer: score - the mean of the other scored samples of its group, (sum - r_i) /
+    (n - 1) over the n samples that have a score (NaN: none); a sample without a score, or the
+    only one of its group with one, gets 0. `normalize` (TRL's normalize_advantages): then
+    (A - mean) / (std + 1e-4) over the scored samples, std with Bessel's correction."""
     g = score.view(-1, group)
-    known = ~g.isnan()
-    total = g.nan_to_num(0.0).sum(1, keepdim=True)
-    others = (total - g.nan_to_num(0.0)) / (known.sum(1, keepdim=True) - known.long()).clamp(min=1)
-    return torch.nan_to_num((g - others).view(-1), nan=0.0)
+    scored = (~g.isnan()).sum(1, keepdim=True)
+    adv = (g - (g.nansum(1, keepdim=True) - g) / (scored - 1)).reshape(-1)  # 0 / 0 alone: NaN, then 0
+    if normalize:
+        adv = (adv - adv.nanmean()) / (_nanstd(adv) + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
 
 
 def remax_advantages(score: torch.Tensor, greedy_score: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(score - greedy_score, nan=0.0)
-
-
-def whiten_scores(x: torch.Tensor) -> torch.Tensor:
-    """TRL's PPO `whiten_rewards`: scaled to unit variance over the batch, the mean kept."""
-    mean = x.mean()
-    return (x - mean) * torch.rsqrt(x.var(unbiased=False) + 1e-8) + mean
 
 
 def dpo_margin(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta: float = 0.1) -> torch.Tensor:

@@ -301,9 +301,9 @@ class Worker:
             self.masters[m] = model
             if c.kind == CallKind.TRAIN:  # the model's optimizer settings (training:), over the run's updates
                 settings = scenario.training.optimizer(c.model)
-                if total_steps is None and settings.lr_scheduler_type != "constant":
-                    raise ConfigError(f"a {settings.lr_scheduler_type} learning-rate schedule decays over the run: "
-                                      "give the worker total_steps", "training.lr_scheduler_type")
+                if total_steps is None and settings.needs_total_updates:
+                    raise ConfigError(f"a {settings.lr_scheduler_type} learning-rate schedule depends on the run's "
+                                      "length: give the worker total_steps", "training.lr_scheduler_type")
                 updates = (total_steps or 1) * c.optimizer_steps * c.iterations
                 self.optimizers[m] = MixedPrecisionAdam(model, settings=settings, total_updates=updates)
 

@@ -13,14 +13,14 @@ class TrainingForm:
     def __init__(self):
         self.boxes = {
             "learning_rate": w.FloatText(description="learning rate"),
-            "lr_scheduler_type": w.Dropdown(options=["constant", "linear", "cosine"], description="schedule"),
+            "lr_scheduler_type": w.Dropdown(options=TrainingSpec.choices("lr_scheduler_type"), description="schedule"),
             "warmup_steps": w.BoundedIntText(min=0, max=10**9, description="warm-up"),
             "max_grad_norm": w.FloatText(description="clip norm"),
             "weight_decay": w.FloatText(description="weight decay"),
             "beta": w.FloatText(description="beta (KL)"),
             "epsilon": w.FloatText(description="epsilon"),
             "num_iterations": w.BoundedIntText(min=1, max=1000, description="iterations"),
-            "loss_type": w.Dropdown(options=["grpo", "dr_grpo", "dapo", "bnpo"], description="loss type"),
+            "loss_type": w.Dropdown(options=TrainingSpec.choices("loss_type"), description="loss type"),
             "temperature": w.FloatText(description="temperature"),
             "top_p": w.FloatText(description="top p"),
             "top_k": w.BoundedIntText(min=0, max=10**6, description="top k"),
@@ -31,15 +31,23 @@ class TrainingForm:
                                       w.VBox([self.boxes[k] for k in keys[6:]])])])
 
     def show(self, spec: TrainingSpec, algorithm: str) -> None:
-        """The boxes from a scenario's settings (beta: the algorithm's value when not set)."""
+        """The boxes from a scenario's settings (beta and the loss type: the algorithm's when not set)."""
         for key, box in self.boxes.items():
-            box.value = spec.beta_for(algorithm) if key == "beta" else getattr(spec, key)
+            box.value = _value(spec, key, algorithm)
 
     def changes(self, spec: TrainingSpec, algorithm: str) -> dict:
         """The settings the boxes change, merged into the document's `training:` section."""
         out = spec.model_dump(exclude_unset=True)
         for key, box in self.boxes.items():
-            current = spec.beta_for(algorithm) if key == "beta" else getattr(spec, key)
-            if box.value != current:
+            if box.value != _value(spec, key, algorithm):
                 out[key] = box.value
         return out
+
+
+def _value(spec: TrainingSpec, key: str, algorithm: str):
+    """A setting as the algorithm uses it (the ones whose default depends on the algorithm)."""
+    if key == "beta":
+        return spec.beta_for(algorithm)
+    if key == "loss_type":
+        return spec.loss_type_for(algorithm)
+    return getattr(spec, key)
