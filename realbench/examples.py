@@ -104,6 +104,12 @@ def short(prompts, completions, **columns):
 TINY_TRAINING = {"learning_rate": 1e-3, "lr_scheduler_type": "constant"}
 
 
+# The algorithms a tiny job trains (their samples compared within a prompt's group), with their
+# own training settings: GRPO's beta 0.04 (TRL's former GRPOConfig default; it is 0.0 now),
+# RLOO's the default (TRL's RLOOConfig: 0.05).
+GROUP_ALGORITHMS = {"grpo": {"beta": 0.04}, "rloo": {}}
+
+
 def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: dict, dataflow: dict,
                    devices: int = 2, nodes: int = 1, training: dict | None = None) -> Path:
     doc = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm,
@@ -115,18 +121,21 @@ def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: 
 
 
 def tiny_grpo_job(folder: Path, devices: int = 2, reward: str = "rewards.py:digits", prompts: int = 4,
-             group_size: int = 4, max_new_tokens: int = 6, nodes: int = 1, **data) -> Path:
+             group_size: int = 4, max_new_tokens: int = 6, nodes: int = 1, algorithm: str = "grpo", **data) -> Path:
     """The three files of a GRPO job (checkpoint folder, data file, reward function) and its
-    scenario, in `folder`."""
+    scenario, in `folder`; `algorithm="rloo"`: the same job trained by RLOO (`rloo-arithmetic.yaml`,
+    with RLOO's own beta, TRL's default 0.05)."""
+    if algorithm not in GROUP_ALGORITHMS:
+        raise ValueError(f"a tiny job of {', '.join(GROUP_ALGORITHMS)}, not {algorithm!r}")
     folder = Path(folder)
     if not (folder / "ckpt" / "config.json").is_file():
         save_model(folder / "ckpt")
     write_jsonl(folder / "train.jsonl", arithmetic_prompts())
     (folder / "rewards.py").write_text(REWARD_FUNCTION)
     return write_scenario(
-        folder, "grpo-arithmetic", "grpo", {"actor": {"path": "ckpt"}, "ref": {"path": "ckpt"},
-                                            "reward": {"function": reward}},
+        folder, f"{algorithm}-arithmetic", algorithm, {"actor": {"path": "ckpt"}, "ref": {"path": "ckpt"},
+                                                       "reward": {"function": reward}},
         {"train": "train.jsonl", "fields": {"prompt": "question"}, "max_new_tokens": max_new_tokens,
          "eval_size": 8, **data},
         {"prompts": prompts, "group_size": group_size, "minibatches": 1}, devices, nodes,
-        {**TINY_TRAINING, "max_grad_norm": 1.0, "beta": 0.04, "temperature": 1.0})
+        {**TINY_TRAINING, "max_grad_norm": 1.0, **GROUP_ALGORITHMS[algorithm], "temperature": 1.0})
