@@ -110,9 +110,7 @@ def _held_worker(rank, world, spec, cases):
     import weakref
 
     from realbench.runtime import model as model_module
-    from realbench.runtime.engine import PlacedModel
-    from realbench.runtime.layout import Groups
-    from realbench.runtime.model import init_full_weights
+    from test_runtime_core import _on_each_layout
 
     state = {"alive": 0, "peak": 0, "weights": 0}
     users: dict[int, int] = {}
@@ -150,29 +148,21 @@ def _held_worker(rank, world, spec, cases):
             return block_forward(self, *args, **kwargs)
 
     model_module.Block.forward = counted
-    full = init_full_weights(spec, seed=1)
-    groups = Groups()
-    groups.prepare([lay for lay, _ in cases])
     torch.manual_seed(0)
-    out = []
-    for lay, m in cases:
-        c = lay.coord(rank)
-        if c is None:
-            out.append(None)
-            continue
-        model = PlacedModel(spec, lay, rank, groups)
-        model.stage.load_full(full)
+
+    def measure(c, model, m, _):
         state["weights"] = model.stage.flat.untyped_storage().data_ptr()
         tokens = torch.randint(0, spec.vocab, (2 * m, 6))  # equal micro-batches of 2 rows, no padding
         # one pass of one micro-batch through one chunk of this stage, alone
         x = None if c.pp == 0 else torch.randn(2, 6, spec.hidden, requires_grad=True)
-        y = model._stage_forward(tokens[:2], x, grad=True, chunk=lay.dims.v - 1 if c.pp else 0)
+        y = model._stage_forward(tokens[:2], x, grad=True, chunk=model.layout.dims.v - 1 if c.pp else 0)
         one = state["alive"]
         del x, y
         state["peak"] = 0
         model.forward_backward(list(tokens.chunk(m)), lambda i, y: y.float().pow(2).mean())
-        out.append((c.pp, state["peak"], one, state["alive"]))
-    return out
+        return c.pp, state["peak"], one, state["alive"]
+
+    return _on_each_layout(rank, cases, torch.zeros(4, 1), measure, spec, seed=1)
 
 
 def test_each_stage_holds_exactly_the_micro_batches_the_cost_model_charges():

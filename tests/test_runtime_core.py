@@ -244,15 +244,18 @@ def _schedule_worker(rank, world, spec, cases):
             return None, {}
         return loss, {(name, c.tp): p.grad.tolist() for name, p in model.stage.named_parameters()}
 
-    runs = [(lay, (m, checkpointing)) for plain, interleaved, m, checkpointing in cases for lay in (plain, interleaved)]
+    runs = [(lay, (m, checkpointing)) for plain, interleaved, m, checkpointing in cases
+            for lay in (plain, interleaved, Layout.on(range(plain.dims.dp * plain.dims.tp), plain.dims.dp,
+                                                      plain.dims.tp, 1))]
     return _on_each_layout(rank, runs, tokens, train, spec, seed=5)
 
 
 def test_the_interleaved_schedule_trains_as_the_plain_one_on_random_layouts():
     """Virtual pipeline stages (each rank holds v chunks of layers, round robin; a micro-batch goes
-    round the pipeline v times) give the plain pipeline's loss and gradients to 1e-6, on random
-    (dp, tp, pp, v, micro-batches, checkpointing) layouts of 4 processes and an 8-layer model,
-    each chunk holding the layers the shard layout says."""
+    round the pipeline v times) give the plain pipeline's loss and gradients to 1e-6, and the
+    plain pipeline (1F1B) gives the ones of the same dp x tp without a pipeline (whose order of
+    passes 1F1B does not change), on random (dp, tp, pp, v, micro-batches, checkpointing) layouts
+    of 4 processes and an 8-layer model, each chunk holding the layers the shard layout says."""
     from realbench.models.shards import in_stage
 
     spec = SPEC.model_copy(update={"name": "llama-tiny-8", "n_layers": 8})
@@ -265,19 +268,20 @@ def test_the_interleaved_schedule_trains_as_the_plain_one_on_random_layouts():
         cases.append((Layout.on(range(4), dp, tp, pp), Layout.on(range(4), dp, tp, pp, v), m, rng.random() < 0.5))
     results = spawn(_schedule_worker, 4, spec, cases)
     for ci, (plain, interleaved, m, _) in enumerate(cases):
-        losses, grads = [None, None], [{}, {}]
+        losses, grads = [None, None, None], [{}, {}, {}]
         for rank in range(4):
-            for side in (0, 1):
-                got = results[rank][2 * ci + side]
+            for side in (0, 1, 2):
+                got = results[rank][3 * ci + side]
                 if got is not None:
                     losses[side] = got[0] if got[0] is not None else losses[side]
                     grads[side].update(got[1])
-        assert losses[0] is not None and losses[1] == pytest.approx(losses[0], rel=1e-6, abs=1e-9), (plain, interleaved)
-        assert grads[0].keys() == grads[1].keys()  # every shard of the first replica, under both
+        for side in (1, 2):  # interleaved, and no pipeline, against the plain pipeline
+            assert losses[0] is not None and losses[side] == pytest.approx(losses[0], rel=1e-6, abs=1e-9), (plain, side)
+            assert grads[0].keys() == grads[side].keys()  # every shard of the first replica, under both
+            for key, g in grads[0].items():
+                a, b = torch.tensor(g), torch.tensor(grads[side][key])
+                assert float((a - b).abs().max()) <= 1e-6 * max(1.0, float(a.abs().max())), (plain, side, key)
         assert {name for name, _ in grads[0]} == {p.name for p in param_specs(spec)}
-        for key, g in grads[0].items():
-            a, b = torch.tensor(g), torch.tensor(grads[1][key])
-            assert float((a - b).abs().max()) <= 1e-6 * max(1.0, float(a.abs().max())), (plain, interleaved, key)
         # stage j holds chunks j, j + pp, ...: layer 0 on stage 0 and layer 8 / (pp v) on stage 1
         d = interleaved.dims
         layer = {p.layer: p for p in param_specs(spec) if p.layer >= 0}
