@@ -1,11 +1,13 @@
 """Textbook checks of the cost model and the simulator; each can fail."""
 
+import json
+
 import numpy as np
 import pytest
 
 from realbench.cost import Estimator, call_cost, realloc_time
 from realbench.cost.baselines import BASELINES
-from realbench.cost.calls import TRAINED_BYTES_PER_PARAM
+from realbench.cost import comm, sharding
 from realbench.dataflow import CallDef, Dataflow
 from realbench.hardware import cluster, get_device
 from realbench.models import get_model
@@ -50,10 +52,54 @@ def test_adam_memory_follows_16_bytes_per_param():
     call = train_call()
     c = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 8, 1, 8)))
     assert c.master_bytes == pytest.approx(16 * M7.n_params / 8, rel=0.01)
-    assert TRAINED_BYTES_PER_PARAM == 16
+    assert sharding.trained_bytes_per_param(0, 8) == 16
     # on 8 pipeline stages the most loaded device holds 4 layers plus the larger end (head + norm)
     p = call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(1, 1, 8, 8)))
     assert p.master_bytes == pytest.approx(16 * (4 * M7.layer_params + max(M7.embedding_params, M7.head_params)), rel=1e-9)
+
+
+def test_zero_stages_shard_memory_and_price_their_collectives_worked_by_hand():
+    """8 data-parallel replicas of a 7B model on one node, 4 micro-batches (realbench.cost.sharding):
+    16, 4 + 12/8, 2 + 14/8 and 16/8 bytes a parameter; the all-reduce's bytes (zero 1), 4
+    reduce-scatters and a gather (zero 2), Adam over 1/8 of the parameters; zero 3's collectives
+    (3 gathers of the model per micro-batch) beside the compute, plus one layer's gather."""
+    call, P = train_call(), M7.n_params
+    costs = {z: call_cost(call, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 4, zero=z))) for z in range(4)}
+    for z, per_param in enumerate((16, 4 + 12 / 8, 2 + 14 / 8, 16 / 8)):
+        assert costs[z].master_bytes == pytest.approx(per_param * P, rel=1e-6), z
+    assert costs[3].weights_bytes == pytest.approx(2 * P / 8, rel=1e-6) and costs[1].weights_bytes == costs[0].weights_bytes
+    gather = comm.all_gather(H100, 8, 2 * P, False)
+    assert costs[0].dp_comm_s == pytest.approx(comm.all_reduce(H100, 8, 2 * P, False))
+    assert costs[1].dp_comm_s == pytest.approx(2 * gather) and costs[2].dp_comm_s == pytest.approx(5 * gather)
+    assert costs[1].optimizer_s == pytest.approx(costs[0].optimizer_s / 8)
+    per_micro_batch = costs[3].compute_s / 4  # forward and backward of one micro-batch (pp 1)
+    first = comm.all_gather(H100, 8, 2 * M7.layer_params, False)
+    assert costs[3].dp_comm_s == pytest.approx(4 * max(0.0, 3 * gather - per_micro_batch) + first)
+    # the two gathered layers' bf16 weights and gradients held while training
+    assert costs[3].working_bytes - costs[0].working_bytes == pytest.approx(2 * M7.layer_params * 2 * 2, abs=2)
+    # a forward-only call under zero 3: one gather per micro-batch, 2/8 bytes a parameter held
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    inf = call_cost(ref, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 4, zero=3)))
+    assert inf.weights_bytes == pytest.approx(2 * P / 8, rel=1e-6)
+    assert inf.dp_comm_s == pytest.approx(4 * max(0.0, gather - inf.compute_s / 4) + first)
+
+
+def test_zero_is_refused_where_its_engines_cannot_run_it():
+    from realbench.plan.options import strategy_problem
+
+    gen = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
+    ref = CallDef(name="r", model="m", kind="inference", seqs=64, seq_len=1024)
+    mesh = Mesh(0, 1, 0, 8)
+    cases = [(gen, Strategy(8, 1, 1, zero=3), "generation holds whole tensor-parallel shards"),
+             (ref, Strategy(8, 1, 1, zero=1), "zero 1 shards optimizer states"),
+             (train_call(), Strategy(4, 1, 2, 2, zero=2), "does not run with pipeline parallelism (pp 2)"),
+             (train_call(), Strategy(1, 8, 1, zero=1), "dp is 1"),
+             (train_call(), Strategy(8, 1, 1, zero=4), "zero is 0, 1, 2 or 3")]
+    for call, strategy, reason in cases:
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == "zero" and reason in message, (strategy, message)
+    assert strategy_problem(train_call(), M7, H100, mesh, Strategy(2, 1, 4, 4, zero=1)) is None  # distributed optimizer
+    assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3)) is None
 
 
 def test_decode_is_bandwidth_bound_at_small_batch():
@@ -280,3 +326,39 @@ def test_the_interleaved_schedule_divides_the_bubble_by_the_virtual_stages():
         logits = 2 * (64 / 8 * 1024) * 1 * 4  # two fp32 value-head outputs of a micro-batch
         assert (inter.working_bytes - logits) / (plain.working_bytes - logits) == pytest.approx(1 + 3 / (4 * v), rel=1e-9)
         assert inter.dp_comm_s == plain.dp_comm_s and inter.master_bytes == plain.master_bytes
+
+
+def test_a_plan_with_zero_is_estimated_not_run_and_never_reallocated_from_sharded_weights(cli, tmp_path):
+    """A plan file's `zero`: the reference's forward under zero 3 and the actor's training under
+    zero 1 are estimated (the reference then needs less memory a device); `run` and a launcher
+    export refuse the plan by name before launching anything; the
+    actor's training under zero 3 is refused, since its generation would reallocate from
+    sharded weights."""
+    import yaml
+
+    folder = tmp_path / "my plans"
+    folder.mkdir()
+    assert cli("estimate", "--scenario", "ppo-tiny-cpu", "--baseline", "symmetric", "--profile", "none",
+               "--out", folder / "base.yaml")[0] == 0
+    doc = yaml.safe_load((folder / "base.yaml").read_text())
+    dp = doc["calls"]["ref_inf"]["dp"]
+    assert dp > 1 and doc["calls"]["actor_train"]["dp"] > 1
+    doc["calls"]["ref_inf"]["zero"] = 3
+    doc["calls"]["actor_train"]["zero"] = 1
+    (folder / "sharded plan.yaml").write_text(yaml.safe_dump(doc))
+    code, out, err = cli("estimate", "--scenario", "ppo-tiny-cpu", "--plan", folder / "sharded plan.yaml",
+                         "--profile", "none", "--json")
+    assert code == 0, err
+    base = json.loads(cli("estimate", "--scenario", "ppo-tiny-cpu", "--plan", folder / "base.yaml", "--profile", "none",
+                          "--json")[1])
+    assert json.loads(out)["calls"]["ref_inf"]["mem_bytes"] < base["calls"]["ref_inf"]["mem_bytes"]
+    for command in (("run", "--scenario", "ppo-tiny-cpu", "--plan", folder / "sharded plan.yaml", "--nproc", 4,
+                     "--steps", 1),
+                    ("export", "--plan", folder / "sharded plan.yaml", "--format", "torchrun", "--out", folder / "go.sh")):
+        code, out, err = cli(*command)
+        assert code == 2 and err.count("\n") == 1 and "calls.ref_inf.zero: zero 3: realbench's runtime" in err, err
+    assert not (folder / "go.sh").exists()
+    doc["calls"]["actor_train"]["zero"] = 3
+    (folder / "sharded plan.yaml").write_text(yaml.safe_dump(doc))
+    code, out, err = cli("validate", folder / "sharded plan.yaml")
+    assert code == 2 and "calls.actor_train.zero: model 'actor' would move between this zero-3 layout" in err, err

@@ -51,7 +51,8 @@ the output gradient and the inputs, writes the input gradients), as it does twic
 
 Memory per device (bytes): weights 2 per parameter of the shard (tp x pp); a trained model's
 master copy 16 per parameter (bf16 weights and grads, fp32 master weights and two Adam
-moments); activations of the micro-batches in flight on the first stage (min(m, pp) in 1F1B, see above), taken as
+moments), less where a strategy shards them over data parallelism (`zero`, ZeRO / FSDP:
+realbench.cost.sharding, which also prices their collectives); activations of the micro-batches in flight on the first stage (min(m, pp) in 1F1B, see above), taken as
 t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
 attention); fp32 logits of a micro-batch; and for generation the KV cache of the whole
 per-device batch, 2 x kv_heads x head_dim bf16 values per token per layer.
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from realbench.cost import comm
+from realbench.cost import comm, sharding
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
@@ -73,7 +74,6 @@ from realbench.plan.pipeline import activations_in_flight
 
 BF16 = 2
 FP32 = 4
-TRAINED_BYTES_PER_PARAM = 16  # bf16 weights + bf16 grads + fp32 master + fp32 Adam m and v
 ADAM_BYTES_MOVED_PER_PARAM = 36  # read grads, master, m, v; write master, m, v, bf16 weights
 SCORE_BYTES = 13  # a materialized attention score's round trips (see the module doc)
 LOGIT_BYTES = 14  # a logit's, in the fp32 log-softmax over the vocabulary
@@ -291,13 +291,21 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # distribution's memory quantile)
     peak_tokens = b * call.width(call.seqs / call.optimizer_steps / dp, memory=True)
 
+    params = shard_params(model, tp, pp)
+    dp_spans, per_node = dp_group_spans_nodes(cluster, option), max(1, cluster.gpus_per_node // tp)
+    layer = model.layer_params / tp  # one layer's parameters on a device (zero 3 gathers them)
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd
         tp_comm = slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
         pp_comm = slots * p2p_one
+        # zero 3: the weights sharded over dp, each layer gathered as it runs (realbench.cost.sharding)
+        dp_comm = (sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node)
+                   if s.zero == 3 else 0.0)
+        weights = params * sharding.weight_bytes_per_param(s.zero, dp)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        working = 2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
-        return CallCost(compute + tp_comm + pp_comm, compute, tp_comm, pp_comm, 0.0, 0.0,
+        working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
+                   + sharding.gathered_bytes(s.zero, layer, backward=False))
+        return CallCost(compute + tp_comm + pp_comm + dp_comm, compute, tp_comm, pp_comm, dp_comm, 0.0,
                         int(weights), int(weights), int(working))
 
     # train: forward + backward (2x forward flops; weights read again in each); with activation
@@ -314,17 +322,22 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     tp_comm = (steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
                + behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2))
     pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour * slots * p2p_one
-    grads = shard_params(model, tp, pp) * BF16
-    # a dp group that spans nodes has gpus_per_node / tp members on each (ranks are tp apart)
-    dp_comm = steps * comm.all_reduce(cluster, dp, grads, dp_group_spans_nodes(cluster, option),
-                                      per_node=max(1, cluster.gpus_per_node // tp))
-    optimizer = steps * memory_time(cluster, shard_params(model, tp, pp) * ADAM_BYTES_MOVED_PER_PARAM)
+    # the data-parallel reduction of the gradients (a dp group that spans nodes has gpus_per_node /
+    # tp members on each: ranks are tp apart), or ZeRO's collectives (realbench.cost.sharding)
+    if s.zero == 3:
+        dp_comm = (steps * sharding.overlapped_step(cluster, dp, params, layer, m, fwd_bwd, 3, dp_spans, per_node)
+                   + behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node))
+    else:
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, params, m, dp_spans, per_node)
+    updated = params / dp if s.zero else params  # ZeRO: each replica updates its share
+    optimizer = steps * memory_time(cluster, updated * ADAM_BYTES_MOVED_PER_PARAM)
     # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,
     # min(2 (pp - 1) + (v - 1) pp + 1, m v) chunks of 1 / v of its layers (realbench.plan.pipeline)
     in_flight = activations_in_flight(m, pp, v)
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
-               + 2 * _logits_bytes(model, tp, peak_tokens))
-    master = shard_params(model, tp, pp) * TRAINED_BYTES_PER_PARAM
+               + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True))
+    master = params * sharding.trained_bytes_per_param(s.zero, dp)
+    weights = params * sharding.weight_bytes_per_param(s.zero, dp)
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

@@ -131,6 +131,11 @@ class Strategy:
     # train calls on a pipeline: each rank holds this many chunks of layers, round robin
     # (Megatron's interleaved 1F1B schedule: the bubble shrinks by this factor)
     virtual_stages: int = 1
+    # data-parallel sharding (realbench.cost.sharding): 0 none (each replica holds everything),
+    # 1 the optimizer states (ZeRO-1, Megatron's distributed optimizer), 2 also the gradients
+    # (ZeRO-2), 3 also the weights (ZeRO-3, FSDP's full shard); the engines' strategies, which
+    # realbench's runtime does not run
+    zero: int = 0
 
     @property
     def size(self) -> int:
@@ -138,7 +143,8 @@ class Strategy:
 
     def label(self) -> str:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
-                + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+                + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+                + (f"z{self.zero}" if self.zero else ""))
 
 
 @dataclass(frozen=True, slots=True)

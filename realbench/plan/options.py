@@ -66,7 +66,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.size != mesh.size:
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
-        if (s.tp, s.pp, s.micro_batches, s.virtual_stages) != (1, 1, 1, 1):
+        if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero) != (1, 1, 1, 1, 0):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -78,6 +78,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                       f"{model.n_kv_heads} KV heads of {model.name}")
     if s.pp > model.n_layers:
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
+    if s.zero:
+        problem = zero_problem(call, s)
+        if problem:
+            return "zero", problem
     if s.checkpointing and call.kind != CallKind.TRAIN:
         return "activation_checkpointing", "activation checkpointing is for train calls (it saves backward memory)"
     if s.virtual_stages > 1:
@@ -99,6 +103,42 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if batch % (s.dp * s.micro_batches * unit):
         return "micro_batches", (f"the batch of {batch} sequences does not split into "
                                  f"dp*micro_batches = {s.dp}*{s.micro_batches} pieces{whole}")
+    return None
+
+
+def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
+    """Why a call cannot shard its model over data parallelism this way (realbench.cost.sharding),
+    or None: stages 1 and 2 shard what training holds (optimizer states, gradients); stage 3 the
+    weights too, also for a forward-only call (FSDP's and ZeRO-3's inference: each layer gathered
+    when it runs); generation holds whole tensor-parallel shards, as the rollout engines do; stages
+    2 and 3 do not run under pipeline parallelism (DeepSpeed refuses them with its pipeline engine;
+    FSDP has none), stage 1 does (Megatron's distributed optimizer)."""
+    if s.zero not in (1, 2, 3):
+        return f"zero is 0, 1, 2 or 3, not {s.zero}"
+    if call.kind == CallKind.GENERATE:
+        return "generation holds whole tensor-parallel shards of the weights: zero is for train and inference calls"
+    if s.zero < 3 and call.kind != CallKind.TRAIN:
+        return f"zero {s.zero} shards optimizer states (and gradients): a train call's; forward-only calls shard with zero 3"
+    if s.zero >= 2 and s.pp > 1:
+        return f"zero {s.zero} does not run with pipeline parallelism (pp {s.pp}): only zero 1 does"
+    if s.dp == 1:
+        return "zero shards over data parallelism: dp is 1"
+    return None
+
+
+def sharded_reallocation_problem(scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """(call, reason) where a plan would move a model's weights to or from a layout that shards
+    them over data parallelism (zero 3), which the reallocation cost does not price (each
+    destination there holds a 1/dp slice, and no source replica holds the whole shard): such a
+    model's calls must all share one layout. None where there is no such move."""
+    for role in scenario.dataflow.models:
+        calls = [c.name for c in scenario.dataflow.calls if c.model == role]
+        sharded = [n for n in calls if options[n].strategy.zero == 3]
+        if sharded and len({(options[n].mesh, options[n].strategy.dp, options[n].strategy.tp,
+                              options[n].strategy.pp, options[n].strategy.zero) for n in calls}) > 1:
+            return sharded[0], (f"model {role!r} would move between this zero-3 layout and its other calls' "
+                                f"({', '.join(n for n in calls if n != sharded[0])}): reallocation to or from "
+                                "weights sharded over data parallelism is not priced; give its calls one layout")
     return None
 
 

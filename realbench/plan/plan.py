@@ -5,7 +5,8 @@
     calls:
       actor_gen:   {mesh: n0-1, dp: 8, tp: 2, pp: 1, micro_batches: 1}
       actor_train: {mesh: n0-1, dp: 2, tp: 4, pp: 2, micro_batches: 8}
-      # optional on train calls: activation_checkpointing: true, virtual_stages: 2 (interleaved 1F1B)
+      # optional on train calls: activation_checkpointing: true, virtual_stages: 2 (interleaved 1F1B);
+      # on train and inference calls: zero: 1-3 (ZeRO / FSDP, the engines' sharding; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -21,7 +22,7 @@ from pydantic import ConfigDict, Field
 
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy, parse_mesh
-from realbench.plan.options import option_problem
+from realbench.plan.options import option_problem, sharded_reallocation_problem
 from realbench.plan.scenario import Scenario, load_scenario
 from realbench.schema import PLAN_SCHEMA, FileModel, read_document, validate_model, write_document
 
@@ -36,6 +37,7 @@ class Placement(FileModel):
     micro_batches: int = Field(default=1, ge=1)
     activation_checkpointing: Optional[bool] = None  # train calls; absent: off
     virtual_stages: Optional[int] = Field(default=None, ge=1)  # train calls on a pipeline; absent: 1
+    zero: Optional[int] = Field(default=None, ge=0)  # ZeRO / FSDP sharding over dp (the engines'); absent: 0
 
 
 class Origin(FileModel):
@@ -74,7 +76,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
     calls = {name: Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
                              micro_batches=o.strategy.micro_batches,
                              activation_checkpointing=True if o.strategy.checkpointing else None,
-                             virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None)
+                             virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None,
+                             zero=o.strategy.zero or None)
              for name, o in options.items()}
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -104,11 +107,14 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         except ConfigError as e:
             raise ConfigError(e.message, f"calls.{name}.mesh") from None
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches, bool(p.activation_checkpointing),
-                                        p.virtual_stages or 1))
+                                        p.virtual_stages or 1, p.zero or 0))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
         out[name] = option
+    problem = sharded_reallocation_problem(scenario, out)
+    if problem:
+        raise ConfigError(problem[1], f"calls.{problem[0]}.zero")
     return out
 
 

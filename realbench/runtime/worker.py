@@ -201,6 +201,16 @@ class StepRecord:
     lengths: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
+def refuse_unrunnable(options: dict[str, Option]) -> None:
+    """Refuse by name what a plan asks that this runtime does not run: data-parallel sharding
+    (ZeRO / FSDP), which the cost model prices for the engines that run it."""
+    for name, o in options.items():
+        if o.strategy.zero:
+            raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
+                              "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
+                              "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")
+
+
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
                  total_steps: Optional[int] = None, device: torch.device | str = "cpu",
@@ -229,6 +239,7 @@ class Worker:
         self.current = "start-up"
         df = scenario.dataflow
         G = scenario.cluster.gpus_per_node
+        refuse_unrunnable(options)
         self.calls = [df.call(n) for n in df.order]
         self.layouts = [layout_of(options[c.name], G) for c in self.calls]
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]

@@ -1,0 +1,95 @@
+"""Data-parallel sharding: ZeRO stages 1 to 3 and FSDP, as the engines that train RLHF at scale
+run them (DeepSpeed in OpenRLHF, FSDP in verl and AReaL, Megatron's distributed optimizer).
+Pure functions; realbench.cost.calls prices a call with them.
+
+Notation: P parameters on a device's tensor- and pipeline-parallel shard, d data-parallel
+replicas sharing them, m micro-batches per optimizer step; V = 2 P bytes of bf16 values.
+
+Memory per parameter of the shard (bf16 weights and gradients, fp32 master weights and the two
+Adam moments: 2 + 2 + 12 bytes), Rajbhandari et al. 2020, Figure 1:
+    zero 0   none sharded                                   16
+    zero 1   optimizer states (Megatron's distributed optimizer)   4 + 12 / d
+    zero 2   and gradients                                   2 + 14 / d
+    zero 3   and weights (FSDP's full shard)                 16 / d,  plus the gathered bf16
+             weights (and in a backward, gradients) of the layers in flight: the one computing and
+             the one prefetched
+A forward-only call under zero 3 holds 2 / d bytes a parameter and gathers each layer as it runs.
+
+Communication in the data-parallel group per optimizer step (ring collectives over d devices,
+realbench.cost.comm; a reduce-scatter moves what an all-gather does):
+    zero 0   all-reduce of the gradients once (DDP; realbench's runtime)        2 (d-1)/d V
+    zero 1   reduce-scatter of the accumulated gradients, then all-gather of the updated weights:
+             the all-reduce's bytes
+    zero 2   a reduce-scatter of each micro-batch's gradients as the backward makes them (DeepSpeed
+             reduces into the owner's partition), then the all-gather:  (m + 1) (d-1)/d V
+    zero 3   per micro-batch: the weights gathered for the forward and again for the backward (freed
+             after each layer: FSDP's reshard_after_forward), the gradients reduce-scattered:
+             3 (d-1)/d V per micro-batch, prefetched layer by layer while the previous layer computes
+Overlap: zero 3's gathers and reductions run beside the compute (the next layer's weights are
+fetched while this one computes), so a micro-batch takes max(compute, its collectives) plus one
+layer's gather that nothing hides; the other stages' collectives follow the backward, as the
+cost model prices DDP's all-reduce. Adam updates P / d parameters with zero >= 1.
+"""
+
+from __future__ import annotations
+
+from realbench.cost import comm
+from realbench.hardware import ClusterSpec
+
+BF16 = 2
+STATE_BYTES = 12  # fp32 master weights and Adam's two moments
+
+
+def trained_bytes_per_param(zero: int, dp: int) -> float:
+    """What a trained model keeps per parameter of its tp x pp shard (module doc)."""
+    if zero == 0:
+        return 2 * BF16 + STATE_BYTES
+    if zero == 1:
+        return 2 * BF16 + STATE_BYTES / dp
+    if zero == 2:
+        return BF16 + (BF16 + STATE_BYTES) / dp
+    return (2 * BF16 + STATE_BYTES) / dp
+
+
+def weight_bytes_per_param(zero: int, dp: int) -> float:
+    """The bf16 weights a device holds per parameter of its shard between calls."""
+    return BF16 / dp if zero == 3 else BF16
+
+
+def gathered_bytes(zero: int, layer_params: float, backward: bool) -> float:
+    """Zero 3's unsharded layers in flight (the computing one and the prefetched one): their bf16
+    weights, and in a backward their gradients before the reduce-scatter."""
+    if zero != 3:
+        return 0.0
+    return 2 * layer_params * BF16 * (2 if backward else 1)
+
+
+def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, micro_batches: int,
+                       spans_nodes: bool, per_node: int) -> float:
+    """Seconds of the data-parallel collectives of one optimizer step that follow the backward
+    (zero 0 to 2; module doc). Zero 3's run beside the compute: `overlapped_step`."""
+    if dp <= 1:
+        return 0.0
+    nbytes = params * BF16
+    gather = comm.all_gather(cluster, dp, nbytes, spans_nodes, per_node)
+    if zero == 0:
+        return comm.all_reduce(cluster, dp, nbytes, spans_nodes, per_node)
+    if zero == 1:
+        return 2 * gather  # reduce-scatter, then all-gather
+    if zero == 2:
+        return (micro_batches + 1) * gather
+    return 0.0
+
+
+def overlapped_step(cluster: ClusterSpec, dp: int, params: float, layer_params: float, micro_batches: int,
+                    compute_per_micro_batch: float, passes: int, spans_nodes: bool, per_node: int) -> float:
+    """Zero 3: the seconds its collectives add to one optimizer step of `micro_batches`
+    micro-batches, each `compute_per_micro_batch` seconds of compute, with `passes` collectives
+    of the whole shard per micro-batch (3 for a train step: gather, gather, reduce-scatter; 1 for
+    a forward): m max(0, collectives - compute) plus the first layer's gather, which nothing
+    hides."""
+    if dp <= 1:
+        return 0.0
+    per_micro_batch = passes * comm.all_gather(cluster, dp, params * BF16, spans_nodes, per_node)
+    first = comm.all_gather(cluster, dp, layer_params * BF16, spans_nodes, per_node)
+    return micro_batches * max(0.0, per_micro_batch - compute_per_micro_batch) + first
