@@ -105,7 +105,7 @@ def run(args) -> int:
 
     scenario = with_staleness(args, load_scenario(args.scenario))
     _, _, options = load_plan(args.plan, scenario)
-    from realbench.runtime.worker import refuse_unrunnable
+    from realbench.plan.mesh import refuse_unrunnable
 
     refuse_unrunnable(options)
     if args.out:

@@ -53,7 +53,7 @@ def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] 
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
     spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port, **worker)
     if fmt != "html":  # a launcher of realbench's runtime: only what it runs
-        from realbench.runtime.worker import refuse_unrunnable
+        from realbench.plan.mesh import refuse_unrunnable
 
         refuse_unrunnable(load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)[2])
     if fmt == "html":

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from realbench.dataflow import CallDef, CallKind
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Option
+from realbench.plan.mesh import Option, refuse_unrunnable
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
@@ -199,16 +199,6 @@ class StepRecord:
     samples: list[dict] = field(default_factory=list)  # a few decoded prompts and completions
     # per generation call: [global row, response length] of the rows this rank sampled
     lengths: dict[str, list[list[int]]] = field(default_factory=dict)
-
-
-def refuse_unrunnable(options: dict[str, Option]) -> None:
-    """Refuse by name what a plan asks that this runtime does not run: data-parallel sharding
-    (ZeRO / FSDP), which the cost model prices for the engines that run it."""
-    for name, o in options.items():
-        if o.strategy.zero:
-            raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
-                              "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
-                              "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")
 
 
 class Worker:
