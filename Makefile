@@ -6,7 +6,7 @@ RB     := $(VENV)/bin/realbench
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: install browser demo test clean
+.PHONY: install engines browser demo test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The engines realbench writes plans for, each in its own environment where its pins conflict with
+# ours (verl 0.9.1 pins transformers below 5.11): their own code checks what realbench writes.
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+$(VERL_STAMP):
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 verl==0.9.1
+	touch $(VERL_STAMP)
+
+engines: $(VERL_STAMP)
+
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
 browser:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$REALBENCH_CHROMIUM" ] || \
@@ -24,7 +36,7 @@ browser:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "note: no chromium: browser tests will be skipped (apt-get install chromium)"; fi; }
 
-test: $(STAMP) browser
+test: $(STAMP) $(VERL_STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -41,4 +53,4 @@ demo: $(STAMP)
 	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser); the workbench: $(RB) lab"
 
 clean:
-	rm -rf $(VENV) $(OUT)
+	rm -rf $(VENV) $(VERL_VENV) $(OUT)

@@ -103,8 +103,9 @@ def validate_model(cls: type[M], data: Any, context: Any = None) -> M:
         raise _first_error(e) from None
 
 
-def read_document(path: str | os.PathLike) -> dict:
-    """Parse a YAML or JSON file into a mapping; clear errors for missing/empty/garbled files."""
+def read_document(path: str | os.PathLike, schema: bool = True) -> dict:
+    """Parse a YAML or JSON file into a mapping; clear errors for missing/empty/garbled files.
+    `schema`: the file is one of realbench's, with its `schema` field (false: an engine's)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("no such file" if not p.exists() else "not a regular file", source=str(p))
@@ -126,9 +127,8 @@ def read_document(path: str | os.PathLike) -> dict:
         raise ConfigError("document nested too deeply", source=str(p)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=str(p))
-    schema = data.get("schema")
-    if schema not in SCHEMAS:
-        raise ConfigError(f"unknown schema {schema!r} (expected one of {', '.join(SCHEMAS)})", "schema", str(p))
+    if schema and data.get("schema") not in SCHEMAS:
+        raise ConfigError(f"unknown schema {data.get('schema')!r} (expected one of {', '.join(SCHEMAS)})", "schema", str(p))
     return data
 
 

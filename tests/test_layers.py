@@ -14,6 +14,7 @@ LAYERS = [
     {"models", "hardware", "dataflow"},
     {"plan"},
     {"cost"},
+    {"engines"},
     {"search", "report"},
     {"runtime", "export"},
     {"bench", "cli", "widgets", "examples", "__main__", "__init__"},

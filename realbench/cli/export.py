@@ -17,7 +17,8 @@ def _port(text: str) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a plan for a cluster (accelerate, torchrun, slurm) or as an HTML report")
+    p = sub.add_parser("export", help="export a plan for a cluster (accelerate, torchrun, slurm), as an HTML report, "
+                                      "or as an engine's configuration (verl)")
     p.add_argument("--plan", required=True, help="plan file")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="file to write (accelerate: the config; its launch script "
@@ -34,14 +35,29 @@ def add_parser(sub) -> None:
     p.add_argument("--save-hf", default="", metavar="DIR", help="node 0 writes the trained models there at the end")
     p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                    help="evaluate on the held-out rows every N steps")
+    p.add_argument("--model-path", action="append", default=[], metavar="ROLE=DIR",
+                   help="an engine's format: the checkpoint folder of a model role (actor, critic), where the "
+                        "scenario names a preset; repeat for each")
     add_profile_args(p)  # the html report's times, as `estimate` computes them
     p.set_defaults(handler=run)
+
+
+def _model_paths(pairs: list[str]) -> dict[str, str]:
+    from realbench.errors import ConfigError
+
+    out = {}
+    for pair in pairs:
+        role, eq, folder = pair.partition("=")
+        if not eq or not role or not folder:
+            raise ConfigError(f"{pair!r} is not ROLE=DIR", "--model-path")
+        out[role] = folder
+    return out
 
 
 def run(args) -> int:
     written = export_plan(args.format, args.plan, args.out, args.scenario, args.nodes, args.gpus_per_node,
                           args.steps, args.port, args.master_addr, args.force, dtype=args.dtype,
-                          save_hf=args.save_hf, eval_every=args.eval_every,
+                          save_hf=args.save_hf, eval_every=args.eval_every, model_paths=_model_paths(args.model_path),
                           profile_for=lambda scenario: profile_for(args, scenario))
     for path in written:
         log(f"wrote {path}")

@@ -105,9 +105,9 @@ def run(args) -> int:
 
     scenario = with_staleness(args, load_scenario(args.scenario))
     _, _, options = load_plan(args.plan, scenario)
-    from realbench.plan.mesh import refuse_unrunnable
+    from realbench.plan.plan import refuse_unrunnable
 
-    refuse_unrunnable(options)
+    refuse_unrunnable(scenario, options)
     if args.out:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -22,6 +22,8 @@ nccl-tests bus bandwidths inside a node and across nodes (AWS p4de/p5, GCP A3 Me
 
 from __future__ import annotations
 
+import numpy as np
+
 from realbench.hardware import ClusterSpec
 
 
@@ -32,13 +34,14 @@ def link(cluster: ClusterSpec, spans_nodes: bool) -> tuple[float, float]:
     return cluster.intra_bw, cluster.intra_latency_s
 
 
-def _hierarchical(cluster: ClusterSpec, n: int, nbytes: float, per_node: int, factor: float) -> float:
-    """factor 2: all-reduce; 1: all-gather (see the module doc)."""
-    k = max(1, min(per_node, n))
-    nodes = max(1, n // k)
+def _hierarchical(cluster: ClusterSpec, n, nbytes, per_node, factor: float):
+    """factor 2: all-reduce; 1: all-gather (see the module doc). Elementwise over arrays."""
+    k = np.maximum(1, np.minimum(per_node, n))
+    nodes = np.maximum(1, n // k)
     t_in = factor * (k - 1) / k * nbytes / cluster.intra_bw
     t_out = factor * (nodes - 1) / nodes * (nbytes / k) / cluster.inter_bw
-    return factor * ((k - 1) * cluster.intra_latency_s + (nodes - 1) * cluster.inter_latency_s) + max(t_in, t_out)
+    return factor * ((k - 1) * cluster.intra_latency_s + (nodes - 1) * cluster.inter_latency_s) \
+        + np.maximum(t_in, t_out)
 
 
 def all_reduce(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool, per_node: int = 1) -> float:
@@ -51,13 +54,13 @@ def all_reduce(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool, p
     return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
 
 
-def all_gather(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool, per_node: int = 1) -> float:
-    if n <= 1:
-        return 0.0
-    if spans_nodes:
-        return _hierarchical(cluster, n, nbytes, per_node, 1.0)
-    bw, lat = link(cluster, False)
-    return (n - 1) / n * nbytes / bw + (n - 1) * lat
+def all_gather(cluster: ClusterSpec, n, nbytes, spans_nodes, per_node=1):
+    """Seconds for each of `n` devices to end with all `nbytes` (a reduce-scatter moves as much).
+    Scalars give a float; arrays (one group per entry) an array."""
+    n, nbytes, spans, per_node = (np.asarray(x) for x in (n, nbytes, spans_nodes, per_node))
+    flat = (n - 1) / np.maximum(n, 1) * nbytes / cluster.intra_bw + (n - 1) * cluster.intra_latency_s
+    out = np.where(n > 1, np.where(spans, _hierarchical(cluster, n, nbytes, per_node, 1.0), flat), 0.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def broadcast(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool) -> float:

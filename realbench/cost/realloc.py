@@ -14,6 +14,14 @@ and pp = 1 layouts where the destination mesh lies inside the source mesh and th
 either unsharded or sharded the same way (tp innermost puts the same slice on the same device).
 Other partial reuse of local data is not credited, so the cost is an upper bound.
 
+A source that shards its weights over data parallelism (zero 3: FSDP, ZeRO-3) holds no whole
+tp shard anywhere: first its data-parallel group all-gathers them (each device ends with the
+shard's V / tp bytes: (d-1)/d V / tp over the group's links, realbench.cost.comm; verl's hybrid
+engine gathers each tensor with FSDP's full_tensor before handing it to the co-located rollout,
+verl/workers/engine_workers.py in 0.9.1), then the transfer above runs from that unsharded
+layout. A zero-3 destination is charged its whole tp shard where it must receive (it keeps a
+1/d slice of it): an upper bound, like the rest.
+
 Data transfer: a consumer on another mesh receives the bytes of the keys it reads from the
 producer (4 bytes per token per key) over the slowest link between the two meshes.
 """
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from realbench.cost import comm
 from realbench.hardware import ClusterSpec
 from realbench.models import ModelSpec, stage_start
 from realbench.plan.mesh import Option
@@ -34,27 +43,42 @@ BYTES_PER_TOKEN_PER_KEY = 4
 
 @dataclass(frozen=True)
 class Layouts:
-    """Many layouts as arrays, one entry each: first device, device count, tp and pp. (dp and
-    micro-batches do not matter: every dp replica holds the same shards.)"""
+    """Many layouts as arrays, one entry each: first device, device count, tp, pp and the zero
+    stage (only 3 matters: the weights sharded over dp). (dp and micro-batches do not matter
+    otherwise: every dp replica holds the same shards.)"""
 
     start: np.ndarray
     size: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
+    zero: np.ndarray
 
     @classmethod
     def of(cls, options: list[Option], gpus_per_node: int) -> "Layouts":
         col = lambda f: np.array([f(o) for o in options], dtype=np.int64)  # noqa: E731
         return cls(col(lambda o: o.mesh.start(gpus_per_node)), col(lambda o: o.mesh.size),
-                   col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp))
+                   col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp), col(lambda o: o.strategy.zero))
 
 
 def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
     """Per pair: whether every destination device already holds its shard (no transfer)."""
-    same_layout = (src.start == dst.start) & (src.size == dst.size) & (src.tp == dst.tp) & (src.pp == dst.pp)
-    inside = (src.pp == 1) & (dst.pp == 1) & ((src.tp == 1) | (src.tp == dst.tp)) \
+    src_whole = src.zero != 3
+    same_layout = (src.start == dst.start) & (src.size == dst.size) & (src.tp == dst.tp) & (src.pp == dst.pp) \
+        & (src_whole == (dst.zero != 3))
+    inside = src_whole & (src.pp == 1) & (dst.pp == 1) & ((src.tp == 1) | (src.tp == dst.tp)) \
         & (src.start <= dst.start) & (dst.start + dst.size <= src.start + src.size)
     return same_layout | inside
+
+
+def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts) -> np.ndarray:
+    """Seconds for each zero-3 source's data-parallel group to all-gather its tp shard of the
+    weights (module doc); 0 for the others. Zero 3 runs without pipelines (pp 1): the group is
+    every tp-th device of the mesh, G / tp of them on each node when it spans nodes."""
+    G = cluster.gpus_per_node
+    dp = src.size // (src.tp * src.pp)
+    nbytes = float(model.n_params) * BF16 / src.tp
+    t = comm.all_gather(cluster, dp, nbytes, src.size > G, np.maximum(1, G // src.tp))
+    return np.where(src.zero == 3, t, 0.0)
 
 
 def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
@@ -70,7 +94,8 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     if len(dst.pp) == 0:
         return np.zeros(0)
     # int32 halves the memory traffic of these (pairs x stages) grids (device and layer numbers are small)
-    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp))) for x in (src, dst))
+    gather = gather_times(model, cluster, src)
+    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp, x.zero))) for x in (src, dst))
     j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
     lo, hi = stage_start(L, pp, j), stage_start(L, pp, j + 1)
@@ -91,7 +116,8 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     t = np.where(local, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)
     worst = np.where(j < pp, t, 0.0).max(axis=1)
-    return np.where(holds_same_shards(src, dst), 0.0, worst)
+    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))  # after the gather
+    return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, worst))
 
 
 def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option) -> float:

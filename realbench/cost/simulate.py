@@ -54,7 +54,7 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "node", "mesh_id", "working", "weights",
+COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "node", "mesh_id", "working", "weights",
            "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
@@ -293,16 +293,16 @@ class Estimator:
     def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
         """Where options run: first and end device, the node (-1 across nodes), and ids that are
         equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
-        micro-batches) per option, see `_strategy_fields`."""
+        micro-batches, zero) per option, see `_strategy_fields`."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
-                "micro_batches": strategy[:, 2], "node": node, "mesh_id": mesh_id}
+                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "node": node, "mesh_id": mesh_id}
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
-        return np.array([(s.tp, s.pp, s.micro_batches) for s in strategies], dtype=np.int64).reshape(-1, 3)
+        return np.array([(s.tp, s.pp, s.micro_batches, s.zero) for s in strategies], dtype=np.int64).reshape(-1, 4)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""
@@ -396,7 +396,7 @@ class Estimator:
     # -- reallocation -------------------------------------------------------------------------------
     def _layouts(self, i: int, k: np.ndarray) -> Layouts:
         lo = self.lo[i][k]
-        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k])
+        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k], self.zero[i][k])
 
     def _realloc_columns(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(B, n) realloc seconds from the master's layout to each call's, and (B, n) whether

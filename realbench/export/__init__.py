@@ -1,5 +1,6 @@
 """Plans leave realbench for a cluster: an Accelerate config and launch command, torchrun command
-lines per node, a Slurm batch script, or a standalone HTML report (`realbench export`)."""
+lines per node, a Slurm batch script, a standalone HTML report, or an engine's configuration and
+launch command (verl: realbench.engines) (`realbench export`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from realbench.engines import ENGINES, export_config
 from realbench.errors import ConfigError
 from realbench.export.launchers import (DEFAULT_PORT, LaunchSpec, accelerate_config, accelerate_script,
                                         slurm_script, torchrun_script)
 from realbench.plan import load_plan, load_scenario
 from realbench.schema import write_text
 
-FORMATS = ("accelerate", "torchrun", "slurm", "html")
+RUNTIME_FORMATS = ("accelerate", "torchrun", "slurm")  # launchers of realbench's runtime
+FORMATS = (*RUNTIME_FORMATS, "html", *ENGINES)
 
 
 def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optional[int] = None,
@@ -45,17 +48,21 @@ def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optio
 def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,
                 nodes: Optional[int] = None, gpus_per_node: Optional[int] = None, steps: int = 100,
                 port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False, profile_for=None,
-                **worker: Any) -> list[Path]:
-    """Write the plan in format `fmt` to `out` (the Accelerate form also writes its launch script
-    beside the config, as <out stem>-launch.sh); returns the files written. `profile_for(scenario)`
-    gives the profile the html report's times come from (None: the analytic model)."""
+                model_paths: Optional[dict[str, str]] = None, **worker: Any) -> list[Path]:
+    """Write the plan in format `fmt` to `out` (the Accelerate form and the engines' also write a
+    launch script beside it, as <out stem>-launch.sh); returns the files written.
+    `profile_for(scenario)` gives the profile the html report's times come from (None: the
+    analytic model); `model_paths`: an engine's checkpoint folders by role, over the scenario's."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
+    if fmt in ENGINES:
+        _, scenario, options = load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)
+        return export_config(fmt, scenario, options, out, model_paths or {}, overwrite)
     spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port, **worker)
     if fmt != "html":  # a launcher of realbench's runtime: only what it runs
-        from realbench.plan.mesh import refuse_unrunnable
+        from realbench.plan.plan import refuse_unrunnable
 
-        refuse_unrunnable(load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)[2])
+        refuse_unrunnable(*load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)[1:])
     if fmt == "html":
         from realbench.export.html import plan_report_html
 

@@ -156,13 +156,3 @@ class Option:
 
     def label(self, gpus_per_node: int) -> str:
         return f"{self.mesh.label(gpus_per_node)}/{self.strategy.label()}"
-
-
-def refuse_unrunnable(options: dict[str, Option]) -> None:
-    """Refuse by name what a plan asks that this runtime does not run: data-parallel sharding
-    (ZeRO / FSDP), which the cost model prices for the engines that run it."""
-    for name, o in options.items():
-        if o.strategy.zero:
-            raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
-                              "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
-                              "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")

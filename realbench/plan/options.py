@@ -126,22 +126,6 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
     return None
 
 
-def sharded_reallocation_problem(scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
-    """(call, reason) where a plan would move a model's weights to or from a layout that shards
-    them over data parallelism (zero 3), which the reallocation cost does not price (each
-    destination there holds a 1/dp slice, and no source replica holds the whole shard): such a
-    model's calls must all share one layout. None where there is no such move."""
-    for role in scenario.dataflow.models:
-        calls = [c.name for c in scenario.dataflow.calls if c.model == role]
-        sharded = [n for n in calls if options[n].strategy.zero == 3]
-        if sharded and len({(options[n].mesh, options[n].strategy.dp, options[n].strategy.tp,
-                              options[n].strategy.pp, options[n].strategy.zero) for n in calls}) > 1:
-            return sharded[0], (f"model {role!r} would move between this zero-3 layout and its other calls' "
-                                f"({', '.join(n for n in calls if n != sharded[0])}): reallocation to or from "
-                                "weights sharded over data parallelism is not priced; give its calls one layout")
-    return None
-
-
 def option_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option
                    ) -> Optional[tuple[str, str]]:
     problem = mesh_problem(option.mesh, cluster)

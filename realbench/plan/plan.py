@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field
 
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy, parse_mesh
-from realbench.plan.options import option_problem, sharded_reallocation_problem
+from realbench.plan.options import option_problem
 from realbench.plan.scenario import Scenario, load_scenario
 from realbench.schema import PLAN_SCHEMA, FileModel, read_document, validate_model, write_document
 
@@ -112,9 +112,6 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
         out[name] = option
-    problem = sharded_reallocation_problem(scenario, out)
-    if problem:
-        raise ConfigError(problem[1], f"calls.{problem[0]}.zero")
     return out
 
 
@@ -176,3 +173,16 @@ def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Sce
         return plan, scenario, resolve_plan(plan, scenario)
     except ConfigError as e:
         raise (e if e.source else e.in_file(path)) from None
+
+
+def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
+    """Refuse by name what realbench's runtime does not run: a scenario an engine runs (`engine`),
+    and data-parallel sharding (ZeRO / FSDP), which the cost model prices for the engines."""
+    if scenario.engine:
+        raise ConfigError(f"the scenario is {scenario.engine}'s: realbench plans it, {scenario.engine} runs it "
+                          f"(realbench export --format {scenario.engine})", "engine")
+    for name, o in options.items():
+        if o.strategy.zero:
+            raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
+                              "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
+                              "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")

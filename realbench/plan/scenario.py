@@ -26,7 +26,7 @@ import difflib
 import inspect
 import math
 from functools import cached_property
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pathlib import Path
 
@@ -57,6 +57,10 @@ class Scenario(DerivedValues):
     data: Optional[DataSpec] = None
     training: TrainingSpec = TrainingSpec()
     dataflow: Dataflow
+    # the engine that runs this scenario (read from its configuration: realbench import): realbench
+    # plans it and writes it back (export --format), its runtime does not run it, and a reward
+    # function is the engine's, named, not called here
+    engine: Optional[Literal["verl"]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -188,6 +192,8 @@ class Scenario(DerivedValues):
                 raise ConfigError(f"call {c.name!r} is a {c.kind.value} call of "
                                   f"{'function' if function else 'model'} {c.model!r}: a function only scores "
                                   "(kind: function), a model does not", f"dataflow.calls.{i}.kind")
+            if function and self.engine:
+                continue
             if function and self.data is None:
                 raise ConfigError("a reward function scores text: the scenario needs data files (data:) and a "
                                   "tokenizer", f"models.{c.model}")

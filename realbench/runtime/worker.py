@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from realbench.dataflow import CallDef, CallKind
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Option, refuse_unrunnable
+from realbench.plan.mesh import Option
+from realbench.plan.plan import refuse_unrunnable
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
 from realbench.runtime.checkpoint import load_hf_shards
@@ -229,7 +230,7 @@ class Worker:
         self.current = "start-up"
         df = scenario.dataflow
         G = scenario.cluster.gpus_per_node
-        refuse_unrunnable(options)
+        refuse_unrunnable(scenario, options)
         self.calls = [df.call(n) for n in df.order]
         self.layouts = [layout_of(options[c.name], G) for c in self.calls]
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]

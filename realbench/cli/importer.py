@@ -1,0 +1,46 @@
+"""`realbench import ENGINE FILE [overrides...] --out DIR`: the scenario and the plan an engine's
+configuration runs, written for estimate, the plan viewer and the report."""
+
+from __future__ import annotations
+
+from realbench.cli import emit_json, log
+
+
+def add_parser(sub) -> None:
+    from realbench.engines import ENGINES
+
+    p = sub.add_parser("import", help="read an engine's configuration (verl) into a scenario and the plan it runs")
+    p.add_argument("engine", choices=tuple(ENGINES), help="the engine whose configuration FILE is")
+    p.add_argument("file", help="verl: a Hydra config that extends ppo_trainer, or a run's composed .hydra/config.yaml")
+    p.add_argument("overrides", nargs="*", help="Hydra-style overrides, key=value (as on verl's command line)")
+    p.add_argument("--out", required=True, help="folder for <name>.yaml (the scenario) and <name>-plan.yaml")
+    p.add_argument("--name", help="the scenario's name (default: FILE's stem)")
+    p.add_argument("--device", default="h100", help="the GPUs' device preset (the configuration does not say; "
+                                                    "default h100)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--json", action="store_true", help="print the files and the estimate as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from realbench.cli.estimate import print_estimate
+    from realbench.cost import Estimator
+    from realbench.engines import engine_module, import_config
+    from realbench.plan import load_plan
+
+    scenario_path, plan_path = import_config(args.engine, args.file, args.overrides, args.out, args.device,
+                                             args.name, args.force)
+    _, scenario, options = load_plan(str(plan_path))
+    est = Estimator(scenario)
+    choice = est.choice_of(options)
+    result = est.estimate(choice)
+    gaps = list(engine_module(args.engine).PRICING_GAPS)
+    if args.json:
+        emit_json({"scenario": str(scenario_path), "plan": str(plan_path), **result.to_json(), "not_priced": gaps})
+        return 0
+    log(f"wrote {scenario_path}")
+    log(f"wrote {plan_path}")
+    print_estimate(scenario, est, choice, result, f"{args.engine} configuration {args.file}")
+    for gap in gaps:
+        print(f"not priced: {gap}")
+    return 0

@@ -1,0 +1,76 @@
+"""The engines that run RLHF at scale, as realbench plans them: one module per engine, each with
+its space (the plans the engine can run, `space_problem`), a reader of its configuration into a
+scenario and a plan (`read_config`, `to_plan`) and a writer of a plan as its configuration
+(`to_config`). The strategies they train with (FSDP, ZeRO, Megatron's distributed optimizer) are
+priced in realbench.cost. Each module names the source file of the engine's every rule; each
+engine's own code checks what realbench writes (`make engines`, the tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from realbench.engines import verl
+from realbench.errors import ConfigError
+from realbench.plan.mesh import Option
+from realbench.plan.plan import plan_from_document, resolve_plan
+from realbench.plan.scenario import Scenario, scenario_from_document
+from realbench.schema import write_document, write_text
+
+ENGINES = {"verl": verl}
+
+
+def engine_module(name: str):
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ConfigError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})") from None
+
+
+def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
+                  name: Optional[str] = None, overwrite: bool = False) -> tuple[Path, Path]:
+    """Read an engine's configuration (and overrides) into `out`/<name>.yaml (the scenario) and
+    `out`/<name>-plan.yaml (the plan the engine would run); returns their paths. Paths in the
+    configuration (checkpoints, the reward function) are taken, as the engine takes them,
+    relative to the folder it is launched from: this one."""
+    module = engine_module(engine)
+    name = name or Path(path).stem
+    settings_engine, settings, given = module.read_config(path, overrides)
+    scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path))
+    for entry in scenario["models"].values():
+        if isinstance(entry.get("path"), str):
+            entry["path"] = os.path.abspath(os.path.expanduser(entry["path"]))
+        if isinstance(entry.get("function"), str):
+            file, _, function = entry["function"].rpartition(":")
+            entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"
+    # both checked as realbench reads them before either is written (a source names what is wrong)
+    try:
+        resolve_plan(plan_from_document(plan), scenario_from_document(scenario))
+    except ConfigError as e:
+        raise ConfigError(f"the plan {engine} would run is not one realbench can price: {e.message}", e.field,
+                          str(path)) from None
+    folder = Path(out)
+    targets = (folder / f"{name}.yaml", folder / f"{name}-plan.yaml")
+    for p in targets:  # check both before writing either
+        if p.exists() and not overwrite:
+            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_document(scenario, targets[0], overwrite), write_document(plan, targets[1], overwrite)
+
+
+def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,
+                  model_paths: dict[str, str], overwrite: bool = False) -> list[Path]:
+    """Write a plan as the engine's configuration (`out`) and its launch script (<out stem>-launch.sh
+    beside it). `model_paths`: checkpoint folders by role, over the scenario's own."""
+    module = engine_module(engine)
+    paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
+    paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
+    settings_engine, settings = module.to_config(scenario, options, paths)
+    config = Path(out)
+    script = config.with_name(config.stem + "-launch.sh")
+    for p in (config, script):
+        if p.exists() and not overwrite:
+            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    return [write_document(module.config_document(settings_engine, settings), config, overwrite),
+            write_text(module.launch_script(config), script, overwrite, mode=0o755)]

@@ -1,0 +1,564 @@
+"""verl 0.9.1: the plans its synchronous PPO trainer can run, read from its configuration and
+written as one.
+
+What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
+
+* **One pool of GPUs for every role.** The V1 trainer maps actor, rollout, reference and critic
+  to `global_pool = [trainer.n_gpus_per_node] * trainer.nnodes`
+  (trainer/ppo/v1/trainer_base.py:805-820); in realbench terms every call's mesh is the whole
+  cluster. (A reward model may get its own pool; realbench writes it on the global pool.)
+* **One training engine for actor, reference and critic**, chosen by `model_engine`
+  (trainer/config/ppo_trainer.yaml defaults list): `dp` (FSDP: `strategy: fsdp | fsdp2`) or
+  `megatron`. FSDP has no tensor or pipeline parallelism (workers/config/engine.py:239-306): all
+  GPUs are data parallel, the weights, gradients and optimizer states fully sharded
+  (`fsdp_size: -1`, FULL_SHARD, workers/engine/fsdp/utils.py:35-53) = zero 3, or with
+  `reshard_after_forward: false` the weights kept whole between forward and backward
+  (SHARD_GRAD_OP) = zero 2. Megatron: `tensor_model_parallel_size`,
+  `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
+  `use_distributed_optimizer` (zero 1), one process-global layout for all three roles
+  (workers/engine/megatron/transformer_impl.py:239-256: the first engine built wins).
+  Activation recomputation: FSDP `model.enable_gradient_checkpointing`; Megatron
+  `override_transformer_config.recompute_granularity: full` with `recompute_method: uniform`,
+  `recompute_num_layers: 1` (every layer's input kept, the layer recomputed).
+* **The rollout is a serving engine on the same GPUs** (vLLM or SGLang, hybrid replicas carved
+  from the actor's workers, workers/rollout/llm_server.py:434-460): `tensor_model_parallel_size`
+  per replica, GPUs / tp replicas, no pipeline parallelism (workers/config/rollout.py:319-323); a
+  replica's GPUs fit a node or span whole nodes (workers/rollout/replica.py:107-117).
+  `max_num_seqs` sequences decode together per replica.
+* **Calls one after another** (trainer/ppo/v1/trainer_base.py:562-612: generate, reward,
+  old log-probs, reference, values, advantages, critic update, actor update, weight sync), which
+  is what realbench's simulator does with calls that share every GPU.
+* **Batches**: `data.train_batch_size` prompts, `rollout.n` samples each, optimizer steps of
+  `ppo_mini_batch_size` prompts (times n trajectories), `ppo_epochs` passes
+  (workers/engine_workers.py:261-314); a replica's rows split into micro-batches of
+  `*_micro_batch_size_per_gpu` rows that must divide them (workers/engine/utils.py:122-128), or
+  with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens. The V1 critic always packs,
+  both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
+  (trainer/ppo/v1/trainer_base.py:266-268).
+
+How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
+Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
+all-gather of the model (realbench.cost.realloc). Not priced yet, and said so wherever a verl
+plan is read or written (`PRICING_GAPS`): the rollout's continuous batching (priced as
+max_num_seqs-row batches), the reference's parameter offload to the CPU (verl's FSDP always
+offloads a forward-only model, workers/engine/fsdp/transformer_impl.py:431-463), and the actor's
+separate old-log-prob forward over the whole batch (realbench's train call recomputes the
+behaviour log-probabilities of every optimizer step but the first).
+
+Read: `read_config` takes a Hydra primary config (`defaults: [ppo_trainer, _self_]`, as
+`python -m verl.trainer.main_ppo --config-path --config-name` takes it) or a composed config (a
+run's `.hydra/config.yaml`), then Hydra-style overrides, over verl's own defaults
+(`verl-0.9.1.json`, made from verl's composition by `verl_check.py defaults`, which a test
+compares with the installed verl). A key verl does not have is refused with the closest one; a
+setting realbench neither maps nor knows to leave time and memory alone, changed from verl's
+default, is refused by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from realbench.dataflow import CallKind
+from realbench.errors import ConfigError
+from realbench.models import FunctionSpec
+from realbench.plan.mesh import Mesh, Option, Strategy
+from realbench.plan.scenario import Scenario
+from realbench.schema import read_document
+
+VERSION = "0.9.1"
+ENTRY = "python3 -m verl.trainer.main_ppo"
+TABLE = Path(__file__).with_name(f"verl-{VERSION}.json")
+# algorithm.adv_estimator (verl/trainer/ppo/core_algos.py, AdvantageEstimator) <-> realbench's algorithm
+ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
+CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
+# keys verl reads that its composed config does not hold (Hydra's `+key=value`)
+ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
+PRICING_GAPS = ("verl's rollout batches continuously; realbench prices it as batches of max_num_seqs rows",
+                "verl offloads the reference's FSDP parameters to the CPU; realbench keeps them on the GPUs",
+                "verl recomputes the old log-probabilities over the whole batch; realbench over all optimizer "
+                "steps but the first")
+
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+# settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
+# the learning and sampling settings), by prefix: carried as they are, never priced
+NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
+           "trainer.save_freq", "trainer.test_freq", "trainer.total_epochs", "trainer.total_training_steps",
+           "trainer.val_before_train", "trainer.resume_mode", "trainer.resume_from_path", "trainer.log_val_generations",
+           "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.default_hdfs_dir",
+           "trainer.seed", "data.train_files", "data.val_files", "data.prompt_key", "data.reward_fn_key",
+           "data.shuffle", "data.seed", "data.filter_overlong_prompts", "data.truncation", "data.return_raw_chat",
+           "data.tokenizer", "data.dataloader_num_workers", "data.val_batch_size",
+           "actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path",
+           "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+           "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
+           f"{A}.optim.", "critic.optim.", f"{A}.clip_ratio", f"{A}.entropy_coeff", f"{A}.loss_agg_mode",
+           f"{A}.grad_clip", "critic.grad_clip", "critic.cliprange_value", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
+           "algorithm.kl_ctrl.", "algorithm.kl_penalty", "algorithm.gamma", "algorithm.lam",
+           "algorithm.norm_adv_by_std_in_grpo", f"{R}.temperature", f"{R}.top_p", f"{R}.top_k",
+           f"{R}.val_kwargs.", f"{R}.gpu_memory_utilization", f"{R}.enforce_eager", f"{R}.free_cache_engine",
+           f"{R}.enable_chunked_prefill", f"{R}.enable_prefix_caching", f"{R}.max_num_batched_tokens",
+           f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
+           f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu", f"{R}.name",
+           "reward.custom_reward_function.", "reward.reward_manager", "reward.num_workers",
+           f"{A}.checkpoint.", "critic.checkpoint.", "ray_kwargs.", "global_profiler.", f"{A}.profiler.",
+           "critic.profiler.", f"{R}.profiler.", "actor_rollout_ref.ref.profiler.")
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    return json.loads(TABLE.read_text())
+
+
+def defaults(engine: str) -> dict[str, Any]:
+    """verl's composed ppo_trainer config for model_engine `engine` (dp | megatron), flat:
+    dotted key -> default (interpolations unresolved)."""
+    return _table()["keys"][engine]
+
+
+# -- reading a configuration ------------------------------------------------------------------------
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _nest(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _unknown(key: str, engine: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(defaults(engine)) + list(ADDED_KEYS), n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
+
+
+def _engine_of(doc: dict, overrides: list[str], source: str) -> str:
+    """model_engine: from the primary config's defaults list (`override model_engine: X`), a
+    composed config's own key, or an override `model_engine=X`."""
+    engine = doc.get("model_engine", "dp")
+    for entry in doc.get("defaults", []) or []:
+        if isinstance(entry, dict):
+            for k, v in entry.items():
+                if k.replace("override ", "").strip("/ ") == "model_engine":
+                    engine = v
+                else:
+                    raise ConfigError(f"realbench reads configs that extend ppo_trainer; {k!r} is not read", "defaults",
+                                      source)
+        elif entry not in ("ppo_trainer", "_self_"):
+            raise ConfigError(f"realbench reads configs that extend ppo_trainer; {entry!r} is not read", "defaults",
+                              source)
+    for o in overrides:
+        if o.split("=", 1)[0] == "model_engine":
+            engine = o.split("=", 1)[1]
+    if engine not in ENGINES:
+        raise ConfigError(f"model_engine {engine!r}: realbench prices {', '.join(ENGINES)} (FSDP and Megatron)",
+                          "model_engine", source)
+    return engine
+
+
+def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[str, Any], set[str]]:
+    """(model_engine, every setting resolved as verl resolves them, the keys given) of a verl
+    config file and Hydra-style overrides (`key=value`; `+key=value` only for keys verl reads
+    beyond its YAML). A composed config gives every key: those equal to verl's default are not
+    counted as given."""
+    from omegaconf import OmegaConf
+
+    source = str(path)
+    doc = read_document(path, schema=False)
+    overrides = list(overrides)
+    engine = _engine_of(doc, overrides, source)
+    table = defaults(engine)
+    given = _flatten({k: v for k, v in doc.items() if k not in ("defaults", "hydra", "model_engine")})
+    for o in overrides:
+        key, eq, raw = o.partition("=")
+        if not eq or not key or key.startswith("~"):
+            raise ConfigError("an override is key=value (or +key=value)", o, "overrides")
+        if key == "model_engine":
+            continue
+        value = yaml.safe_load(raw) if raw else None
+        if key.startswith("+"):
+            key = key[1:]
+            if key not in ADDED_KEYS:
+                raise _unknown(key, engine, "overrides")
+        given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
+    for key in given:
+        if key not in table and key not in ADDED_KEYS:
+            raise _unknown(key, engine, source)
+    merged = OmegaConf.create(_nest({**table, **ADDED_KEYS, **given}))
+    changed = {k for k, v in given.items() if v != {**table, **ADDED_KEYS}.get(k)}
+    return engine, _flatten(OmegaConf.to_container(merged, resolve=True)), changed
+
+
+def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], source: str) -> None:
+    """Refuse by name the first setting given (and changed from verl's default) that realbench
+    neither reads (READ) nor knows to leave a step's time and memory alone (NEUTRAL). (Settings
+    that follow others by interpolation are checked through those.)"""
+    for key in sorted(given):
+        if key in READ or key.startswith(NEUTRAL):
+            continue
+        raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine).get(key)!r}) changes what verl runs, "
+                          "and realbench does not price it", key, source)
+
+
+# -- a configuration as a scenario and a plan ---------------------------------------------------------
+def _ceil(a: float, b: float) -> int:
+    return max(1, math.ceil(a / b))
+
+
+def _divide(rows: int, per_gpu: Optional[int], key: str, source: str) -> int:
+    """Micro-batches of a replica's `rows` in micro-batches of `per_gpu` rows (verl refuses a
+    remainder, verl/workers/engine/utils.py:122-128)."""
+    if not per_gpu:
+        raise ConfigError("is not set: verl needs it without use_dynamic_bsz", key, source)
+    if rows % per_gpu:
+        raise ConfigError(f"{per_gpu} does not divide a GPU's {rows} rows (verl splits them evenly)", key, source)
+    return rows // per_gpu
+
+
+def _function_mesh(rows: int, nodes: int, per_node: int) -> Mesh:
+    """Where the plan puts a reward function (verl calls it on CPU workers beside generation; its
+    cost is per response, wherever it runs): the whole cluster where its responses split evenly
+    over every GPU, else the first GPUs of node 0 that split them."""
+    if rows % (nodes * per_node) == 0:
+        return Mesh(0, nodes, 0, per_node)
+    size = per_node
+    while rows % size:
+        size //= 2
+    return Mesh(0, 1, 0, size)
+
+
+def _checkpointing(engine: str, s: dict, role: str) -> bool:
+    """Whether a trained role recomputes every layer (FSDP: gradient checkpointing; Megatron:
+    full uniform recomputation of one layer at a time)."""
+    if engine == "dp":
+        return bool(s[f"{'actor_rollout_ref' if role == 'actor' else 'critic'}.model.enable_gradient_checkpointing"])
+    block = f"{A}.megatron" if role == "actor" else "critic.megatron"
+    o = f"{block}.override_transformer_config"
+    got = (s.get(f"{o}.recompute_granularity"), s.get(f"{o}.recompute_method"), s.get(f"{o}.recompute_num_layers"))
+    if got == (None, None, None):
+        return False
+    if got == ("full", "uniform", 1):
+        return True
+    raise ConfigError(f"{got}: realbench prices no recomputation or Megatron's full uniform recomputation of each "
+                      "layer (full, uniform, 1)", f"{o}.recompute_granularity")
+
+
+READ = {"trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.v1.trainer_mode",
+        "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
+        "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.strategy", f"{A}.ppo_mini_batch_size",
+        f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
+        f"{A}.ppo_epochs", "critic.ppo_epochs", "critic.strategy", "critic.enable", "critic.ppo_mini_batch_size",
+        "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+        "critic.ppo_infer_max_token_len_per_gpu", "critic.use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", f"{R}.n", f"{R}.tensor_model_parallel_size",
+        f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
+        "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
+        f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
+        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward"} | {
+        f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
+        for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                  "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
+                  "override_transformer_config.recompute_method", "override_transformer_config.recompute_num_layers")}
+
+
+def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = ""
+            ) -> tuple[dict, dict]:
+    """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config)."""
+    refuse_unpriced(engine, s, given, source)
+    if not s["trainer.use_v1"] or s["trainer.v1.trainer_mode"] != "sync":
+        raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync)",
+                          "trainer.v1.trainer_mode", source)
+    estimator = s["algorithm.adv_estimator"]
+    if estimator not in ESTIMATORS:
+        raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO)",
+                          "algorithm.adv_estimator", source)
+    algorithm = ESTIMATORS[estimator]
+    critic = bool(s["critic.enable"]) if s["critic.enable"] is not None else estimator == "gae"
+    if critic != (algorithm == "ppo"):
+        raise ConfigError(f"{critic}: realbench's {algorithm.upper()} {'has' if algorithm == 'ppo' else 'has no'} "
+                          "critic", "critic.enable", source)
+    if not (s["algorithm.use_kl_in_reward"] or s[f"{A}.use_kl_loss"]):
+        raise ConfigError("verl runs no reference model without use_kl_loss or algorithm.use_kl_in_reward; "
+                          f"realbench's {algorithm.upper()} scores with one: set one of them", f"{A}.use_kl_loss", source)
+    nodes, per_node = int(s["trainer.nnodes"]), int(s["trainer.n_gpus_per_node"])
+    N = nodes * per_node
+    prompts, n = int(s["data.train_batch_size"]), int(s[f"{R}.n"])
+    if algorithm != "ppo" and n < 2:
+        raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more", f"{R}.n", source)
+    if algorithm == "ppo" and n != 1:
+        raise ConfigError(f"{n}: realbench's PPO samples one response a prompt", f"{R}.n", source)
+    mini = int(s[f"{A}.ppo_mini_batch_size"])
+    if prompts % mini:
+        raise ConfigError(f"{mini} does not divide data.train_batch_size {prompts}", f"{A}.ppo_mini_batch_size", source)
+    if critic and int(s["critic.ppo_mini_batch_size"]) != mini:
+        raise ConfigError("realbench trains actor and critic in the same optimizer steps: set it to the actor's",
+                          "critic.ppo_mini_batch_size", source)
+    steps = prompts // mini
+    epochs = int(s[f"{A}.ppo_epochs"])
+    if critic and int(s["critic.ppo_epochs"]) != epochs:
+        raise ConfigError("realbench trains actor and critic for the same passes: set it to the actor's",
+                          "critic.ppo_epochs", source)
+    prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
+    L = prompt_len + gen_len
+    rows = prompts * n
+
+    if engine == "dp":
+        tp = pp = v = 1
+        zeros = {}
+        for role, key in (("actor", f"{A}.fsdp_config.reshard_after_forward"),
+                          ("critic", "critic.fsdp.reshard_after_forward")):
+            zeros[role] = 3 if s[key] else 2
+        if not s["actor_rollout_ref.ref.fsdp_config.reshard_after_forward"]:
+            raise ConfigError("False: a forward-only FSDP model is priced fully sharded (zero 3)",
+                              "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", source)
+        ref_zero = 3
+    else:
+        meg = f"{A}.megatron"
+        tp, pp = int(s[f"{meg}.tensor_model_parallel_size"]), int(s[f"{meg}.pipeline_model_parallel_size"])
+        v = int(s[f"{meg}.virtual_pipeline_model_parallel_size"] or 1)
+        for block in ("critic.megatron", "actor_rollout_ref.ref.megatron") if critic else ("actor_rollout_ref.ref.megatron",):
+            for k, want in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                            ("virtual_pipeline_model_parallel_size", v)):
+                if int(s[f"{block}.{k}"] or 1) != want:
+                    raise ConfigError(f"{s[f'{block}.{k}']}: verl's Megatron state is process-global, the actor's "
+                                      f"({want}) wins (verl/workers/engine/megatron/transformer_impl.py:239-256)",
+                                      f"{block}.{k}", source)
+        if N % (tp * pp):
+            raise ConfigError(f"tp x pp = {tp * pp} does not divide the {N} GPUs", f"{meg}.tensor_model_parallel_size",
+                              source)
+        zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
+                 "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
+        ref_zero = 0
+    dp = N // (tp * pp)
+
+    def train_micro_batches(role: str) -> int:
+        per_gpu = rows // steps // dp
+        if role == "critic":  # the V1 critic packs to one token budget (module doc)
+            return _ceil(per_gpu * L, int(s["critic.ppo_infer_max_token_len_per_gpu"]))
+        if s[f"{A}.use_dynamic_bsz"]:
+            return _ceil(per_gpu * L, int(s[f"{A}.ppo_max_token_len_per_gpu"]))
+        return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
+
+    ref = "actor_rollout_ref.ref"
+    ref_m = (_ceil(rows // dp * L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
+             else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
+                          f"{ref}.log_prob_micro_batch_size_per_gpu", source))
+    rollout_tp = int(s[f"{R}.tensor_model_parallel_size"])
+    if N % rollout_tp or (per_node % rollout_tp and rollout_tp % per_node):
+        raise ConfigError(f"{rollout_tp}: a rollout replica fits a node or spans whole nodes of {per_node} GPUs "
+                          "(verl/workers/rollout/replica.py:107-117)", f"{R}.tensor_model_parallel_size", source)
+    replicas = N // rollout_tp
+    whole = f"n0-{nodes - 1}" if nodes > 1 else "n0"
+    calls = {
+        "actor_gen": {"dp": replicas, "tp": rollout_tp, "pp": 1,
+                      "micro_batches": _ceil(rows / replicas, int(s[f"{R}.max_num_seqs"]))},
+        "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
+                        "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
+                        "zero": zeros["actor"]},
+        "ref_inf": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero},
+    }
+    scorer = _function_mesh(rows, nodes, per_node)
+    calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
+    if critic:
+        train_m = train_micro_batches("critic")
+        calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
+                                 "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
+                                 "zero": zeros["critic"]}
+        calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
+                               "micro_batches": _ceil(rows // dp * L, int(s["critic.ppo_infer_max_token_len_per_gpu"])),
+                               "zero": 3 if engine == "dp" else 0}
+    for c in calls.values():
+        c.setdefault("mesh", whole)
+        if c["dp"] == 1:  # one replica: nothing to shard over
+            c.pop("zero", None)
+        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0)):
+            if c.get(key, off) == off:
+                c.pop(key, None)
+    actor_path = s["actor_rollout_ref.model.path"]
+    models: dict[str, Any] = {"actor": {"path": actor_path}, "ref": {"path": actor_path}}
+    if critic:
+        models["critic"] = {"path": s["critic.model.path"], "value_head": True}
+    reward_fn = s["reward.custom_reward_function.path"]
+    if not reward_fn:
+        raise ConfigError("realbench plans verl jobs scored by a reward function (a file); reward models are not "
+                          "read yet", "reward.custom_reward_function.path", source)
+    models["reward"] = {"function": f"{reward_fn}:{s['reward.custom_reward_function.name']}"}
+    dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
+                "minibatches": steps}
+    if algorithm != "ppo":
+        dataflow["group_size"] = n
+    scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": "verl",
+                "description": f"read from the verl {VERSION} configuration {Path(source).name} ({ENGINES[engine]})",
+                "cluster": {"nodes": nodes, "gpus_per_node": per_node, "device": device},
+                "models": models, "dataflow": dataflow, "training": {"num_iterations": epochs}}
+    plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls,
+            "origin": {"method": f"verl {VERSION} configuration"}}
+    return scenario, plan
+
+
+# -- a plan as a configuration ------------------------------------------------------------------------
+def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """(plan key, what verl cannot do) for the first part of a plan outside verl's space, or None."""
+    c = scenario.cluster
+    if scenario.algorithm not in ESTIMATORS.values():
+        return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if scenario.dataflow.max_staleness:
+        return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
+    whole = Mesh(0, c.nodes, 0, c.gpus_per_node)
+    for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
+        if o.mesh != whole and scenario.dataflow.call(name).kind != CallKind.FUNCTION:
+            return f"calls.{name}.mesh", ("verl places every role on one pool of all the GPUs "
+                                          "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
+    actor = options["actor_train"].strategy
+    fsdp = actor.zero >= 2
+    trained = [n for n in ("actor_train", "ref_inf", "critic_train", "critic_inf") if n in options]
+    for name in trained:
+        s = options[name].strategy
+        if fsdp and (s.tp, s.pp) != (1, 1):
+            return f"calls.{name}.tp", "verl's FSDP engine has no tensor or pipeline parallelism (verl/workers/config/engine.py)"
+        if fsdp and s.zero != 3 and not (s.zero == 2 and "train" in name):
+            return f"calls.{name}.zero", ("verl trains actor, reference and critic with one engine (model_engine): "
+                                          "FSDP shards every model (zero 3; zero 2 for training)")
+        if not fsdp and ((s.tp, s.pp, s.virtual_stages if "train" in name else actor.virtual_stages)
+                         != (actor.tp, actor.pp, actor.virtual_stages)):
+            return f"calls.{name}.tp", ("verl's Megatron layout is process-global: actor, reference and critic share "
+                                        "tp, pp and virtual stages (verl/workers/engine/megatron/transformer_impl.py)")
+        if not fsdp and s.zero > (1 if "train" in name else 0):
+            return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
+    gen = options["actor_gen"].strategy
+    if gen.pp > 1:
+        return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
+    if c.gpus_per_node % gen.tp and gen.tp % c.gpus_per_node:
+        return "calls.actor_gen.tp", "a verl rollout replica fits a node or spans whole nodes"
+    if not isinstance(scenario.models.get("reward"), FunctionSpec):
+        return "models.reward", "realbench writes verl jobs scored by a reward function; reward models are not written yet"
+    return None
+
+
+def _rows_per_step(scenario: Scenario, name: str, o: Option) -> int:
+    call = scenario.dataflow.call(name)
+    return call.seqs // call.optimizer_steps // o.strategy.dp
+
+
+def _per_micro_batch(scenario: Scenario, name: str, o: Option) -> int:
+    rows, m = _rows_per_step(scenario, name, o), o.strategy.micro_batches
+    if rows % m:
+        raise ConfigError(f"{m} does not divide a GPU's {rows} rows: verl splits them into equal micro-batches "
+                          "(verl/workers/engine/utils.py:122-128)", f"calls.{name}.micro_batches")
+    return rows // m
+
+
+def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
+    """The V1 critic's token budget a GPU (critic.ppo_infer_max_token_len_per_gpu) under which
+    verl packs the critic's train and inference calls into the plan's micro-batch counts: one
+    budget B gives ceil(rows x seq_len / B) of each (module doc), so both counts must agree with
+    some B; the largest such B (the fewest packed micro-batches) is written."""
+    ct, ci = options["critic_train"].strategy, options["critic_inf"].strategy
+    seq_len = scenario.dataflow.call("critic_train").seq_len
+    train_tokens = _rows_per_step(scenario, "critic_train", options["critic_train"]) * seq_len
+    inf_tokens = _rows_per_step(scenario, "critic_inf", options["critic_inf"]) * seq_len
+    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches))
+    if (_ceil(train_tokens, budget), _ceil(inf_tokens, budget)) != (ct.micro_batches, ci.micro_batches):
+        raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU "
+                          f"(verl/trainer/ppo/v1/trainer_base.py:266-268): no budget gives {ct.micro_batches} "
+                          f"micro-batches of {train_tokens} tokens and {ci.micro_batches} of {inf_tokens}",
+                          "calls.critic_inf.micro_batches")
+    return budget
+
+
+def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[str, str]) -> tuple[str, dict]:
+    """(model_engine, the settings verl needs to run the plan, flat) of a plan in verl's space."""
+    problem = space_problem(scenario, options)
+    if problem:
+        raise ConfigError(problem[1], problem[0])
+    c, df = scenario.cluster, scenario.dataflow
+    gen, actor = options["actor_gen"].strategy, options["actor_train"].strategy
+    engine = "dp" if actor.zero >= 2 else "megatron"
+    g = df.call("actor_gen")
+    n = g.group_size
+    prompts, steps = g.seqs // n, df.call("actor_train").optimizer_steps
+    out: dict[str, Any] = {
+        "trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
+        "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
+        "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
+        f"{R}.name": "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
+        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
+        f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
+        f"{A}.use_dynamic_bsz": False,
+        f"{A}.ppo_micro_batch_size_per_gpu": _per_micro_batch(scenario, "actor_train", options["actor_train"]),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu":
+            _per_micro_batch(scenario, "ref_inf", options["ref_inf"]),
+    }
+    reward = scenario.models["reward"]
+    if len(reward.functions) > 1 or reward.model_score:
+        raise ConfigError("verl scores with one reward function (reward.custom_reward_function)", "models.reward")
+    file, _, function = reward.functions[0].rpartition(":")
+    out.update({"reward.custom_reward_function.path": file, "reward.custom_reward_function.name": function})
+    out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
+    if scenario.algorithm == "ppo":
+        out["algorithm.use_kl_in_reward"] = True
+    else:
+        out[f"{A}.use_kl_loss"] = True
+    for role in ("actor", "ref", "critic"):
+        if role in scenario.models:
+            if role not in model_paths:
+                raise ConfigError(f"verl loads a checkpoint folder: give the {role}'s (--model-path {role}=DIR)",
+                                  f"models.{role}")
+    if model_paths["ref"] != model_paths["actor"]:
+        raise ConfigError("verl's reference is the actor's checkpoint (actor_rollout_ref.model.path)", "models.ref")
+    out["actor_rollout_ref.model.path"] = model_paths["actor"]
+    roles = [("actor", "actor_train", A, "actor_rollout_ref.model")]
+    if "critic_train" in options:
+        per_gpu = _per_micro_batch(scenario, "critic_train", options["critic_train"])
+        out.update({"critic.enable": True, "critic.model.path": model_paths["critic"],
+                    "critic.ppo_micro_batch_size_per_gpu": per_gpu,
+                    "critic.ppo_infer_max_token_len_per_gpu": critic_budget(scenario, options)})
+        roles.append(("critic", "critic_train", "critic", "critic.model"))
+    for role, call, block, model_block in roles:
+        s = options[call].strategy
+        if engine == "dp":
+            fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
+            out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
+            out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
+        else:
+            meg = f"{block}.megatron"
+            out.update({f"{meg}.tensor_model_parallel_size": s.tp, f"{meg}.pipeline_model_parallel_size": s.pp,
+                        f"{meg}.virtual_pipeline_model_parallel_size": s.virtual_stages if s.virtual_stages > 1 else None,
+                        f"{meg}.use_distributed_optimizer": s.zero == 1})
+            o = f"{meg}.override_transformer_config"
+            out.update({f"{o}.recompute_granularity": "full" if s.checkpointing else None,
+                        f"{o}.recompute_method": "uniform" if s.checkpointing else None,
+                        f"{o}.recompute_num_layers": 1 if s.checkpointing else None})
+    return engine, out
+
+
+def config_document(engine: str, settings: dict[str, Any]) -> dict:
+    """A Hydra primary config that extends verl's ppo_trainer with `settings`."""
+    defaults_list: list = ["ppo_trainer"] + ([{"override model_engine": engine}] if engine != "dp" else []) + ["_self_"]
+    return {"hydra": {"searchpath": ["pkg://verl.trainer.config"]}, "defaults": defaults_list, **_nest(settings)}
+
+
+def launch_script(config: Path) -> str:
+    return ("#!/usr/bin/env bash\n"
+            f"# verl {VERSION}: the plan realbench wrote as {config.name} (pip install verl=={VERSION})\n"
+            'here="$(cd "$(dirname "$0")" && pwd)"\n'
+            f'exec {ENTRY} --config-path "$here" --config-name {config.stem} "$@"\n')

@@ -1,0 +1,85 @@
+"""Run verl's own code on a configuration, with verl's Python (its pins conflict with realbench's:
+`make engines` builds `.venv-verl` with verl 0.9.1). Standalone: imports verl, Hydra and
+OmegaConf only, never realbench.
+
+    .venv-verl/bin/python realbench/engines/verl_check.py defaults
+        every key of verl's composed ppo_trainer config and its default value, per model_engine
+        (dp: FSDP, megatron), interpolations unresolved: realbench/engines/verl-0.9.1.json
+    .venv-verl/bin/python realbench/engines/verl_check.py validate CONFIG.yaml [overrides...]
+        composes CONFIG.yaml (a Hydra primary config whose defaults list names ppo_trainer) with
+        the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
+        runs the checks verl runs before it starts training: validate_config
+        (verl/utils/config.py) and the __post_init__ checks of the actor, rollout and engine
+        dataclasses (verl/workers/config/); prints one JSON line: {"ok": true, ...} or
+        {"ok": false, "error": "..."} (exit status 1)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# run as a script, this file's folder comes first on the path, and its verl.py (realbench's)
+# would shadow the verl package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
+def _leaves(node, prefix: str = "") -> dict:
+    out = {}
+    if isinstance(node, dict) and (node or not prefix):
+        for key, value in node.items():
+            out.update(_leaves(value, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = node
+    return out
+
+
+def defaults() -> dict:
+    import verl
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        tables = {engine: _leaves(OmegaConf.to_container(compose("ppo_trainer", overrides=[f"model_engine={engine}"]),
+                                                         resolve=False))
+                  for engine in ("dp", "megatron")}
+    return {"verl": verl.__version__, "keys": tables}
+
+
+def validate(config: str, overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    path = Path(config).resolve()
+    with initialize_config_dir(str(path.parent), version_base=None):
+        cfg = compose(path.stem, overrides=overrides)
+    OmegaConf.resolve(cfg)
+    ref, critic = need_reference_policy(cfg), need_critic(cfg)
+    validate_config(cfg, use_reference_policy=ref, use_critic=critic)
+    arr = cfg.actor_rollout_ref
+    rollout = omega_conf_to_dataclass(arr.rollout)  # RolloutConfig.__post_init__: pp, modes
+    actor = omega_conf_to_dataclass(arr.actor)  # and its engine's (FSDPEngineConfig / McoreEngineConfig)
+    return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
+            "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["defaults"]:
+        print(json.dumps(defaults(), sort_keys=True, default=str))
+        return 0
+    if argv[:1] == ["validate"] and len(argv) >= 2:
+        try:
+            print(json.dumps(validate(argv[1], argv[2:])))
+            return 0
+        except Exception as e:  # verl's own refusal, whatever its type: reported as one line
+            print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
+            return 1
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

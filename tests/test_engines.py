@@ -1,0 +1,245 @@
+"""verl 0.9.1's configurations read into plans, plans written as its configurations, and what
+realbench writes checked by verl's own code (composition, validate_config and its config
+dataclasses) in verl's own environment (`make engines`: .venv-verl)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from realbench.engines import verl
+
+ROOT = Path(__file__).resolve().parent.parent
+VERL_PYTHON = Path(os.environ.get("REALBENCH_VERL_PYTHON", ROOT / ".venv-verl" / "bin" / "python"))
+CHECK = ROOT / "realbench" / "engines" / "verl_check.py"
+
+GRPO = """\
+hydra:
+  searchpath: [pkg://verl.trainer.config]
+defaults: [ppo_trainer, _self_]
+trainer: {nnodes: 1, n_gpus_per_node: 8}
+data: {train_batch_size: 32, max_prompt_length: 64, max_response_length: 128}
+algorithm: {adv_estimator: grpo}
+actor_rollout_ref:
+  model: {path: ckpt}
+  actor: {ppo_mini_batch_size: 8, ppo_micro_batch_size_per_gpu: 4, use_kl_loss: true}
+  rollout: {name: vllm, n: 4, tensor_model_parallel_size: 2, log_prob_micro_batch_size_per_gpu: 4}
+  ref: {log_prob_micro_batch_size_per_gpu: 8}
+reward:
+  custom_reward_function: {path: scoring/reward.py}
+"""
+
+PPO_MEGATRON = """\
+hydra:
+  searchpath: [pkg://verl.trainer.config]
+defaults:
+  - ppo_trainer
+  - override model_engine: megatron
+  - _self_
+trainer: {nnodes: 2, n_gpus_per_node: 8}
+data: {train_batch_size: 64, max_prompt_length: 64, max_response_length: 192}
+algorithm: {adv_estimator: gae, use_kl_in_reward: true}
+actor_rollout_ref:
+  model: {path: ckpt}
+  actor:
+    ppo_mini_batch_size: 16
+    ppo_micro_batch_size_per_gpu: 2
+    megatron:
+      tensor_model_parallel_size: 2
+      pipeline_model_parallel_size: 2
+      virtual_pipeline_model_parallel_size: 2
+      override_transformer_config: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}
+  rollout: {name: vllm, tensor_model_parallel_size: 2, max_num_seqs: 8, log_prob_micro_batch_size_per_gpu: 2}
+  ref: {log_prob_micro_batch_size_per_gpu: 4}
+critic:
+  model: {path: ckpt}
+  ppo_micro_batch_size_per_gpu: 2
+  megatron: {tensor_model_parallel_size: 2, pipeline_model_parallel_size: 2, virtual_pipeline_model_parallel_size: 2}
+reward:
+  custom_reward_function: {path: scoring/reward.py}
+"""
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A user's verl job folder: a checkpoint, a reward function of verl's form, two configs
+    (GRPO on FSDP, PPO on Megatron), named as a user names them."""
+    from realbench.examples import save_model
+
+    folder = tmp_path_factory.mktemp("my verl job")
+    save_model(folder / "ckpt")
+    (folder / "scoring").mkdir()
+    (folder / "scoring" / "reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(ground_truth in solution_str)\n")
+    (folder / "grpo_qwen_fsdp.yaml").write_text(GRPO)
+    (folder / "ppo megatron.yaml").write_text(PPO_MEGATRON)
+    return folder
+
+
+def verl_check(*args) -> dict:
+    assert VERL_PYTHON.is_file(), f"verl's environment is missing: run `make engines` ({VERL_PYTHON})"
+    done = subprocess.run([str(VERL_PYTHON), str(CHECK), *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def imported(cli, job, config, *overrides, out="plans", name=None):
+    """Import from the job folder (verl takes paths relative to where it is launched)."""
+    os.chdir(job)
+    code, stdout, err = cli("import", "verl", config, *overrides, "--out", out, "--json",
+                            *(("--name", name) if name else ()), "--force")
+    assert code == 0, err
+    result = json.loads(stdout)
+    return result, yaml.safe_load(Path(result["plan"]).read_text()), yaml.safe_load(Path(result["scenario"]).read_text())
+
+
+@pytest.fixture(autouse=True)
+def _keep_cwd():
+    here = os.getcwd()
+    yield
+    os.chdir(here)
+
+
+def test_the_settings_table_is_verls_own_composition():
+    """realbench reads verl's settings against verl-0.9.1.json; the installed verl composes the
+    same keys with the same defaults (for both training engines)."""
+    got = verl_check("defaults")
+    assert got == json.loads(verl.TABLE.read_text())
+    assert got["verl"] == verl.VERSION
+
+
+def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
+    """32 prompts x 4 samples = 128 rows on 8 GPUs: FSDP trains with dp 8, zero 3, each GPU's
+    128 / 4 steps / 8 = 4 rows a step in micro-batches of 4 (1); the reference's 128 / 8 = 16
+    rows in micro-batches of 8 (2); vLLM replicas of tp 2 (4 of them) decode their 32 rows
+    together (max_num_seqs 256: 1 batch); gradient checkpointing is verl's default."""
+    result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml")
+    assert plan["calls"] == {
+        "actor_gen": {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1},
+        "actor_train": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1, "activation_checkpointing": True,
+                        "zero": 3},
+        "ref_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3},
+        "reward_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1},
+    }
+    assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 32, "prompt_len": 64, "gen_len": 128,
+                                    "minibatches": 4, "group_size": 4}
+    assert scenario["engine"] == "verl" and scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
+    assert scenario["models"]["actor"]["path"] == str(job / "ckpt")
+    assert scenario["models"]["reward"]["function"] == f"{job / 'scoring' / 'reward.py'}:compute_score"
+    assert result["time_per_iter_s"] > 0 and len(result["not_priced"]) == len(verl.PRICING_GAPS)
+    # overrides as on verl's command line, resolved as verl resolves them: the reference's packing
+    # follows the actor's (interpolations of ref.log_prob_use_dynamic_bsz and its token budget)
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.rollout.max_num_seqs=8",
+                          "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
+    assert plan["calls"]["actor_gen"]["micro_batches"] == 32 // 8
+    assert plan["calls"]["actor_train"]["micro_batches"] == 4 * 192 // 384
+    assert plan["calls"]["ref_inf"]["micro_batches"] == 16 * 192 // 384
+
+
+def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
+    """16 GPUs, Megatron tp 2 x pp 2 (dp 4), 2 virtual stages, distributed optimizer (zero 1),
+    full recomputation: 64 rows, 4 steps, 4 rows a GPU a step in micro-batches of 2; the
+    critic packs to a 512-token budget (`+` key): 4 rows x 256 tokens -> 2 micro-batches a step,
+    its inference 16 x 256 -> 8; the reference 16 rows in 4s; rollout replicas of tp 2 (8) with 8
+    rows together: their 8 rows in 1."""
+    _, plan, scenario = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512")
+    layout = {"mesh": "n0-1", "dp": 4, "tp": 2, "pp": 2}
+    assert plan["calls"] == {
+        "actor_gen": {"mesh": "n0-1", "dp": 8, "tp": 2, "pp": 1, "micro_batches": 1},
+        "actor_train": {**layout, "micro_batches": 2, "activation_checkpointing": True, "virtual_stages": 2, "zero": 1},
+        "ref_inf": {**layout, "micro_batches": 4},
+        "reward_inf": {"mesh": "n0-1", "dp": 16, "tp": 1, "pp": 1, "micro_batches": 1},
+        "critic_train": {**layout, "micro_batches": 2, "virtual_stages": 2, "zero": 1},
+        "critic_inf": {**layout, "micro_batches": 8},
+    }
+    assert scenario["algorithm"] == "ppo" and scenario["models"]["critic"]["value_head"] is True
+
+
+@pytest.mark.parametrize("config, overrides", [("grpo_qwen_fsdp.yaml", ()),
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",))])
+def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
+    """The plan written as verl's configuration composes with verl's Hydra config and passes
+    validate_config and its config dataclasses; imported again it is the same plan with the same
+    estimate (round trip)."""
+    first, plan, _ = imported(cli, job, config, *overrides, out="first", name="job")
+    out = job / "exported" / f"{Path(config).stem} config.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    assert os.access(out.with_name(out.stem + "-launch.sh"), os.X_OK)
+    assert "--config-name" in out.with_name(out.stem + "-launch.sh").read_text()
+    checked = verl_check("validate", out)
+    assert checked["ok"], checked
+    assert checked["n_gpus"] == (8 if "grpo" in config else 16)
+    assert checked["critic"] == ("ppo" in config) and checked["ref"] is True
+    again, plan_again, _ = imported(cli, job, out, out="again", name="job")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (("actor_rollout_ref.actor.ppo_mini_batch_sise=8",), "actor_rollout_ref.actor.ppo_mini_batch_sise",
+     "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'"),
+    (("+trainer.my_setting=1",), "trainer.my_setting", "verl 0.9.1 has no such setting"),
+    (("actor_rollout_ref.actor.fsdp_config.param_offload=true",), "actor_rollout_ref.actor.fsdp_config.param_offload",
+     "realbench does not price it"),
+    (("trainer.v1.trainer_mode=separate_async",), "trainer.v1.trainer_mode", "synchronous V1 trainer"),
+    (("algorithm.adv_estimator=reinforce_plus_plus",), "algorithm.adv_estimator", "realbench plans gae, grpo, rloo"),
+    (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+     "3 does not divide a GPU's 4 rows"),
+    (("actor_rollout_ref.actor.use_kl_loss=false",), "actor_rollout_ref.actor.use_kl_loss", "no reference model"),
+    (("model_engine=torchtitan",), "model_engine", "realbench prices dp, megatron"),
+    (("data.train_batch_size",), "data.train_batch_size", "an override is key=value"),
+])
+def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
+    os.chdir(job)
+    code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+    assert not (job / "refused").exists()
+
+
+def test_a_megatron_critic_with_its_own_layout_and_a_typo_in_the_file_are_refused(cli, job):
+    os.chdir(job)
+    code, _, err = cli("import", "verl", "ppo megatron.yaml", "critic.megatron.tensor_model_parallel_size=1",
+                       "--out", "refused")
+    assert code == 2 and "critic.megatron.tensor_model_parallel_size: 1: verl's Megatron state is process-global" in err
+    (job / "typo.yaml").write_text(GRPO.replace("ppo_mini_batch_size: 8", "ppo_mini_batchsize: 8"))
+    code, _, err = cli("import", "verl", "typo.yaml", "--out", "refused")
+    assert code == 2 and "typo.yaml: actor_rollout_ref.actor.ppo_mini_batchsize: verl 0.9.1 has no such setting " \
+                         "(did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?)" in err, err
+
+
+def test_a_second_import_keeps_the_first_unless_forced(cli, job):
+    imported(cli, job, "grpo_qwen_fsdp.yaml", out="kept")
+    plan = job / "kept" / "grpo_qwen_fsdp-plan.yaml"
+    before = plan.read_text()
+    code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", "actor_rollout_ref.rollout.max_num_seqs=8",
+                       "--out", "kept")
+    assert code == 2 and "exists; pass --force" in err and plan.read_text() == before
+
+
+def test_a_plan_verl_cannot_run_is_refused_by_what_verl_cannot_do(cli, job):
+    """realbench's own plans place calls on parts of the cluster; verl puts every role on one
+    pool. A scenario of presets has no checkpoint for verl to load without --model-path. And
+    realbench's runtime does not run a verl scenario."""
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", out="outside")
+    path = job / "outside" / "grpo_qwen_fsdp-plan.yaml"
+    plan["calls"]["ref_inf"].update({"mesh": "n0:0-3", "dp": 4})
+    path.write_text(yaml.safe_dump(plan))
+    code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "outside" / "verl.yaml")
+    assert code == 2 and "calls.ref_inf.mesh: verl places every role on one pool of all the GPUs" in err, err
+    code, _, err = cli("run", "--scenario", job / "outside" / "grpo_qwen_fsdp.yaml", "--plan", path, "--nproc", 8, "--steps", 1)
+    assert code == 2 and "engine: the scenario is verl's" in err, err
+    code, _, err = cli("estimate", "--scenario", "grpo-7b-16gpu", "--baseline", "symmetric", "--profile", "none",
+                       "--out", job / "outside" / "preset.yaml")
+    assert code == 0, err
+    code, _, err = cli("export", "--plan", job / "outside" / "preset.yaml", "--format", "verl",
+                       "--out", job / "outside" / "preset-verl.yaml")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "verl" in err and not (job / "outside" / "preset-verl.yaml").exists()
