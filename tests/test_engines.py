@@ -64,6 +64,26 @@ reward:
 """
 
 
+PPO_REWARD_MODEL = """\
+hydra:
+  searchpath: [pkg://verl.trainer.config]
+defaults: [ppo_trainer, _self_]
+trainer: {nnodes: 1, n_gpus_per_node: 8}
+data: {train_batch_size: 32, max_prompt_length: 64, max_response_length: 128}
+algorithm: {use_kl_in_reward: true}
+actor_rollout_ref:
+  model: {path: ckpt}
+  actor: {ppo_mini_batch_size: 8, ppo_micro_batch_size_per_gpu: 1}
+  rollout: {name: vllm, tensor_model_parallel_size: 2, log_prob_micro_batch_size_per_gpu: 4}
+  ref: {log_prob_micro_batch_size_per_gpu: 2}
+critic:
+  model: {path: ckpt}
+  ppo_micro_batch_size_per_gpu: 1
+reward:
+  reward_model: {enable: true, model_path: ckpt, rollout: {name: vllm, tensor_model_parallel_size: 1, max_num_seqs: 2}}
+"""
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """A user's verl job folder: a checkpoint, a reward function of verl's form, two configs
@@ -78,6 +98,7 @@ def job(tmp_path_factory):
         "    return float(ground_truth in solution_str)\n")
     (folder / "grpo_qwen_fsdp.yaml").write_text(GRPO)
     (folder / "ppo megatron.yaml").write_text(PPO_MEGATRON)
+    (folder / "ppo-rm.yaml").write_text(PPO_REWARD_MODEL)
     return folder
 
 
@@ -162,7 +183,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
 
 
 @pytest.mark.parametrize("config, overrides", [("grpo_qwen_fsdp.yaml", ()),
-                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",))])
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",)),
+                                               ("ppo-rm.yaml", ())])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -176,7 +198,7 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert "--config-name" in out.with_name(out.stem + "-launch.sh").read_text()
     checked = verl_check("validate", out)
     assert checked["ok"], checked
-    assert checked["n_gpus"] == (8 if "grpo" in config else 16)
+    assert checked["n_gpus"] == (16 if "megatron" in config else 8)
     assert checked["critic"] == ("ppo" in config) and checked["ref"] is True
     again, plan_again, _ = imported(cli, job, out, out="again", name="job")
     assert plan_again["calls"] == plan["calls"]
@@ -213,6 +235,84 @@ def test_a_megatron_critic_with_its_own_layout_and_a_typo_in_the_file_are_refuse
     code, _, err = cli("import", "verl", "typo.yaml", "--out", "refused")
     assert code == 2 and "typo.yaml: actor_rollout_ref.actor.ppo_mini_batchsize: verl 0.9.1 has no such setting " \
                          "(did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?)" in err, err
+
+
+def test_a_reward_model_is_served_like_the_rollout(cli, job):
+    """verl serves a reward model with vLLM replicas on the same GPUs (tp 1: 8 of them), each
+    scoring its 32 / 8 = 4 rows in batches of max_num_seqs 2; the critic packs to verl's default
+    budget of 32768 tokens: one micro-batch."""
+    _, plan, scenario = imported(cli, job, "ppo-rm.yaml")
+    assert plan["calls"]["reward_inf"] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2}
+    assert plan["calls"]["critic_inf"]["micro_batches"] == plan["calls"]["critic_train"]["micro_batches"] == 1
+    assert scenario["models"]["reward"] == {"path": str(job / "ckpt"), "value_head": True}
+
+
+def test_search_inside_verl_finds_a_plan_verl_runs(cli, job):
+    """search --engine verl searches only plans verl can run: its best (exhaustive) is no slower
+    than verl's default configuration and estimates as reported; written out, verl's own checks
+    accept it. Compared with an imported plan, that plan's estimate is the one reported."""
+    _, _, _ = imported(cli, job, "ppo-rm.yaml", out="searched")
+    scenario = job / "searched" / "ppo-rm.yaml"
+    code, out, err = cli("search", "--scenario", scenario, "--engine", "verl", "--method", "exhaustive",
+                         "--time-budget", 60, "--out", job / "searched" / "best-plan.yaml", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["engine"] == "verl" and found["groups"] > 1
+    assert found["compared"]["name"] == "verl's default configuration" and found["compared"]["fits"]
+    assert found["best_time_s"] <= found["compared"]["time_per_iter_s"] and found["speedup"] >= 1
+    estimate = json.loads(cli("estimate", "--scenario", scenario, "--plan", job / "searched" / "best-plan.yaml",
+                              "--json")[1])
+    assert estimate["time_per_iter_s"] == pytest.approx(found["best_time_s"], rel=1e-9)
+    config = job / "searched" / "verl" / "best.yaml"
+    config.parent.mkdir()
+    code, _, err = cli("export", "--plan", job / "searched" / "best-plan.yaml", "--format", "verl", "--out", config)
+    assert code == 0, err
+    assert verl_check("validate", config)["ok"]
+    code, out, err = cli("search", "--scenario", scenario, "--engine", "verl", "--method", "mcmc", "--time-budget", 2,
+                         "--plan", job / "searched" / "ppo-rm-plan.yaml", "--json")
+    assert code == 0, err
+    estimate = json.loads(cli("estimate", "--scenario", scenario, "--plan", job / "searched" / "ppo-rm-plan.yaml",
+                              "--json")[1])
+    assert json.loads(out)["compared"]["time_per_iter_s"] == pytest.approx(estimate["time_per_iter_s"], rel=1e-12)
+
+
+def test_every_plan_of_verls_space_is_one_verl_runs(job):
+    """Random plans of every group the search explores pass the space's rules and are written as
+    a configuration (micro-batch divisibility and the critic's token budget included)."""
+    import random
+
+    from realbench.engines import import_config
+    from realbench.plan import load_scenario
+
+    os.chdir(job)
+    for config in ("ppo-rm.yaml", "ppo megatron.yaml", "grpo_qwen_fsdp.yaml"):
+        scenario_path, _ = import_config("verl", config, ["+critic.ppo_infer_max_token_len_per_gpu=512"]
+                                         if "megatron" in config else [], "space", overwrite=True)
+        scenario = load_scenario(str(scenario_path))
+        rng, groups = random.Random(0), list(verl.plan_groups(scenario))
+        engines = set()
+        for group in groups:
+            for _ in range(5):
+                options = {name: rng.choice(opts) for name, opts in group.items()}
+                assert verl.space_problem(scenario, options) is None
+                engines.add(verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
+                                                               "reward": "r"})[0])
+        assert engines == {"dp", "megatron"}, engines  # both training engines are searched
+
+
+def test_search_inside_an_engine_refuses_what_it_cannot_do(cli, job, tmp_path):
+    code, _, err = cli("search", "--scenario", "dpo-tiny-cpu", "--engine", "verl", "--method", "mcmc",
+                       "--time-budget", 1)
+    assert code == 2 and "scenario.algorithm: realbench writes verl's PPO, GRPO and RLOO, not dpo" in err, err
+    code, _, err = cli("search", "--scenario", "grpo-tiny-cpu", "--engine", "verl", "--method", "mcmc",
+                       "--time-budget", 1, "--storage", f"sqlite:///{tmp_path / 's.db'}")
+    assert code == 2 and "--storage: is not used with --engine" in err, err
+    code, _, err = cli("estimate", "--scenario", "grpo-tiny-cpu", "--baseline", "heuristic", "--profile", "none",
+                       "--out", tmp_path / "realbench-plan.yaml")
+    assert code == 0, err
+    code, _, err = cli("search", "--scenario", "grpo-tiny-cpu", "--engine", "verl", "--method", "mcmc",
+                       "--time-budget", 1, "--plan", tmp_path / "realbench-plan.yaml")
+    assert code == 2 and "verl cannot run it" in err and err.count("\n") == 1, err
 
 
 def test_a_second_import_keeps_the_first_unless_forced(cli, job):

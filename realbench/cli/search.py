@@ -12,7 +12,10 @@ from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options, scenario_ref
 from realbench.schema import write_document
+from realbench.engines import ENGINES
 from realbench.search import METHODS, SamplerSettings, SearchEvent, run_search
+
+ENGINE_NAMES = tuple(ENGINES)
 
 
 def add_parser(sub) -> None:
@@ -40,6 +43,10 @@ def add_parser(sub) -> None:
                    help="Optuna methods: report sampled plans as they are, without descending to a local optimum")
     p.add_argument("--multi-objective", action="store_true",
                    help="Optuna methods: minimize time and peak memory, report the Pareto front")
+    p.add_argument("--engine", choices=ENGINE_NAMES,
+                   help="search only the plans this engine runs (its space: realbench.engines) and report the best "
+                        "beside the engine's default configuration, or beside --plan")
+    p.add_argument("--plan", help="with --engine: the plan to compare with (e.g. an imported configuration's)")
     add_staleness_arg(p)
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
@@ -60,6 +67,10 @@ def run(args) -> int:
         from realbench.search.record import open_study
 
         open_study(args.storage, study_name, scenario.name)
+    if args.plan and not args.engine:
+        raise ConfigError("compares an engine's best plan with this one: give --engine", "--plan")
+    if args.engine:
+        return _engine_search(args, scenario)
     profile = profile_for(args, scenario)
     est = Estimator(scenario, profile=profile)
     result = _search(args, est, args.storage, study_name)
@@ -98,6 +109,60 @@ def run(args) -> int:
         if est.staleness:
             print(f"synchronous best {out['synchronous']['best_time_s']:.4f} s per iteration: running generation up "
                   f"to {est.staleness} iteration(s) ahead is {out['async_speedup']:.2f}x as fast")
+    return 0
+
+
+def _engine_search(args, scenario) -> int:
+    """--engine: the best plan inside the engine's space, beside its default configuration's (or
+    --plan's) and realbench's unconstrained baselines."""
+    from realbench.engines import engine_module
+    from realbench.plan import load_plan
+    from realbench.search.engine import engine_search
+
+    for flag, given in (("--storage", args.storage), ("--workers", args.workers > 1),
+                        ("--multi-objective", args.multi_objective)):
+        if given:
+            raise ConfigError("is not used with --engine", flag)
+    module = engine_module(args.engine)
+    problem = module.space_problem_of_scenario(scenario)
+    if problem:
+        raise ConfigError(problem[1], problem[0])
+    if args.plan:
+        compared, compared_name = load_plan(args.plan, scenario)[2], args.plan
+        problem = module.space_problem(scenario, compared)
+        if problem:
+            raise ConfigError(f"{args.engine} cannot run it: {problem[0]}: {problem[1]}", source=args.plan)
+    else:
+        compared, compared_name = module.default_plan(scenario), f"{args.engine}'s default configuration"
+    profile = profile_for(args, scenario)
+    with _ProgressBar(f"{args.method} in {args.engine}", args.time_budget,
+                      enabled=sys.stderr.isatty() or not args.json) as bar:
+        result = engine_search(scenario, args.engine, args.method, args.time_budget, seed=args.seed, profile=profile,
+                               on_event=bar.update, max_evaluations=args.max_evals)
+    est = Estimator(scenario, profile=profile)
+    base = est.estimate(est.choice_of(compared))
+    compared_s = base.time_per_iter_s if not base.oom else math.inf
+    G = scenario.cluster.gpus_per_node
+    out = {"scenario": scenario.name, "engine": args.engine, "method": args.method, "best_time_s": result.best_time_s,
+           "plan": {n: o.label(G) for n, o in result.best.items()}, "groups": result.groups,
+           "evaluations": result.evaluations, "seconds": result.seconds,
+           "compared": {"name": compared_name, "time_per_iter_s": compared_s if math.isfinite(compared_s) else None,
+                        "fits": not base.oom, "plan": {n: o.label(G) for n, o in compared.items()}},
+           "speedup": compared_s / result.best_time_s if math.isfinite(compared_s) else None}
+    if args.out:
+        origin = Origin(method=f"{args.method} in {args.engine}", seed=args.seed, evaluations=result.evaluations,
+                        seconds=result.seconds, time_per_iter_s=result.best_time_s)
+        doc = plan_from_options(scenario, result.best, origin, scenario_ref=scenario_ref(args.scenario, args.out))
+        write_document(doc.to_document(), args.out, overwrite=args.force)
+        log(f"wrote {args.out}")
+    if args.json:
+        emit_json(out)
+        return 0
+    versus = (f"{compared_s:.4f} s ({out['speedup']:.2f}x)" if math.isfinite(compared_s) else "does not fit in memory")
+    print(f"{args.method} in {args.engine}: best {result.best_time_s:.4f} s per iteration after {result.evaluations} "
+          f"plans ({result.groups} engine layouts) in {result.seconds:.1f} s; {compared_name}: {versus}")
+    for name, label in out["plan"].items():
+        print(f"  {name:14s} {label}")
     return 0
 
 

@@ -54,7 +54,8 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "node", "mesh_id", "working", "weights",
+COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "node", "mesh_id", "layout_id", "working",
+           "weights",
            "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
@@ -297,8 +298,12 @@ class Estimator:
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
+        # options of one layout (mesh, tp, pp, zero) hold the same weights and states: they differ
+        # in time and working memory only (the search's dominance pruning, SearchSpace.pruned)
+        layout_id = ((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
-                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "node": node, "mesh_id": mesh_id}
+                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "node": node, "mesh_id": mesh_id,
+                "layout_id": layout_id}
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:

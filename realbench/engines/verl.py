@@ -61,7 +61,7 @@ import json
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 
@@ -69,6 +69,7 @@ from realbench.dataflow import CallKind
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
+from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import read_document
 
@@ -86,7 +87,7 @@ PRICING_GAPS = ("verl's rollout batches continuously; realbench prices it as bat
                 "verl recomputes the old log-probabilities over the whole batch; realbench over all optimizer "
                 "steps but the first")
 
-A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -108,6 +109,8 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
            f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu", f"{R}.name",
            "reward.custom_reward_function.", "reward.reward_manager", "reward.num_workers",
+           f"{RM}.rollout.gpu_memory_utilization", f"{RM}.rollout.enforce_eager", f"{RM}.rollout.free_cache_engine",
+           f"{RM}.rollout.dtype", f"{RM}.rollout.max_num_batched_tokens",
            f"{A}.checkpoint.", "critic.checkpoint.", "ray_kwargs.", "global_profiler.", f"{A}.profiler.",
            "critic.profiler.", f"{R}.profiler.", "actor_rollout_ref.ref.profiler.")
 
@@ -179,8 +182,6 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     config file and Hydra-style overrides (`key=value`; `+key=value` only for keys verl reads
     beyond its YAML). A composed config gives every key: those equal to verl's default are not
     counted as given."""
-    from omegaconf import OmegaConf
-
     source = str(path)
     doc = read_document(path, schema=False)
     overrides = list(overrides)
@@ -202,9 +203,17 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     for key in given:
         if key not in table and key not in ADDED_KEYS:
             raise _unknown(key, engine, source)
-    merged = OmegaConf.create(_nest({**table, **ADDED_KEYS, **given}))
     changed = {k for k, v in given.items() if v != {**table, **ADDED_KEYS}.get(k)}
-    return engine, _flatten(OmegaConf.to_container(merged, resolve=True)), changed
+    return engine, resolve(engine, given), changed
+
+
+def resolve(engine: str, given: dict[str, Any]) -> dict[str, Any]:
+    """verl's settings with `given` (flat) over its defaults, interpolations resolved (OmegaConf,
+    as verl resolves them)."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.create(_nest({**defaults(engine), **ADDED_KEYS, **given}))
+    return _flatten(OmegaConf.to_container(merged, resolve=True))
 
 
 def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], source: str) -> None:
@@ -245,6 +254,15 @@ def _function_mesh(rows: int, nodes: int, per_node: int) -> Mesh:
     return Mesh(0, 1, 0, size)
 
 
+def _replica_tp(tp: int, gpus: int, per_node: int, key: str, source: str) -> int:
+    """A serving replica's tensor parallel size: it fits a node or spans whole nodes
+    (verl/workers/rollout/replica.py:107-117) and its replicas share the GPUs evenly."""
+    if gpus % tp or (per_node % tp and tp % per_node):
+        raise ConfigError(f"{tp}: a replica fits a node or spans whole nodes of {per_node} GPUs "
+                          "(verl/workers/rollout/replica.py:107-117)", key, source)
+    return tp
+
+
 def _checkpointing(engine: str, s: dict, role: str) -> bool:
     """Whether a trained role recomputes every layer (FSDP: gradient checkpointing; Megatron:
     full uniform recomputation of one layer at a time)."""
@@ -273,7 +291,8 @@ READ = {"trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.
         f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
-        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward"} | {
+        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
+        f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs"} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                   "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
@@ -362,10 +381,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     ref_m = (_ceil(rows // dp * L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
-    rollout_tp = int(s[f"{R}.tensor_model_parallel_size"])
-    if N % rollout_tp or (per_node % rollout_tp and rollout_tp % per_node):
-        raise ConfigError(f"{rollout_tp}: a rollout replica fits a node or spans whole nodes of {per_node} GPUs "
-                          "(verl/workers/rollout/replica.py:107-117)", f"{R}.tensor_model_parallel_size", source)
+    rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
+                             source)
     replicas = N // rollout_tp
     whole = f"n0-{nodes - 1}" if nodes > 1 else "n0"
     calls = {
@@ -376,8 +393,15 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                         "zero": zeros["actor"]},
         "ref_inf": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero},
     }
-    scorer = _function_mesh(rows, nodes, per_node)
-    calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
+    reward_model = bool(s[f"{RM}.enable"])
+    if reward_model:  # vLLM / SGLang replicas of the reward model on the same GPUs, after generation
+        rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
+                            f"{RM}.rollout.tensor_model_parallel_size", source)
+        calls["reward_inf"] = {"dp": N // rm_tp, "tp": rm_tp, "pp": 1,
+                               "micro_batches": _ceil(rows / (N // rm_tp), int(s[f"{RM}.rollout.max_num_seqs"]))}
+    else:
+        scorer = _function_mesh(rows, nodes, per_node)
+        calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
     if critic:
         train_m = train_micro_batches("critic")
         calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
@@ -398,10 +422,18 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
     reward_fn = s["reward.custom_reward_function.path"]
-    if not reward_fn:
-        raise ConfigError("realbench plans verl jobs scored by a reward function (a file); reward models are not "
-                          "read yet", "reward.custom_reward_function.path", source)
-    models["reward"] = {"function": f"{reward_fn}:{s['reward.custom_reward_function.name']}"}
+    if reward_model and reward_fn:
+        raise ConfigError("realbench plans one scorer: a reward model or a reward function", f"{RM}.enable", source)
+    if reward_model:
+        if s[f"{RM}.enable_resource_pool"]:
+            raise ConfigError("True: realbench reads a reward model on the trainer's GPUs (its own pool is not read "
+                              "yet)", f"{RM}.enable_resource_pool", source)
+        models["reward"] = {"path": s[f"{RM}.model_path"], "value_head": True}
+    elif reward_fn:
+        models["reward"] = {"function": f"{reward_fn}:{s['reward.custom_reward_function.name']}"}
+    else:
+        raise ConfigError("verl needs a scorer: a reward function (reward.custom_reward_function.path) or a reward "
+                          f"model ({RM}.enable)", "reward.custom_reward_function.path", source)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
                 "minibatches": steps}
     if algorithm != "ppo":
@@ -419,10 +451,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
 def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """(plan key, what verl cannot do) for the first part of a plan outside verl's space, or None."""
     c = scenario.cluster
-    if scenario.algorithm not in ESTIMATORS.values():
-        return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
-    if scenario.dataflow.max_staleness:
-        return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
+    problem = space_problem_of_scenario(scenario)
+    if problem:
+        return problem
     whole = Mesh(0, c.nodes, 0, c.gpus_per_node)
     for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
         if o.mesh != whole and scenario.dataflow.call(name).kind != CallKind.FUNCTION:
@@ -449,8 +480,12 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
     if c.gpus_per_node % gen.tp and gen.tp % c.gpus_per_node:
         return "calls.actor_gen.tp", "a verl rollout replica fits a node or spans whole nodes"
+    reward = options["reward_inf"].strategy
     if not isinstance(scenario.models.get("reward"), FunctionSpec):
-        return "models.reward", "realbench writes verl jobs scored by a reward function; reward models are not written yet"
+        if (reward.pp, reward.zero) != (1, 0):
+            return "calls.reward_inf.pp", "verl serves a reward model with vLLM or SGLang replicas: no pipeline, no sharding"
+        if c.gpus_per_node % reward.tp and reward.tp % c.gpus_per_node:
+            return "calls.reward_inf.tp", "a verl reward model replica fits a node or spans whole nodes"
     return None
 
 
@@ -509,16 +544,25 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             _per_micro_batch(scenario, "ref_inf", options["ref_inf"]),
     }
     reward = scenario.models["reward"]
-    if len(reward.functions) > 1 or reward.model_score:
-        raise ConfigError("verl scores with one reward function (reward.custom_reward_function)", "models.reward")
-    file, _, function = reward.functions[0].rpartition(":")
-    out.update({"reward.custom_reward_function.path": file, "reward.custom_reward_function.name": function})
+    if isinstance(reward, FunctionSpec):
+        if len(reward.functions) > 1 or reward.model_score:
+            raise ConfigError("verl scores with one reward function (reward.custom_reward_function)", "models.reward")
+        file, _, function = reward.functions[0].rpartition(":")
+        out.update({"reward.custom_reward_function.path": file, "reward.custom_reward_function.name": function})
+    else:
+        if "reward" not in model_paths:
+            raise ConfigError("verl loads a checkpoint folder: give the reward model's (--model-path reward=DIR)",
+                              "models.reward")
+        rm = options["reward_inf"].strategy
+        out.update({f"{RM}.enable": True, f"{RM}.model_path": model_paths["reward"], f"{RM}.rollout.name": "vllm",
+                    f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
+                    f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
     if scenario.algorithm == "ppo":
         out["algorithm.use_kl_in_reward"] = True
     else:
         out[f"{A}.use_kl_loss"] = True
-    for role in ("actor", "ref", "critic"):
+    for role in ("actor", "ref", "critic"):  # (the reward model's: above)
         if role in scenario.models:
             if role not in model_paths:
                 raise ConfigError(f"verl loads a checkpoint folder: give the {role}'s (--model-path {role}=DIR)",
@@ -562,3 +606,113 @@ def launch_script(config: Path) -> str:
             f"# verl {VERSION}: the plan realbench wrote as {config.name} (pip install verl=={VERSION})\n"
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
             f'exec {ENTRY} --config-path "$here" --config-name {config.stem} "$@"\n')
+
+
+# -- verl's space, for a search ----------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _replica_tps(scenario: Scenario, role: str) -> list[int]:
+    c, model = scenario.cluster, scenario.models[role]
+    N = c.n_devices
+    return [t for t in _divisors(N) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
+            and model.n_heads % t == 0 and model.n_kv_heads % t == 0]
+
+
+def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
+    """verl's plans of a scenario, by what its calls must share (the training engine and its
+    layout, the critic's token budget): per group, the options of each call, any combination of
+    which verl runs (the rules of `space_problem`, `to_config` and `critic_budget`). Options realbench
+    cannot price on the cluster (strategy_problem) are left to the estimator's own checks."""
+    from realbench.plan.options import option_problem
+
+    problem = space_problem_of_scenario(scenario)
+    if problem:
+        raise ConfigError(problem[1], problem[0])
+    c, df = scenario.cluster, scenario.dataflow
+    N, W = c.n_devices, Mesh(0, c.nodes, 0, c.gpus_per_node)
+    gen = df.call("actor_gen")
+    rows, steps = gen.seqs, df.call("actor_train").optimizer_steps
+    critic = "critic_train" in df.call_names
+
+    def valid(name: str, options: list[Option]) -> list[Option]:
+        call = df.call(name)
+        return [o for o in options if option_problem(call, scenario.models[call.model], c, o) is None]
+
+    def served(role: str) -> list[Option]:  # vLLM replicas of tp GPUs, max_num_seqs rows decoding together
+        return [Option(W, Strategy(N // t, t, 1, m)) for t in _replica_tps(scenario, role)
+                for m in _divisors(rows // (N // t)) if rows % (N // t) == 0]
+
+    common = {"actor_gen": valid("actor_gen", served("actor"))}
+    if isinstance(scenario.models["reward"], FunctionSpec):
+        scorer = _function_mesh(rows, c.nodes, c.gpus_per_node)
+        common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
+    else:
+        common["reward_inf"] = valid("reward_inf", served("reward"))
+    layouts: list[tuple[int, int, int, tuple[int, ...], int]] = []  # tp, pp, v, train zeros, forward zero
+    if N > 1:
+        layouts.append((1, 1, 1, (3, 2), 3))  # FSDP
+    actor = scenario.models["actor"]
+    for tp in (t for t in _divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0):
+        for pp in (p for p in _divisors(N // tp) if p <= actor.n_layers):
+            for v in (1, 2, 4) if pp > 1 else (1,):
+                layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0))  # Megatron
+    for tp, pp, v, zeros, forward_zero in layouts:
+        dp = N // (tp * pp)
+        if rows % (steps * dp):
+            continue
+
+        def trained(name: str, zero_options=zeros) -> list[Option]:
+            per_gpu = rows // steps // dp
+            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z)) for m in _divisors(per_gpu)
+                                for ckpt in (False, True) for z in zero_options])
+
+        group = {**common, "actor_train": trained("actor_train"),
+                 "ref_inf": valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero))
+                                              for m in _divisors(rows // dp)])}
+        if not critic:
+            if all(group.values()):
+                yield group
+            continue
+        seq_len = df.call("critic_train").seq_len
+        for m in _divisors(rows // steps // dp):
+            budget = math.ceil(rows // steps // dp * seq_len / m)
+            inf_m = _ceil(rows // dp * seq_len, budget)
+            with_critic = {**group, "critic_train": [o for o in trained("critic_train") if o.strategy.micro_batches == m],
+                           "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero))])}
+            if all(with_critic.values()):
+                yield with_critic
+
+
+def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
+    """What of a scenario (not of a plan) verl cannot run: the algorithm, asynchrony."""
+    if scenario.algorithm not in ESTIMATORS.values():
+        return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if scenario.dataflow.max_staleness:
+        return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
+    return None
+
+
+def default_plan(scenario: Scenario) -> dict[str, Option]:
+    """The plan of verl's default configuration for the scenario's job: its YAML's settings
+    (FSDP fully sharded, gradient checkpointing, rollout tp 2 with max_num_seqs 256, a reward
+    model's tp 2), with dynamic batching at its default token budgets, since its per-GPU
+    micro-batch sizes have no default."""
+    df, c = scenario.dataflow, scenario.cluster
+    gen, train = df.call("actor_gen"), df.call("actor_train")
+    n = gen.group_size
+    given = {"trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
+             "data.train_batch_size": gen.seqs // n, "data.max_prompt_length": gen.prompt_len,
+             "data.max_response_length": gen.gen_len, f"{R}.n": n,
+             "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
+             f"{A}.ppo_mini_batch_size": gen.seqs // n // train.optimizer_steps, f"{A}.use_dynamic_bsz": True,
+             f"{A}.ppo_epochs": scenario.training.num_iterations,
+             "algorithm.use_kl_in_reward": scenario.algorithm == "ppo", f"{A}.use_kl_loss": scenario.algorithm != "ppo"}
+    if isinstance(scenario.models["reward"], FunctionSpec):
+        given["reward.custom_reward_function.path"] = "reward.py"
+    else:
+        given[f"{RM}.enable"] = True
+    settings = resolve("dp", given)
+    _, plan = to_plan("dp", settings, set(), scenario.name, "h100")
+    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)

@@ -9,8 +9,8 @@ OmegaConf only, never realbench.
         composes CONFIG.yaml (a Hydra primary config whose defaults list names ppo_trainer) with
         the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
         runs the checks verl runs before it starts training: validate_config
-        (verl/utils/config.py) and the __post_init__ checks of the actor, rollout and engine
-        dataclasses (verl/workers/config/); prints one JSON line: {"ok": true, ...} or
+        (verl/utils/config.py) and the __post_init__ checks of the actor, rollout, engine and
+        reward model dataclasses (verl/workers/config/); prints one JSON line: {"ok": true, ...} or
         {"ok": false, "error": "..."} (exit status 1)
 """
 
@@ -62,6 +62,8 @@ def validate(config: str, overrides: list[str]) -> dict:
     arr = cfg.actor_rollout_ref
     rollout = omega_conf_to_dataclass(arr.rollout)  # RolloutConfig.__post_init__: pp, modes
     actor = omega_conf_to_dataclass(arr.actor)  # and its engine's (FSDPEngineConfig / McoreEngineConfig)
+    if cfg.reward.reward_model.enable:  # RewardModelConfig and its serving RolloutConfig
+        omega_conf_to_dataclass(cfg.reward.reward_model)
     return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
             "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic}
 

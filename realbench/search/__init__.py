@@ -41,8 +41,13 @@ class SearchResult:
 
 
 def baseline_plans(est: Estimator) -> dict[str, tuple[tuple[int, ...], float]]:
-    """name -> (plan, time per iteration or inf when it does not fit)."""
+    """name -> (plan, time per iteration or inf when it does not fit). None for an estimator
+    restricted to given options (an engine's space): the baselines are plans of the whole space."""
+    from realbench.plan.options import OptionSet
+
     out = {}
+    if not all(isinstance(o, OptionSet) for o in est.options):
+        return out
     for name, make in BASELINES.items():
         try:
             choice = make(est)

@@ -1,0 +1,66 @@
+"""Search inside an engine's space (`realbench search --engine verl`): the plans the engine can
+run are groups of per-call options that share what the engine makes its calls share (one
+training engine and layout, a token budget); each group is searched with the chosen method on a
+share of the time budget, and the best plan of all groups is kept. One event stream for the
+whole search: the groups' evaluations and seconds add up."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from realbench.cost import Estimator
+from realbench.engines import engine_module
+from realbench.errors import ConfigError
+from realbench.plan.mesh import Option
+from realbench.plan.scenario import Scenario
+from realbench.search import run_search
+from realbench.search.events import EventSink, SearchEvent
+
+
+@dataclass(frozen=True)
+class EngineSearchResult:
+    engine: str
+    method: str
+    best: dict[str, Option]
+    best_time_s: float
+    groups: int
+    evaluations: int
+    seconds: float
+
+
+def engine_search(scenario: Scenario, engine: str, method: str, time_budget: float, seed: int = 0,
+                  profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
+                  max_evaluations: Optional[int] = None) -> EngineSearchResult:
+    module = engine_module(engine)
+    groups = list(module.plan_groups(scenario))
+    if not groups:
+        raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
+    start = time.perf_counter()
+    best: tuple[float, Optional[dict[str, Option]]] = (math.inf, None)
+    evaluations, share = 0, time_budget / len(groups)
+    for i, only in enumerate(groups):
+        done = evaluations
+
+        def forward(e: SearchEvent) -> None:  # the groups' counts and seconds add up
+            if on_event is not None:
+                on_event(replace(e, method=f"{method} in {engine}", seconds=time.perf_counter() - start,
+                                 evaluations=done + e.evaluations, budget_s=time_budget,
+                                 best_time_s=min(best[0], e.best_time_s), done=e.done and i == len(groups) - 1))
+
+        est = Estimator(scenario, profile=profile, only=only)
+        left = None if max_evaluations is None else max(1, (max_evaluations - evaluations) // (len(groups) - i))
+        try:
+            result = run_search(est, method, share, seed=seed, on_event=forward, stop=stop, max_evaluations=left)
+        except ConfigError:  # (exhaustive over too large a group: the others are still searched)
+            continue
+        evaluations += result.evaluations
+        if result.best_choice is not None and result.best_time_s < best[0]:
+            best = (result.best_time_s, est.options_of(result.best_choice))
+        if stop is not None and stop():
+            break
+    if best[1] is None:
+        raise ConfigError(f"no plan {engine} can run fits in memory", "--engine")
+    return EngineSearchResult(engine, method, best[1], best[0], len(groups), evaluations, time.perf_counter() - start)
