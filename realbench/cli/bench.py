@@ -10,7 +10,7 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
               "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
-              "async": "realbench.bench.asynchronous"}
+              "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines"}
 
 
 def add_parser(sub) -> None:

@@ -32,7 +32,9 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   `ppo_mini_batch_size` prompts (times n trajectories), `ppo_epochs` passes
   (workers/engine_workers.py:261-314); a replica's rows split into micro-batches of
   `*_micro_batch_size_per_gpu` rows that must divide them (workers/engine/utils.py:122-128), or
-  with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens. The V1 critic always packs,
+  with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens (priced as the fewest equal
+  micro-batches at least as many as the packed ones, `_even`: realbench's plans split a GPU's rows
+  evenly). The V1 critic always packs,
   both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
   (trainer/ppo/v1/trainer_base.py:266-268).
 
@@ -232,6 +234,14 @@ def _ceil(a: float, b: float) -> int:
     return max(1, math.ceil(a / b))
 
 
+def _even(rows: int, count: int) -> int:
+    """The micro-batches realbench prices for `count` unequal ones over `rows` rows (verl's
+    token-budget packing, a serving engine's max_num_seqs rounds): the fewest equal splits of the
+    rows that are at least as many (realbench's plans split a GPU's rows evenly; at most one
+    micro-batch more than a divisor away)."""
+    return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
+
+
 def _divide(rows: int, per_gpu: Optional[int], key: str, source: str) -> int:
     """Micro-batches of a replica's `rows` in micro-batches of `per_gpu` rows (verl refuses a
     remainder, verl/workers/engine/utils.py:122-128)."""
@@ -372,13 +382,14 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return _ceil(per_gpu * L, int(s["critic.ppo_infer_max_token_len_per_gpu"]))
+            return _even(per_gpu, _ceil(per_gpu * L, int(s["critic.ppo_infer_max_token_len_per_gpu"])))
         if s[f"{A}.use_dynamic_bsz"]:
-            return _ceil(per_gpu * L, int(s[f"{A}.ppo_max_token_len_per_gpu"]))
+            return _even(per_gpu, _ceil(per_gpu * L, int(s[f"{A}.ppo_max_token_len_per_gpu"])))
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
     ref = "actor_rollout_ref.ref"
-    ref_m = (_ceil(rows // dp * L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
+    ref_m = (_even(rows // dp, _ceil(rows // dp * L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])))
+             if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
@@ -387,7 +398,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     whole = f"n0-{nodes - 1}" if nodes > 1 else "n0"
     calls = {
         "actor_gen": {"dp": replicas, "tp": rollout_tp, "pp": 1,
-                      "micro_batches": _ceil(rows / replicas, int(s[f"{R}.max_num_seqs"]))},
+                      "micro_batches": _even(rows // replicas, _ceil(rows / replicas, int(s[f"{R}.max_num_seqs"])))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"]},
@@ -398,7 +409,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
                             f"{RM}.rollout.tensor_model_parallel_size", source)
         calls["reward_inf"] = {"dp": N // rm_tp, "tp": rm_tp, "pp": 1,
-                               "micro_batches": _ceil(rows / (N // rm_tp), int(s[f"{RM}.rollout.max_num_seqs"]))}
+                               "micro_batches": _even(rows // (N // rm_tp),
+                                                      _ceil(rows / (N // rm_tp), int(s[f"{RM}.rollout.max_num_seqs"])))}
     else:
         scorer = _function_mesh(rows, nodes, per_node)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
@@ -408,7 +420,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
                                  "zero": zeros["critic"]}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": _ceil(rows // dp * L, int(s["critic.ppo_infer_max_token_len_per_gpu"])),
+                               "micro_batches": _even(rows // dp, _ceil(rows // dp * L,
+                                                                        int(s["critic.ppo_infer_max_token_len_per_gpu"]))),
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
@@ -512,7 +525,10 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     train_tokens = _rows_per_step(scenario, "critic_train", options["critic_train"]) * seq_len
     inf_tokens = _rows_per_step(scenario, "critic_inf", options["critic_inf"]) * seq_len
     budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches))
-    if (_ceil(train_tokens, budget), _ceil(inf_tokens, budget)) != (ct.micro_batches, ci.micro_batches):
+    train_rows = _rows_per_step(scenario, "critic_train", options["critic_train"])
+    inf_rows = _rows_per_step(scenario, "critic_inf", options["critic_inf"])
+    if (_even(train_rows, _ceil(train_tokens, budget)), _even(inf_rows, _ceil(inf_tokens, budget))) != \
+            (ct.micro_batches, ci.micro_batches):
         raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU "
                           f"(verl/trainer/ppo/v1/trainer_base.py:266-268): no budget gives {ct.micro_batches} "
                           f"micro-batches of {train_tokens} tokens and {ci.micro_batches} of {inf_tokens}",
@@ -678,7 +694,7 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         seq_len = df.call("critic_train").seq_len
         for m in _divisors(rows // steps // dp):
             budget = math.ceil(rows // steps // dp * seq_len / m)
-            inf_m = _ceil(rows // dp * seq_len, budget)
+            inf_m = _even(rows // dp, _ceil(rows // dp * seq_len, budget))
             with_critic = {**group, "critic_train": [o for o in trained("critic_train") if o.strategy.micro_batches == m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero))])}
             if all(with_critic.values()):
@@ -694,11 +710,20 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     return None
 
 
-def default_plan(scenario: Scenario) -> dict[str, Option]:
+# verl's example for a comparable job (verl-project/verl examples/grpo_trainer/run_qwen3_8b_fsdp.sh and
+# examples/ppo_trainer/run_qwen3_8b_fsdp.sh, main@1dda039): its engine settings, on the scenario's job
+# (batch, lengths, models); its reference's param_offload=True is left out (not priced)
+EXAMPLE = {"source": "verl examples/{grpo,ppo}_trainer/run_qwen3_8b_fsdp.sh (main@1dda039)",
+           "settings": {f"{R}.tensor_model_parallel_size": 2, f"{R}.gpu_memory_utilization": 0.6,
+                        f"{A}.use_dynamic_bsz": True, f"{A}.ppo_max_token_len_per_gpu": 24576,
+                        "critic.use_dynamic_bsz": True}}
+
+
+def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
     """The plan of verl's default configuration for the scenario's job: its YAML's settings
     (FSDP fully sharded, gradient checkpointing, rollout tp 2 with max_num_seqs 256, a reward
     model's tp 2), with dynamic batching at its default token budgets, since its per-GPU
-    micro-batch sizes have no default."""
+    micro-batch sizes have no default; `settings` over those (EXAMPLE's, say)."""
     df, c = scenario.dataflow, scenario.cluster
     gen, train = df.call("actor_gen"), df.call("actor_train")
     n = gen.group_size
@@ -708,11 +733,11 @@ def default_plan(scenario: Scenario) -> dict[str, Option]:
              "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
              f"{A}.ppo_mini_batch_size": gen.seqs // n // train.optimizer_steps, f"{A}.use_dynamic_bsz": True,
              f"{A}.ppo_epochs": scenario.training.num_iterations,
-             "algorithm.use_kl_in_reward": scenario.algorithm == "ppo", f"{A}.use_kl_loss": scenario.algorithm != "ppo"}
+             "algorithm.use_kl_in_reward": scenario.algorithm == "ppo", f"{A}.use_kl_loss": scenario.algorithm != "ppo",
+             **(settings or {})}
     if isinstance(scenario.models["reward"], FunctionSpec):
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
         given[f"{RM}.enable"] = True
-    settings = resolve("dp", given)
-    _, plan = to_plan("dp", settings, set(), scenario.name, "h100")
+    _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100")
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)

@@ -1,0 +1,48 @@
+"""What searching inside an engine gains, and what reallocation across calls adds beyond it
+(`realbench bench engines --json`). A row per engine and built-in GPU scenario: the estimate of
+the engine's example configuration for the scenario's job (named), of its default
+configuration, the best plan inside the engine (`search --engine`), and realbench's own best
+(`search`, its whole space), each searched with MCMC for the same budget and seed; the presets'
+analytic model prices them all."""
+
+from __future__ import annotations
+
+import math
+
+from realbench.cost import Estimator
+from realbench.engines import ENGINES
+from realbench.plan import get_builtin
+from realbench.search import run_search
+from realbench.search.engine import engine_search
+
+SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
+             "ppo-8b-16gpu-longtail")
+QUICK = {"scenarios": ("grpo-7b-16gpu",), "budget_s": 2.0}
+
+
+def _time(est: Estimator, options) -> float:
+    result = est.estimate(est.choice_of(options))
+    return math.inf if result.oom else result.time_per_iter_s
+
+
+def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
+    rows = []
+    for name in scenarios:
+        scenario = get_builtin(name)
+        est = Estimator(scenario)
+        G = scenario.cluster.gpus_per_node
+        own = run_search(est, "mcmc", budget_s, seed=seed)
+        for engine, module in ENGINES.items():
+            best = engine_search(scenario, engine, "mcmc", budget_s, seed=seed)
+            example, default = _time(est, module.default_plan(scenario, module.EXAMPLE["settings"])), \
+                _time(est, module.default_plan(scenario))
+            rows.append({
+                "engine": engine, "version": module.VERSION, "scenario": name, "example": module.EXAMPLE["source"],
+                "example_s": example, "default_s": default, "best_s": best.best_time_s,
+                "best_plan": {n: o.label(G) for n, o in best.best.items()},
+                "realbench_s": own.best_time_s,
+                "realbench_plan": {n: o.label(G) for n, o in est.options_of(own.best_choice).items()},
+                "search_gain": min(example, default) / best.best_time_s,  # a user of the engine who searches
+                "realbench_gain": best.best_time_s / own.best_time_s,  # > 1: realbench's own space is faster
+                "not_priced": list(module.PRICING_GAPS)})
+    return {"budget_s": budget_s, "seed": seed, "method": "mcmc", "rows": rows}
