@@ -139,6 +139,14 @@ def write_document(data: dict, path: str | os.PathLike, overwrite: bool = False)
     return write_text(text, path, overwrite)
 
 
+def refuse_existing(paths, overwrite: bool = False) -> None:
+    """Refuse, before any of them is written, files written together of which one exists (unless
+    overwriting): nothing the user had is replaced, and no half of a pair is left behind."""
+    for p in map(Path, paths):
+        if p.exists() and not overwrite:
+            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+
+
 def write_text(text: str, path: str | os.PathLike, overwrite: bool = False, mode: int = 0o644) -> Path:
     """Write a file atomically (a temporary file renamed over it); refuse to replace an existing
     file unless asked, so that nothing the user had is lost silently."""

@@ -13,16 +13,11 @@ from realbench.cost import Estimator
 from realbench.engines import ENGINES
 from realbench.plan import get_builtin
 from realbench.search import run_search
-from realbench.search.engine import engine_search
+from realbench.search.engine import engine_search, plan_time
 
 SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
              "ppo-8b-16gpu-longtail")
 QUICK = {"scenarios": ("grpo-7b-16gpu",), "budget_s": 2.0}
-
-
-def _time(est: Estimator, options) -> float:
-    result = est.estimate(est.choice_of(options))
-    return math.inf if result.oom else result.time_per_iter_s
 
 
 def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
@@ -34,8 +29,8 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
         own = run_search(est, "mcmc", budget_s, seed=seed)
         for engine, module in ENGINES.items():
             best = engine_search(scenario, engine, "mcmc", budget_s, seed=seed)
-            example, default = _time(est, module.default_plan(scenario, module.EXAMPLE["settings"])), \
-                _time(est, module.default_plan(scenario))
+            example, default = plan_time(est, module.default_plan(scenario, module.EXAMPLE["settings"])), \
+                plan_time(est, module.default_plan(scenario))
             finite = lambda t: t if math.isfinite(t) else None  # noqa: E731 (null: does not fit in memory)
             rows.append({
                 "engine": engine, "version": module.VERSION, "scenario": name, "example": module.EXAMPLE["source"],

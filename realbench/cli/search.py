@@ -117,7 +117,7 @@ def _engine_search(args, scenario) -> int:
     --plan's) and realbench's unconstrained baselines."""
     from realbench.engines import engine_module
     from realbench.plan import load_plan
-    from realbench.search.engine import engine_search
+    from realbench.search.engine import engine_search, plan_time
 
     for flag, given in (("--storage", args.storage), ("--workers", args.workers > 1),
                         ("--multi-objective", args.multi_objective)):
@@ -140,14 +140,13 @@ def _engine_search(args, scenario) -> int:
         result = engine_search(scenario, args.engine, args.method, args.time_budget, seed=args.seed, profile=profile,
                                on_event=bar.update, max_evaluations=args.max_evals)
     est = Estimator(scenario, profile=profile)
-    base = est.estimate(est.choice_of(compared))
-    compared_s = base.time_per_iter_s if not base.oom else math.inf
+    compared_s = plan_time(est, compared)
     G = scenario.cluster.gpus_per_node
     out = {"scenario": scenario.name, "engine": args.engine, "method": args.method, "best_time_s": result.best_time_s,
            "plan": {n: o.label(G) for n, o in result.best.items()}, "groups": result.groups,
            "evaluations": result.evaluations, "seconds": result.seconds,
            "compared": {"name": compared_name, "time_per_iter_s": compared_s if math.isfinite(compared_s) else None,
-                        "fits": not base.oom, "plan": {n: o.label(G) for n, o in compared.items()}},
+                        "fits": math.isfinite(compared_s), "plan": {n: o.label(G) for n, o in compared.items()}},
            "speedup": compared_s / result.best_time_s if math.isfinite(compared_s) else None}
     if args.out:
         origin = Origin(method=f"{args.method} in {args.engine}", seed=args.seed, evaluations=result.evaluations,

@@ -16,7 +16,7 @@ from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
-from realbench.schema import write_document, write_text
+from realbench.schema import refuse_existing, write_document, write_text
 
 ENGINES = {"verl": verl}
 
@@ -52,9 +52,7 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
                           str(path)) from None
     folder = Path(out)
     targets = (folder / f"{name}.yaml", folder / f"{name}-plan.yaml")
-    for p in targets:  # check both before writing either
-        if p.exists() and not overwrite:
-            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    refuse_existing(targets, overwrite)
     folder.mkdir(parents=True, exist_ok=True)
     return write_document(scenario, targets[0], overwrite), write_document(plan, targets[1], overwrite)
 
@@ -69,8 +67,6 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
     settings_engine, settings = module.to_config(scenario, options, paths)
     config = Path(out)
     script = config.with_name(config.stem + "-launch.sh")
-    for p in (config, script):
-        if p.exists() and not overwrite:
-            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    refuse_existing((config, script), overwrite)
     return [write_document(module.config_document(settings_engine, settings), config, overwrite),
             write_text(module.launch_script(config), script, overwrite, mode=0o755)]

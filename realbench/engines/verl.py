@@ -33,7 +33,7 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   (workers/engine_workers.py:261-314); a replica's rows split into micro-batches of
   `*_micro_batch_size_per_gpu` rows that must divide them (workers/engine/utils.py:122-128), or
   with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens (priced as the fewest equal
-  micro-batches at least as many as the packed ones, `_even`: realbench's plans split a GPU's rows
+  micro-batches at least as many as the packed ones, `_packed`: realbench's plans split a GPU's rows
   evenly). The V1 critic always packs,
   both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
   (trainer/ppo/v1/trainer_base.py:266-268).
@@ -71,6 +71,7 @@ from realbench.dataflow import CallKind
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
+from realbench.plan.options import divisors
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import read_document
@@ -202,10 +203,11 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
             if key not in ADDED_KEYS:
                 raise _unknown(key, engine, "overrides")
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
+    known = {**table, **ADDED_KEYS}
     for key in given:
-        if key not in table and key not in ADDED_KEYS:
+        if key not in known:
             raise _unknown(key, engine, source)
-    changed = {k for k, v in given.items() if v != {**table, **ADDED_KEYS}.get(k)}
+    changed = {k for k, v in given.items() if v != known.get(k)}
     return engine, resolve(engine, given), changed
 
 
@@ -234,11 +236,13 @@ def _ceil(a: float, b: float) -> int:
     return max(1, math.ceil(a / b))
 
 
-def _even(rows: int, count: int) -> int:
-    """The micro-batches realbench prices for `count` unequal ones over `rows` rows (verl's
-    token-budget packing, a serving engine's max_num_seqs rounds): the fewest equal splits of the
-    rows that are at least as many (realbench's plans split a GPU's rows evenly; at most one
-    micro-batch more than a divisor away)."""
+def _packed(rows: int, row_size: float, budget: int) -> int:
+    """The micro-batches realbench prices for a GPU's `rows` packed up to `budget` (tokens, rows
+    of `row_size` tokens: verl's dynamic batching; or sequences, row_size 1: a serving engine's
+    max_num_seqs rounds): the ceil(rows x row_size / budget) unequal ones counted as the fewest
+    equal splits of the rows that are at least as many (realbench's plans split a GPU's rows
+    evenly; at most one micro-batch more than a divisor away)."""
+    count = _ceil(rows * row_size, budget)
     return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
 
 
@@ -382,23 +386,22 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return _even(per_gpu, _ceil(per_gpu * L, int(s["critic.ppo_infer_max_token_len_per_gpu"])))
+            return _packed(per_gpu, L, int(s["critic.ppo_infer_max_token_len_per_gpu"]))
         if s[f"{A}.use_dynamic_bsz"]:
-            return _even(per_gpu, _ceil(per_gpu * L, int(s[f"{A}.ppo_max_token_len_per_gpu"])))
+            return _packed(per_gpu, L, int(s[f"{A}.ppo_max_token_len_per_gpu"]))
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
     ref = "actor_rollout_ref.ref"
-    ref_m = (_even(rows // dp, _ceil(rows // dp * L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])))
-             if s[f"{ref}.log_prob_use_dynamic_bsz"]
+    ref_m = (_packed(rows // dp, L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
                              source)
     replicas = N // rollout_tp
-    whole = f"n0-{nodes - 1}" if nodes > 1 else "n0"
+    whole = Mesh(0, nodes, 0, per_node).label(per_node)
     calls = {
         "actor_gen": {"dp": replicas, "tp": rollout_tp, "pp": 1,
-                      "micro_batches": _even(rows // replicas, _ceil(rows / replicas, int(s[f"{R}.max_num_seqs"])))},
+                      "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"]},
@@ -409,8 +412,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
                             f"{RM}.rollout.tensor_model_parallel_size", source)
         calls["reward_inf"] = {"dp": N // rm_tp, "tp": rm_tp, "pp": 1,
-                               "micro_batches": _even(rows // (N // rm_tp),
-                                                      _ceil(rows / (N // rm_tp), int(s[f"{RM}.rollout.max_num_seqs"])))}
+                               "micro_batches": _packed(rows // (N // rm_tp), 1, int(s[f"{RM}.rollout.max_num_seqs"]))}
     else:
         scorer = _function_mesh(rows, nodes, per_node)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
@@ -420,8 +422,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
                                  "zero": zeros["critic"]}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": _even(rows // dp, _ceil(rows // dp * L,
-                                                                        int(s["critic.ppo_infer_max_token_len_per_gpu"]))),
+                               "micro_batches": _packed(rows // dp, L, int(s["critic.ppo_infer_max_token_len_per_gpu"])),
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
@@ -522,13 +523,11 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     some B; the largest such B (the fewest packed micro-batches) is written."""
     ct, ci = options["critic_train"].strategy, options["critic_inf"].strategy
     seq_len = scenario.dataflow.call("critic_train").seq_len
-    train_tokens = _rows_per_step(scenario, "critic_train", options["critic_train"]) * seq_len
-    inf_tokens = _rows_per_step(scenario, "critic_inf", options["critic_inf"]) * seq_len
-    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches))
     train_rows = _rows_per_step(scenario, "critic_train", options["critic_train"])
     inf_rows = _rows_per_step(scenario, "critic_inf", options["critic_inf"])
-    if (_even(train_rows, _ceil(train_tokens, budget)), _even(inf_rows, _ceil(inf_tokens, budget))) != \
-            (ct.micro_batches, ci.micro_batches):
+    train_tokens, inf_tokens = train_rows * seq_len, inf_rows * seq_len
+    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches))
+    if (_packed(train_rows, seq_len, budget), _packed(inf_rows, seq_len, budget)) != (ct.micro_batches, ci.micro_batches):
         raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU "
                           f"(verl/trainer/ppo/v1/trainer_base.py:266-268): no budget gives {ct.micro_batches} "
                           f"micro-batches of {train_tokens} tokens and {ci.micro_batches} of {inf_tokens}",
@@ -625,14 +624,10 @@ def launch_script(config: Path) -> str:
 
 
 # -- verl's space, for a search ----------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _replica_tps(scenario: Scenario, role: str) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
     N = c.n_devices
-    return [t for t in _divisors(N) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
+    return [t for t in divisors(N) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
             and model.n_heads % t == 0 and model.n_kv_heads % t == 0]
 
 
@@ -658,7 +653,7 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
     def served(role: str) -> list[Option]:  # vLLM replicas of tp GPUs, max_num_seqs rows decoding together
         return [Option(W, Strategy(N // t, t, 1, m)) for t in _replica_tps(scenario, role)
-                for m in _divisors(rows // (N // t)) if rows % (N // t) == 0]
+                for m in divisors(rows // (N // t)) if rows % (N // t) == 0]
 
     common = {"actor_gen": valid("actor_gen", served("actor"))}
     if isinstance(scenario.models["reward"], FunctionSpec):
@@ -670,8 +665,8 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     if N > 1:
         layouts.append((1, 1, 1, (3, 2), 3))  # FSDP
     actor = scenario.models["actor"]
-    for tp in (t for t in _divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0):
-        for pp in (p for p in _divisors(N // tp) if p <= actor.n_layers):
+    for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0):
+        for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0))  # Megatron
     for tp, pp, v, zeros, forward_zero in layouts:
@@ -681,20 +676,20 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
         def trained(name: str, zero_options=zeros) -> list[Option]:
             per_gpu = rows // steps // dp
-            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z)) for m in _divisors(per_gpu)
+            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z)) for m in divisors(per_gpu)
                                 for ckpt in (False, True) for z in zero_options])
 
         group = {**common, "actor_train": trained("actor_train"),
                  "ref_inf": valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero))
-                                              for m in _divisors(rows // dp)])}
+                                              for m in divisors(rows // dp)])}
         if not critic:
             if all(group.values()):
                 yield group
             continue
         seq_len = df.call("critic_train").seq_len
-        for m in _divisors(rows // steps // dp):
+        for m in divisors(rows // steps // dp):
             budget = math.ceil(rows // steps // dp * seq_len / m)
-            inf_m = _even(rows // dp, _ceil(rows // dp * seq_len, budget))
+            inf_m = _packed(rows // dp, seq_len, budget)
             with_critic = {**group, "critic_train": [o for o in trained("critic_train") if o.strategy.micro_batches == m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero))])}
             if all(with_critic.values()):

@@ -13,7 +13,7 @@ from realbench.errors import ConfigError
 from realbench.export.launchers import (DEFAULT_PORT, LaunchSpec, accelerate_config, accelerate_script,
                                         slurm_script, torchrun_script)
 from realbench.plan import load_plan, load_scenario
-from realbench.schema import write_text
+from realbench.schema import refuse_existing, write_text
 
 RUNTIME_FORMATS = ("accelerate", "torchrun", "slurm")  # launchers of realbench's runtime
 FORMATS = (*RUNTIME_FORMATS, "html", *ENGINES)
@@ -77,8 +77,6 @@ def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] 
     import yaml
 
     script = Path(out).with_name(Path(out).stem + "-launch.sh")
-    for p in (Path(out), script):  # check both before writing either
-        if p.exists() and not overwrite:
-            raise ConfigError("exists; pass --force to overwrite it", source=str(p))
+    refuse_existing((out, script), overwrite)
     return [write_text(yaml.safe_dump(accelerate_config(spec, master_addr), sort_keys=False), out, overwrite),
             write_text(accelerate_script(spec, out), script, overwrite, mode=0o755)]

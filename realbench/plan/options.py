@@ -134,7 +134,7 @@ def option_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option
     return strategy_problem(call, model, cluster, option.mesh, option.strategy)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
@@ -150,8 +150,8 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     probe = Mesh(0, 1, 0, size)  # only the size matters to strategy_problem
     layers = getattr(model, "n_layers", 1)
     batch = call.seqs // call.optimizer_steps
-    for tp in _divisors(math.gcd(size, cluster.gpus_per_node)):
-        for pp in _divisors(size // tp):
+    for tp in divisors(math.gcd(size, cluster.gpus_per_node)):
+        for pp in divisors(size // tp):
             dp = size // tp // pp
             if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem would refuse, skipped cheaply
                 continue

@@ -31,6 +31,13 @@ class EngineSearchResult:
     seconds: float
 
 
+def plan_time(est: Estimator, options: dict[str, Option]) -> float:
+    """A plan's time per iteration, inf when it does not fit in memory (a configuration an engine
+    would run, compared with the engine's best)."""
+    result = est.estimate(est.choice_of(options))
+    return math.inf if result.oom else result.time_per_iter_s
+
+
 def engine_search(scenario: Scenario, engine: str, method: str, time_budget: float, seed: int = 0,
                   profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
                   max_evaluations: Optional[int] = None) -> EngineSearchResult:
