@@ -18,16 +18,25 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The engines realbench writes plans for, each in its own environment where its pins conflict with
-# ours (verl 0.9.1 pins transformers below 5.11): their own code checks what realbench writes.
+# ours (verl 0.9.1 pins transformers below 5.11; OpenRLHF 0.11.2 needs DeepSpeed, vLLM and flash-attn,
+# GPU builds: its argument parser and checks need none of them, so it is installed without them):
+# their own code checks what realbench writes.
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
+OPENRLHF_VENV  := .venv-openrlhf
+OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
 
 $(VERL_STAMP):
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 verl==0.9.1
 	touch $(VERL_STAMP)
 
-engines: $(VERL_STAMP)
+$(OPENRLHF_STAMP):
+	$(PYTHON) -m venv $(OPENRLHF_VENV)
+	$(OPENRLHF_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps openrlhf==0.11.2
+	touch $(OPENRLHF_STAMP)
+
+engines: $(VERL_STAMP) $(OPENRLHF_STAMP)
 
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
 browser:
@@ -36,7 +45,7 @@ browser:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "note: no chromium: browser tests will be skipped (apt-get install chromium)"; fi; }
 
-test: $(STAMP) $(VERL_STAMP) browser
+test: $(STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -53,4 +62,4 @@ demo: $(STAMP)
 	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser); the workbench: $(RB) lab"
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(OUT)
+	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(OUT)

@@ -346,15 +346,19 @@ def test_a_plan_verl_cannot_run_is_refused_by_what_verl_cannot_do(cli, job):
 
 
 def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
-    """The engine's best is no slower than its example and default configurations (the search
-    starts from neither, so this can fail), and the gains are the ratios of the times reported."""
+    """Each engine's best is no slower than its example and default configurations (verl's search
+    starts from neither, so this can fail; OpenRLHF's lists every plan, so its best is no slower
+    than any), and the gains are the ratios of the times reported."""
+    from realbench.engines import openrlhf
+
     code, out, err = cli("bench", "engines", "--quick", "--json")
     assert code == 0, err
     rows = json.loads(out)["rows"]
-    assert [(r["engine"], r["scenario"]) for r in rows] == [("verl", "grpo-7b-16gpu")]
-    r = rows[0]
-    assert "run_qwen3_8b_fsdp.sh" in r["example"] and r["version"] == verl.VERSION
-    assert r["best_s"] <= min(r["example_s"], r["default_s"])
-    assert r["search_gain"] == pytest.approx(min(r["example_s"], r["default_s"]) / r["best_s"])
-    assert r["realbench_gain"] == pytest.approx(r["best_s"] / r["realbench_s"])
-    assert set(r["best_plan"]) == set(r["realbench_plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
+    assert [(r["engine"], r["scenario"]) for r in rows] == [("verl", "grpo-7b-16gpu"), ("openrlhf", "grpo-7b-16gpu")]
+    for r, module, example in zip(rows, (verl, openrlhf), ("run_qwen3_8b_fsdp.sh", "train_ppo_ray_slurm.sh")):
+        assert example in r["example"] and r["version"] == module.VERSION
+        assert r["best_s"] <= min(r["example_s"], r["default_s"])
+        assert r["search_gain"] == pytest.approx(min(r["example_s"], r["default_s"]) / r["best_s"])
+        assert r["realbench_gain"] == pytest.approx(r["best_s"] / r["realbench_s"])
+        assert set(r["best_plan"]) == set(r["realbench_plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
+    assert rows[1]["method"] == "all plans" and rows[1]["evaluations"] == rows[1]["plans"]

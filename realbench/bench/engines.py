@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from realbench.cost import Estimator
-from realbench.engines import ENGINES
+from realbench.engines import ENGINES, priced_as
 from realbench.plan import get_builtin
 from realbench.search import run_search
 from realbench.search.engine import engine_search, plan_time
@@ -29,11 +29,13 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
         own = run_search(est, "mcmc", budget_s, seed=seed)
         for engine, module in ENGINES.items():
             best = engine_search(scenario, engine, "mcmc", budget_s, seed=seed)
-            example, default = plan_time(est, module.default_plan(scenario, module.EXAMPLE["settings"])), \
-                plan_time(est, module.default_plan(scenario))
+            as_run = Estimator(priced_as(scenario, engine))  # what the engine runs, priced as it runs it
+            example, default = plan_time(as_run, module.default_plan(scenario, module.EXAMPLE["settings"])), \
+                plan_time(as_run, module.default_plan(scenario))
             finite = lambda t: t if math.isfinite(t) else None  # noqa: E731 (null: does not fit in memory)
             rows.append({
                 "engine": engine, "version": module.VERSION, "scenario": name, "example": module.EXAMPLE["source"],
+                "method": best.method, "evaluations": best.evaluations, "plans": best.groups,
                 "example_s": finite(example), "default_s": finite(default), "best_s": best.best_time_s,
                 "best_plan": {n: o.label(G) for n, o in best.best.items()},
                 "realbench_s": own.best_time_s,

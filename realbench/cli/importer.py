@@ -3,20 +3,25 @@ configuration runs, written for estimate, the plan viewer and the report."""
 
 from __future__ import annotations
 
-from realbench.cli import emit_json, log
+from realbench.cli import emit_json, log, positive_int
 
 
 def add_parser(sub) -> None:
     from realbench.engines import ENGINES
 
-    p = sub.add_parser("import", help="read an engine's configuration (verl) into a scenario and the plan it runs")
+    p = sub.add_parser("import", help="read an engine's configuration (verl, OpenRLHF) into a scenario and the plan "
+                                      "it runs")
     p.add_argument("engine", choices=tuple(ENGINES), help="the engine whose configuration FILE is")
-    p.add_argument("file", help="verl: a Hydra config that extends ppo_trainer, or a run's composed .hydra/config.yaml")
-    p.add_argument("overrides", nargs="*", help="Hydra-style overrides, key=value (as on verl's command line)")
+    p.add_argument("file", help="verl: a Hydra config that extends ppo_trainer, or a run's composed .hydra/config.yaml; "
+                                "openrlhf: a launch script of openrlhf.cli.train_ppo_ray, or a file of its flags")
+    p.add_argument("overrides", nargs="*", help="verl: Hydra-style overrides, key=value; openrlhf: flag=value "
+                                                "(e.g. vllm.num_engines=4, a switch =true or =false)")
     p.add_argument("--out", required=True, help="folder for <name>.yaml (the scenario) and <name>-plan.yaml")
     p.add_argument("--name", help="the scenario's name (default: FILE's stem)")
     p.add_argument("--device", default="h100", help="the GPUs' device preset (the configuration does not say; "
                                                     "default h100)")
+    p.add_argument("--gpus-per-node", type=positive_int, help="openrlhf: GPUs per node (its command line gives "
+                                                              "only each group's count; default 8)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--json", action="store_true", help="print the files and the estimate as JSON")
     p.set_defaults(handler=run)
@@ -29,7 +34,7 @@ def run(args) -> int:
     from realbench.plan import load_plan
 
     scenario_path, plan_path = import_config(args.engine, args.file, args.overrides, args.out, args.device,
-                                             args.name, args.force)
+                                             args.name, args.force, args.gpus_per_node)
     _, scenario, options = load_plan(str(plan_path))
     est = Estimator(scenario)
     choice = est.choice_of(options)

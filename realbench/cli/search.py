@@ -115,7 +115,7 @@ def run(args) -> int:
 def _engine_search(args, scenario) -> int:
     """--engine: the best plan inside the engine's space, beside its default configuration's (or
     --plan's) and realbench's unconstrained baselines."""
-    from realbench.engines import engine_module
+    from realbench.engines import engine_module, priced_as
     from realbench.plan import load_plan
     from realbench.search.engine import engine_search, plan_time
 
@@ -139,7 +139,7 @@ def _engine_search(args, scenario) -> int:
                       enabled=sys.stderr.isatty() or not args.json) as bar:
         result = engine_search(scenario, args.engine, args.method, args.time_budget, seed=args.seed, profile=profile,
                                on_event=bar.update, max_evaluations=args.max_evals)
-    est = Estimator(scenario, profile=profile)
+    est = Estimator(priced_as(scenario, args.engine), profile=profile)
     compared_s = plan_time(est, compared)
     G = scenario.cluster.gpus_per_node
     out = {"scenario": scenario.name, "engine": args.engine, "method": args.method, "best_time_s": result.best_time_s,
@@ -158,8 +158,9 @@ def _engine_search(args, scenario) -> int:
         emit_json(out)
         return 0
     versus = (f"{compared_s:.4f} s ({out['speedup']:.2f}x)" if math.isfinite(compared_s) else "does not fit in memory")
-    print(f"{args.method} in {args.engine}: best {result.best_time_s:.4f} s per iteration after {result.evaluations} "
-          f"plans ({result.groups} engine layouts) in {result.seconds:.1f} s; {compared_name}: {versus}")
+    what = (f"of its {result.groups} plans" if result.method == "all plans" else f"({result.groups} engine layouts)")
+    print(f"{result.method} in {args.engine}: best {result.best_time_s:.4f} s per iteration after {result.evaluations} "
+          f"plans {what} in {result.seconds:.1f} s; {compared_name}: {versus}")
     for name, label in out["plan"].items():
         print(f"  {name:14s} {label}")
     return 0

@@ -120,6 +120,23 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, worst))
 
 
+def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
+    """Seconds for OpenRLHF's weight sync to vLLM (trainer/ray/ppo_actor.py:409-490 in 0.11.2): each
+    tensor gathered whole (zero 3: the data-parallel all-gather, `gather_times`), then broadcast
+    from the trainer's first device to every GPU of the engines, each receiving the whole tensor
+    (vLLM reshards it itself): the model's bf16 bytes over the slowest link of the broadcast (a
+    pipelined broadcast moves them once over each), inside the first device's node or across
+    nodes. On the same GPUs (the hybrid engine's CUDA IPC handles) nothing moves after the gather."""
+    G = cluster.gpus_per_node
+    nbytes = float(model.n_params) * BF16
+    same_node = (dst.start // G == src.start // G) & ((dst.start + dst.size - 1) // G == src.start // G)
+    t = np.where(same_node, nbytes / cluster.intra_bw + cluster.intra_latency_s,
+                 nbytes / cluster.inter_bw + cluster.inter_latency_s)
+    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))
+    return np.where(holds_same_shards(src, dst), 0.0,
+                    gather_times(model, cluster, src) + np.where(holds_same_shards(whole, dst), 0.0, t))
+
+
 def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option) -> float:
     """Seconds to move the weights from layout `src` to layout `dst`."""
     G = cluster.gpus_per_node

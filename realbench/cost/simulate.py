@@ -47,7 +47,7 @@ import numpy as np
 
 from realbench.cost.calls import call_cost
 from realbench.cost.profiled import profiled_call_times, profiled_exchange, profiled_links
-from realbench.cost.realloc import Layouts, holds_same_shards, realloc_times, transfer_bytes
+from realbench.cost.realloc import Layouts, broadcast_times, holds_same_shards, realloc_times, transfer_bytes
 from realbench.dataflow import CallKind
 from realbench.hardware.profile import shares_cores
 from realbench.plan.mesh import Option
@@ -414,7 +414,10 @@ class Estimator:
             if m == i:
                 continue
             src, dst = self._layouts(m, C[:, m]), self._layouts(i, C[:, i])
-            R[:, i] = realloc_times(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
+            # OpenRLHF broadcasts whole tensors to its vLLM engines (realbench.cost.realloc.broadcast_times)
+            moved = broadcast_times if (self.scenario.engine == "openrlhf"
+                                        and self.calls[i].kind == CallKind.GENERATE) else realloc_times
+            R[:, i] = moved(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
             if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)

@@ -11,14 +11,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from realbench.engines import verl
+from realbench.engines import openrlhf, verl
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.schema import refuse_existing, write_document, write_text
 
-ENGINES = {"verl": verl}
+ENGINES = {"verl": verl, "openrlhf": openrlhf}
 
 
 def engine_module(name: str):
@@ -29,7 +29,8 @@ def engine_module(name: str):
 
 
 def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
-                  name: Optional[str] = None, overwrite: bool = False) -> tuple[Path, Path]:
+                  name: Optional[str] = None, overwrite: bool = False, gpus_per_node: Optional[int] = None
+                  ) -> tuple[Path, Path]:
     """Read an engine's configuration (and overrides) into `out`/<name>.yaml (the scenario) and
     `out`/<name>-plan.yaml (the plan the engine would run); returns their paths. Paths in the
     configuration (checkpoints, the reward function) are taken, as the engine takes them,
@@ -37,7 +38,10 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     module = engine_module(engine)
     name = name or Path(path).stem
     settings_engine, settings, given = module.read_config(path, overrides)
-    scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path))
+    if gpus_per_node and engine == "verl":
+        raise ConfigError("verl's configuration gives the node size (trainer.n_gpus_per_node)", "--gpus-per-node")
+    node_size = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
+    scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
     for entry in scenario["models"].values():
         if isinstance(entry.get("path"), str):
             entry["path"] = os.path.abspath(os.path.expanduser(entry["path"]))
@@ -59,14 +63,19 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
 
 def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,
                   model_paths: dict[str, str], overwrite: bool = False) -> list[Path]:
-    """Write a plan as the engine's configuration (`out`) and its launch script (<out stem>-launch.sh
-    beside it). `model_paths`: checkpoint folders by role, over the scenario's own."""
+    """Write a plan as the engine's configuration and launch script (verl: `out` and
+    <out stem>-launch.sh beside it; OpenRLHF: the launch script `out`, its command line).
+    `model_paths`: checkpoint folders by role, over the scenario's own."""
     module = engine_module(engine)
     paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
     paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
     settings_engine, settings = module.to_config(scenario, options, paths)
-    config = Path(out)
-    script = config.with_name(config.stem + "-launch.sh")
-    refuse_existing((config, script), overwrite)
-    return [write_document(module.config_document(settings_engine, settings), config, overwrite),
-            write_text(module.launch_script(config), script, overwrite, mode=0o755)]
+    files = module.config_files(Path(out), settings_engine, settings)
+    refuse_existing([f[0] for f in files], overwrite)
+    return [write_text(text, path, overwrite, mode=mode) for path, text, mode in files]
+
+
+def priced_as(scenario: Scenario, engine: str) -> Scenario:
+    """The scenario as `engine` runs it: the cost model prices what the engine does differently
+    (OpenRLHF's weight broadcast to vLLM) where the scenario names the engine."""
+    return scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})

@@ -623,6 +623,12 @@ def launch_script(config: Path) -> str:
             f'exec {ENTRY} --config-path "$here" --config-name {config.stem} "$@"\n')
 
 
+def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
+    """The Hydra config (at `config`) and its launch script (<stem>-launch.sh beside it)."""
+    return [(config, yaml.safe_dump(config_document(engine, settings), sort_keys=False, width=100), 0o644),
+            (config.with_name(config.stem + "-launch.sh"), launch_script(config), 0o755)]
+
+
 # -- verl's space, for a search ----------------------------------------------------------------------
 def _replica_tps(scenario: Scenario, role: str) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]

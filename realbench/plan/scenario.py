@@ -60,7 +60,7 @@ class Scenario(DerivedValues):
     # the engine that runs this scenario (read from its configuration: realbench import): realbench
     # plans it and writes it back (export --format), its runtime does not run it, and a reward
     # function is the engine's, named, not called here
-    engine: Optional[Literal["verl"]] = None
+    engine: Optional[Literal["verl", "openrlhf"]] = None
 
     @model_validator(mode="before")
     @classmethod

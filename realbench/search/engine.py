@@ -1,8 +1,12 @@
-"""Search inside an engine's space (`realbench search --engine verl`): the plans the engine can
-run are groups of per-call options that share what the engine makes its calls share (one
-training engine and layout, a token budget); each group is searched with the chosen method on a
-share of the time budget, and the best plan of all groups is kept. One event stream for the
-whole search: the groups' evaluations and seconds add up."""
+"""Search inside an engine's space (`realbench search --engine verl|openrlhf`). verl's plans are
+groups of per-call options that share what the engine makes its calls share (one training engine
+and layout, a token budget); each group is searched with the chosen method on a share of the
+time budget, and the best plan of all groups is kept. OpenRLHF's settings are global (one
+DeepSpeed strategy, one micro-batch size, groups of GPUs): nearly every plan is its own group, so
+its plans are listed whole (`configurations`) and evaluated in batches, in an order shuffled by
+the seed, until they are all evaluated or the budget ends. One event stream for the whole
+search: the groups' evaluations and seconds add up. Each plan is priced as the engine runs it
+(realbench.engines.priced_as)."""
 
 from __future__ import annotations
 
@@ -11,13 +15,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+import numpy as np
+
 from realbench.cost import Estimator
-from realbench.engines import engine_module
+from realbench.engines import engine_module, priced_as
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
 from realbench.search import run_search
-from realbench.search.events import EventSink, SearchEvent
+from realbench.search.events import EventSink, SearchEvent, Tracker
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
                   profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
                   max_evaluations: Optional[int] = None) -> EngineSearchResult:
     module = engine_module(engine)
+    scenario = priced_as(scenario, engine)
+    if hasattr(module, "plan_table"):
+        return _listed(scenario, engine, module, method, time_budget, seed, profile, on_event, stop, max_evaluations)
     groups = list(module.plan_groups(scenario))
     if not groups:
         raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
@@ -71,3 +80,32 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
     if best[1] is None:
         raise ConfigError(f"no plan {engine} can run fits in memory", "--engine")
     return EngineSearchResult(engine, method, best[1], best[0], len(groups), evaluations, time.perf_counter() - start)
+
+
+CHUNK = 2048
+
+
+def _listed(scenario: Scenario, engine: str, module, method: str, time_budget: float, seed: int, profile,
+            on_event: Optional[EventSink], stop: Optional[Callable[[], bool]], max_evaluations: Optional[int]
+            ) -> EngineSearchResult:
+    """Every plan the engine can run (module.plan_table), evaluated in batches in an order
+    shuffled by `seed` until all are evaluated or the budget ends (`method` is not used: the list
+    is the search)."""
+    start = time.perf_counter()
+    only, table = module.plan_table(scenario)
+    if not table:
+        raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
+    est = Estimator(scenario, profile=profile, only=only)
+    rows = np.array(table, dtype=np.int64)[:, [list(only).index(n) for n in est.call_names]]
+    rows = rows[np.random.default_rng(seed).permutation(len(rows))]
+    tracker = Tracker(f"all plans in {engine}", time_budget, max_evaluations, on_event, stop, start=start)
+    for s in range(0, len(rows), CHUNK):
+        t, mem = est.evaluate_batch(rows[s:s + CHUNK])
+        tracker.observe(rows[s:s + CHUNK], t, mem, mem <= est.capacity)
+        if tracker.should_stop():
+            break
+    tracker.emit(done=True)
+    if tracker.best_choice is None:
+        raise ConfigError(f"no plan {engine} can run fits in memory", "--engine")
+    return EngineSearchResult(engine, "all plans", est.options_of(tracker.best_choice), tracker.best_time, len(table),
+                              tracker.evaluations, time.perf_counter() - start)

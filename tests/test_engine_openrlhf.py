@@ -1,0 +1,241 @@
+"""OpenRLHF 0.11.2's command lines read into plans, plans written as its command lines, and what
+realbench writes checked by OpenRLHF's own argument parser, post-parse checks and train()
+assertions in its own environment (`make engines`: .venv-openrlhf)."""
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from realbench.engines import openrlhf
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = Path(os.environ.get("REALBENCH_OPENRLHF_PYTHON", ROOT / ".venv-openrlhf" / "bin" / "python"))
+CHECK = ROOT / "realbench" / "engines" / "openrlhf_check.py"
+
+# the README's quick-start (examples/scripts/train_ppo_ray_hybrid_engine.sh) on a small job
+HYBRID = """\
+#!/bin/bash
+set -x
+ray job submit --address="http://127.0.0.1:8265" \\
+   --runtime-env-json='{"working_dir": "/openrlhf"}' \\
+   -- python3 -m openrlhf.cli.train_ppo_ray \\
+   --ref.num_nodes 1 --ref.num_gpus_per_node 8 \\
+   --reward.num_nodes 1 --reward.num_gpus_per_node 8 \\
+   --critic.num_nodes 1 --critic.num_gpus_per_node 8 \\
+   --actor.num_nodes 1 --actor.num_gpus_per_node 8 \\
+   --vllm.num_engines 4 --vllm.tensor_parallel_size 2 \\
+   --train.colocate_all --vllm.gpu_memory_utilization 0.5 --vllm.enable_sleep \\
+   --actor.model_name_or_path ckpt --reward.model_name_or_path ckpt \\
+   --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable \\
+   --train.micro_batch_size 1 --train.batch_size 16 \\
+   --rollout.micro_batch_size 4 --rollout.batch_size 64 \\
+   --data.max_len 192 --rollout.max_new_tokens 128 \\
+   --algo.advantage.estimator gae  # PPO
+"""
+
+# the separate groups of the old 70B script (examples/scripts/train_ppo_llama_ray_70b.sh), GRPO with a
+# reward function, as a file of flags
+SPLIT_GRPO = """\
+--ref.num_gpus_per_node 4 --actor.num_gpus_per_node 8
+--vllm.num_engines 2 --vllm.tensor_parallel_size 2
+--train.micro_batch_size 2 --train.batch_size 64 --rollout.micro_batch_size 8 --rollout.batch_size 32
+--rollout.n_samples_per_prompt 4 --data.max_len 192 --rollout.max_new_tokens 128
+--ds.zero_stage 2 --algo.advantage.estimator group_norm
+--actor.model_name_or_path ckpt --reward.remote_url scoring/reward.py
+"""
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A user's OpenRLHF job folder: a checkpoint, a reward function, two launch files."""
+    from realbench.examples import save_model
+
+    folder = tmp_path_factory.mktemp("my openrlhf job")
+    save_model(folder / "ckpt")
+    (folder / "scoring").mkdir()
+    (folder / "scoring" / "reward.py").write_text("def reward_func(queries, prompts, labels):\n    return {}\n")
+    (folder / "train ppo hybrid.sh").write_text(HYBRID)
+    (folder / "grpo.args").write_text(SPLIT_GRPO)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _keep_cwd():
+    here = os.getcwd()
+    yield
+    os.chdir(here)
+
+
+def openrlhf_check(*args) -> dict:
+    assert PYTHON.is_file(), f"OpenRLHF's environment is missing: run `make engines` ({PYTHON})"
+    done = subprocess.run([str(PYTHON), str(CHECK), *map(str, args)], capture_output=True, text=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def imported(cli, job, config, *overrides, out="plans", name=None):
+    os.chdir(job)
+    code, stdout, err = cli("import", "openrlhf", config, *overrides, "--out", out, "--json",
+                            *(("--name", name) if name else ()), "--force")
+    assert code == 0, err
+    result = json.loads(stdout)
+    return result, yaml.safe_load(Path(result["plan"]).read_text()), yaml.safe_load(Path(result["scenario"]).read_text())
+
+
+def test_the_flag_table_is_openrlhfs_own_parser():
+    """realbench parses OpenRLHF's command lines with the flags of openrlhf-0.11.2.json; the
+    installed OpenRLHF's argument parser declares exactly those (names, types, defaults)."""
+    assert openrlhf_check("defaults") == json.loads(openrlhf.TABLE.read_text())
+
+
+def test_the_hybrid_engine_reads_into_every_call_on_the_actors_gpus(cli, job):
+    result, plan, scenario = imported(cli, job, "train ppo hybrid.sh", name="hybrid")
+    calls = plan["calls"]
+    assert {c["mesh"] for c in calls.values()} == {"n0"}
+    # 4 engines of tp 2; 64 samples, 16 an engine: one vLLM batch (max_num_seqs 128)
+    assert calls["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1}
+    # 16 samples an optimizer step over 8 GPUs, micro-batches of 1: 2 a GPU; ZeRO-3, checkpointed
+    assert calls["actor_train"] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2,
+                                    "activation_checkpointing": True, "zero": 3}
+    assert calls["critic_train"] == calls["actor_train"]
+    # 64 samples over 8 GPUs in chunks of 4: 2 forwards a GPU, the forward-only models sharded under stage 3
+    for name in ("ref_inf", "reward_inf", "critic_inf"):
+        assert calls[name] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3}, name
+    assert scenario["engine"] == "openrlhf" and scenario["cluster"]["nodes"] == 1
+    assert scenario["dataflow"] == {"algorithm": "ppo", "prompts": 64, "prompt_len": 64, "gen_len": 128,
+                                    "minibatches": 4}
+    assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(openrlhf.PRICING_GAPS)
+
+
+def test_separate_groups_are_placed_largest_first(cli, job):
+    """The actor's 8 GPUs, the reference's 4, vLLM's 4: a whole node, then blocks of the next one
+    (largest first, in OpenRLHF's order of creation)."""
+    _, plan, scenario = imported(cli, job, "grpo.args", name="grpo")
+    calls = plan["calls"]
+    assert calls["actor_train"]["mesh"] == "n0" and calls["actor_train"]["zero"] == 2
+    assert calls["ref_inf"]["mesh"] == "n1:0-3" and calls["actor_gen"]["mesh"] == "n1:4-7"
+    assert calls["ref_inf"]["dp"] == 4 and "zero" not in calls["ref_inf"]  # replicated under stage 2
+    # the reward function runs in the vLLM engines' actors
+    assert calls["reward_inf"]["mesh"] == "n1:4-7"
+    assert scenario["models"]["reward"]["function"].endswith("reward.py:reward_func")
+    assert scenario["cluster"] == {"nodes": 2, "gpus_per_node": 8, "device": "h100"}
+    assert scenario["dataflow"]["group_size"] == 4 and scenario["dataflow"]["minibatches"] == 2
+
+
+@pytest.mark.parametrize("config", ["train ppo hybrid.sh", "grpo.args"])
+def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config):
+    first, plan, _ = imported(cli, job, config, out="first", name="job")
+    out = job / "exported" / f"{Path(config).stem} run.sh"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "openrlhf", "--out", out, "--force")
+    assert code == 0, err
+    assert os.access(out, os.X_OK) and "openrlhf.cli.train_ppo_ray" in out.read_text()
+    checked = openrlhf_check("validate", out)
+    assert checked["ok"], checked
+    again, plan_again, _ = imported(cli, job, out, out="again", name="job")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("overrides, flag, says", [
+    (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
+    (("ds.ring_attn_size=2",), "--ds.ring_attn_size", "does not price it"),
+    (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
+    (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),
+    (("ds.tensor_parallel_size=2",), "--ds.zero_stage", "AutoTP trains under ZeRO 0 to 2"),
+    (("train.async_enable=true",), "--train.async_enable", "does not price it"),
+    (("reward.remote_url=http://rm:5000/get_reward",), "--reward.remote_url", "remote reward server"),
+    (("algo.advantage.estimator=reinforce",), "--algo.advantage.estimator", "realbench plans gae, group_norm, rloo"),
+])
+def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, flag, says):
+    os.chdir(job)
+    code, _, err = cli("import", "openrlhf", "train ppo hybrid.sh", *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1, err
+    assert flag in err and says in err, err
+    assert not (job / "refused").exists()
+
+
+def test_an_old_flat_flag_in_a_script_is_refused_with_the_new_name(cli, job):
+    (job / "old.sh").write_text(HYBRID.replace("--actor.num_gpus_per_node 8", "--actor_num_gpus_per_node 8"))
+    os.chdir(job)
+    code, _, err = cli("import", "openrlhf", "old.sh", "--out", "old")
+    assert code == 2 and "--actor_num_gpus_per_node" in err and "did you mean '--actor.num_gpus_per_node'" in err
+
+
+def test_openrlhf_refuses_the_hybrid_engine_realbench_refuses(job):
+    """The rule realbench states is OpenRLHF's own: its train() asserts it too."""
+    bad = job / "bad.sh"
+    bad.write_text(HYBRID.replace("--vllm.num_engines 4", "--vllm.num_engines 2"))
+    checked = openrlhf_check("validate", bad)
+    assert not checked["ok"] and "must be equal to vllm_num_engines * vllm_tensor_parallel_size" in checked["error"]
+
+
+def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
+    """Plans the search lists pass realbench's rules, and a sample of them, written as command
+    lines, passes OpenRLHF's own parser, checks and train() assertions."""
+    from realbench.engines import import_config
+    from realbench.plan import load_scenario
+
+    os.chdir(job)
+    scenario_path, _ = import_config("openrlhf", "train ppo hybrid.sh", ["actor.num_nodes=2", "ref.num_nodes=2",
+                                                                         "vllm.num_engines=8"], "space",
+                                     overwrite=True)
+    scenario = load_scenario(str(scenario_path))
+    plans = list(openrlhf.configurations(scenario))
+    assert len(plans) > 1000
+    rng = random.Random(0)
+    hybrid = split = 0
+    paths = {"actor": "ckpt", "critic": "ckpt", "reward": "ckpt"}
+    for i, options in enumerate(rng.sample(plans, 12)):
+        assert openrlhf.space_problem(scenario, options) is None
+        _, settings = openrlhf.to_config(scenario, options, paths)
+        script = job / f"space-{i}.sh"
+        script.write_text(openrlhf.config_files(script, "deepspeed", settings)[0][1])
+        checked = openrlhf_check("validate", script)
+        assert checked["ok"], (checked, settings)
+        hybrid += bool(settings.get("train.colocate_all"))
+        split += not settings.get("train.colocate_all")
+    assert split > 0
+    assert any(p["actor_gen"].mesh == p["actor_train"].mesh for p in plans)  # the hybrid engine is listed
+
+
+def test_the_weights_reach_vllm_as_openrlhf_broadcasts_them():
+    """Hand-worked: ZeRO-3 on node 0 (dp 8) to vLLM on node 1: the data-parallel all-gather of
+    the bf16 model, then the whole model once over the inter-node link; on the actor's own GPUs
+    (CUDA IPC) the gather only; realbench's own reallocation sends each vLLM GPU its tp shard."""
+    from realbench.cost import comm
+    from realbench.cost.realloc import Layouts, broadcast_times, realloc_times
+    from realbench.hardware import ClusterSpec
+    from realbench.plan import get_builtin
+
+    scenario = get_builtin("ppo-7b-7b-16gpu")
+    model, c = scenario.models["actor"], scenario.cluster
+    assert isinstance(c, ClusterSpec)
+    lay = lambda start, size, tp, zero: Layouts(*(np.array([x]) for x in (start, size, tp, 1, zero)))  # noqa: E731
+    trainer, vllm, same = lay(0, 8, 1, 3), lay(8, 8, 2, 0), lay(0, 8, 2, 0)
+    nbytes = model.n_params * 2.0
+    gather = comm.all_gather(c, np.array([8]), nbytes, np.array([False]), np.array([8]))[0]
+    assert broadcast_times(model, c, trainer, vllm)[0] == pytest.approx(gather + nbytes / c.inter_bw + c.inter_latency_s)
+    assert broadcast_times(model, c, trainer, same)[0] == pytest.approx(gather)
+    assert realloc_times(model, c, trainer, vllm)[0] == pytest.approx(gather + nbytes / 2 / c.inter_bw
+                                                                      + c.inter_latency_s)
+
+
+def test_search_inside_openrlhf_lists_its_plans_and_beats_its_quick_start(cli, job, tmp_path):
+    code, out, err = cli("search", "--scenario", "grpo-7b-16gpu", "--engine", "openrlhf", "--method", "mcmc",
+                         "--time-budget", "60",
+                         "--json", "--out", tmp_path / "best.yaml")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["method"] == "mcmc" and result["evaluations"] == result["groups"] > 1000  # all listed, all priced
+    assert result["best_time_s"] <= result["compared"]["time_per_iter_s"]
+    assert result["compared"]["name"] == "openrlhf's default configuration"
+    from realbench.plan import load_plan
+
+    _, scenario, options = load_plan(str(tmp_path / "best.yaml"))
+    assert openrlhf.space_problem(scenario, options) is None
