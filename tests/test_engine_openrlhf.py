@@ -239,3 +239,27 @@ def test_search_inside_openrlhf_lists_its_plans_and_beats_its_quick_start(cli, j
 
     _, scenario, options = load_plan(str(tmp_path / "best.yaml"))
     assert openrlhf.space_problem(scenario, options) is None
+
+
+def test_the_workbench_opens_a_launch_script_and_writes_the_plan_back(job):
+    """The Engine tab: the script's scenario into the dataflow editor, the plan OpenRLHF runs into
+    the viewer (the estimate `import` prints), the plan written back passes OpenRLHF's checks; a
+    bad flag and a second open without overwrite are shown inline, nothing written."""
+    from realbench.cost import Estimator
+    from realbench.widgets import Workbench
+
+    os.chdir(job)
+    wb = Workbench("ppo-tiny-cpu", budget_s=1)
+    e = wb.engine
+    e.engine_box.value, e.file_box.value, e.out_box.value = "openrlhf", "train ppo hybrid.sh", "from the lab"
+    assert e.open(), e.status.value
+    assert wb.editor.scenario.engine == "openrlhf" and wb.search.scenario_override is wb.editor.scenario
+    est = Estimator(wb.editor.scenario)
+    assert wb.viewer.estimate.time_per_iter_s == pytest.approx(est.estimate(est.choice_of(e.shown[1])).time_per_iter_s)
+    assert "openrlhf configuration train ppo hybrid.sh" in wb.viewer.title.value
+    assert not e.open() and "exists; pass --force" in e.status.value  # the first import is kept
+    e.export_box.value = "from the lab/run.sh"
+    assert e.write(), e.status.value
+    assert openrlhf_check("validate", job / "from the lab" / "run.sh")["ok"]
+    e.overrides_box.value, e.overwrite_box.value = "vllm.num_engine_s=2", True
+    assert not e.open() and "did you mean" in e.status.value

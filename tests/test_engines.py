@@ -362,3 +362,17 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
         assert r["realbench_gain"] == pytest.approx(r["best_s"] / r["realbench_s"])
         assert set(r["best_plan"]) == set(r["realbench_plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
     assert rows[1]["method"] == "all plans" and rows[1]["evaluations"] == rows[1]["plans"]
+
+
+def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):
+    from realbench.widgets import Workbench
+
+    os.chdir(job)
+    wb = Workbench("ppo-tiny-cpu", budget_s=1)
+    e = wb.engine
+    e.file_box.value, e.overrides_box.value, e.out_box.value = "grpo_qwen_fsdp.yaml", \
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "lab"
+    assert e.open(), e.status.value
+    assert wb.editor.scenario.engine == "verl" and wb.editor.scenario.cluster.n_devices == 8
+    assert wb.viewer.options["actor_gen"].strategy.tp == 1  # the override (the file says 2) reached the plan shown
+    assert "verl configuration grpo_qwen_fsdp.yaml" in wb.viewer.title.value

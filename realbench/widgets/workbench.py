@@ -1,5 +1,7 @@
 """All the widgets in one dashboard: the dataflow editor feeds the cluster panel and the search,
-the search hands its best plan to the viewer and the run monitor."""
+the search hands its best plan to the viewer and the run monitor; an engine's configuration
+(verl, OpenRLHF) opens into the editor and the viewer, and the plan shown or searched is written
+back as one."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import ipywidgets as w
 
 from realbench.widgets.cluster import ClusterPanel
 from realbench.widgets.dataflow import DataflowEditor
+from realbench.widgets.engine import EngineConfig
 from realbench.widgets.plan import PlanViewer
 from realbench.widgets.run import RunMonitor
 from realbench.widgets.search import SearchDashboard
@@ -19,21 +22,29 @@ class Workbench:
         self.search = SearchDashboard(scenario=scenario, budget_s=budget_s)
         self.viewer = PlanViewer()
         self.monitor = RunMonitor()
+        self.engine = EngineConfig()
+        self.engine.listeners.append(self._engine_opened)
         self.editor.listeners.append(self._scenario_changed)
         self.cluster.listeners.append(self._profile_changed)
-        self.search.listeners += [self.viewer.listen, self.monitor.set_plan]
+        self.search.listeners += [self.viewer.listen, self.monitor.set_plan, self.engine.show]
         self.use_cluster = w.Button(description="Use this cluster", icon="check",
                                     tooltip="put the edited scenario on this cluster")
         self.use_cluster.on_click(lambda _: self.apply_cluster())
-        self.tabs = w.Tab(children=[self.editor.widget, w.VBox([self.cluster.widget, self.use_cluster]),
+        self.tabs = w.Tab(children=[self.editor.widget, self.engine.widget, w.VBox([self.cluster.widget, self.use_cluster]),
                                     self.search.widget, self.viewer.widget, self.monitor.widget])
-        for i, title in enumerate(("Dataflow", "Cluster", "Search", "Plan", "Run")):
+        for i, title in enumerate(("Dataflow", "Engine", "Cluster", "Search", "Plan", "Run")):
             self.tabs.set_title(i, title)
         self.widget = self.tabs
 
     def _scenario_changed(self, scenario) -> None:
         self.search.scenario_override = scenario
         self.search.scenario_box.value = scenario.name  # shown; the editor's scenario is what runs
+
+    def _engine_opened(self, scenario, options, name: str) -> None:
+        """An engine's configuration: its scenario into the editor (and so the search), the plan it
+        runs into the viewer."""
+        if self.editor._apply(scenario.to_document(), f"opened the {name}"):
+            self.viewer.show(self.editor.scenario, options, name=name)
 
     def _profile_changed(self, profile) -> None:  # a loaded or measured profile costs searches and runs
         self.search.profile = profile
