@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.dataflow import CallKind
+from realbench.engines.documents import job_documents
 from realbench.engines.verl import _packed
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
@@ -376,11 +377,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["reward_inf"] = forward("reward", forward_zero)
     for c in calls.values():
         c["mesh"] = c["mesh"].label(per_node)
-        if c["dp"] == 1:
-            c.pop("zero", None)
-        for key, off in (("activation_checkpointing", False), ("zero", 0)):
-            if c.get(key, off) == off:
-                c.pop(key, None)
     actor_path = s["actor.model_name_or_path"]
     models: dict[str, Any] = {"actor": {"path": actor_path}, "ref": {"path": actor_path}}
     if critic:  # the critic defaults to the reward model (cli/train_ppo_ray.py:644-650)
@@ -391,17 +387,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     for entry in models.values():
         if entry.get("path") is None:
             entry.pop("path", None)
-    dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
-                "minibatches": steps}
-    if algorithm != "ppo":
-        dataflow["group_size"] = n
-    scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": "openrlhf",
-                "description": f"read from the OpenRLHF {VERSION} command line {Path(source).name}",
-                "cluster": {"nodes": nodes, "gpus_per_node": per_node, "device": device},
-                "models": models, "dataflow": dataflow, "training": {"num_iterations": epochs}}
-    plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls,
-            "origin": {"method": f"OpenRLHF {VERSION} command line"}}
-    return scenario, plan
+    return job_documents("openrlhf", name, f"read from the OpenRLHF {VERSION} command line {Path(source).name}",
+                         f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
+                         prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
+                         cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
+                         calls=calls)
 
 
 # -- a plan as a command line -------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
+from realbench.engines.documents import job_documents
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -426,11 +427,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
-        if c["dp"] == 1:  # one replica: nothing to shard over
-            c.pop("zero", None)
-        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0)):
-            if c.get(key, off) == off:
-                c.pop(key, None)
     actor_path = s["actor_rollout_ref.model.path"]
     models: dict[str, Any] = {"actor": {"path": actor_path}, "ref": {"path": actor_path}}
     if critic:
@@ -448,17 +444,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     else:
         raise ConfigError("verl needs a scorer: a reward function (reward.custom_reward_function.path) or a reward "
                           f"model ({RM}.enable)", "reward.custom_reward_function.path", source)
-    dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
-                "minibatches": steps}
-    if algorithm != "ppo":
-        dataflow["group_size"] = n
-    scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": "verl",
-                "description": f"read from the verl {VERSION} configuration {Path(source).name} ({ENGINES[engine]})",
-                "cluster": {"nodes": nodes, "gpus_per_node": per_node, "device": device},
-                "models": models, "dataflow": dataflow, "training": {"num_iterations": epochs}}
-    plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls,
-            "origin": {"method": f"verl {VERSION} configuration"}}
-    return scenario, plan
+    return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
+                         f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
+                         prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
+                         cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
+                         calls=calls)
 
 
 # -- a plan as a configuration ------------------------------------------------------------------------

@@ -1,0 +1,29 @@
+"""The scenario and plan documents of an engine's configuration, as `realbench import` writes
+them (one writer for every engine's reader)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
+                  prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
+                  epochs: int, calls: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+    """(scenario document, plan document). `calls`: each call's mesh label and strategy, the
+    strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
+    leaves them out, and no sharding over a single replica."""
+    for c in calls.values():
+        if c["dp"] == 1:  # one replica: nothing to shard over
+            c.pop("zero", None)
+        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0)):
+            if c.get(key, off) == off:
+                c.pop(key, None)
+    dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
+                "minibatches": steps}
+    if algorithm != "ppo":
+        dataflow["group_size"] = group_size
+    scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
+                "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
+                "training": {"num_iterations": epochs}}
+    plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}
+    return scenario, plan
