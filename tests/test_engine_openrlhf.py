@@ -148,7 +148,8 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
     (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),
     (("ds.tensor_parallel_size=2",), "--ds.zero_stage", "AutoTP trains under ZeRO 0 to 2"),
-    (("train.async_enable=true",), "--train.async_enable", "does not price it"),
+    (("train.async_enable=true",), "--vllm.enable_sleep", "asynchronous trainer keeps vLLM awake"),
+    (("train.partial_rollout_enable=true",), "--train.partial_rollout_enable", "does not price it"),
     (("reward.remote_url=http://rm:5000/get_reward",), "--reward.remote_url", "remote reward server"),
     (("algo.advantage.estimator=reinforce",), "--algo.advantage.estimator", "realbench plans gae, group_norm, rloo"),
 ])
@@ -158,6 +159,16 @@ def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overri
     assert code == 2 and err.count("\n") == 1, err
     assert flag in err and says in err, err
     assert not (job / "refused").exists()
+
+
+def test_a_hub_name_for_a_checkpoint_is_refused_naming_the_flag(cli, job):
+    """OpenRLHF's scripts name hub models; realbench downloads nothing and says which flag to point
+    at a local folder."""
+    os.chdir(job)
+    code, _, err = cli("import", "openrlhf", "train ppo hybrid.sh", "reward.model_name_or_path=OpenRLHF/Llama-3-8b-rm",
+                       "--out", "hub")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--reward.model_name_or_path" in err and "'OpenRLHF/Llama-3-8b-rm' is not a checkpoint folder here" in err
 
 
 def test_an_old_flat_flag_in_a_script_is_refused_with_the_new_name(cli, job):
@@ -263,3 +274,33 @@ def test_the_workbench_opens_a_launch_script_and_writes_the_plan_back(job):
     assert openrlhf_check("validate", job / "from the lab" / "run.sh")["ok"]
     e.overrides_box.value, e.overwrite_box.value = "vllm.num_engine_s=2", True
     assert not e.open() and "did you mean" in e.status.value
+
+
+def test_the_asynchronous_trainer_reads_as_generation_running_ahead(cli, job):
+    """--train.async_enable with a queue of 2 batches: max_staleness 2, vLLM on its own GPUs even
+    under colocate_all (only the DeepSpeed models share the actor's); written back with the same
+    flags, OpenRLHF accepts it, and it reads back to the same plan and estimate. Synchronous, the
+    same layout is slower (generation no longer overlaps training)."""
+    flags = ["vllm.enable_sleep=false", "train.async_enable=true", "train.async_queue_size=2", "vllm.num_engines=2"]
+    first, plan, scenario = imported(cli, job, "train ppo hybrid.sh", *flags, out="async", name="async")
+    assert scenario["dataflow"]["max_staleness"] == 2
+    calls = plan["calls"]
+    assert calls["actor_gen"]["mesh"] == "n1:0-3" and calls["actor_train"]["mesh"] == "n0"
+    assert calls["ref_inf"]["mesh"] == calls["critic_train"]["mesh"] == calls["reward_inf"]["mesh"] == "n0"
+    out = job / "async" / "run.sh"
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "openrlhf", "--out", out, "--force")
+    assert code == 0, err
+    assert "--train.async_queue_size 2" in out.read_text()
+    assert openrlhf_check("validate", out)["ok"]
+    again, plan_again, _ = imported(cli, job, out, out="async-again", name="async")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+    from realbench.cost import Estimator
+    from realbench.plan import load_plan
+    from realbench.plan.scenario import scenario_from_document
+
+    _, asynchronous, options = load_plan(first["plan"])
+    doc = yaml.safe_load(Path(first["scenario"]).read_text())
+    del doc["dataflow"]["max_staleness"]
+    est = Estimator(scenario_from_document(doc))
+    assert est.estimate(est.choice_of(options)).time_per_iter_s > first["time_per_iter_s"]

@@ -42,9 +42,15 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
         raise ConfigError("verl's configuration gives the node size (trainer.n_gpus_per_node)", "--gpus-per-node")
     node_size = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
     scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
-    for entry in scenario["models"].values():
+    # (a critic's path may default to the reward model's: the reward model's flag is named first)
+    for role, entry in sorted(scenario["models"].items(), key=lambda item: item[0] == "critic"):
         if isinstance(entry.get("path"), str):
-            entry["path"] = os.path.abspath(os.path.expanduser(entry["path"]))
+            given_path = entry["path"]
+            entry["path"] = os.path.abspath(os.path.expanduser(given_path))
+            if not Path(entry["path"]).is_dir():  # a hub name, say: realbench downloads nothing
+                raise ConfigError(f"{given_path!r} is not a checkpoint folder here: realbench reads the {role}'s "
+                                  "config.json and tensors from a local folder (override the path with one)",
+                                  module.MODEL_PATHS[role], str(path))
         if isinstance(entry.get("function"), str):
             file, _, function = entry["function"].rpartition(":")
             entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"

@@ -8,7 +8,7 @@ from typing import Any
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
-                  epochs: int, calls: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+                  epochs: int, calls: dict[str, dict[str, Any]], max_staleness: int = 0) -> tuple[dict, dict]:
     """(scenario document, plan document). `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -22,8 +22,12 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                 "minibatches": steps}
     if algorithm != "ppo":
         dataflow["group_size"] = group_size
+    if max_staleness:
+        dataflow["max_staleness"] = max_staleness
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
                 "training": {"num_iterations": epochs}}
     plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}
+    if max_staleness:
+        plan["max_staleness"] = max_staleness
     return scenario, plan

@@ -38,10 +38,14 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   place (CUDA IPC). realbench's simulator runs calls on disjoint meshes at the same time and
   calls sharing GPUs one after another, which is this order; the broadcast is priced as OpenRLHF
   sends it (scenario `engine: openrlhf`, realbench.cost.realloc).
+* **Asynchronous** (`--train.async_enable`, trainer/ppo_trainer_async.py): generation runs up to
+  `--train.async_queue_size` batches ahead of training (a Ray queue of that size between the
+  generator and the trainer), on vLLM's own GPUs (under `--train.colocate_all` only the DeepSpeed
+  models share the actor's, cli/train_ppo_ray.py:75, 711-712): realbench's `max_staleness`.
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention, the asynchronous trainer, optimizer offload, agents and remote
+memory alone): ring attention, partial rollouts, optimizer offload, agents and remote
 reward servers, LoRA, a hybrid engine whose vLLM keeps its memory while DeepSpeed trains
 (without `--vllm.enable_sleep`).
 
@@ -77,6 +81,9 @@ VERSION = "0.11.2"
 MODULE = "openrlhf.cli.train_ppo_ray"
 ENTRY = f"python3 -m {MODULE}"
 TABLE = Path(__file__).with_name(f"openrlhf-{VERSION}.json")
+# where each model's checkpoint folder is set (the critic's defaults to the reward model's, then the actor's)
+MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name_or_path",
+               "critic": "--critic.model_name_or_path", "reward": "--reward.model_name_or_path"}
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
@@ -109,7 +116,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "train.dynamic_batch_enable", "rollout.max_tokens_per_gpu", "train.max_tokens_per_gpu", "rollout.batch_size",
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
-        "reward.remote_url"}
+        "reward.remote_url", "train.async_enable", "train.async_queue_size"}
 
 
 @lru_cache(maxsize=1)
@@ -287,10 +294,18 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           "(--reward.remote_url FILE.py)", "--reward.model_name_or_path", source)
     width = lambda role: int(s[f"{role}.num_nodes"]) * int(s[f"{role}.num_gpus_per_node"])  # noqa: E731
     per_node = gpus_per_node
-    hybrid, with_ref, with_reward = (bool(s["train.colocate_all"]), bool(s["train.colocate_actor_ref"]),
-                                     bool(s["train.colocate_critic_reward"]) and critic)
+    # the asynchronous trainer (trainer/ppo_trainer_async.py): generation runs up to async_queue_size
+    # batches ahead of training (a Ray queue of that size), on vLLM's own GPUs: under colocate_all only
+    # the DeepSpeed models share the actor's (cli/train_ppo_ray.py:711-712, 75)
+    staleness = int(s["train.async_queue_size"]) if s["train.async_enable"] else 0
+    colocated = bool(s["train.colocate_all"])  # the DeepSpeed models on the actor's placement group
+    hybrid = colocated and not staleness  # and vLLM there too
+    with_ref, with_reward = bool(s["train.colocate_actor_ref"]), bool(s["train.colocate_critic_reward"]) and critic
+    if staleness and s["vllm.enable_sleep"]:
+        raise ConfigError("OpenRLHF's asynchronous trainer keeps vLLM awake (cli/train_ppo_ray.py:714-715)",
+                          "--vllm.enable_sleep", source)
     W_a = width("actor")
-    if (hybrid or with_ref) and (s["ref.num_nodes"], s["ref.num_gpus_per_node"]) != (s["actor.num_nodes"],
+    if (colocated or with_ref) and (s["ref.num_nodes"], s["ref.num_gpus_per_node"]) != (s["actor.num_nodes"],
                                                                                         s["actor.num_gpus_per_node"]):
         raise ConfigError("a reference colocated with the actor has the actor's nodes and GPUs per node "
                           "(cli/train_ppo_ray.py:41-46)", "--ref.num_gpus_per_node", source)
@@ -306,11 +321,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           "trains, which realbench does not price (it prices generation's memory released after it)",
                           "--vllm.enable_sleep", source)
     groups = [("actor", W_a)]
-    if not (hybrid or with_ref):
+    if not (colocated or with_ref):
         groups.append(("ref", width("ref")))
-    if critic and not (hybrid and not with_reward):
+    if critic and not (colocated and not with_reward):
         groups.append(("critic", width("critic")))
-    if not reward_fn and not with_reward and not hybrid:
+    if not reward_fn and not with_reward and not colocated:
         groups.append(("reward", width("reward")))
     if not hybrid:
         groups.append(("vllm", engines * rollout_tp))
@@ -324,7 +339,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if not reward_fn:
         meshes.setdefault("reward", meshes["critic"] if with_reward else at_actor(width("reward")))
     for role in ("critic", "reward"):
-        if role in meshes and hybrid and not with_reward and width(role) > W_a:
+        if role in meshes and colocated and not with_reward and width(role) > W_a:
             raise ConfigError(f"{width(role)} GPUs: under --train.colocate_all it shares the actor's {W_a}",
                               f"--{role}.num_gpus_per_node", source)
 
@@ -391,15 +406,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls)
+                         calls=calls, max_staleness=staleness)
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes OpenRLHF's PPO, GRPO and RLOO, not {scenario.algorithm}"
-    if scenario.dataflow.max_staleness:
-        return "max_staleness", "realbench writes OpenRLHF's synchronous trainer; --train.async_enable is not written yet"
     return None
 
 
@@ -453,22 +466,37 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     gen = options["actor_gen"].strategy
     hybrid = V == A
     out: dict[str, Any] = {}
+    staleness = scenario.dataflow.max_staleness
+    if staleness:  # generation up to S batches ahead: a queue of S (trainer/ppo_trainer_async.py)
+        if hybrid:
+            raise ConfigError("OpenRLHF's asynchronous trainer runs vLLM on its own GPUs (cli/train_ppo_ray.py:75)",
+                              "calls.actor_gen.mesh")
+        out.update({"train.async_enable": True, "train.async_queue_size": staleness})
     if critic and options["critic_inf"].mesh != options["critic_train"].mesh:
         raise ConfigError("OpenRLHF's critic computes values on its training GPUs", "calls.critic_inf.mesh")
     C = options["critic_train"].mesh if critic else None
     RM = None if fn_reward else options["reward_inf"].mesh
+    # --train.colocate_all: the reference on the actor's GPUs, a critic or reward model on its first
+    # ones (launcher.py:254-283), or both on their own (--train.colocate_critic_reward)
+    beside_actor = lambda m: m is not None and m.start(G) == A.start(G) and _inside(m, A, G)  # noqa: E731
+    own = [m for m in (C, RM) if m is not None and not beside_actor(m)]
+    all_on_actor = R == A and (not own or (critic and C == RM and _disjoint([A, C], G)))
     if hybrid:
         if R != A:
             raise ConfigError("under the hybrid engine (vLLM on the actor's GPUs) the reference is there too",
                               "calls.ref_inf.mesh")
         if gen.size != A.size:
             raise ConfigError("the hybrid engine puts a vLLM worker on every actor GPU", "calls.actor_gen.dp")
-        own = [m for m in (C, RM) if m is not None and not (m.start(G) == A.start(G) and _inside(m, A, G))]
-        if own and not (critic and C == RM and _disjoint([A, C], G)):
+        if not all_on_actor:
             raise ConfigError("under the hybrid engine a critic or reward model takes the actor's first GPUs, or both "
                               "share their own (--train.colocate_critic_reward)", "calls.critic_train.mesh")
         out.update({"train.colocate_all": True, "vllm.enable_sleep": True,
                     "train.colocate_critic_reward": bool(own)})
+    elif staleness and all_on_actor and any(beside_actor(m) for m in (C, RM)):
+        # asynchronous under colocate_all: the DeepSpeed models on the actor's GPUs, vLLM apart
+        if not _disjoint([A, V] + own[:1], G):
+            raise ConfigError("vLLM's GPUs are its own under the asynchronous trainer", "calls.actor_gen.mesh")
+        out.update({"train.colocate_all": True, "train.colocate_critic_reward": bool(own)})
     else:
         with_ref = R == A
         with_reward = critic and RM is not None and RM == C
@@ -627,9 +655,11 @@ def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
         return meshes if nodes <= c.nodes else None
 
     whole = Mesh(0, c.nodes, 0, G)
-    yield {role: whole for role in ("actor", "vllm", "ref", "critic", "reward")}  # hybrid, all beside the actor
+    hybrid = not scenario.dataflow.max_staleness  # (the asynchronous trainer runs vLLM on its own GPUs)
+    if hybrid:
+        yield {role: whole for role in ("actor", "vllm", "ref", "critic", "reward")}  # all beside the actor
     for a in sizes:  # hybrid, critic and reward model on their own GPUs
-        if critic and a < N:
+        if hybrid and critic and a < N:
             meshes = fits({"actor": a, "critic": N - a})
             if meshes:
                 yield {**meshes, "vllm": meshes["actor"], "ref": meshes["actor"], "reward": meshes["critic"]}
@@ -772,14 +802,16 @@ EXAMPLE = {"source": "OpenRLHF examples/scripts/train_ppo_ray_slurm.sh (v0.11.0)
 
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
     """The plan of OpenRLHF's README quick-start (the hybrid engine) for the scenario's job, or with
-    `settings` {"layout": "split"} of its multi-node example (EXAMPLE)."""
+    `settings` {"layout": "split"} (or an asynchronous job: `max_staleness` batches queued) of its
+    multi-node example (EXAMPLE)."""
     c, df = scenario.cluster, scenario.dataflow
     N, G = c.n_devices, c.gpus_per_node
     gen, train = df.call("actor_gen"), df.call("actor_train")
     rows, n = gen.seqs, gen.group_size
     batch = rows // train.optimizer_steps
     critic = "critic" in scenario.models
-    split = (settings or {}).get("layout") == "split"
+    staleness = df.max_staleness  # (the asynchronous trainer has no hybrid engine: its example's groups)
+    split = (settings or {}).get("layout") == "split" or bool(staleness)
     quarter = lambda k: (k * N // 4 // G, G) if k * N // 4 >= G else (1, k * N // 4)  # noqa: E731 (nodes, per node)
     rm = not isinstance(scenario.models["reward"], FunctionSpec)
     actor = quarter(1 if critic or rm else 2) if split else (c.nodes, G)
@@ -795,6 +827,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             "--algo.advantage.estimator", {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
             "--actor.model_name_or_path", "actor"]
     argv += ["--train.colocate_actor_ref"] if split else ["--train.colocate_all", "--vllm.enable_sleep"]
+    argv += ["--train.async_enable", "--train.async_queue_size", staleness] if staleness else []
     if critic:
         argv += ["--critic.model_name_or_path", "critic", "--critic.num_nodes", actor[0],
                  "--critic.num_gpus_per_node", actor[1], "--reward.num_nodes", actor[0],

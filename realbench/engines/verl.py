@@ -80,6 +80,9 @@ from realbench.schema import read_document
 VERSION = "0.9.1"
 ENTRY = "python3 -m verl.trainer.main_ppo"
 TABLE = Path(__file__).with_name(f"verl-{VERSION}.json")
+# where each model's checkpoint folder is set
+MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_ref.model.path",
+               "critic": "critic.model.path", "reward": "reward.reward_model.model_path"}
 # algorithm.adv_estimator (verl/trainer/ppo/core_algos.py, AdvantageEstimator) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
