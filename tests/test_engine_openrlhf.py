@@ -178,6 +178,16 @@ def test_an_old_flat_flag_in_a_script_is_refused_with_the_new_name(cli, job):
     assert code == 2 and "--actor_num_gpus_per_node" in err and "did you mean '--actor.num_gpus_per_node'" in err
 
 
+@pytest.mark.parametrize("content, says", [("--actor.num_gpus_per_node 8 --vllm.num_engines '4\n", "No closing quotation"),
+                                           (b"\xff\xfe--actor.num_gpus_per_node", "unreadable")])
+def test_a_file_that_is_not_a_command_line_is_refused_naming_it(cli, job, content, says):
+    bad = job / "not a script.sh"
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    os.chdir(job)
+    code, _, err = cli("import", "openrlhf", bad.name, "--out", "bad")
+    assert code == 2 and err.count("\n") == 1 and "not a script.sh" in err and says in err, err
+
+
 def test_openrlhf_refuses_the_hybrid_engine_realbench_refuses(job):
     """The rule realbench states is OpenRLHF's own: its train() asserts it too."""
     bad = job / "bad.sh"

@@ -181,7 +181,12 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     p = Path(path)
     if not p.is_file():
         raise ConfigError("no such file" if not p.exists() else "not a regular file", source=source)
-    argv = flags_of(p.read_text())
+    try:
+        argv = flags_of(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"unreadable: {e}", source=source) from None
+    except ConfigError as e:
+        raise ConfigError(e.message, e.field, source) from None
     table = {n: f for f in _table()["flags"] for n in f["flags"]}
     for o in overrides:
         key, eq, value = o.partition("=")
