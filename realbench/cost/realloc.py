@@ -116,8 +116,14 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     t = np.where(local, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)
     worst = np.where(j < pp, t, 0.0).max(axis=1)
-    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))  # after the gather
-    return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, worst))
+    return _after_gather(src, dst, gather, worst)
+
+
+def _after_gather(src: Layouts, dst: Layouts, gather: np.ndarray, transfer: np.ndarray) -> np.ndarray:
+    """Nothing where the destination already holds its shards; else the zero-3 source's gather,
+    then `transfer` unless the gathered (unsharded) source holds them."""
+    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))
+    return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, transfer))
 
 
 def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
@@ -132,9 +138,7 @@ def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: L
     same_node = (dst.start // G == src.start // G) & ((dst.start + dst.size - 1) // G == src.start // G)
     t = np.where(same_node, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)
-    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))
-    return np.where(holds_same_shards(src, dst), 0.0,
-                    gather_times(model, cluster, src) + np.where(holds_same_shards(whole, dst), 0.0, t))
+    return _after_gather(src, dst, gather_times(model, cluster, src), t)
 
 
 def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option) -> float:

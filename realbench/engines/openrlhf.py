@@ -204,9 +204,13 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     if extra:
         raise _unknown(extra[0], source)
     settings = vars(ns)
+    return "deepspeed", settings, _changed(settings)
+
+
+def _changed(settings: dict[str, Any]) -> set[str]:
+    """The dests whose value differs from OpenRLHF's default (a tuple equal to a listed default is not)."""
     base = defaults()
-    changed = {k for k, v in settings.items() if v != base.get(k) and not (isinstance(v, tuple) and list(v) == base[k])}
-    return "deepspeed", settings, changed
+    return {k for k, v in settings.items() if v != base.get(k) and not (isinstance(v, tuple) and list(v) == base[k])}
 
 
 def refuse_unpriced(settings: dict[str, Any], given: set[str], source: str) -> None:
@@ -358,7 +362,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     micro, infer_micro = int(s["train.micro_batch_size"]), int(s["rollout.micro_batch_size"])
 
     def dp_of(role: str) -> int:
-        size = meshes[role].size if role != "vllm" else engines * rollout_tp
+        size = meshes[role].size
         if size % T:
             raise ConfigError(f"{T} does not divide the {role}'s {size} GPUs (utils/deepspeed/deepspeed.py:103-107)",
                               "--ds.tensor_parallel_size", source)
@@ -544,7 +548,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     micro = per_micro.pop()
     forwards = [nm for nm in ds_calls if nm not in trained]
     infer = max(math.ceil(rows / options[nm].strategy.dp / options[nm].strategy.micro_batches) for nm in forwards)
-    for name in forwards + ds_calls:  # ref, critic, reward: one chunk size; every DeepSpeed group: the batch rules
+    for name in ds_calls:  # ref, critic, reward: one chunk size; every DeepSpeed group: the batch rules
         s = options[name].strategy
         if name in forwards and (rows % s.dp or _packed(rows // s.dp, 1, infer) != s.micro_batches):
             raise ConfigError(f"OpenRLHF's forwards run in chunks of one size (--rollout.micro_batch_size): no size "
@@ -600,31 +604,24 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     return "deepspeed", out
 
 
-def command_line(settings: dict[str, Any]) -> list[str]:
-    """The flags of OpenRLHF's settings (dest -> value), switches only when on."""
+def command_line(settings: dict[str, Any]) -> list[list[str]]:
+    """The flags of OpenRLHF's settings (dest -> value), each with its values; switches only when on."""
     kinds = {f["dest"]: (f["flags"][0], f["kind"]) for f in _table()["flags"]}
-    words: list[str] = []
+    flags: list[list[str]] = []
     for dest, value in settings.items():
         flag, kind = kinds[dest]
         if kind != "value":
             if value:
-                words.append(flag)
+                flags.append([flag])
         elif value is not None:
-            words += [flag, *(map(str, value) if isinstance(value, (list, tuple)) else [str(value)])]
-    return words
+            flags.append([flag, *(map(str, value) if isinstance(value, (list, tuple)) else [str(value)])])
+    return flags
 
 
 def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
     """The launch script (at `config`): OpenRLHF's command line, one flag a line, submitted to the
     Ray cluster at $RAY_ADDRESS (default the local one)."""
-    words, lines = command_line(settings), []
-    i = 0
-    while i < len(words):
-        j = i + 1
-        while j < len(words) and not words[j].startswith("--"):
-            j += 1
-        lines.append("  " + " ".join(shlex.quote(w) for w in words[i:j]))
-        i = j
+    lines = ["  " + " ".join(shlex.quote(w) for w in flag) for flag in command_line(settings)]
     text = ("#!/usr/bin/env bash\n"
             f"# OpenRLHF {VERSION}: the plan realbench wrote (pip install openrlhf[vllm]=={VERSION})\n"
             'ray job submit --address="${RAY_ADDRESS:-http://127.0.0.1:8265}" -- \\\n'
@@ -648,7 +645,6 @@ def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
     critic = "critic" in scenario.models
     rm = not isinstance(scenario.models["reward"], FunctionSpec)
     sizes = _sizes(c)
-    seen = set()
 
     def fits(groups: dict[str, int]) -> Optional[dict[str, Mesh]]:
         if sum(groups.values()) != N:
@@ -677,10 +673,6 @@ def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
                 if (ref or 0) + (reward or 0) != left:
                     continue
                 groups = {**base, **({"ref": ref} if ref else {}), **({"reward": reward} if reward else {})}
-                key = tuple(sorted(groups.items()))
-                if key in seen:
-                    continue
-                seen.add(key)
                 meshes = fits(groups)
                 if meshes:
                     meshes.setdefault("ref", meshes["actor"])
@@ -838,7 +830,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
                  "--critic.num_gpus_per_node", actor[1], "--reward.num_nodes", actor[0],
                  "--reward.num_gpus_per_node", actor[1]]
         argv += ["--train.colocate_critic_reward"] if split else []
-    if isinstance(scenario.models["reward"], FunctionSpec):
+    if not rm:
         argv += ["--reward.remote_url", "reward.py"]
     else:
         argv += ["--reward.model_name_or_path", "reward"]
@@ -846,7 +838,6 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             argv += ["--reward.num_nodes", actor[0], "--reward.num_gpus_per_node", actor[1]]
     ns, _ = _parser("default").parse_known_args([str(w) for w in argv])
     settings_ = vars(ns)
-    base = defaults()
-    _, plan = to_plan("deepspeed", settings_, {k for k, v in settings_.items() if v != base.get(k)}, scenario.name,
+    _, plan = to_plan("deepspeed", settings_, _changed(settings_), scenario.name,
                       "h100", gpus_per_node=G)
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
