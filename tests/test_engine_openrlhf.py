@@ -171,6 +171,15 @@ def test_a_hub_name_for_a_checkpoint_is_refused_naming_the_flag(cli, job):
     assert "--reward.model_name_or_path" in err and "'OpenRLHF/Llama-3-8b-rm' is not a checkpoint folder here" in err
 
 
+def test_an_override_keeps_a_path_with_spaces_whole(cli, job):
+    """A checkpoint folder named as a user names it, given as an override."""
+    from realbench.examples import save_model
+
+    save_model(job / "my actor")
+    _, _, scenario = imported(cli, job, "grpo.args", "actor.model_name_or_path=my actor", out="spaces", name="spaces")
+    assert scenario["models"]["actor"]["path"] == str(job / "my actor")
+
+
 def test_an_old_flat_flag_in_a_script_is_refused_with_the_new_name(cli, job):
     (job / "old.sh").write_text(HYBRID.replace("--actor.num_gpus_per_node 8", "--actor_num_gpus_per_node 8"))
     os.chdir(job)

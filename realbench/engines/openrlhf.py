@@ -197,8 +197,8 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
             if value.lower() not in ("true", "false"):
                 raise ConfigError("a switch is =true or =false", o, "overrides")
             argv = [w for w in argv if w != flag] + ([flag] if value.lower() == "true" else [])
-        else:
-            argv += [flag, *value.split()]
+        else:  # (a value with spaces, a folder's name say, is one word unless the flag takes several)
+            argv += [flag, *(value.split() if table[flag]["nargs"] not in (None, "?") else [value])]
     parser = _parser(source)
     ns, extra = parser.parse_known_args(argv)
     if extra:
