@@ -19,12 +19,16 @@ install: $(STAMP)
 
 # The engines realbench writes plans for, each in its own environment where its pins conflict with
 # ours (verl 0.9.1 pins transformers below 5.11; OpenRLHF 0.11.2 needs DeepSpeed, vLLM and flash-attn,
-# GPU builds: its argument parser and checks need none of them, so it is installed without them):
+# GPU builds: its argument parser and checks need none of them, so it is installed without them;
+# AReaL 1.0.4 pins a torch older than ours and a GPU stack: installed without its dependencies,
+# beside the ones its configuration modules import, areal/api/cli_args.py and alloc_mode.py):
 # their own code checks what realbench writes.
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 OPENRLHF_VENV  := .venv-openrlhf
 OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
+AREAL_VENV  := .venv-areal
+AREAL_STAMP := $(AREAL_VENV)/.installed
 
 $(VERL_STAMP):
 	$(PYTHON) -m venv $(VERL_VENV)
@@ -36,7 +40,15 @@ $(OPENRLHF_STAMP):
 	$(OPENRLHF_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps openrlhf==0.11.2
 	touch $(OPENRLHF_STAMP)
 
-engines: $(VERL_STAMP) $(OPENRLHF_STAMP)
+$(AREAL_STAMP):
+	$(PYTHON) -m venv $(AREAL_VENV)
+	$(AREAL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(AREAL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps areal==1.0.4
+	$(AREAL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.3.0 \
+	  omegaconf==2.4.0.dev2 hydra-core==1.4.0.dev1 lark uvloop colorlog numba packaging pyyaml
+	touch $(AREAL_STAMP)
+
+engines: $(VERL_STAMP) $(OPENRLHF_STAMP) $(AREAL_STAMP)
 
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
 browser:
@@ -45,7 +57,7 @@ browser:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "note: no chromium: browser tests will be skipped (apt-get install chromium)"; fi; }
 
-test: $(STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) browser
+test: $(STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(AREAL_STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -62,4 +74,4 @@ demo: $(STAMP)
 	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser); the workbench: $(RB) lab"
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(OUT)
+	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(AREAL_VENV) $(OUT)

@@ -126,3 +126,32 @@ def test_load_dataflow_names_fields():
     with pytest.raises(ConfigError) as e:
         load_dataflow({"calls": [{"name": "a", "model": "m", "kind": "fly", "seqs": 1, "seq_len": 2}]})
     assert e.value.field == "calls.0.kind"
+
+
+def test_without_a_reference_no_call_scores_with_one():
+    """`with_ref: false` (the engines' KL coefficient 0: verl without use_kl_loss, OpenRLHF's
+    init_kl_coef 0, AReaL's kl_ctl 0) leaves the reference out: no call, no input, no model."""
+    for name in ("ppo", "grpo", "rloo"):
+        df = build_algorithm(name, with_ref=False, **({} if name == "ppo" else {"group_size": 4}))
+        assert "ref_inf" not in df.call_names and "ref" not in df.models
+        assert all("ref_logprobs" not in c.inputs for c in df.calls)
+        assert "ref_inf" in build_algorithm(name, **({} if name == "ppo" else {"group_size": 4})).call_names
+    # PPO with several responses a prompt (AReaL's n_samples): each its own episode
+    df = build_algorithm("ppo", prompts=16, group_size=4)
+    assert df.call("actor_gen").seqs == 64 and df.call("actor_gen").group_size == 4
+    assert df.call("critic_train").seqs == 64
+
+
+def test_a_kl_penalty_without_a_reference_is_refused_by_name():
+    from realbench.plan.builtin import BUILTIN
+
+    doc = {**BUILTIN["grpo-tiny-cpu"], "dataflow": {**BUILTIN["grpo-tiny-cpu"]["dataflow"], "with_ref": False}}
+    doc["models"] = {k: v for k, v in doc["models"].items() if k != "ref"}
+    scenario = scenario_from_document(doc)
+    assert "ref_inf" not in scenario.dataflow.call_names
+    with pytest.raises(ConfigError) as e:
+        scenario_from_document({**doc, "training": {**doc.get("training", {}), "beta": 0.1}})
+    assert e.value.field == "training.beta" and "with_ref: false" in e.value.message
+    with pytest.raises(ConfigError) as e:  # the reference named but used by no call
+        scenario_from_document({**doc, "models": BUILTIN["grpo-tiny-cpu"]["models"]})
+    assert "models.ref" in str(e.value)

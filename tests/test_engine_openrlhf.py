@@ -323,3 +323,23 @@ def test_the_asynchronous_trainer_reads_as_generation_running_ahead(cli, job):
     del doc["dataflow"]["max_staleness"]
     est = Estimator(scenario_from_document(doc))
     assert est.estimate(est.choice_of(options)).time_per_iter_s > first["time_per_iter_s"]
+
+
+def test_without_a_kl_coefficient_openrlhf_places_no_reference(cli, job):
+    """--algo.kl.init_coef 0: OpenRLHF builds no reference (cli/train_ppo_ray.py:93-103), so its
+    group is not placed and no call scores with it; written back, OpenRLHF accepts it and it reads
+    back the same."""
+    first, plan, scenario = imported(cli, job, "grpo.args", "algo.kl.init_coef=0", out="no-ref", name="noref")
+    assert "ref_inf" not in plan["calls"] and "ref" not in scenario["models"]
+    assert scenario["dataflow"]["with_ref"] is False
+    # the actor's 8 GPUs and vLLM's 4 only: the reference's 4 are not placed
+    assert plan["calls"]["actor_train"]["mesh"] == "n0" and plan["calls"]["actor_gen"]["mesh"] == "n1:0-3"
+    out = job / "exported" / "no ref.sh"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "openrlhf", "--out", out, "--force")
+    assert code == 0, err
+    assert "--algo.kl.init_coef 0.0" in out.read_text()
+    assert openrlhf_check("validate", out)["ok"]
+    again, plan_again, _ = imported(cli, job, out, out="no-ref-again", name="noref")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)

@@ -184,7 +184,10 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
 
 @pytest.mark.parametrize("config, overrides", [("grpo_qwen_fsdp.yaml", ()),
                                                ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",)),
-                                               ("ppo-rm.yaml", ())])
+                                               ("ppo-rm.yaml", ()),
+                                               # no KL term: verl builds no reference; PPO with 2 samples a prompt
+                                               ("grpo_qwen_fsdp.yaml", ("actor_rollout_ref.actor.use_kl_loss=false",)),
+                                               ("ppo-rm.yaml", ("actor_rollout_ref.rollout.n=2",))])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -199,8 +202,12 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     checked = verl_check("validate", out)
     assert checked["ok"], checked
     assert checked["n_gpus"] == (16 if "megatron" in config else 8)
-    assert checked["critic"] == ("ppo" in config) and checked["ref"] is True
-    again, plan_again, _ = imported(cli, job, out, out="again", name="job")
+    without_ref = "actor_rollout_ref.actor.use_kl_loss=false" in overrides
+    assert checked["critic"] == ("ppo" in config) and checked["ref"] is not without_ref
+    assert ("ref_inf" in plan["calls"]) is not without_ref
+    again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
+    if "actor_rollout_ref.rollout.n=2" in overrides:  # PPO, each prompt's 2 responses their own episodes
+        assert scenario_again["algorithm"] == "ppo" and scenario_again["dataflow"]["group_size"] == 2
     assert plan_again["calls"] == plan["calls"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
 
@@ -215,7 +222,6 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     (("algorithm.adv_estimator=reinforce_plus_plus",), "algorithm.adv_estimator", "realbench plans gae, grpo, rloo"),
     (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
      "3 does not divide a GPU's 4 rows"),
-    (("actor_rollout_ref.actor.use_kl_loss=false",), "actor_rollout_ref.actor.use_kl_loss", "no reference model"),
     (("model_engine=torchtitan",), "model_engine", "realbench prices dp, megatron"),
     (("data.train_batch_size",), "data.train_batch_size", "an override is key=value"),
 ])
@@ -349,19 +355,26 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
     """Each engine's best is no slower than its example and default configurations (verl's search
     starts from neither, so this can fail; OpenRLHF's lists every plan, so its best is no slower
     than any), and the gains are the ratios of the times reported."""
-    from realbench.engines import openrlhf
+    from realbench.engines import areal, openrlhf
 
     code, out, err = cli("bench", "engines", "--quick", "--json")
     assert code == 0, err
     rows = json.loads(out)["rows"]
-    assert [(r["engine"], r["scenario"]) for r in rows] == [("verl", "grpo-7b-16gpu"), ("openrlhf", "grpo-7b-16gpu")]
-    for r, module, example in zip(rows, (verl, openrlhf), ("run_qwen3_8b_fsdp.sh", "train_ppo_ray_slurm.sh")):
+    assert [(r["engine"], r["scenario"]) for r in rows] == [("verl", "grpo-7b-16gpu"), ("openrlhf", "grpo-7b-16gpu"),
+                                                            ("areal", "grpo-7b-16gpu")]
+    for r, module, example in zip(rows, (verl, openrlhf, areal),
+                                  ("run_qwen3_8b_fsdp.sh", "train_ppo_ray_slurm.sh", "gsm8k_grpo.yaml")):
         assert example in r["example"] and r["version"] == module.VERSION
         assert r["best_s"] <= min(r["example_s"], r["default_s"])
         assert r["search_gain"] == pytest.approx(min(r["example_s"], r["default_s"]) / r["best_s"])
         assert r["realbench_gain"] == pytest.approx(r["best_s"] / r["realbench_s"])
         assert set(r["best_plan"]) == set(r["realbench_plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
-    assert rows[1]["method"] == "all plans" and rows[1]["evaluations"] == rows[1]["plans"]
+    for r in rows[1:]:  # OpenRLHF's and AReaL's plans are listed whole and all priced
+        assert r["method"] == "all plans" and r["evaluations"] == r["plans"]
+    # AReaL runs no reward model: its row is the job with the workflow's reward function, and realbench's
+    # own best beside it is of that job (a reward model's forward less: no slower than the scenario's)
+    assert [r["reward"] for r in rows] == ["as the scenario", "as the scenario", "function"]
+    assert rows[2]["realbench_s"] <= rows[0]["realbench_s"] + 1e-9
 
 
 def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):

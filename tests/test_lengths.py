@@ -375,3 +375,19 @@ def test_a_plan_that_does_not_fit_the_sampled_lengths_takes_forever_and_one_that
     i = est.call_names.index("actor_train")
     alone = next(o for o in est.options[i] if o.mesh.size == 1)  # an 8B model trained on one GPU
     assert sampled_time(s, {**fits, "actor_train": alone}, samples) == float("inf")
+
+
+def test_a_long_tailed_scenario_planned_again_with_another_staleness():
+    """Two equal length distributions whose tables were computed compare equal (the computed arrays
+    do not take part), so a long-tailed scenario planned at staleness 1, then 2, builds its options
+    again (the cached strategies are looked up by the call, lengths included: this raised)."""
+    from realbench.plan import get_builtin
+
+    a = LengthDistribution(dist="lognormal", max=512, mean=100, cv=1.2)
+    b = LengthDistribution(dist="lognormal", max=512, mean=100, cv=1.2)
+    a.cdf(), b.cdf()
+    assert a == b and hash(a) == hash(b) and a != LengthDistribution(dist="lognormal", max=512, mean=100, cv=1.0)
+    base = get_builtin("ppo-8b-16gpu-longtail")
+    for staleness in (1, 2):
+        est = Estimator(base.with_staleness(staleness))
+        assert math.isfinite(est.estimate(symmetric_plan(est)).time_per_iter_s)

@@ -288,3 +288,23 @@ def test_a_custom_dataflow_is_refused_by_the_runtime():
 
     with pytest.raises(ConfigError, match="'custom' dataflow can be planned"):
         make_algorithm("custom")
+
+
+def test_ppo_without_a_reference_shapes_no_kl_into_the_rewards():
+    """PPO's targets without reference log-probabilities (dataflow with_ref: false): the rewards
+    are the score at the last response token alone, as with a reference equal to the policy
+    (zero KL), whatever kl_coef; no KL metric."""
+    from realbench.runtime.algorithms import PPO
+
+    g = torch.Generator().manual_seed(0)
+    data = {"seqs": torch.randint(1, 9, (3, 6), generator=g), "logprobs": -torch.rand(3, 4, generator=g),
+            "values": torch.rand(3, 4, generator=g), "rewards": torch.tensor([1.0, -0.5, 0.25])}
+    ppo = PPO(kl_coef=0.3, lam=1.0)
+    alone = ppo.targets(data, value_model=True, group_size=1)
+    zero_kl = ppo.targets({**data, "ref_logprobs": data["logprobs"]}, value_model=True, group_size=1)
+    assert "kl_ref" not in alone and "kl_ref" in zero_kl
+    for key in ("adv", "ret"):
+        assert torch.equal(alone[key], zero_kl[key]), key
+    # hand-worked: gamma 1, lam 1, the score on the last token only: the deltas telescope, the return at
+    # each token is the score
+    assert torch.allclose(alone["ret"], data["rewards"][:, None].expand(3, 4), atol=1e-6)

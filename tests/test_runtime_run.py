@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from nccl_order import recorded_steps, replay
 from realbench.cost import Estimator
@@ -277,3 +278,23 @@ def test_a_run_refuses_materialized_attention():
         check_run(eager, plans[0], 4, 2, 0, "", False)
     assert e.value.field == "cluster.attention" and "fused kernel" in e.value.message
     assert check_run(est.scenario, plans[0], 4, 2, 0, "", False) == 0
+
+
+def test_grpo_without_a_reference_runs(cli, tmp_path):
+    """A scenario without a reference (dataflow with_ref: false, as AReaL's kl_ctl 0 imports): the
+    runtime runs generation, reward and training only, and trains."""
+    from realbench.plan.builtin import BUILTIN
+
+    doc = {**BUILTIN["grpo-tiny-cpu"], "schema": "realbench.scenario/1", "name": "no ref",
+           "cluster": {"nodes": 1, "gpus_per_node": 2, "device": "cpu"},
+           "dataflow": {**BUILTIN["grpo-tiny-cpu"]["dataflow"], "with_ref": False}}
+    doc["models"] = {k: v for k, v in doc["models"].items() if k != "ref"}
+    (tmp_path / "no ref.yaml").write_text(yaml.safe_dump(doc))
+    code, _, err = cli("estimate", "--scenario", tmp_path / "no ref.yaml", "--baseline", "symmetric",
+                       "--out", tmp_path / "plan.yaml")
+    assert code == 0, err
+    code, out, err = cli("run", "--scenario", tmp_path / "no ref.yaml", "--plan", tmp_path / "plan.yaml",
+                         "--nproc", 2, "--steps", 1, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result["calls"]) == {"actor_gen", "reward_inf", "actor_train"}, result

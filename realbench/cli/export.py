@@ -18,7 +18,7 @@ def _port(text: str) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a plan for a cluster (accelerate, torchrun, slurm), as an HTML report, "
-                                      "or as an engine's configuration (verl)")
+                                      "or as an engine's configuration (verl, OpenRLHF, AReaL)")
     p.add_argument("--plan", required=True, help="plan file")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="file to write (accelerate: the config; its launch script "

@@ -9,12 +9,13 @@ from realbench.cli import emit_json, log, positive_int
 def add_parser(sub) -> None:
     from realbench.engines import ENGINES
 
-    p = sub.add_parser("import", help="read an engine's configuration (verl, OpenRLHF) into a scenario and the plan "
+    p = sub.add_parser("import", help="read an engine's configuration (verl, OpenRLHF, AReaL) into a scenario and the plan "
                                       "it runs")
     p.add_argument("engine", choices=tuple(ENGINES), help="the engine whose configuration FILE is")
     p.add_argument("file", help="verl: a Hydra config that extends ppo_trainer, or a run's composed .hydra/config.yaml; "
-                                "openrlhf: a launch script of openrlhf.cli.train_ppo_ray, or a file of its flags")
-    p.add_argument("overrides", nargs="*", help="verl: Hydra-style overrides, key=value; openrlhf: flag=value "
+                                "openrlhf: a launch script of openrlhf.cli.train_ppo_ray, or a file of its flags; "
+                                "areal: an experiment YAML (PPOConfig)")
+    p.add_argument("overrides", nargs="*", help="verl, areal: Hydra-style overrides, key=value; openrlhf: flag=value "
                                                 "(e.g. vllm.num_engines=4, a switch =true or =false)")
     p.add_argument("--out", required=True, help="folder for <name>.yaml (the scenario) and <name>-plan.yaml")
     p.add_argument("--name", help="the scenario's name (default: FILE's stem)")

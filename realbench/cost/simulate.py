@@ -59,6 +59,10 @@ COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "nod
            "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
+# engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
+# engines, AReaL's xccl update to its servers), not a reshard between layouts as verl's and realbench's
+BROADCAST_ENGINES = ("openrlhf", "areal")
+
 
 class _Column:
     """One call's column of per-option numbers, computed on demand (see Estimator._gather):
@@ -414,8 +418,8 @@ class Estimator:
             if m == i:
                 continue
             src, dst = self._layouts(m, C[:, m]), self._layouts(i, C[:, i])
-            # OpenRLHF broadcasts whole tensors to its vLLM engines (realbench.cost.realloc.broadcast_times)
-            moved = broadcast_times if (self.scenario.engine == "openrlhf"
+            # OpenRLHF and AReaL broadcast whole tensors to their servers (realbench.cost.realloc.broadcast_times)
+            moved = broadcast_times if (self.scenario.engine in BROADCAST_ENGINES
                                         and self.calls[i].kind == CallKind.GENERATE) else realloc_times
             R[:, i] = moved(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
             if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's

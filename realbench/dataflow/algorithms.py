@@ -22,22 +22,33 @@ def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimize
                    group_size=group_size, rows_together=rows_together)
 
 
-def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatches: int = 4) -> Dataflow:
+def _reference(with_ref: bool, s: int, L: int) -> list[CallDef]:
+    """The reference's call, or none: without a KL term (verl without use_kl_loss, OpenRLHF's
+    init_kl_coef 0, AReaL's kl_ctl 0, TRL's GRPO beta 0) the engines load no reference at all."""
+    return [_call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L)] if with_ref else []
+
+
+def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatches: int = 4,
+        with_ref: bool = True, group_size: int = 1) -> Dataflow:
     """Actor generates; reward, reference and critic score; actor and critic train (GAE,
-    clipped policy and value losses, KL penalty to the reference)."""
-    s, L = prompts, prompt_len + gen_len
-    scored = ["seqs", "logprobs", "ref_logprobs", "rewards", "values"]
+    clipped policy and value losses, KL penalty to the reference; `with_ref: false`: no
+    reference and no penalty). `group_size` responses a prompt (AReaL's n_samples), each its
+    own episode."""
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(f"{group_size!r}: responses a prompt, 1 or more", "group_size")
+    s, L = prompts * group_size, prompt_len + gen_len
+    scored = ["seqs", "logprobs"] + (["ref_logprobs"] if with_ref else []) + ["rewards", "values"]
     return Dataflow(name="ppo", dataset_keys=("prompts",), calls=(
-        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len),
+        _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),
         _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
-        _call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L),
+        *_reference(with_ref, s, L),
         _call("critic_inf", "critic", INF, ["seqs"], ["values"], s, L),
         _call("actor_train", "actor", TRAIN, scored, [], s, L, optimizer_steps=minibatches),
         _call("critic_train", "critic", TRAIN, scored, [], s, L, optimizer_steps=minibatches),
     ))
 
 
-def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches) -> Dataflow:
+def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches, with_ref) -> Dataflow:
     if not isinstance(group_size, int) or group_size < 2:
         # a group of one has no spread (GRPO's std) and no others (RLOO's baseline): NaN advantages
         raise ConfigError(f"{name.upper()} compares the samples of a prompt with each other: group_size must be "
@@ -46,22 +57,22 @@ def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, 
     return Dataflow(name=name, dataset_keys=("prompts",), calls=(
         _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),
         _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
-        _call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L),
-        _call("actor_train", "actor", TRAIN, ["seqs", "logprobs", "ref_logprobs", "rewards"], [], s, L,
-              optimizer_steps=minibatches),
+        *_reference(with_ref, s, L),
+        _call("actor_train", "actor", TRAIN, ["seqs", "logprobs"] + (["ref_logprobs"] if with_ref else []) + ["rewards"],
+              [], s, L, optimizer_steps=minibatches),
     ))
 
 
 def grpo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
-         minibatches: int = 4) -> Dataflow:
+         minibatches: int = 4, with_ref: bool = True) -> Dataflow:
     """`group_size` samples per prompt; advantages normalized within each group (no critic)."""
-    return _group_policy_gradient("grpo", prompts, prompt_len, gen_len, group_size, minibatches)
+    return _group_policy_gradient("grpo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref)
 
 
 def rloo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
-         minibatches: int = 4) -> Dataflow:
+         minibatches: int = 4, with_ref: bool = True) -> Dataflow:
     """Like GRPO, with the leave-one-out mean of the group as the baseline."""
-    return _group_policy_gradient("rloo", prompts, prompt_len, gen_len, group_size, minibatches)
+    return _group_policy_gradient("rloo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref)
 
 
 def remax(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, with_ref: bool = True,
@@ -75,8 +86,7 @@ def remax(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, with_re
         _call("sample_reward", "reward", INF, ["seqs"], ["rewards"], s, L),
         _call("greedy_reward", "reward", INF, ["greedy_seqs"], ["greedy_rewards"], s, L),
     ]
-    if with_ref:
-        calls.append(_call("ref_inf", "ref", INF, ["seqs"], ["ref_logprobs"], s, L))
+    calls += _reference(with_ref, s, L)
     calls.append(_call("actor_train", "actor", TRAIN, train_in, [], s, L, optimizer_steps=minibatches))
     return Dataflow(name="remax", dataset_keys=("prompts",), calls=tuple(calls))
 

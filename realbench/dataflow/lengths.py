@@ -80,6 +80,16 @@ class LengthDistribution(FileModel):
                 raise ConfigError(f"lengths must be in 1..{self.max} with counts >= 0, not all 0", "lengths")
         return self
 
+    # equal by their settings: the arrays computed once and kept on the instance (`_cdf`) would
+    # make pydantic's comparison of the instances' dicts ambiguous (numpy's elementwise ==)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LengthDistribution):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in type(self).model_fields)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, f) for f in type(self).model_fields))
+
     @classmethod
     def of(cls, lengths, cap: int, memory_at: Union[float, str] = 0.99) -> "LengthDistribution":
         """The empirical distribution of these response lengths (those above `cap` counted at it)."""

@@ -11,14 +11,18 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from realbench.engines import openrlhf, verl
+from realbench.engines import areal, openrlhf, verl
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.schema import refuse_existing, write_document, write_text
 
-ENGINES = {"verl": verl, "openrlhf": openrlhf}
+ENGINES = {"verl": verl, "openrlhf": openrlhf, "areal": areal}
+
+
+# where an engine's configuration gives the node size (OpenRLHF's command line does not)
+NODE_SIZE_KEYS = {"verl": "trainer.n_gpus_per_node", "areal": "cluster.n_gpus_per_node"}
 
 
 def engine_module(name: str):
@@ -38,8 +42,8 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     module = engine_module(engine)
     name = name or Path(path).stem
     settings_engine, settings, given = module.read_config(path, overrides)
-    if gpus_per_node and engine == "verl":
-        raise ConfigError("verl's configuration gives the node size (trainer.n_gpus_per_node)", "--gpus-per-node")
+    if gpus_per_node and engine in NODE_SIZE_KEYS:
+        raise ConfigError(f"{engine}'s configuration gives the node size ({NODE_SIZE_KEYS[engine]})", "--gpus-per-node")
     node_size = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
     scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
     # (a critic's path may default to the reward model's: the reward model's flag is named first)
@@ -69,7 +73,7 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
 
 def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,
                   model_paths: dict[str, str], overwrite: bool = False) -> list[Path]:
-    """Write a plan as the engine's configuration and launch script (verl: `out` and
+    """Write a plan as the engine's configuration and launch script (verl and AReaL: `out` and
     <out stem>-launch.sh beside it; OpenRLHF: the launch script `out`, its command line).
     `model_paths`: checkpoint folders by role, over the scenario's own."""
     module = engine_module(engine)
@@ -83,5 +87,5 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
 
 def priced_as(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as `engine` runs it: the cost model prices what the engine does differently
-    (OpenRLHF's weight broadcast to vLLM) where the scenario names the engine."""
+    (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine."""
     return scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})

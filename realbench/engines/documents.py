@@ -8,7 +8,8 @@ from typing import Any
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
-                  epochs: int, calls: dict[str, dict[str, Any]], max_staleness: int = 0) -> tuple[dict, dict]:
+                  epochs: int, calls: dict[str, dict[str, Any]], max_staleness: int = 0, with_ref: bool = True
+                  ) -> tuple[dict, dict]:
     """(scenario document, plan document). `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -20,8 +21,10 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
                 "minibatches": steps}
-    if algorithm != "ppo":
+    if algorithm != "ppo" or group_size != 1:
         dataflow["group_size"] = group_size
+    if not with_ref:  # no KL term: the engine loads no reference
+        dataflow["with_ref"] = False
     if max_staleness:
         dataflow["max_staleness"] = max_staleness
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,

@@ -68,7 +68,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.dataflow import CallKind
+from realbench.engines import listing
 from realbench.engines.documents import job_documents
+from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _packed
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
@@ -266,15 +268,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO)",
                           "--algo.advantage.estimator", source)
     algorithm = ESTIMATORS[estimator]
-    if not s["algo.kl.init_coef"] > 0:
-        raise ConfigError(f"{s['algo.kl.init_coef']}: OpenRLHF runs no reference model without a KL coefficient; "
-                          f"realbench's {algorithm.upper()} scores with one", "--algo.kl.init_coef", source)
+    # OpenRLHF builds a reference only for a KL coefficient above 0 (cli/train_ppo_ray.py:93-103)
+    reference = s["algo.kl.init_coef"] > 0
     n = int(s["rollout.n_samples_per_prompt"])
     if algorithm != "ppo" and n < 2:
         raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more",
                           "--rollout.n_samples_per_prompt", source)
-    if algorithm == "ppo" and n != 1:
-        raise ConfigError(f"{n}: realbench's PPO samples one response a prompt", "--rollout.n_samples_per_prompt", source)
     engines, rollout_tp = s["vllm.num_engines"], int(s["vllm.tensor_parallel_size"])
     if not engines:
         raise ConfigError("is not set: OpenRLHF generates with vLLM engines only (samples_generator.py:195-241)",
@@ -314,7 +313,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("OpenRLHF's asynchronous trainer keeps vLLM awake (cli/train_ppo_ray.py:714-715)",
                           "--vllm.enable_sleep", source)
     W_a = width("actor")
-    if (colocated or with_ref) and (s["ref.num_nodes"], s["ref.num_gpus_per_node"]) != (s["actor.num_nodes"],
+    if reference and (colocated or with_ref) and (s["ref.num_nodes"], s["ref.num_gpus_per_node"]) != (s["actor.num_nodes"],
                                                                                         s["actor.num_gpus_per_node"]):
         raise ConfigError("a reference colocated with the actor has the actor's nodes and GPUs per node "
                           "(cli/train_ppo_ray.py:41-46)", "--ref.num_gpus_per_node", source)
@@ -330,7 +329,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           "trains, which realbench does not price (it prices generation's memory released after it)",
                           "--vllm.enable_sleep", source)
     groups = [("actor", W_a)]
-    if not (colocated or with_ref):
+    if reference and not (colocated or with_ref):
         groups.append(("ref", width("ref")))
     if critic and not (colocated and not with_reward):
         groups.append(("critic", width("critic")))
@@ -392,7 +391,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         "actor_gen": {"mesh": meshes["vllm"], "dp": engines, "tp": rollout_tp, "pp": 1,
                       "micro_batches": _packed(_even(rows, engines, "samples", "--vllm.num_engines", source), 1,
                                                VLLM_MAX_NUM_SEQS)},
-        "actor_train": trained("actor"), "ref_inf": forward("ref", forward_zero)}
+        "actor_train": trained("actor")}
+    if reference:
+        calls["ref_inf"] = forward("ref", forward_zero)
     if critic:
         calls["critic_train"], calls["critic_inf"] = trained("critic"), forward("critic", forward_zero)
     if reward_fn:  # run in the vLLM engines' actors beside generation (utils/agent.py:285-306)
@@ -402,7 +403,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     for c in calls.values():
         c["mesh"] = c["mesh"].label(per_node)
     actor_path = s["actor.model_name_or_path"]
-    models: dict[str, Any] = {"actor": {"path": actor_path}, "ref": {"path": actor_path}}
+    models: dict[str, Any] = {"actor": {"path": actor_path}, **({"ref": {"path": actor_path}} if reference else {})}
     if critic:  # the critic defaults to the reward model (cli/train_ppo_ray.py:644-650)
         models["critic"] = {"path": s["critic.model_name_or_path"] or s["reward.model_name_or_path"] or actor_path,
                             "value_head": True}
@@ -415,7 +416,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls, max_staleness=staleness)
+                         calls=calls, max_staleness=staleness, with_ref=reference)
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -444,8 +445,9 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     G = c.gpus_per_node
     fn_reward = isinstance(scenario.models["reward"], FunctionSpec)
     critic = "critic_train" in options
-    ds_calls = ["actor_train", "ref_inf"] + (["critic_train", "critic_inf"] if critic else []) + \
-        ([] if fn_reward else ["reward_inf"])
+    reference = "ref_inf" in options
+    ds_calls = ["actor_train"] + (["ref_inf"] if reference else []) + \
+        (["critic_train", "critic_inf"] if critic else []) + ([] if fn_reward else ["reward_inf"])
     for name, o in options.items():
         if o.strategy.pp > 1:
             raise ConfigError("OpenRLHF runs no pipeline parallelism (utils/deepspeed/deepspeed.py:103-107: dp, sp, tp)",
@@ -471,7 +473,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                           "calls.critic_train.activation_checkpointing")
     A = options["actor_train"].mesh
     V = options["actor_gen"].mesh
-    R = options["ref_inf"].mesh
+    R = options["ref_inf"].mesh if reference else A  # (no reference: nothing beside the actor to place)
     gen = options["actor_gen"].strategy
     hybrid = V == A
     out: dict[str, Any] = {}
@@ -518,6 +520,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     shape = lambda m: (m.nodes, m.gpus)  # noqa: E731  (num_nodes, num_gpus_per_node)
     out.update({"actor.num_nodes": shape(A)[0], "actor.num_gpus_per_node": shape(A)[1],
                 "ref.num_nodes": shape(R)[0], "ref.num_gpus_per_node": shape(R)[1],
+                **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
                 "ds.zero_stage": zero, "ds.tensor_parallel_size": T,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
@@ -547,7 +550,9 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                           "calls.critic_train.micro_batches")
     micro = per_micro.pop()
     forwards = [nm for nm in ds_calls if nm not in trained]
-    infer = max(math.ceil(rows / options[nm].strategy.dp / options[nm].strategy.micro_batches) for nm in forwards)
+    # (no forward-only call: the chunk size stays OpenRLHF's default, which prices nothing here)
+    infer = max((math.ceil(rows / options[nm].strategy.dp / options[nm].strategy.micro_batches) for nm in forwards),
+                default=defaults()["rollout.micro_batch_size"])
     for name in ds_calls:  # ref, critic, reward: one chunk size; every DeepSpeed group: the batch rules
         s = options[name].strategy
         if name in forwards and (rows % s.dp or _packed(rows // s.dp, 1, infer) != s.micro_batches):
@@ -571,11 +576,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
 
 def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """(plan key, what OpenRLHF cannot do) for the first part of a plan outside its space, or None."""
-    try:
-        _settings(scenario, options)
-    except ConfigError as e:
-        return e.field or "plan", e.message
-    return None
+    return listing.problem_of(_settings, scenario, options)
 
 
 def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[str, str]) -> tuple[str, dict]:
@@ -630,11 +631,6 @@ def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tu
 
 
 # -- OpenRLHF's space, for a search ---------------------------------------------------------------------
-def _sizes(c) -> list[int]:
-    return [s for s in (2 ** k for k in range(c.gpus_per_node.bit_length())) if s < c.gpus_per_node] + \
-        [k * c.gpus_per_node for k in range(1, c.nodes + 1)]
-
-
 def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
     """Where OpenRLHF's groups can be, using every GPU of the cluster: the hybrid engine on all of
     them (the critic and reward model beside it, or on their own group), or separate groups for
@@ -644,7 +640,7 @@ def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
     N, G = c.n_devices, c.gpus_per_node
     critic = "critic" in scenario.models
     rm = not isinstance(scenario.models["reward"], FunctionSpec)
-    sizes = _sizes(c)
+    sizes = group_sizes(c)
 
     def fits(groups: dict[str, int]) -> Optional[dict[str, Mesh]]:
         if sum(groups.values()) != N:
@@ -668,7 +664,8 @@ def _placements(scenario: Scenario) -> Iterator[dict[str, Mesh]]:
     for counts in _products(sizes, len(roles), N):
         base = dict(zip(roles, counts))
         left = N - sum(counts)
-        for ref in (0,) + tuple(x for x in sizes if x <= left):  # 0: with the actor
+        reference = "ref_inf" in scenario.dataflow.call_names
+        for ref in (0,) + tuple(x for x in sizes if x <= left and reference):  # 0: with the actor (or none)
             for reward in ((0,) + tuple(sizes) if rm and critic else tuple(sizes) if rm else (None,)):
                 if (ref or 0) + (reward or 0) != left:
                     continue
@@ -713,21 +710,13 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     Ts = [t for t in divisors(G) if all(heads(r, t) for r in ds_roles)]
     rollout_tps = [t for t in divisors(G) if heads("actor", t)]
     names = list(df.call_names)
-    options: dict[str, list[Option]] = {n: [] for n in names}
-    index: dict[str, dict[Option, int]] = {n: {} for n in names}
-    table: list[tuple[int, ...]] = []
-
-    def intern(name: str, option: Option) -> int:
-        k = index[name].get(option)
-        if k is None:
-            k = index[name][option] = len(options[name])
-            options[name].append(option)
-        return k
+    listed = PlanTable(names)
+    intern, options = listed.intern, listed.options
 
     for meshes in _placements(scenario):
         A, V = meshes["actor"], meshes["vllm"]
         for T in Ts:
-            groups = {"actor_train": A, "ref_inf": meshes["ref"]}
+            groups = {"actor_train": A, **({"ref_inf": meshes["ref"]} if "ref_inf" in names else {})}
             if critic:
                 groups.update({"critic_train": meshes["critic"], "critic_inf": meshes["critic"]})
             if not fn_reward:
@@ -772,15 +761,13 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         ks = {**fixed, **{n: intern(n, option(n, zero, ckpt)) for n in groups}}
                         for g in gen_k:
                             ks["actor_gen"] = g
-                            table.append(tuple(ks[n] for n in names))
-    return options, table
+                            listed.add(ks)
+    return listed.result()
 
 
 def configurations(scenario: Scenario) -> Iterator[dict[str, Option]]:
     """The plans of `plan_table`, one dict of options each."""
-    options, table = plan_table(scenario)
-    for row in table:
-        yield {n: options[n][k] for n, k in zip(options, row)}
+    return listing.configurations(plan_table, scenario)
 
 
 def _fit(value: int, total: int) -> int:
@@ -824,6 +811,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             "--algo.advantage.estimator", {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
             "--actor.model_name_or_path", "actor"]
     argv += ["--train.colocate_actor_ref"] if split else ["--train.colocate_all", "--vllm.enable_sleep"]
+    argv += [] if "ref_inf" in df.call_names else ["--algo.kl.init_coef", 0]  # no KL term: no reference
     argv += ["--train.async_enable", "--train.async_queue_size", staleness] if staleness else []
     if critic:
         argv += ["--critic.model_name_or_path", "critic", "--critic.num_nodes", actor[0],

@@ -333,16 +333,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if critic != (algorithm == "ppo"):
         raise ConfigError(f"{critic}: realbench's {algorithm.upper()} {'has' if algorithm == 'ppo' else 'has no'} "
                           "critic", "critic.enable", source)
-    if not (s["algorithm.use_kl_in_reward"] or s[f"{A}.use_kl_loss"]):
-        raise ConfigError("verl runs no reference model without use_kl_loss or algorithm.use_kl_in_reward; "
-                          f"realbench's {algorithm.upper()} scores with one: set one of them", f"{A}.use_kl_loss", source)
+    # verl builds a reference only for a KL term (need_reference_policy, verl/trainer/ppo/utils.py:75-79)
+    with_ref = bool(s["algorithm.use_kl_in_reward"] or s[f"{A}.use_kl_loss"])
     nodes, per_node = int(s["trainer.nnodes"]), int(s["trainer.n_gpus_per_node"])
     N = nodes * per_node
     prompts, n = int(s["data.train_batch_size"]), int(s[f"{R}.n"])
     if algorithm != "ppo" and n < 2:
         raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more", f"{R}.n", source)
-    if algorithm == "ppo" and n != 1:
-        raise ConfigError(f"{n}: realbench's PPO samples one response a prompt", f"{R}.n", source)
     mini = int(s[f"{A}.ppo_mini_batch_size"])
     if prompts % mini:
         raise ConfigError(f"{mini} does not divide data.train_batch_size {prompts}", f"{A}.ppo_mini_batch_size", source)
@@ -396,7 +393,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
     ref = "actor_rollout_ref.ref"
-    ref_m = (_packed(rows // dp, L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
+    ref_m = (0 if not with_ref else
+             _packed(rows // dp, L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
@@ -409,8 +407,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"]},
-        "ref_inf": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero},
     }
+    if with_ref:
+        calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero}
     reward_model = bool(s[f"{RM}.enable"])
     if reward_model:  # vLLM / SGLang replicas of the reward model on the same GPUs, after generation
         rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
@@ -431,7 +430,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     for c in calls.values():
         c.setdefault("mesh", whole)
     actor_path = s["actor_rollout_ref.model.path"]
-    models: dict[str, Any] = {"actor": {"path": actor_path}, "ref": {"path": actor_path}}
+    models: dict[str, Any] = {"actor": {"path": actor_path}, **({"ref": {"path": actor_path}} if with_ref else {})}
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
     reward_fn = s["reward.custom_reward_function.path"]
@@ -451,7 +450,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls)
+                         calls=calls, with_ref=with_ref)
 
 
 # -- a plan as a configuration ------------------------------------------------------------------------
@@ -548,9 +547,10 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
         f"{A}.use_dynamic_bsz": False,
         f"{A}.ppo_micro_batch_size_per_gpu": _per_micro_batch(scenario, "actor_train", options["actor_train"]),
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu":
-            _per_micro_batch(scenario, "ref_inf", options["ref_inf"]),
     }
+    if "ref_inf" in options:
+        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = _per_micro_batch(scenario, "ref_inf",
+                                                                                           options["ref_inf"])
     reward = scenario.models["reward"]
     if isinstance(reward, FunctionSpec):
         if len(reward.functions) > 1 or reward.model_score:
@@ -566,7 +566,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
                     f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
                     f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
-    if scenario.algorithm == "ppo":
+    if "ref_inf" not in options:  # no KL term: verl then builds no reference
+        out.update({"algorithm.use_kl_in_reward": False, f"{A}.use_kl_loss": False})
+    elif scenario.algorithm == "ppo":
         out["algorithm.use_kl_in_reward"] = True
     else:
         out[f"{A}.use_kl_loss"] = True
@@ -575,7 +577,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             if role not in model_paths:
                 raise ConfigError(f"verl loads a checkpoint folder: give the {role}'s (--model-path {role}=DIR)",
                                   f"models.{role}")
-    if model_paths["ref"] != model_paths["actor"]:
+    if model_paths.get("ref", model_paths["actor"]) != model_paths["actor"]:
         raise ConfigError("verl's reference is the actor's checkpoint (actor_rollout_ref.model.path)", "models.ref")
     out["actor_rollout_ref.model.path"] = model_paths["actor"]
     roles = [("actor", "actor_train", A, "actor_rollout_ref.model")]
@@ -678,9 +680,10 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z)) for m in divisors(per_gpu)
                                 for ckpt in (False, True) for z in zero_options])
 
-        group = {**common, "actor_train": trained("actor_train"),
-                 "ref_inf": valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero))
-                                              for m in divisors(rows // dp)])}
+        group = {**common, "actor_train": trained("actor_train")}
+        if "ref_inf" in df.call_names:
+            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero))
+                                                 for m in divisors(rows // dp)])
         if not critic:
             if all(group.values()):
                 yield group
@@ -721,13 +724,15 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     df, c = scenario.dataflow, scenario.cluster
     gen, train = df.call("actor_gen"), df.call("actor_train")
     n = gen.group_size
+    ref = "ref_inf" in df.call_names
     given = {"trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
              "data.train_batch_size": gen.seqs // n, "data.max_prompt_length": gen.prompt_len,
              "data.max_response_length": gen.gen_len, f"{R}.n": n,
              "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
              f"{A}.ppo_mini_batch_size": gen.seqs // n // train.optimizer_steps, f"{A}.use_dynamic_bsz": True,
              f"{A}.ppo_epochs": scenario.training.num_iterations,
-             "algorithm.use_kl_in_reward": scenario.algorithm == "ppo", f"{A}.use_kl_loss": scenario.algorithm != "ppo",
+             "algorithm.use_kl_in_reward": ref and scenario.algorithm == "ppo",
+             f"{A}.use_kl_loss": ref and scenario.algorithm != "ppo",
              **(settings or {})}
     if isinstance(scenario.models["reward"], FunctionSpec):
         given["reward.custom_reward_function.path"] = "reward.py"

@@ -1,6 +1,6 @@
 """Plans leave realbench for a cluster: an Accelerate config and launch command, torchrun command
 lines per node, a Slurm batch script, a standalone HTML report, or an engine's configuration and
-launch command (verl: realbench.engines) (`realbench export`)."""
+launch command (verl, OpenRLHF, AReaL: realbench.engines) (`realbench export`)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class Scenario(DerivedValues):
     # the engine that runs this scenario (read from its configuration: realbench import): realbench
     # plans it and writes it back (export --format), its runtime does not run it, and a reward
     # function is the engine's, named, not called here
-    engine: Optional[Literal["verl", "openrlhf"]] = None
+    engine: Optional[Literal["verl", "openrlhf", "areal"]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -208,6 +208,10 @@ class Scenario(DerivedValues):
         functions = [m for m in self.models.values() if isinstance(m, FunctionSpec)]
         scorers = functions[0].scorers if functions else int(any(set(c.outputs) & SCORES for c in self.dataflow.calls))
         self.training.check(self.algorithm, trained, scorers)
+        if self.training.beta and self.algorithm in ("ppo", "grpo", "rloo", "remax") and not any(
+                "ref_logprobs" in c.outputs for c in self.dataflow.calls):
+            raise ConfigError(f"{self.training.beta}: a KL penalty to the reference, and the dataflow has none "
+                              "(dataflow.with_ref: false): set beta: 0 or keep the reference", "training.beta")
         if self.training.behav_imp_weight_cap is not None and not self.dataflow.max_staleness:
             raise ConfigError("a setting of asynchronous RL (the decoupled objective); this dataflow is synchronous "
                               "(dataflow.max_staleness: 0)", "training.behav_imp_weight_cap")

@@ -150,12 +150,15 @@ class PPO(Algorithm):
         lp, values = data["logprobs"], data["values"]
         mask = losses.response_mask(data["seqs"], lp.shape[1])
         score = torch.nan_to_num(data["rewards"], nan=0.0)  # no scorer gave a reward: 0
-        rewards = losses.kl_shaped_rewards(score, lp, data["ref_logprobs"], self.kl_coef, mask)
+        # without a reference (dataflow with_ref: false) no KL shaping: the score alone
+        ref = data.get("ref_logprobs")
+        rewards = losses.kl_shaped_rewards(score, lp, lp if ref is None else ref, self.kl_coef, mask)
         if self.whiten_rewards:  # TRL's: the per-token rewards after the KL shaping, mean kept
             rewards = losses.whiten(rewards, mask, shift_mean=False)
         adv, ret = losses.gae(rewards, values, mask, self.gamma, self.lam)
-        out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values,
-               "kl_ref": data["ref_logprobs"]}
+        out = {"seqs": data["seqs"], "adv": losses.whiten(adv, mask), "ret": ret, "old_values": values}
+        if ref is not None:
+            out["kl_ref"] = ref
         out = out if mask is None else {**out, "mask": mask}
         return out if value_model else self.with_generation_log_probs(out, data)
 

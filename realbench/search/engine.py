@@ -1,10 +1,11 @@
-"""Search inside an engine's space (`realbench search --engine verl|openrlhf`). verl's plans are
+"""Search inside an engine's space (`realbench search --engine verl|openrlhf|areal`). verl's plans are
 groups of per-call options that share what the engine makes its calls share (one training engine
 and layout, a token budget); each group is searched with the chosen method on a share of the
 time budget, and the best plan of all groups is kept. OpenRLHF's settings are global (one
 DeepSpeed strategy, one micro-batch size, groups of GPUs): nearly every plan is its own group, so
 its plans are listed whole (`plan_table`) and evaluated in batches, in an order shuffled by
-the seed, until they are all evaluated or the budget ends. One event stream for the whole
+the seed, until they are all evaluated or the budget ends; so are AReaL's (a rollout and a
+trainer layout per plan, a few thousand on the built-in scenarios). One event stream for the whole
 search: the groups' evaluations and seconds add up. Each plan is priced as the engine runs it
 (realbench.engines.priced_as)."""
 

@@ -1,4 +1,5 @@
-"""Engine configurations in the workbench: open a verl config or an OpenRLHF launch script (as
+"""Engine configurations in the workbench: open a verl config, an OpenRLHF launch script or an
+AReaL experiment YAML (as
 `realbench import` reads it: the scenario and the plan the engine runs), and write the plan
 shown back as the engine's configuration (as `realbench export --format ENGINE` writes it).
 Errors are shown inline, in the CLI's words."""
@@ -22,14 +23,14 @@ class EngineConfig:
         from realbench.engines import ENGINES
 
         self.engine_box = w.Dropdown(options=list(ENGINES), value="verl", description="engine")
-        self.file_box = w.Text(description="config", placeholder="my_job.yaml, or train_ppo.sh for openrlhf")
+        self.file_box = w.Text(description="config", placeholder="my_job.yaml (verl, areal), or train_ppo.sh (openrlhf)")
         self.overrides_box = w.Text(description="overrides", placeholder="key=value ... (as on `realbench import`)")
         self.gpus_box = w.IntText(value=8, description="GPUs/node", tooltip="openrlhf: GPUs per node")
         self.out_box = w.Text(value="plans", description="folder", tooltip="where the scenario and plan are written")
         self.overwrite_box = w.Checkbox(description="overwrite", value=False)
         self.open_button = w.Button(description="Open", icon="folder-open",
                                     tooltip="read the configuration into the dataflow editor and the plan viewer")
-        self.export_box = w.Text(description="write to", placeholder="verl/my_job.yaml or openrlhf/run.sh")
+        self.export_box = w.Text(description="write to", placeholder="verl/my_job.yaml, openrlhf/run.sh or areal/my_job.yaml")
         self.export_button = w.Button(description="Write config", icon="save",
                                       tooltip="the plan shown, as the engine's configuration")
         self.status = w.HTML()

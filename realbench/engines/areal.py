@@ -1,0 +1,732 @@
+"""AReaL 1.0.4: the plans its single-controller PPO trainer (`PPOTrainer`, areal/trainer/rl_trainer.py)
+can run, read from an experiment YAML and written as one.
+
+What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
+
+* **One allocation string per engine** (`actor.backend`, `rollout.backend`, `ref.backend`,
+  `critic.backend`; api/cli_args.py:1203-1209, 2171-2177), parsed by `ModelAllocation.from_str`
+  (api/alloc_mode.py:314-350; the grammar at :594-638): `fsdp:d4t2`, `megatron:d2p2t1`,
+  `sglang:d4t2`. Letters in any order, a letter left out is 1, the last repeat wins (:797-804);
+  d data, t tensor, p pipeline, c context, e expert parallel. FSDP has no pipeline and no experts
+  (:274-283). A rollout string is `d` servers of `t x p` GPUs each (docs/en/reference/alloc_mode.md).
+* **GPUs**: each separated role its own (`scheduling_strategy.type: separation`, the default,
+  cli_args.py:955-976): actor, critic, reference, then the rollout, in that order
+  (rl_trainer.py:288-321), one worker process a GPU (`scheduling_spec[0].gpu: 1`;
+  infra/controller/train_controller.py:274-281, rollout_controller.py:170-221). The reference and
+  critic are colocated with the actor (`scheduling_strategy: {type: colocation, target: actor}`,
+  every example's pattern): the actor's GPUs, the same world size (infra/scheduler/local.py:680-699),
+  their own strategy. A server spans one node at most (`nnodes` 1, cli_args.py:1949).
+* **Strategies**: FSDP2 shards parameters, gradients and optimizer states over the data-parallel
+  group (realbench's zero 3) with tensor parallelism inside (engine/fsdp_utils/parallel.py:42-78);
+  Megatron tp x pp with its distributed optimizer (`megatron.ddp.use_distributed_optimizer`,
+  default on: zero 1) and `megatron.virtual_pipeline_parallel_size` (engine/megatron_engine.py:216-245,
+  1276-1283); `gradient_checkpointing` per engine.
+* **Batches**: `train_dataset.batch_size` prompts x `gconfig.n_samples` samples a step, split over
+  the data-parallel ranks (utils/seqpack.py:558-562: the prompt groups divide evenly), in
+  `actor.ppo_n_minibatches` optimizer steps (trainer/ppo/actor.py:336-366); each call's micro-batches
+  from its engine's `mb_spec` (at least `n_mbs`, packed to `max_tokens_per_mb` tokens; a Megatron
+  pipeline at least 2 x pp, a multiple of pp: megatron_engine.py:2054-2070); prompts of
+  `train_dataset.max_length` tokens at most and responses of `gconfig.max_new_tokens`, both inside
+  `gconfig.max_tokens` (infra/remote_inf_engine.py:810-821).
+* **Generation**: SGLang or vLLM servers, each decoding up to `sglang.max_running_requests`
+  (`vllm.max_num_seqs`) sequences, of the `rollout.max_concurrent_rollouts` prompt groups in
+  flight (default the consumer batch; infra/workflow_executor.py:761-765) spread over the servers
+  round robin (rollout_controller.py:778-802).
+* **Calls**: the rollout runs on its own GPUs, up to `rollout.max_head_offpolicyness` (η) versions
+  ahead of training (infra/staleness_manager.py:69-113: realbench's `max_staleness`; η 0 waits
+  for each step); rewards are a Python function in the rollout workers (workflow/rlvr.py:95-108);
+  the trainer's calls run one after another on the actor's GPUs (values, reference, the actor's
+  proximal log-probabilities, the updates: rl_trainer.py:622-751); then the weights go to every
+  server: gathered and broadcast over NCCL from the trainer's first GPU (`weight_update_mode:
+  xccl`, engine/fsdp_engine.py:1566-1663), priced as OpenRLHF's broadcast (realbench.cost.realloc).
+  A reference is built only with `actor.kl_ctl > 0` (rl_trainer.py:179-181).
+
+Not priced, and said so wherever an AReaL plan is read or written (`PRICING_GAPS`). Refused by name
+(a setting changed from its default that realbench neither prices nor knows to leave time and memory
+alone): the rollout colocated with the actor (disk weight updates and offloading), offloading,
+LoRA, context and expert parallelism, the archon engine, a teacher, the experimental v2 gateway,
+a reference or critic on GPUs of its own (AReaL runs the trainer's calls one after another, which
+realbench prices as concurrent on separate GPUs).
+
+Read: `read_config` takes an experiment YAML (every key checked against AReaL's PPOConfig,
+`areal-1.0.4.json`, written by `areal_check.py defaults`, which a test compares with the installed
+AReaL) and Hydra-style overrides (`key=value`, `+key=value`), interpolations resolved by OmegaConf
+as AReaL's loader resolves them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+from realbench.dataflow import CallKind
+from realbench.engines import listing
+from realbench.engines.documents import job_documents
+from realbench.engines.listing import PlanTable, group_sizes
+from realbench.engines.openrlhf import _even, place
+from realbench.engines.verl import _nest, _packed
+from realbench.errors import ConfigError
+from realbench.models import FunctionSpec
+from realbench.plan.mesh import Option, Strategy
+from realbench.plan.options import divisors
+from realbench.plan.plan import plan_from_document, resolve_plan
+from realbench.plan.scenario import Scenario
+from realbench.schema import read_document
+
+VERSION = "1.0.4"
+TABLE = Path(__file__).with_name(f"areal-{VERSION}.json")
+# the user's train script (AReaL's examples/math/gsm8k_rl.py, say) reads the YAML: single controller
+ENTRY = 'python3 "${AREAL_TRAIN_SCRIPT:-train.py}" --config'
+REWARD = f"{Path(__file__).with_name('areal_reward.py')}:workflow_reward"
+MODEL_PATHS = {"actor": "actor.path", "ref": "ref.path", "critic": "critic.path"}
+TRAINERS = ("fsdp", "megatron")
+SERVERS = ("sglang", "vllm")
+SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
+PRICING_GAPS = ("SGLang and vLLM batch continuously; realbench prices batches of the sequences a server decodes at "
+                "once",
+                "AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
+                "its cap (prompt + response)",
+                "AReaL's actor recomputes the proximal log-probabilities over the whole batch (use_decoupled_loss); "
+                "realbench over all optimizer steps but the first",
+                "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
+                "prices the transfer, not the re-prefill")
+
+# settings that change neither time nor memory of a step (names, paths, logging, checkpoints, the
+# learning and sampling settings), by prefix: carried as they are, never priced
+_ENGINE_NEUTRAL = ("experiment_name", "trial_name", "path", "init_from_scratch", "disable_dropout", "dtype",
+                   "optimizer", "eps_clip", "eps_clip_higher", "c_clip", "temperature", "reward_scaling",
+                   "reward_bias", "reward_clip", "kl_estimator", "recompute_logprob", "use_decoupled_loss",
+                   "prox_logp_method", "rejection_sampling", "reward_norm", "adv_norm", "discount", "gae_lambda",
+                   "mask_no_eos_with_zero", "overlong_reward_penalty", "overlong_tokens", "overlong_penalty_factor",
+                   "max_new_tokens", "group_size", "mb_spec.packing_algorithm", "mb_spec.granularity",
+                   "attn_impl", "value_eps_clip", "ppo_n_minibatches", "scheduling_spec", "tokenizer_path",
+                   "weight_update_mode", "behave_imp_weight", "dynamic_sampling", "log_agent_stats", "m2_threshold",
+                   "importance_sampling_level", "use_sapo_loss", "sapo_", "pad_to_maximum", "is_critic",
+                   "fsdp.wrap_policy", "fsdp.memory_efficient_load", "megatron.bridge_type")
+NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.", "cluster.cluster_name",
+            "scheduler.", "saver.", "recover.", "evaluator.", "stats_logger.", "perf_tracer.", "memory_profiler.",
+            "valid_dataset.", "eval_gconfig.", "total_train_epochs", "total_train_steps", "total_train_n_seqs",
+            "experiment_name", "trial_name", "gconfig.temperature", "gconfig.greedy", "gconfig.min_new_tokens",
+            "gconfig.top_p", "gconfig.top_k", "gconfig.stop", "gconfig.frequency_penalty", "train_dataset.path",
+            "train_dataset.type", "train_dataset.shuffle", "train_dataset.pin_memory", "train_dataset.num_workers",
+            "train_dataset.drop_last", "rollout.experiment_name", "rollout.trial_name", "rollout.fileroot",
+            "rollout.tokenizer_path", "rollout.dump_to_file", "rollout.enable_rollout_tracing", "rollout.agent.",
+            "rollout.scheduling_spec", "rollout.request_timeout", "rollout.request_retries", "rollout.setup_timeout",
+            "rollout.pause_grace_period", "rollout.queue_size", "rollout.consumer_batch_size",
+            "sglang.model_path", "sglang.random_seed", "sglang.skip_tokenizer_init", "sglang.dtype",
+            "sglang.context_length", "sglang.mem_fraction_static", "sglang.log_level", "sglang.disable_radix_cache",
+            "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype", "vllm.max_model_len",
+            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.no_enable_prefix_caching")
+           + tuple(f"{role}.{k}" for role in ("actor", "ref", "critic") for k in _ENGINE_NEUTRAL))
+READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.backend", "ref.backend",
+        "critic.backend", "ref.scheduling_strategy.type", "ref.scheduling_strategy.target",
+        "critic.scheduling_strategy.type", "critic.scheduling_strategy.target", "actor.scheduling_spec",
+        "actor.kl_ctl", "actor.gradient_checkpointing", "ref.gradient_checkpointing", "critic.gradient_checkpointing",
+        "actor.mb_spec.n_mbs", "actor.mb_spec.max_tokens_per_mb", "ref.mb_spec.n_mbs", "ref.mb_spec.max_tokens_per_mb",
+        "critic.mb_spec.n_mbs", "critic.mb_spec.max_tokens_per_mb", "actor.megatron.virtual_pipeline_parallel_size",
+        "actor.megatron.ddp.use_distributed_optimizer", "ref.megatron.virtual_pipeline_parallel_size",
+        "critic.megatron.virtual_pipeline_parallel_size", "critic.megatron.ddp.use_distributed_optimizer",
+        "rollout.max_head_offpolicyness", "rollout.max_concurrent_rollouts", "sglang.max_running_requests",
+        "vllm.max_num_seqs", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.max_tokens",
+        "train_dataset.batch_size", "train_dataset.max_length", "actor.ppo_n_minibatches",
+        "actor.reward_norm.mean_leave1out"}
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    return json.loads(TABLE.read_text())
+
+
+def defaults() -> dict[str, Any]:
+    """AReaL's PPOConfig, flat: dotted key -> default (interpolations unresolved, MISSING "???")."""
+    return _table()["keys"]
+
+
+def _sections() -> list[str]:
+    """The settings that are None unless given (ref, critic, actor.reward_norm, ...)."""
+    return _table()["sections"]
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node and not (prefix and set(node) <= {"_target_"}):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _unknown(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(defaults()), n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"AReaL {VERSION}'s PPOConfig has no such setting{hint}", key, source)
+
+
+def _interpolation(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("${") and value.endswith("}")
+
+
+def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[str, Any], set[str]]:
+    """(the actor's backend, every setting resolved as AReaL's loader resolves it, the keys given
+    and changed from AReaL's default) of an experiment YAML and Hydra-style overrides
+    (`key=value`, `+key=value`)."""
+    source = str(path)
+    doc = read_document(path, schema=False)
+    if "defaults" in doc:
+        raise ConfigError("realbench reads a whole experiment YAML; a Hydra defaults list is not read", "defaults",
+                          source)
+    given = _flatten(doc)
+    for o in overrides:
+        key, eq, raw = o.partition("=")
+        key = key.removeprefix("++").removeprefix("+")
+        if not eq or not key or key.startswith("~"):
+            raise ConfigError("an override is key=value (or +key=value)", o, "overrides")
+        value = yaml.safe_load(raw) if raw else None
+        given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
+    table, sections = defaults(), _sections()
+    for key in given:  # (a section is given whole as None or an interpolation: critic.optimizer: ${actor.optimizer})
+        if key not in table and not (key in sections and (given[key] is None or _interpolation(given[key]))):
+            raise _unknown(key, source)
+    return str(given.get("actor.backend", "")).split(":")[0], resolve(given), \
+        {k for k, v in given.items() if v != table.get(k)}
+
+
+def resolve(given: dict[str, Any]) -> dict[str, Any]:
+    """AReaL's settings with `given` (flat) over its defaults, interpolations resolved (OmegaConf,
+    as AReaL resolves them): a section that is None by default (ref, critic, ...) only where a key
+    under it is given."""
+    from omegaconf import OmegaConf
+
+    sections = _sections()
+    named = {s for s in sections if any(k.startswith(s + ".") for k in given)}
+    absent = [s for s in sections if s not in named]
+    base = {k: v for k, v in defaults().items() if not any(k.startswith(s + ".") for s in absent)}
+    given = {k: v for k, v in given.items() if k not in sections or _interpolation(v)}
+    merged = OmegaConf.create(_nest({**base, **given}))
+    flat = _flatten(OmegaConf.to_container(merged, resolve=True))
+    return flat
+
+
+def refuse_unpriced(settings: dict[str, Any], given: set[str], source: str) -> None:
+    for key in sorted(given):
+        if key in READ or key.startswith(NEUTRAL):
+            continue
+        raise ConfigError(f"{settings.get(key)!r} (AReaL's default {defaults().get(key)!r}) changes what AReaL runs, "
+                          "and realbench does not price it", key, source)
+
+
+# -- allocations ----------------------------------------------------------------------------------
+_ALLOCATION = re.compile(r"(?P<backend>[a-z]+)(\[[A-Za-z_][A-Za-z0-9_]*\])?:(?P<dims>(?:[a-z][1-9][0-9]*)+)")
+
+
+def allocation(text: Any, key: str, source: str, servers: bool) -> dict[str, Any]:
+    """A `backend` string as AReaL's grammar reads it (api/alloc_mode.py:594-638, 797-804):
+    {"backend", "d", "t", "p", "c", "e"}; what realbench does not price refused by name."""
+    s = re.sub(r"\s+", "", str(text or ""))
+    if "(" in s or "attn:" in s:
+        raise ConfigError(f"{text!r}: the attention/FFN (MoE) allocation; realbench's models are dense", key, source)
+    m = _ALLOCATION.fullmatch(s)
+    if not m:
+        raise ConfigError(f"{text!r} is not an allocation AReaL parses (BACKEND:d..t..p.., e.g. "
+                          f"{'sglang:d4t2' if servers else 'fsdp:d8'}; api/alloc_mode.py:594-638)", key, source)
+    backend = m["backend"]
+    kinds = SERVERS if servers else TRAINERS
+    if backend not in kinds:
+        extra = " (archon: AReaL's experimental torchtitan engine is not priced)" if backend == "archon" else ""
+        raise ConfigError(f"{backend!r}: realbench prices {' and '.join(kinds)} here{extra}", key, source)
+    dims = {"d": 1, "t": 1, "p": 1, "c": 1, "e": 1}
+    for letter, number in re.findall(r"([a-z])([0-9]+)", m["dims"]):
+        if letter not in ("dtp" if servers else "dtpce"):
+            raise ConfigError(f"{text!r}: {letter!r} is not a dimension of a {backend} allocation "
+                              f"({'d, t, p' if servers else 'd, t, p, c, e'}; api/alloc_mode.py:594-638)", key, source)
+        dims[letter] = int(number)
+    if backend == "fsdp" and (dims["p"] > 1 or dims["e"] > 1):
+        raise ConfigError(f"{text!r}: FSDP has no pipeline or expert parallelism (api/alloc_mode.py:274-283)", key,
+                          source)
+    if dims["c"] > 1:
+        raise ConfigError(f"{text!r}: context parallelism (Ulysses sequence parallelism under FSDP) is not priced",
+                          key, source)
+    if dims["e"] > 1:
+        raise ConfigError(f"{text!r}: expert parallelism; realbench's models are dense", key, source)
+    return {"backend": backend, **dims}
+
+
+def allocation_string(backend: str, dp: int, tp: int, pp: int) -> str:
+    return f"{backend}:d{dp}" + (f"p{pp}" if pp > 1 else "") + (f"t{tp}" if tp > 1 else "")
+
+
+# -- a configuration as a scenario and a plan ---------------------------------------------------------
+def _micro_batches(rows: int, L: int, s: dict, role: str, pp: int) -> int:
+    """A GPU's micro-batches for `rows` of L tokens under `role`'s mb_spec: at least n_mbs, packed
+    to max_tokens_per_mb (split_padded_tensor_dict_into_mb_list, utils/data.py:696-760; unset: no
+    budget), a Megatron pipeline at least 2 pp and a multiple
+    of pp (megatron_engine.py:2054-2070); the fewest even splits of the rows at least as many."""
+    n = int(s.get(f"{role}.mb_spec.n_mbs") or 1)
+    budget = s.get(f"{role}.mb_spec.max_tokens_per_mb")
+    m = max(n, _packed(rows, L, int(budget)) if budget else 1)
+    if pp > 1:
+        m = max(m, 2 * pp)
+        m = math.ceil(m / pp) * pp
+    return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (pp == 1 or k % pp == 0)), rows)
+
+
+def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
+            gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
+    """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed."""
+    refuse_unpriced(s, given, source)
+    for key in ("actor.backend", "rollout.backend"):
+        if s.get(key) in (None, "???"):
+            raise ConfigError("is not set: AReaL needs each engine's allocation (api/cli_args.py:1203-1209)", key,
+                              source)
+    G = int(s["cluster.n_gpus_per_node"])
+    actor = allocation(s["actor.backend"], "actor.backend", source, servers=False)
+    server = allocation(s["rollout.backend"], "rollout.backend", source, servers=True)
+    spec = s["actor.scheduling_spec"]
+    if not (isinstance(spec, list) and spec and isinstance(spec[0], dict) and spec[0].get("gpu") == 1):
+        raise ConfigError("realbench prices one GPU a worker process: scheduling_spec's first entry gpu: 1 (as AReaL's "
+                          "examples; the default 0 asks for none)", "actor.scheduling_spec", source)
+    critic = "critic.backend" in s
+    with_ref = "ref.backend" in s and float(s["actor.kl_ctl"]) > 0  # rl_trainer.py:179-181
+    roles = ["actor"] + (["critic"] if critic else []) + (["ref"] if with_ref else [])
+    strategies = {"actor": actor}
+    for role in roles[1:]:
+        if s[f"{role}.scheduling_strategy.type"] != "colocation" or s[f"{role}.scheduling_strategy.target"] != "actor":
+            raise ConfigError(f"the {role} on GPUs of its own: AReaL runs the trainer's calls one after another "
+                              "(rl_trainer.py:622-751), which realbench prices as concurrent on separate GPUs; "
+                              "colocate it with the actor (scheduling_strategy: {type: colocation, target: actor})",
+                              f"{role}.scheduling_strategy.type", source)
+        strategies[role] = allocation(s[f"{role}.backend"], f"{role}.backend", source, servers=False)
+        world = lambda a: a["d"] * a["t"] * a["p"]  # noqa: E731
+        if world(strategies[role]) != world(actor):
+            raise ConfigError(f"{s[f'{role}.backend']!r}: a role colocated with the actor has its world size "
+                              f"({world(actor)}; infra/scheduler/local.py:680-699)", f"{role}.backend", source)
+    if critic and int(s["critic.ppo_n_minibatches"]) != int(s["actor.ppo_n_minibatches"]):
+        raise ConfigError(f"{s['critic.ppo_n_minibatches']}: realbench's critic takes the actor's optimizer steps "
+                          f"(actor.ppo_n_minibatches {s['actor.ppo_n_minibatches']})", "critic.ppo_n_minibatches",
+                          source)
+    W_a = actor["d"] * actor["t"] * actor["p"]
+    instance = server["t"] * server["p"]
+    if instance > G:
+        raise ConfigError(f"{s['rollout.backend']!r}: a server of {instance} GPUs spans nodes of {G}; AReaL's single "
+                          "controller starts each on one node (cli_args.py:1949)", "rollout.backend", source)
+    meshes, nodes = place([("actor", W_a), ("rollout", server["d"] * instance)], G)
+    if "cluster.n_nodes" in given and nodes > int(s["cluster.n_nodes"]):
+        raise ConfigError(f"{s['cluster.n_nodes']}: the actor's {W_a} and the rollout's {server['d'] * instance} GPUs "
+                          f"need {nodes} nodes of {G}", "cluster.n_nodes", source)
+
+    n = int(s["gconfig.n_samples"])
+    critic_alg = "ppo" if critic else ("rloo" if s.get("actor.reward_norm.mean_leave1out") else "grpo")
+    if critic_alg != "ppo" and n < 2:
+        raise ConfigError(f"{n}: {critic_alg.upper()} compares a prompt's samples: 2 or more", "gconfig.n_samples",
+                          source)
+    max_new, max_tokens = int(s["gconfig.max_new_tokens"]), int(s["gconfig.max_tokens"])
+    if not s["train_dataset.max_length"] and max_tokens - max_new < 1:
+        raise ConfigError(f"is not set and gconfig.max_tokens ({max_tokens}) leaves no room for prompts beside "
+                          f"max_new_tokens ({max_new}): realbench prices prompts at their cap; set it",
+                          "train_dataset.max_length", source)
+    prompt_len = int(s["train_dataset.max_length"] or max_tokens - max_new)
+    gen_len = min(max_new, max_tokens - prompt_len)  # remote_inf_engine.py:810-821
+    if gen_len < 1:
+        raise ConfigError(f"{max_tokens} leaves no room for responses after prompts of train_dataset.max_length "
+                          f"{prompt_len}", "gconfig.max_tokens", source)
+    L = prompt_len + gen_len
+    prompts = int(s["train_dataset.batch_size"])
+    rows = prompts * n
+    steps = int(s["actor.ppo_n_minibatches"])
+    _even(rows, steps, "samples a step", "actor.ppo_n_minibatches", source)
+
+    def strategy(role: str, rows_per_call: int, trained: bool) -> dict:
+        a = strategies[role]
+        dp = a["d"]
+        if prompts % dp:
+            raise ConfigError(f"{prompts} prompt groups do not split evenly over {dp} data-parallel ranks "
+                              "(utils/seqpack.py:558-562)", "train_dataset.batch_size", source)
+        per_gpu = _even(rows_per_call, dp, "samples", f"{role}.backend", source)
+        megatron = a["backend"] == "megatron"
+        out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
+               "micro_batches": _micro_batches(per_gpu, L, s, role, a["p"]),
+               # (a forward keeps no activations for a backward: nothing to checkpoint)
+               "activation_checkpointing": trained and bool(s.get(f"{role}.gradient_checkpointing")),
+               "virtual_stages": int(s.get(f"{role}.megatron.virtual_pipeline_parallel_size") or 1) if megatron else 1}
+        if megatron and out["virtual_stages"] > 1 and a["p"] == 1:
+            raise ConfigError("needs a pipeline (p > 1 in the backend; api/alloc_mode.py:231-239)",
+                              f"{role}.megatron.virtual_pipeline_parallel_size", source)
+        if megatron:
+            out["zero"] = int(bool(s.get(f"{role}.megatron.ddp.use_distributed_optimizer", True))) if trained else 0
+        else:
+            out["zero"] = 3
+        return out
+
+    calls: dict[str, dict] = {"actor_train": strategy("actor", rows // steps, True)}
+    if with_ref:
+        calls["ref_inf"] = strategy("ref", rows, False)
+    if critic:
+        calls["critic_train"] = strategy("critic", rows // steps, True)
+        calls["critic_inf"] = strategy("critic", rows, False)
+    # each server decodes the sequences in flight on it at once, up to its own limit
+    per_server = _even(rows, server["d"], "samples", "rollout.backend", source)
+    in_flight = int(s["rollout.max_concurrent_rollouts"] or prompts) * n
+    limit = s[SERVER_SLOTS[server["backend"]]]
+    slots = min(math.ceil(in_flight / server["d"]), int(limit) if limit else per_server)
+    calls["actor_gen"] = {"mesh": meshes["rollout"], "dp": server["d"], "tp": server["t"], "pp": server["p"],
+                          "micro_batches": _packed(per_server, 1, slots)}
+    calls["reward_inf"] = {"mesh": meshes["rollout"], "dp": meshes["rollout"].size, "tp": 1, "pp": 1,
+                           "micro_batches": 1}
+    for c in calls.values():
+        c["mesh"] = c["mesh"].label(G)
+    actor_path = s["actor.path"]
+    models: dict[str, Any] = {"actor": {"path": actor_path}}
+    if with_ref:
+        models["ref"] = {"path": s["ref.path"]}
+    if critic:
+        models["critic"] = {"path": s["critic.path"], "value_head": True}
+    models["reward"] = {"function": REWARD}
+    scenario, plan = job_documents(
+        "areal", name, f"read from the AReaL {VERSION} experiment {Path(source).name}",
+        f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
+        gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
+        epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref)
+    return scenario, plan
+
+
+# -- a plan as an experiment YAML ---------------------------------------------------------------------
+def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
+    if scenario.algorithm not in ("ppo", "grpo", "rloo"):
+        return "scenario.algorithm", f"realbench writes AReaL's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if not isinstance(scenario.models.get("reward"), FunctionSpec):
+        return "models.reward", ("AReaL scores with a Python function in its rollout workflow (workflow/rlvr.py:95-108); "
+                                 "its trainer runs no reward model")
+    if scenario.training.num_iterations != 1:
+        return "training.num_iterations", "AReaL passes over a batch once (actor.ppo_n_minibatches optimizer steps)"
+    return None
+
+
+def _backend(name: str, s: Strategy, trained: bool) -> str:
+    """FSDP (every shard: zero 3, or one replica) or Megatron (a pipeline, or the optimizer states
+    sharded at most: zero 0 or 1) for a call's strategy."""
+    if s.pp == 1 and (s.zero == 3 or s.dp == 1):
+        return "fsdp"
+    if s.zero in (0, 1) and (trained or s.zero == 0):
+        return "megatron"
+    raise ConfigError(f"zero {s.zero}: AReaL's FSDP shards everything (zero 3) and Megatron's distributed optimizer the "
+                      "optimizer states (zero 1); its forward-only Megatron models shard nothing", f"calls.{name}.zero")
+
+
+def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, L: int) -> dict[str, Any]:
+    """An engine's settings for a call of `rows` samples a GPU (an optimizer step's, or the whole
+    batch's) of L tokens: its allocation and micro-batches packed to the tokens of one."""
+    backend = _backend(name, s, trained)
+    if backend == "megatron" and s.pp > 1 and (s.micro_batches < 2 * s.pp or s.micro_batches % s.pp):
+        raise ConfigError(f"{s.micro_batches}: AReaL's Megatron pipeline runs at least 2 x pp micro-batches, a multiple "
+                          "of pp (megatron_engine.py:2054-2070)", f"calls.{name}.micro_batches")
+    if s.virtual_stages > 1 and backend != "megatron":
+        raise ConfigError("virtual stages are Megatron's (megatron.virtual_pipeline_parallel_size)",
+                          f"calls.{name}.virtual_stages")
+    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": 1,
+           f"{role}.mb_spec.max_tokens_per_mb": rows // s.micro_batches * L,
+           f"{role}.gradient_checkpointing": s.checkpointing}
+    if backend == "megatron":
+        out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
+        if trained:
+            out[f"{role}.megatron.ddp.use_distributed_optimizer"] = s.zero == 1 or s.dp == 1
+    return out
+
+
+def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
+    """AReaL's settings (flat key -> value) for a plan, or ConfigError naming the first part of
+    it AReaL cannot run."""
+    problem = space_problem_of_scenario(scenario)
+    if problem:
+        raise ConfigError(problem[1], problem[0])
+    c, df = scenario.cluster, scenario.dataflow
+    G = c.gpus_per_node
+    A, V = options["actor_train"].mesh, options["actor_gen"].mesh
+    gen = options["actor_gen"].strategy
+    if A.start(G) < V.start(G) + V.size and V.start(G) < A.start(G) + A.size:
+        raise ConfigError("AReaL's rollout runs on GPUs of its own (colocated with the actor it needs disk weight "
+                          "updates and offloading, which realbench does not price)", "calls.actor_gen.mesh")
+    if gen.tp * gen.pp > G:
+        raise ConfigError(f"a server of {gen.tp * gen.pp} GPUs spans nodes of {G}; AReaL's single controller starts "
+                          "each on one node (cli_args.py:1949)", "calls.actor_gen.tp")
+    reward = options["reward_inf"]
+    if reward.mesh != V or reward.strategy != Strategy(V.size, 1, 1):
+        raise ConfigError("AReaL scores in its rollout workers, on the rollout's GPUs' hosts", "calls.reward_inf.mesh")
+    for name, o in options.items():
+        if name not in ("actor_gen", "reward_inf") and o.mesh != A:
+            raise ConfigError("AReaL's reference and critic are colocated with the actor (realbench prices its trainer's "
+                              "calls, which run one after another, on the actor's GPUs)", f"calls.{name}.mesh")
+        if name not in ("actor_gen", "reward_inf") and o.strategy.size != A.size:
+            raise ConfigError(f"a role colocated with the actor has its world size ({A.size}; "
+                              "infra/scheduler/local.py:680-699)", f"calls.{name}.dp")
+    g = df.call("actor_gen")
+    rows, n = g.seqs, g.group_size
+    prompts = rows // n
+    steps = df.call("actor_train").optimizer_steps
+    out: dict[str, Any] = {"cluster.n_nodes": c.nodes, "cluster.n_gpus_per_node": G,
+                           "train_dataset.batch_size": prompts, "train_dataset.max_length": g.prompt_len,
+                           "gconfig.n_samples": n, "gconfig.max_new_tokens": g.gen_len,
+                           "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
+                           "rollout.max_head_offpolicyness": df.max_staleness,
+                           "rollout.backend": allocation_string("sglang", gen.dp, gen.tp, gen.pp)}
+    L = g.prompt_len + g.gen_len
+    for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
+                                ("critic_train", "critic", True)):
+        if name in options:
+            s = options[name].strategy
+            if prompts % s.dp:
+                raise ConfigError(f"{prompts} prompt groups do not split evenly over {s.dp} data-parallel ranks "
+                                  "(utils/seqpack.py:558-562)", f"calls.{name}.dp")
+            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, L))
+    if "critic_train" in options:
+        out["critic.ppo_n_minibatches"] = steps
+    if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
+        t, i = options["critic_train"].strategy, options["critic_inf"].strategy
+        budget = out["critic.mb_spec.max_tokens_per_mb"]
+        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, L, {"c.mb_spec.max_tokens_per_mb": budget}, "c",
+                                                         t.pp), False, t.virtual_stages,
+                        3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0)
+        if (i.dp, i.tp, i.pp, i.micro_batches, i.virtual_stages, i.zero) != (want.dp, want.tp, want.pp,
+                                                                             want.micro_batches, want.virtual_stages,
+                                                                             want.zero):
+            raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
+                              f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
+    if rows % gen.dp or (rows // gen.dp) % gen.micro_batches:
+        raise ConfigError(f"{gen.micro_batches} batches do not split a server's share of {rows} samples evenly",
+                          "calls.actor_gen.micro_batches")
+    out["sglang.max_running_requests"] = rows // gen.dp // gen.micro_batches
+    out["rollout.max_concurrent_rollouts"] = prompts
+    if "ref_inf" in options:
+        beta = scenario.training.beta_for(scenario.algorithm)
+        out["actor.kl_ctl"] = beta if beta > 0 else defaults()["actor.kl_ctl"]  # (0 would build no reference)
+    else:
+        out["actor.kl_ctl"] = 0.0
+    if scenario.algorithm != "ppo":
+        out.update({"actor.reward_norm.mean_level": "group", "actor.reward_norm.group_size": n,
+                    "actor.reward_norm.std_level": "group" if scenario.algorithm == "grpo" else None,
+                    "actor.reward_norm.mean_leave1out": scenario.algorithm == "rloo"})
+    if df.max_staleness:  # the decoupled objective of asynchronous RL, as AReaL's examples run it
+        out.update({"actor.use_decoupled_loss": True, "actor.recompute_logprob": True})
+    return out
+
+
+def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """(plan key, what AReaL cannot do) for the first part of a plan outside its space, or None."""
+    return listing.problem_of(_settings, scenario, options)
+
+
+_SCHEDULING_SPEC = [{"task_type": "worker", "port_count": 2, "gpu": 1, "mem": 32,
+                     "cmd": "python3 -m areal.infra.rpc.rpc_server", "env_vars": {}}]
+_NAMES = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
+
+
+def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[str, str]) -> tuple[str, dict]:
+    """(the actor's backend, AReaL's experiment as a nested document)."""
+    flat = _settings(scenario, options)
+    for role in ("actor", "critic"):
+        if role in scenario.models and role not in model_paths:
+            raise ConfigError(f"AReaL loads a checkpoint folder: give the {role}'s (--model-path {role}=DIR)",
+                              f"models.{role}")
+    doc = _nest(flat)
+    logged = {**_NAMES, "fileroot": "${cluster.fileroot}"}
+    doc.update({"experiment_name": scenario.name, "trial_name": "trial0", "tokenizer_path": "${actor.path}",
+                "enable_offload": False, "scheduler": {"type": None},
+                "saver": dict(logged), "recover": dict(logged), "evaluator": dict(logged),
+                "stats_logger": dict(logged)})
+    # the data set is the user's: AReaL's mandatory value (???) until the launch gives it
+    doc["train_dataset"].update({"path": "???", "type": "rl"})
+    doc["rollout"].update({**_NAMES, "consumer_batch_size": "${train_dataset.batch_size}",
+                           "scheduling_spec": "${actor.scheduling_spec}", "fileroot": "${cluster.fileroot}",
+                           "tokenizer_path": "${tokenizer_path}"})
+    doc["sglang"].update({"model_path": "${actor.path}", "dtype": "${actor.dtype}"})
+    doc["actor"].update({**_NAMES, "path": model_paths["actor"], "dtype": "bfloat16",
+                         "scheduling_spec": _SCHEDULING_SPEC, "weight_update_mode": "xccl"})
+    doc["actor"].setdefault("optimizer", {"type": "adam", "lr": 1.0e-6})
+    colocated = {"scheduling_strategy": {"type": "colocation", "target": "actor"},
+                 "scheduling_spec": "${actor.scheduling_spec}", **_NAMES}
+    if "ref" in doc:
+        doc["ref"].update({**colocated, "path": model_paths.get("ref", model_paths["actor"]), "optimizer": None,
+                           "dtype": "${actor.dtype}"})
+    if "critic" in doc:
+        doc["critic"].update({**colocated, "path": model_paths["critic"], "dtype": "${actor.dtype}",
+                              "optimizer": {"type": "adam", "lr": 1.0e-6}})
+    return doc["actor"]["backend"].split(":")[0], doc
+
+
+def launch_script(config: Path, nodes: int) -> str:
+    scheduler = "local" if nodes == 1 else "ray"
+    return ("#!/usr/bin/env bash\n"
+            f"# AReaL {VERSION}: the plan realbench wrote (pip install areal=={VERSION}). Run it with your train script\n"
+            "# (AREAL_TRAIN_SCRIPT, e.g. AReaL's examples/math/gsm8k_rl.py) and your data set:\n"
+            f"#   AREAL_TRAIN_SCRIPT=gsm8k_rl.py bash {config.stem}-launch.sh train_dataset.path=openai/gsm8k\n"
+            f'{ENTRY} "$(dirname "$0")/{config.name}" scheduler.type="${{AREAL_SCHEDULER:-{scheduler}}}" "$@"\n')
+
+
+def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
+    """The experiment YAML (at `config`) and its launch script beside it (<stem>-launch.sh)."""
+    text = (f"# AReaL {VERSION} experiment: the plan realbench wrote (realbench export --format areal)\n"
+            + yaml.safe_dump(settings, sort_keys=False))
+    return [(config, text, 0o644),
+            (config.with_name(f"{config.stem}-launch.sh"), launch_script(config, settings["cluster"]["n_nodes"]), 0o755)]
+
+
+# -- AReaL's space, for a search ------------------------------------------------------------------------
+def _trainer_strategies(scenario: Scenario, size: int, roles: list[str]) -> Iterator[tuple[str, int, int, int]]:
+    """(backend, dp, tp, pp) of the actor (and the roles colocated with it, as AReaL's examples write
+    them: `${actor.backend}`) on `size` GPUs: FSDP dp x tp, Megatron dp x tp x pp."""
+    c = scenario.cluster
+    models = [scenario.models[r] for r in roles]
+    heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
+    for t in (t for t in divisors(c.gpus_per_node) if size % t == 0 and heads(t)):
+        yield "fsdp", size // t, t, 1
+        for p in (p for p in divisors(size // t) if p > 1 and all(m.n_layers % p == 0 for m in models)):
+            yield "megatron", size // t // p, t, p
+
+
+def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[int, ...]]]:
+    """Every plan AReaL can run of a scenario on its whole cluster: the rollout's GPUs (the rest
+    the actor's, the reference and critic colocated with it) x the trainer's backend and layout
+    (`${actor.backend}` for the colocated roles, as AReaL's examples) x checkpointing x micro-batch
+    counts x the servers' tensor parallel size and concurrent sequences; as per call the options
+    used and per plan a row of their indices (in the order of the dict)."""
+    problem = space_problem_of_scenario(scenario)
+    if problem:
+        raise ConfigError(problem[1], problem[0])
+    c, df = scenario.cluster, scenario.dataflow
+    N, G = c.n_devices, c.gpus_per_node
+    gen = df.call("actor_gen")
+    rows, prompts = gen.seqs, gen.seqs // gen.group_size
+    steps = df.call("actor_train").optimizer_steps
+    names = list(df.call_names)
+    trainer_calls = [n for n in names if n not in ("actor_gen", "reward_inf")]
+    roles = sorted({df.call(n).model for n in trainer_calls})
+    listed = PlanTable(names)
+    intern, options = listed.intern, listed.options
+
+    actor_model = scenario.models["actor"]
+    for R in group_sizes(c):
+        if R >= N:
+            continue
+        try:
+            meshes, nodes = place([("actor", N - R), ("rollout", R)], G)
+        except ConfigError:
+            continue
+        if nodes > c.nodes:
+            continue
+        A, V = meshes["actor"], meshes["rollout"]
+        gens = []
+        for t in (t for t in divisors(min(R, G)) if R % t == 0 and actor_model.n_heads % t == 0
+                  and actor_model.n_kv_heads % t == 0):
+            d = R // t
+            if rows % d:
+                continue
+            share = rows // d
+            gens += [Option(V, Strategy(d, t, 1, m)) for m in divisors(share) if m == 1 or m & (m - 1) == 0]
+        if not gens:
+            continue
+        scorer = intern("reward_inf", Option(V, Strategy(V.size, 1, 1)))
+        gen_k = [intern("actor_gen", g) for g in gens]
+        for backend, dp, tp, pp in _trainer_strategies(scenario, A.size, roles):
+            if prompts % dp or (rows // steps) % dp:
+                continue
+            per_step = rows // steps // dp
+            micros = [m for m in divisors(per_step) if (m & (m - 1) == 0 or m == per_step)
+                      and (pp == 1 or (m >= 2 * pp and m % pp == 0))]
+            zero = 3 if backend == "fsdp" and dp > 1 else 0
+            trained_zero = 1 if backend == "megatron" and dp > 1 else zero
+            for ckpt in (False, True):
+                for m in micros:
+                    row = {"reward_inf": scorer}
+                    for name in trainer_calls:
+                        trained = df.call(name).kind.value == "train"
+                        # a forward-only call: micro-batches of the training's size over the whole batch
+                        count = m if trained else m * steps
+                        row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
+                                                                    trained_zero if trained else zero)))
+                    first = {n: options[n][row[n]] for n in row}
+                    first["actor_gen"] = gens[0]
+                    if space_problem(scenario, first) is not None:
+                        continue
+                    for g in gen_k:
+                        row["actor_gen"] = g
+                        listed.add(row)
+    return listed.result()
+
+
+def configurations(scenario: Scenario) -> Iterator[dict[str, Option]]:
+    """The plans of `plan_table`, one dict of options each."""
+    return listing.configurations(plan_table, scenario)
+
+
+# AReaL's example for a comparable job: examples/math/gsm8k_grpo.yaml (commit a0f3dca2, the 1.0.4 wheel's
+# code): half the GPUs SGLang servers of one GPU, half the actor under FSDP, the reference and critic
+# colocated with it (`${actor.backend}`), micro-batches packed to 10,240 tokens, gradient checkpointing
+# (a model larger than the example's 1.5B: servers of the fewest GPUs that hold it, see default_plan), at
+# the scenario's staleness (the example generates two versions ahead); the default: the same on the paper's split
+# (arXiv 2505.24298 §5: three quarters of the GPUs generate)
+EXAMPLE = {"source": "AReaL examples/math/gsm8k_grpo.yaml (v1.0.4)", "settings": {"rollout_share": 0.5}}
+
+
+def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
+    """The plan of AReaL's GSM8K example layout for the scenario's job on its whole cluster: the
+    rollout's share of the GPUs (`settings` {"rollout_share": x}; default three quarters, the
+    paper's split), at the scenario's own staleness."""
+    c, df = scenario.cluster, scenario.dataflow
+    N, G = c.n_devices, c.gpus_per_node
+    gen, train = df.call("actor_gen"), df.call("actor_train")
+    share = (settings or {}).get("rollout_share", 0.75)
+
+    def placeable(r: int) -> bool:
+        try:
+            return place([("actor", N - r), ("rollout", r)], G)[1] <= c.nodes
+        except ConfigError:
+            return False
+
+    # servers of one GPU, as the example's 1.5B model; a larger model on the fewest GPUs that hold
+    # its bf16 weights in half their memory (the rest for the KV cache)
+    weights = 2 * scenario.models["actor"].n_params
+    t_min = next((t for t in divisors(G) if weights / t <= c.usable_memory_bytes / 2), G)
+    # the share, or the largest rollout under it that realbench places (whole nodes, power-of-two
+    # blocks) and whose servers split the batch evenly
+    fits = [(r, t) for r in sorted(group_sizes(c), reverse=True) if r <= N * share and r < N and placeable(r)
+            for t in divisors(G) if t >= t_min and r % t == 0 and gen.seqs % (r // t) == 0]
+    if not fits:
+        raise ConfigError(f"no rollout of AReaL's example layout splits this job's {gen.seqs} samples evenly")
+    R, t = fits[0]
+    critic, ref = "critic" in scenario.models, "ref_inf" in df.call_names
+    given: dict[str, Any] = {
+        "cluster.n_nodes": c.nodes, "cluster.n_gpus_per_node": G, "actor.backend": f"fsdp:d{N - R}",
+        "rollout.backend": f"sglang:d{R // t}t{t}", "actor.scheduling_spec": _SCHEDULING_SPEC, "actor.path": "actor",
+        "actor.gradient_checkpointing": True, "actor.mb_spec.max_tokens_per_mb": 10240,
+        "train_dataset.batch_size": gen.seqs // gen.group_size, "train_dataset.max_length": gen.prompt_len,
+        "gconfig.n_samples": gen.group_size, "gconfig.max_new_tokens": gen.gen_len,
+        "gconfig.max_tokens": gen.prompt_len + gen.gen_len, "actor.ppo_n_minibatches": train.optimizer_steps,
+        "rollout.max_head_offpolicyness": df.max_staleness, "actor.kl_ctl": 0.1 if ref else 0.0,
+        "actor.reward_norm.mean_leave1out": scenario.algorithm == "rloo"}
+    for role, present in (("ref", ref), ("critic", critic)):
+        if present:
+            given.update({f"{role}.backend": f"fsdp:d{N - R}", f"{role}.path": role,
+                          f"{role}.scheduling_strategy.type": "colocation", f"{role}.scheduling_strategy.target": "actor",
+                          f"{role}.mb_spec.max_tokens_per_mb": 10240, f"{role}.gradient_checkpointing": True})
+    settings_ = resolve(given)
+    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100")
+    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
+
+
+def job_of(scenario: Scenario) -> Scenario:
+    """The scenario's job as AReaL runs it: a reward model's score comes from the rollout workflow's
+    reward function instead (AReaL's trainer runs no reward model); otherwise the scenario."""
+    if isinstance(scenario.models.get("reward"), FunctionSpec):
+        return scenario
+    models = {**scenario.models, "reward": FunctionSpec(name="workflow_reward", functions=(REWARD,))}
+    calls = [c.model_copy(update={"kind": CallKind.FUNCTION, "lengths": None})
+             if c.model == "reward" and c.kind == CallKind.INFERENCE else c for c in scenario.dataflow.calls]
+    fields = {k: getattr(scenario, k) for k in Scenario.model_fields}
+    return Scenario.model_validate({**fields, "models": models, "dataflow": scenario.dataflow.with_calls(calls),
+                                    "engine": "areal"})

@@ -1,0 +1,155 @@
+"""Run AReaL's own configuration code on an experiment YAML, with AReaL's Python (`make engines`
+builds `.venv-areal`: areal 1.0.4 installed without its dependencies, beside the few its
+configuration modules import: torch (ours, 2.13.0: AReaL pins an older one, which its config code
+does not need), transformers, omegaconf, hydra-core, lark, uvloop, colorlog, numba). Standalone:
+the standard library and the areal package only, never realbench.
+
+    .venv-areal/bin/python realbench/engines/areal_check.py defaults
+        every setting of AReaL's PPOConfig (areal/api/cli_args.py), flat: dotted key -> default
+        (interpolations unresolved, MISSING as "???"), and the sections that are None unless a
+        YAML names them (ref, critic, actor.reward_norm, ...): realbench/engines/areal-1.0.4.json
+    .venv-areal/bin/python realbench/engines/areal_check.py validate CONFIG.yaml [...] [key=value ...]
+        CONFIG and the overrides through AReaL's loader (Hydra compose, the merge into the
+        structured PPOConfig, every __post_init__: cli_args.load_expr_config's steps without the
+        name-resolve and logging side effects), then each engine's `backend` through
+        ModelAllocation.from_str (areal/api/alloc_mode.py), as PPOTrainer parses them
+        (areal/trainer/rl_trainer.py:132-194); prints a JSON line a file: {"ok": true, "allocations":
+        {role: {backend, dp, tp, pp, cp, ep, world}}, ...} or {"ok": false, "error": "..."} (exit 1
+        if any is refused); the overrides apply to every file
+
+The package `areal` and `areal.engine` import the whole GPU stack in their __init__; they are
+replaced by bare packages over the same folders, so that `areal.api.cli_args` and
+`areal.api.alloc_mode` import as they are. `areal.utils.name_resolve` (Ray, etcd) is stubbed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from unittest import mock
+
+# run as a script, this file's folder comes first on the path: realbench's areal.py would
+# shadow the areal package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+ROLES = ("actor", "critic", "ref", "rollout")
+
+
+def _stubs() -> dict:
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("areal").submodule_search_locations[0])
+
+    def package(name: str, path: Path) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__path__ = [str(path)]
+        return m
+
+    return {"areal": package("areal", root), "areal.engine": package("areal.engine", root / "engine"),
+            "areal.engine.fsdp_utils": package("areal.engine.fsdp_utils", root / "engine" / "fsdp_utils"),
+            "areal.utils.name_resolve": mock.MagicMock()}
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and (node or not prefix):
+        out = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _allocation(backend: str, role: str) -> dict:
+    from areal.api.alloc_mode import ModelAllocation
+
+    a = ModelAllocation.from_str(backend, name=role)
+    p = a.parallel
+    return {"backend": a.backend, "dp": p.data_parallel_size, "tp": p.tensor_parallel_size,
+            "pp": p.pipeline_parallel_size, "cp": p.context_parallel_size, "ep": p.expert_parallel_size,
+            "world": p.world_size, "string": str(a)}
+
+
+def _optional_sections(cls, prefix: str = "") -> dict[str, type]:
+    """Settings that are a dataclass or None, None by default (`ref`, `critic`,
+    `actor.reward_norm`, ...): dotted key -> the dataclass a YAML that names them fills in."""
+    import dataclasses
+    import typing
+
+    out: dict[str, type] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner = [a for a in typing.get_args(hints[f.name]) or (hints[f.name],) if dataclasses.is_dataclass(a)]
+        if not inner:
+            continue
+        if f.default is None:
+            out[prefix + f.name] = inner[0]
+        out.update(_optional_sections(inner[0], f"{prefix}{f.name}."))
+    return out
+
+
+def defaults() -> dict:
+    """{"keys": every setting, flat, with its default; "sections": the dotted keys of the
+    settings that are None unless given (their own keys are listed under them)}."""
+    from importlib.metadata import version
+
+    with mock.patch.dict(sys.modules, _stubs()):
+        from omegaconf import OmegaConf
+
+        from areal.api import cli_args
+
+        keys = _flat(OmegaConf.to_container(OmegaConf.structured(cli_args.PPOConfig), resolve=False))
+        sections = _optional_sections(cli_args.PPOConfig)
+        for key, cls in sections.items():
+            keys.pop(key, None)
+            keys.update(_flat(OmegaConf.to_container(OmegaConf.structured(cls), resolve=False), f"{key}."))
+        for key in sections:  # (a section inside another: its keys stay, the key itself is not a leaf)
+            keys.pop(key, None)
+    return {"areal": version("areal"), "keys": dict(sorted(keys.items())), "sections": sorted(sections)}
+
+
+def validate(config: str, overrides: list[str]) -> dict:
+    """(Inside `_stubs()`: AReaL's modules import once a process.)"""
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        from omegaconf import OmegaConf
+
+        from areal.api import cli_args
+
+        cfg, _ = cli_args.parse_cli_args(["--config", config, *overrides])
+        cfg = OmegaConf.to_object(cli_args.to_structured_cfg(cfg, cli_args.PPOConfig))
+        allocations = {role: _allocation(getattr(cfg, role).backend, role)
+                       for role in ROLES if getattr(cfg, role, None) is not None}
+    return {"ok": True, "allocations": allocations,
+            "kl_ctl": cfg.actor.kl_ctl, "batch_size": cfg.train_dataset.batch_size,
+            "n_samples": cfg.gconfig.n_samples, "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
+            "ppo_n_minibatches": cfg.actor.ppo_n_minibatches, "n_gpus_per_node": cfg.cluster.n_gpus_per_node,
+            "n_nodes": cfg.cluster.n_nodes}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["defaults"]:
+        print(json.dumps(defaults(), sort_keys=True, default=str))
+        return 0
+    if argv[:1] == ["validate"] and len(argv) >= 2:
+        # several files share one import of AReaL (seconds): each its own line, overrides for all
+        configs = [a for a in argv[1:] if "=" not in a]
+        overrides = [a for a in argv[1:] if "=" in a]
+        status = 0
+        with mock.patch.dict(sys.modules, _stubs()):
+            for config in configs:
+                try:
+                    print(json.dumps(validate(config, overrides)))
+                except Exception as e:  # AReaL's own refusal, whatever its type: reported as one line
+                    text = f"{type(e).__name__}: {e}".strip().splitlines()
+                    print(json.dumps({"ok": False, "error": text[0] if text else type(e).__name__}))
+                    status = 1
+        return status
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

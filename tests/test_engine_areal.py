@@ -1,0 +1,365 @@
+"""AReaL 1.0.4's experiment YAMLs read into plans, plans written as its experiments, and what
+realbench writes checked by AReaL's own loader, config classes and allocation parser in its own
+environment (`make engines`: .venv-areal)."""
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from realbench.engines import areal
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = Path(os.environ.get("REALBENCH_AREAL_PYTHON", ROOT / ".venv-areal" / "bin" / "python"))
+CHECK = ROOT / "realbench" / "engines" / "areal_check.py"
+
+# AReaL's examples/math/gsm8k_grpo.yaml as a user runs it (the keys that place and size the job, and
+# some that do not: names, the optimizer, the loss's settings), on a local checkpoint
+GSM8K_GRPO = """\
+experiment_name: gsm8k-grpo
+trial_name: trial0
+seed: 1
+enable_offload: false
+total_train_epochs: 10
+tokenizer_path: ${actor.path}
+cluster:
+  n_nodes: 1
+  n_gpus_per_node: 8
+  fileroot: /tmp/areal/experiments
+scheduler:
+  type: null
+rollout:
+  backend: "sglang:d4p1t1"
+  experiment_name: ${experiment_name}
+  trial_name: ${trial_name}
+  max_concurrent_rollouts: 256
+  consumer_batch_size: ${train_dataset.batch_size}
+  max_head_offpolicyness: 2
+  scheduling_spec: ${actor.scheduling_spec}
+gconfig:
+  n_samples: 4
+  max_new_tokens: 1024
+  max_tokens: 2048
+  temperature: 1.0
+actor:
+  backend: "fsdp:d4p1t1"
+  experiment_name: ${experiment_name}
+  trial_name: ${trial_name}
+  path: ckpt
+  gradient_checkpointing: true
+  dtype: bfloat16
+  mb_spec:
+    max_tokens_per_mb: 10240
+  optimizer:
+    type: adam
+    lr: 1.70e-5
+  eps_clip: 0.4
+  kl_ctl: 0.0
+  ppo_n_minibatches: 1
+  recompute_logprob: true
+  use_decoupled_loss: true
+  rejection_sampling:
+    metric: ratio
+    upper: 5.0
+  reward_norm:
+    mean_level: group
+    std_level: group
+    group_size: ${gconfig.n_samples}
+  scheduling_spec:
+    - task_type: worker
+      port_count: 2
+      gpu: 1
+      mem: 32
+      cmd: python3 -m areal.infra.rpc.rpc_server
+ref:
+  backend: ${actor.backend}
+  experiment_name: ${experiment_name}
+  trial_name: ${trial_name}
+  path: ${actor.path}
+  optimizer: null
+  mb_spec:
+    max_tokens_per_mb: 10240
+  scheduling_strategy:
+    type: colocation
+    target: actor
+  scheduling_spec: ${actor.scheduling_spec}
+sglang:
+  model_path: ${actor.path}
+  context_length: 32768
+  mem_fraction_static: 0.8
+train_dataset:
+  batch_size: 256
+  path: openai/gsm8k
+  type: rl
+  max_length: 1024
+saver:
+  experiment_name: ${experiment_name}
+  trial_name: ${trial_name}
+  fileroot: ${cluster.fileroot}
+"""
+
+# its PPO sibling (examples/math/gsm8k_ppo_megatron.yaml's shape): a critic with the actor's Megatron
+# allocation, colocated, two optimizer steps, a reference (kl_ctl > 0), generation in step (η 0)
+PPO_MEGATRON = GSM8K_GRPO.replace('"fsdp:d4p1t1"', '"megatron:d2p2t1"').replace("ppo_n_minibatches: 1",
+                                                                                "ppo_n_minibatches: 2") \
+    .replace("kl_ctl: 0.0", "kl_ctl: 0.05").replace("max_head_offpolicyness: 2", "max_head_offpolicyness: 0") \
+    .replace("  reward_norm:\n    mean_level: group\n    std_level: group\n    group_size: ${gconfig.n_samples}\n", "") \
+    + """critic:
+  backend: ${actor.backend}
+  is_critic: true
+  experiment_name: ${experiment_name}
+  trial_name: ${trial_name}
+  path: ${actor.path}
+  ppo_n_minibatches: ${actor.ppo_n_minibatches}
+  mb_spec:
+    max_tokens_per_mb: 10240
+  optimizer: ${actor.optimizer}
+  scheduling_strategy:
+    type: colocation
+    target: actor
+  scheduling_spec: ${actor.scheduling_spec}
+"""
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A user's AReaL job folder: a checkpoint and two experiment YAMLs."""
+    from realbench.examples import save_model
+
+    folder = tmp_path_factory.mktemp("my areal job")
+    save_model(folder / "ckpt")
+    (folder / "gsm8k grpo.yaml").write_text(GSM8K_GRPO)
+    (folder / "ppo_megatron.yaml").write_text(PPO_MEGATRON)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _keep_cwd():
+    here = os.getcwd()
+    yield
+    os.chdir(here)
+
+
+def areal_check(*args) -> list[dict]:
+    assert PYTHON.is_file(), f"AReaL's environment is missing: run `make engines` ({PYTHON})"
+    done = subprocess.run([str(PYTHON), str(CHECK), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return [json.loads(line) for line in done.stdout.strip().splitlines()]
+
+
+def imported(cli, job, config, *overrides, out="plans", name=None):
+    os.chdir(job)
+    code, stdout, err = cli("import", "areal", config, *overrides, "--out", out, "--json",
+                            *(("--name", name) if name else ()), "--force")
+    assert code == 0, err
+    result = json.loads(stdout)
+    return result, yaml.safe_load(Path(result["plan"]).read_text()), yaml.safe_load(Path(result["scenario"]).read_text())
+
+
+def test_the_settings_table_is_areals_own_config_classes():
+    """realbench checks AReaL experiments against areal-1.0.4.json; the installed AReaL's PPOConfig
+    declares exactly those settings with those defaults (and the same optional sections)."""
+    assert areal_check("defaults") == [json.loads(areal.TABLE.read_text())]
+
+
+def test_the_gsm8k_example_reads_into_separate_rollout_and_trainer_gpus(cli, job):
+    result, plan, scenario = imported(cli, job, "gsm8k grpo.yaml", name="gsm8k")
+    calls = plan["calls"]
+    # AReaL places the actor first, then the rollout: four GPUs each of one node
+    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 1}
+    # 256 prompts x 4 samples over 4 GPUs, one optimizer step: 256 rows of 2048 tokens a GPU packed to
+    # 10,240 tokens: ceil(256 x 2048 / 10240) = 52 micro-batches, the fewest even splits at least as many: 64
+    assert calls["actor_train"] == {"mesh": "n0:0-3", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 64,
+                                    "activation_checkpointing": True, "zero": 3}
+    # the reward: the rollout workers' function, on the rollout's GPUs; kl_ctl 0: no reference at all
+    assert calls["reward_inf"]["mesh"] == "n0:4-7" and "ref_inf" not in calls
+    assert scenario["models"]["reward"] == {"function": areal.REWARD} and "ref" not in scenario["models"]
+    assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 256, "prompt_len": 1024, "gen_len": 1024,
+                                    "minibatches": 1, "group_size": 4, "with_ref": False, "max_staleness": 2}
+    assert plan["max_staleness"] == 2 and scenario["engine"] == "areal"
+    assert scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
+    assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(areal.PRICING_GAPS)
+
+
+def test_a_megatron_ppo_with_critic_and_reference_reads_as_areal_runs_it(cli, job):
+    _, plan, scenario = imported(cli, job, "ppo_megatron.yaml", name="ppo")
+    calls = plan["calls"]
+    # megatron:d2p2t1: the distributed optimizer (zero 1) on the trained models; 256 x 4 / 2 steps / 2 dp
+    # = 256 rows a step a GPU: 64 micro-batches (as above, at least 2 pp and a multiple of pp)
+    assert calls["actor_train"] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 2, "micro_batches": 64,
+                                    "activation_checkpointing": True, "zero": 1}
+    assert calls["critic_train"]["zero"] == 1 and calls["critic_train"]["micro_batches"] == 64
+    # the forwards over the whole batch (512 rows a GPU) with the same token budget: 128 micro-batches
+    for name in ("ref_inf", "critic_inf"):
+        assert calls[name] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 2, "micro_batches": 128}, name
+    assert scenario["dataflow"]["algorithm"] == "ppo" and scenario["dataflow"]["group_size"] == 4
+    # without a token budget the reference runs n_mbs (1) micro-batches, which Megatron's pipeline
+    # raises to 2 x pp
+    _, plan, _ = imported(cli, job, "ppo_megatron.yaml", "ref.mb_spec.max_tokens_per_mb=null", name="ppo-n-mbs")
+    assert plan["calls"]["ref_inf"]["micro_batches"] == 4
+    assert "with_ref" not in scenario["dataflow"] and "max_staleness" not in scenario["dataflow"]
+    assert scenario["models"]["critic"]["value_head"] is True
+
+
+def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
+    """The imported plans (written by `export --format areal`) and random plans of AReaL's space (the
+    search's list, written by the same writer): AReaL's loader, config classes and allocation parser
+    accept every one (given the data set, which is the user's), and each reads back to the same plan
+    and estimate."""
+    from realbench.cost import Estimator
+    from realbench.plan.plan import plan_from_document, resolve_plan
+    from realbench.plan.scenario import load_scenario
+
+    os.chdir(job)
+    cases = []  # (written config, the scenario, the plan's options)
+    for config, name in (("gsm8k grpo.yaml", "grpo"), ("ppo_megatron.yaml", "ppo")):
+        first, plan_doc, _ = imported(cli, job, config, out="first", name=name)
+        scenario = load_scenario(first["scenario"])
+        out = job / "exported" / f"{name} areal.yaml"
+        out.parent.mkdir(exist_ok=True)
+        code, _, err = cli("export", "--plan", first["plan"], "--format", "areal", "--out", out, "--model-path",
+                           "actor=ckpt", "--model-path", "critic=ckpt", "--force")
+        assert code == 0, err
+        assert os.access(out.with_name(f"{out.stem}-launch.sh"), os.X_OK)
+        cases.append((out, scenario, resolve_plan(plan_from_document(plan_doc), scenario)))
+        table = list(areal.configurations(scenario))
+        assert len(table) > 100
+        for k, options in enumerate(random.Random(0).sample(table, 3)):
+            backend, settings = areal.to_config(scenario, options, {"actor": "ckpt", "critic": "ckpt"})
+            path = job / "exported" / f"{name}-random-{k}.yaml"
+            for file, text, _ in areal.config_files(path, backend, settings):
+                file.write_text(text)
+            cases.append((path, scenario, options))
+    checked = areal_check("validate", *(c[0] for c in cases), "train_dataset.path=openai/gsm8k")
+    assert len(checked) == len(cases) and all(c["ok"] for c in checked), checked
+    backends = set()
+    for (path, scenario, options), c in zip(cases, checked):
+        again, plan_again, _ = imported(cli, job, path, out="again", name=path.stem)
+        G = scenario.cluster.gpus_per_node
+        back = resolve_plan(plan_from_document(plan_again), load_scenario(again["scenario"]))
+        assert {n: o.label(G) for n, o in back.items()} == {n: o.label(G) for n, o in options.items()}, path
+        assert plan_again.get("max_staleness", 0) == scenario.dataflow.max_staleness
+        est = Estimator(scenario)
+        assert again["time_per_iter_s"] == pytest.approx(est.estimate(est.choice_of(options)).time_per_iter_s,
+                                                         rel=1e-9)
+        # AReaL's own parse of what realbench wrote names the actor's layout
+        a = options["actor_train"].strategy
+        assert (c["allocations"]["actor"]["dp"], c["allocations"]["actor"]["tp"],
+                c["allocations"]["actor"]["pp"]) == (a.dp, a.tp, a.pp)
+        backends.add(c["allocations"]["actor"]["backend"])
+    assert backends == {"fsdp", "megatron"}
+
+
+def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cli, job):
+    os.chdir(job)
+    first, _, _ = imported(cli, job, "gsm8k grpo.yaml", out="first", name="grpo")
+    out = job / "no data" / "grpo.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "areal", "--out", out, "--model-path",
+                       "actor=ckpt", "--force")
+    assert code == 0, err
+    assert "train_dataset.path=" in out.with_name("grpo-launch.sh").read_text()
+    (checked,) = areal_check("validate", out)
+    assert not checked["ok"] and "TrainDatasetConfig" in checked["error"] and "path" in checked["error"], checked
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (["actor.backnd=fsdp:d4"], "actor.backnd", "did you mean 'actor.backend'"),
+    (["actor.backend=archon:d4"], "actor.backend", "archon"),
+    (["actor.backend=fsdp:d2c2"], "actor.backend", "context parallelism"),
+    (["actor.backend=fsdp:d2p2"], "actor.backend", "no pipeline"),
+    (["rollout.backend=sglang.d4"], "rollout.backend", "not an allocation AReaL parses"),
+    (["actor.backend=megatron:(attn:d4|ffn:e4)"], "actor.backend", "MoE"),
+    (["actor.kl_ctl=0.1", "ref.scheduling_strategy.type=separation"], "ref.scheduling_strategy.type",
+     "one after another"),
+    (["actor.kl_ctl=0.1", "ref.backend=fsdp:d2"], "ref.backend", "world size"),
+    (["rollout.scheduling_strategy.type=colocation"], "rollout.scheduling_strategy.type", "does not price"),
+    (["actor.offload=true"], "actor.offload", "does not price"),
+    (["actor.use_lora=true"], "actor.use_lora", "does not price"),
+    (["actor.path=Qwen/Qwen2.5-1.5B-Instruct"], "actor.path", "not a checkpoint folder"),
+    (["train_dataset.batch_size=6"], "train_dataset.batch_size", "evenly"),
+    (["rollout.backend=sglang:d1t16"], "rollout.backend", "spans nodes"),
+    (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
+    (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
+      "critic.scheduling_strategy.target=actor"], "critic.ppo_n_minibatches", "the actor's optimizer steps"),
+])
+def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
+    os.chdir(job)
+    code, _, err = cli("import", "areal", "gsm8k grpo.yaml", *overrides, "--out", "refused", "--force")
+    assert code == 2 and err.count("\n") == 1, err
+    assert key in err and says in err, err
+    assert not (job / "refused").exists()
+
+
+def test_areals_own_code_refuses_what_realbench_refuses_and_accepts_the_reference(cli, job):
+    """The allocation rules realbench checks are AReaL's: its parser refuses the same strings; a
+    reference with kl_ctl > 0 is read as AReaL builds it (rl_trainer.py:179-181)."""
+    os.chdir(job)
+    checked = areal_check("validate", "gsm8k grpo.yaml", "actor.backend=fsdp:d2p2")
+    assert not checked[0]["ok"], checked
+    _, plan, scenario = imported(cli, job, "gsm8k grpo.yaml", "actor.kl_ctl=0.1", name="with-ref")
+    assert plan["calls"]["ref_inf"]["mesh"] == plan["calls"]["actor_train"]["mesh"]
+    assert scenario["models"]["ref"]["path"] == scenario["models"]["actor"]["path"]
+
+
+def test_search_inside_areal_reports_its_best_beside_the_imported_configuration(cli, job):
+    result, _, _ = imported(cli, job, "ppo_megatron.yaml", name="search-me")
+    code, out, err = cli("search", "--scenario", result["scenario"], "--engine", "areal", "--plan", result["plan"],
+                         "--method", "mcmc", "--time-budget", "2", "--seed", "0", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["engine"] == "areal" and found["best_time_s"] <= result["time_per_iter_s"] * (1 + 1e-9)
+
+
+def test_a_servers_concurrent_sequences_set_its_decode_batches(cli, job):
+    """Each SGLang server decodes the sequences in flight on it at once: the prompt groups in flight
+    (rollout.max_concurrent_rollouts x n_samples) spread over its 4 servers, up to the server's own
+    max_running_requests. 1024 samples, 256 a server: 32 groups in flight = 32 sequences a server,
+    8 batches; capped at 16 a server, 16 batches."""
+    _, plan, _ = imported(cli, job, "gsm8k grpo.yaml", "rollout.max_concurrent_rollouts=32", name="slots")
+    assert plan["calls"]["actor_gen"]["micro_batches"] == 8
+    _, plan, _ = imported(cli, job, "gsm8k grpo.yaml", "rollout.max_concurrent_rollouts=32",
+                          "sglang.max_running_requests=16", name="slots")
+    assert plan["calls"]["actor_gen"]["micro_batches"] == 16
+
+
+def test_the_weights_reach_the_servers_as_areal_sends_them(cli, job):
+    """AReaL's xccl update: the FSDP shards gathered, then the whole bf16 model from the trainer's
+    first GPU to every server GPU (realbench.cost.realloc.broadcast_times), not realbench's own
+    reshard between layouts (which sends each server GPU its tensor-parallel half)."""
+    import numpy as np
+
+    from realbench.cost.realloc import Layouts, broadcast_times, realloc_times
+    from realbench.plan.scenario import load_scenario
+
+    result, _, _ = imported(cli, job, "gsm8k grpo.yaml", "rollout.backend=sglang:d2t2", name="sync")
+    scenario = load_scenario(result["scenario"])
+    lay = lambda start, size, tp, zero: Layouts(*(np.array([x]) for x in (start, size, tp, 1, zero)))  # noqa: E731
+    args = (scenario.models["actor"], scenario.cluster, lay(0, 4, 1, 3), lay(4, 4, 2, 0))
+    sent = result["calls"]["actor_gen"]["realloc_s"]
+    assert sent == pytest.approx(broadcast_times(*args)[0], rel=1e-9)
+    assert sent != pytest.approx(realloc_times(*args)[0], rel=1e-3)
+
+
+def test_the_workbench_opens_an_areal_experiment_and_writes_the_plan_shown(job):
+    """The Engine tab: the experiment's scenario into the dataflow editor, the plan AReaL runs into
+    the viewer; the plan written back as an AReaL experiment passes AReaL's loader (with the data set
+    the launch gives); an unknown key is shown inline."""
+    from realbench.widgets import Workbench
+
+    os.chdir(job)
+    wb = Workbench("ppo-tiny-cpu", budget_s=1)
+    e = wb.engine
+    e.engine_box.value, e.file_box.value, e.out_box.value = "areal", "gsm8k grpo.yaml", "from the lab"
+    assert e.open(), e.status.value
+    assert wb.editor.scenario.engine == "areal" and wb.viewer.options["actor_gen"].mesh.label(8) == "n0:4-7"
+    assert "areal configuration gsm8k grpo.yaml" in wb.viewer.title.value
+    e.export_box.value = "from the lab/grpo areal.yaml"
+    assert e.write(), e.status.value
+    (checked,) = areal_check("validate", job / "from the lab" / "grpo areal.yaml", "train_dataset.path=openai/gsm8k")
+    assert checked["ok"], checked
+    e.overrides_box.value, e.overwrite_box.value = "rollout.max_head_offpolicynes=1", True
+    assert not e.open() and "did you mean &#x27;rollout.max_head_offpolicyness&#x27;" in e.status.value
