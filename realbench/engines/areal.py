@@ -70,7 +70,7 @@ from realbench.dataflow import CallKind
 from realbench.engines import listing
 from realbench.engines.documents import job_documents
 from realbench.engines.listing import PlanTable, group_sizes
-from realbench.engines.openrlhf import _even, place
+from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _packed
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
@@ -263,14 +263,12 @@ def allocation_string(backend: str, dp: int, tp: int, pp: int) -> str:
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------
-def _micro_batches(rows: int, L: int, s: dict, role: str, pp: int) -> int:
-    """A GPU's micro-batches for `rows` of L tokens under `role`'s mb_spec: at least n_mbs, packed
+def _micro_batches(rows: int, L: int, n_mbs: Optional[int], budget: Optional[int], pp: int) -> int:
+    """A GPU's micro-batches for `rows` of L tokens under an mb_spec: at least n_mbs, packed
     to max_tokens_per_mb (split_padded_tensor_dict_into_mb_list, utils/data.py:696-760; unset: no
     budget), a Megatron pipeline at least 2 pp and a multiple
     of pp (megatron_engine.py:2054-2070); the fewest even splits of the rows at least as many."""
-    n = int(s.get(f"{role}.mb_spec.n_mbs") or 1)
-    budget = s.get(f"{role}.mb_spec.max_tokens_per_mb")
-    m = max(n, _packed(rows, L, int(budget)) if budget else 1)
+    m = max(int(n_mbs or 1), _packed(rows, L, int(budget)) if budget else 1)
     if pp > 1:
         m = max(m, 2 * pp)
         m = math.ceil(m / pp) * pp
@@ -351,7 +349,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         per_gpu = _even(rows_per_call, dp, "samples", f"{role}.backend", source)
         megatron = a["backend"] == "megatron"
         out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
-               "micro_batches": _micro_batches(per_gpu, L, s, role, a["p"]),
+               "micro_batches": _micro_batches(per_gpu, L, s.get(f"{role}.mb_spec.n_mbs"),
+                                               s.get(f"{role}.mb_spec.max_tokens_per_mb"), a["p"]),
                # (a forward keeps no activations for a backward: nothing to checkpoint)
                "activation_checkpointing": trained and bool(s.get(f"{role}.gradient_checkpointing")),
                "virtual_stages": int(s.get(f"{role}.megatron.virtual_pipeline_parallel_size") or 1) if megatron else 1}
@@ -449,7 +448,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     G = c.gpus_per_node
     A, V = options["actor_train"].mesh, options["actor_gen"].mesh
     gen = options["actor_gen"].strategy
-    if A.start(G) < V.start(G) + V.size and V.start(G) < A.start(G) + A.size:
+    if not _disjoint([A, V], G):
         raise ConfigError("AReaL's rollout runs on GPUs of its own (colocated with the actor it needs disk weight "
                           "updates and offloading, which realbench does not price)", "calls.actor_gen.mesh")
     if gen.tp * gen.pp > G:
@@ -488,13 +487,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         out["critic.ppo_n_minibatches"] = steps
     if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
         t, i = options["critic_train"].strategy, options["critic_inf"].strategy
-        budget = out["critic.mb_spec.max_tokens_per_mb"]
-        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, L, {"c.mb_spec.max_tokens_per_mb": budget}, "c",
+        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, L, 1, out["critic.mb_spec.max_tokens_per_mb"],
                                                          t.pp), False, t.virtual_stages,
                         3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0)
-        if (i.dp, i.tp, i.pp, i.micro_batches, i.virtual_stages, i.zero) != (want.dp, want.tp, want.pp,
-                                                                             want.micro_batches, want.virtual_stages,
-                                                                             want.zero):
+        if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
                               f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
     if rows % gen.dp or (rows // gen.dp) % gen.micro_batches:
