@@ -367,10 +367,12 @@ def test_reward_functions_written_for_trl_run_unchanged(cli, tmp_path, ckpt):
 def test_in_bf16_the_first_update_has_ratio_one_and_the_step_0_kl_is_0():
     """The policy and the reference are the same weights at step 0 and share a layout here: the
     KL to the reference, the k3 penalty and the clipped fraction are exactly 0 and the policy loss
-    is -mean(advantage), the ratio being exactly 1. The generation's own log-probabilities
-    differ from the training forward's in bf16 (the KV-cached decode rounds otherwise: the causal
-    forward over whole sequences and the one-token steps take other kernels), which is why the
-    update does not use them."""
+    is -mean(advantage), the ratio being exactly 1. The generation's own log-probabilities may
+    differ from the training forward's in bf16 (a KV-cached decode can round otherwise: the
+    causal forward over whole sequences and one-token steps may take other kernels; the micro-
+    batched loop's did, by up to 0.01 here, the rollout engine's masked attention over its
+    preallocated cache rounds as the training forward does on this CPU), which is why the update
+    takes the training forward's."""
     doc = dict(BUILTIN["grpo-tiny-cpu"])
     doc["dataflow"] = {**doc["dataflow"], "minibatches": 1}
     s = Scenario.model_validate(doc)
@@ -385,7 +387,7 @@ def test_in_bf16_the_first_update_has_ratio_one_and_the_step_0_kl_is_0():
     with torch.no_grad():
         y = fresh.masters[ti].forward([w.data[ti]["seqs"]])[0]
     gap = w.algorithm.token_logprobs(y, w.data[ti]["seqs"], 8) - w.data[ti]["logprobs"]
-    assert float(gap.abs().max()) > 1e-3  # what the ratio's denominator was before
+    assert float(gap.abs().max()) < 1e-2  # the same tokens' probabilities, to bf16's rounding
 
 
 def test_later_optimizer_steps_take_the_behaviour_log_probabilities_of_the_weights_before_the_update(tmp_path, ckpt):

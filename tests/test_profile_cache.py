@@ -71,14 +71,16 @@ def test_a_cpu_scenario_is_costed_with_this_machines_profile_measured_once(cli, 
     ("cores", 977, "cores 977"),
     ("processes", 3, "processes 3"),
     ("torch", "1.0.0", "torch '1.0.0'"),
+    # measured before generation ran by continuous batching: its whole calls are another runtime's
+    ("calls", "1", "whole calls measured by runtime version '1'"),
 ])
 def test_a_cached_profile_of_another_machine_is_refused_and_measured_again(own_cache, machine_profile_cache,
                                                                              monkeypatch, field, value, said):
     path = seeded(machine_profile_cache)
     real = machine_profile(2, [get_model("llama-tiny")])  # this machine's: used as it is
     doc = json.loads(path.read_text())
-    if field == "torch":
-        doc["versions"]["torch"] = value
+    if field in ("torch", "calls"):
+        doc["versions"][field] = value
     else:
         doc["device"][field] = value
     path.write_text(json.dumps(doc))

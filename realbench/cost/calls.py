@@ -44,7 +44,11 @@ the output gradient and the inputs, writes the input gradients), as it does twic
     m >= 2 pp (realbench.plan.pipeline.activations_in_flight).
   * function (reward functions): `seconds_per_sample` per response and function, split over dp
     processes.
-  * generate: prefill of the prompt like inference, then gen_len decode steps. A decode step
+  * generate without pipeline parallelism: continuous batching (realbench.runtime.rollout), a
+    replica's rows through ceil(rows / m) decode slots; the decode steps are the expected
+    makespan of the rows' lengths over the slots (realbench.dataflow.lengths.continuous_makespan),
+    each step computing every slot; the KV cache holds every slot at the full width.
+  * generate on a pipeline: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
     small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
     costs max(m, pp) stage slots: when m < pp the pipeline has bubbles on every decode step.
@@ -54,8 +58,9 @@ master copy 16 per parameter (bf16 weights and grads, fp32 master weights and tw
 moments), less where a strategy shards them over data parallelism (`zero`, ZeRO / FSDP:
 realbench.cost.sharding, which also prices their collectives); activations of the micro-batches in flight on the first stage (min(m, pp) in 1F1B, see above), taken as
 t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
-attention); fp32 logits of a micro-batch; and for generation the KV cache of the whole
-per-device batch, 2 x kv_heads x head_dim bf16 values per token per layer.
+attention); fp32 logits of a micro-batch; and for generation the KV cache, 2 x kv_heads x
+head_dim bf16 values per token per layer: the decode slots at the full width (continuous
+batching), or the rows alive of the whole per-device batch (a pipeline's micro-batched loop).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Option
+from realbench.plan.options import decode_slots
 from realbench.plan.pipeline import activations_in_flight
 
 BF16 = 2
@@ -242,6 +248,30 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 
+def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> CallCost:
+    """Generation by continuous batching (pp = 1, realbench.runtime.rollout): the replica's rows
+    through `decode_slots` slots, `continuous_schedule`'s decode steps, each computing its slots
+    (all of them until the slots drain) against the prompt plus a slot row's mean age, and its
+    batched prefills; the KV cache is preallocated for every slot at the full width."""
+    from realbench.dataflow.lengths import continuous_schedule
+
+    s = option.strategy
+    tp, layers, P = s.tp, model.n_layers, call.prompt_len
+    slots = decode_slots(call, option)
+    plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / s.dp, slots,
+                               call.sync_steps, call.gen_len)
+    g = plan.prefill_rows
+    prefill = layers * _layer_forward(cluster, model, tp, g * P, P) + _head_forward(cluster, model, tp, g)
+    layer_step, head = _decode_step(cluster, model, tp, plan.rows, P + plan.age)
+    compute = plan.prefills * prefill + plan.steps * (layers * layer_step + head)
+    tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
+               + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
+    weights = shard_params(model, tp, 1) * BF16
+    kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
+    working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)
+    return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights), int(working))
+
+
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
         t = call.seqs / option.strategy.dp * model.seconds_per_sample * len(model.functions)
@@ -253,6 +283,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     slots = m + pp - 1
     p2p_cross = stage_boundary_spans_nodes(cluster, option)
 
+    if call.kind == CallKind.GENERATE and pp == 1:
+        return _continuous_generate(call, model, cluster, option)
     if call.kind == CallKind.GENERATE:
         b = call.seqs / dp / m  # sequences per micro-batch
         # prefill: the prompt, pipelined like inference

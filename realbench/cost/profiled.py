@@ -18,7 +18,9 @@ seconds of operation X; p2p(B) of B bytes.
                   the pipeline of fwd_bwd (plus loss.fwd_bwd on the last stage, two p2p per
                   boundary), then per stage: one all-reduce of all gradients (a flat buffer)
                   over dp and Adam (fixed + per tensor + per parameter); the slowest stage decides
-  generate        micro-batches pipelined as the runtime does (slots (token, micro-batch) in
+  generate        without a pipeline, continuous batching as the runtime does it: the batched
+                  prefills, then the expected decode steps of every slot (realbench.cost.calls);
+                  on a pipeline, micro-batches pipelined as the runtime does (slots (token, micro-batch) in
                   order on every stage; the last stage samples and returns the token to the
                   first): the prefill pipeline sum_j P_j + (m - 1) max_j P_j, then per generated
                   token after the first max(m * max_j D_j, sum_j D_j + p2p(token)), with D_j the
@@ -164,6 +166,21 @@ def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile,
                 loop_back = p2p(rows * 8) if pp > 1 else 0.0  # the sampled tokens, back to the first stage
                 return max(running * m * max(per), any_running * (sum(per) + loop_back))
 
+            if pp == 1:  # continuous batching (realbench.cost.calls._continuous_generate)
+                from realbench.plan.options import decode_slots
+                from realbench.dataflow.lengths import continuous_schedule
+
+                plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / dp,
+                                           decode_slots(call, option),
+                                           call.sync_steps, G)
+                g = plan.prefill_rows
+                pre = op("embed.fwd", g, P) + layers[0] * op("block.fwd", g, P) + op(f"{head}.fwd", g, 1) \
+                    + op("sample", g, 1)
+                if call.lengths is None:  # each wave decodes from the prompt to the cap
+                    steps = plan.steps / max(G - 1, 1) * sum(decode(0, P + t, plan.rows) for t in range(1, G))
+                else:
+                    steps = plan.steps * decode(0, P + plan.age, plan.rows)
+                return plan.prefills * pre + steps + plan.steps * op("sample", plan.rows, 1)
             total = pipeline(prefill) + m * op("sample", b, 1)
             if call.lengths is None:
                 total += sum(step(t) for t in range(1, G))

@@ -21,6 +21,9 @@ class CallKind(str, Enum):
     FUNCTION = "function"  # a Python function (a reward function) rather than a model
 
 
+SYNC_EVERY = 4  # a generation call's default sync_every
+
+
 class CallDef(FileModel):
     """One model function call.
 
@@ -50,9 +53,19 @@ class CallDef(FileModel):
     # `lengths.max` positions each row pads to the cap (the runtime trims a micro-batch to its
     # longest row; see `width`)
     lengths: Optional[LengthDistribution] = None
+    # generate, continuous batching (realbench.runtime.rollout): decode steps between the host's
+    # reads of which rows ended, and between refills of the freed slots (each waits for the next);
+    # None: SYNC_EVERY (`sync_steps`)
+    sync_every: Optional[int] = Field(default=None, ge=1)
+
+    @property
+    def sync_steps(self) -> int:
+        return self.sync_every or SYNC_EVERY
 
     @model_validator(mode="after")
     def _check(self) -> "CallDef":
+        if self.sync_every is not None and self.kind != CallKind.GENERATE:
+            raise ValueError(f"sync_every is only for generate calls (this is a {self.kind.value} call)")
         if self.kind == CallKind.GENERATE:
             if not 0 < self.gen_len < self.seq_len:
                 raise ValueError(f"gen_len must be in 1..seq_len-1 for a generate call "

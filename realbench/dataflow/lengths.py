@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -184,6 +185,113 @@ def expected_max(cdf: np.ndarray, rows: float) -> float:
 def alive_rows(cdf: np.ndarray, rows: float) -> np.ndarray:
     """E[rows of `rows` alive at step t], t = 0..max-1."""
     return rows * (1.0 - cdf[:-1])
+
+
+def slot_occupancy(cdf: np.ndarray, sync_every: int = 1) -> np.ndarray:
+    """P(a row holds its decode slot x steps), x = 0.. (realbench.runtime.rollout): a response of
+    L tokens takes its first from the prefill and L - 1 decode steps (at least the one that runs
+    beside its prefill), then its slot waits for the next refill, every sync_every steps: 0 to
+    sync_every - 1 more steps, uniformly."""
+    pmf = np.diff(cdf, prepend=0.0)  # P(L = t), t = 0..max
+    cap, k = len(cdf) - 1, sync_every
+    out = np.zeros(cap + k)
+    for t in range(1, cap + 1):
+        out[max(t - 1, 1):max(t - 1, 1) + k] += pmf[t] / k
+    return out
+
+
+def continuous_makespan(cdf: np.ndarray, rows: float, slots: int, sync_every: int = 1) -> float:
+    """E[decode steps] of `rows` responses through `slots` slots, each freed slot taking the
+    next queued row (list scheduling). Each slot is busy from step 0 until it finishes its last
+    row, so with T the step the last row starts and rem_k what slot k has left then,
+        sum of the rows' occupancies W = slots T + sum_k rem_k,  makespan = T + max_k rem_k
+    and E[makespan] = rows E[occ] / slots + E[max_k rem_k] - E[mean_k rem_k]: the row just
+    started has its whole occupancy left; the others, caught mid-row, the residual of a renewal
+    process, P(R = r) = P(occ > r) / E[occ]. With no more rows than slots, every row has a slot
+    of its own: E[the longest occupancy]."""
+    occ = slot_occupancy(cdf, sync_every)
+    survival = 1.0 - np.cumsum(occ)  # P(occ > x)
+    occ_cdf = 1.0 - survival
+    if rows <= slots:
+        return float((1.0 - occ_cdf ** rows).sum())
+    mean = float(survival.sum())
+    residual = survival / mean  # P(R = r), r = 0..
+    residual_cdf = np.cumsum(residual)
+    longest = float((1.0 - occ_cdf * residual_cdf ** (slots - 1)).sum())
+    mean_left = (mean + (slots - 1) * float((np.arange(len(residual)) * residual).sum())) / slots
+    return rows * mean / slots + longest - mean_left
+
+
+def _draining(cdf: np.ndarray, rows: float, slots: int, sync_every: int) -> tuple[float, float, np.ndarray]:
+    """(E[makespan], the step T the slots start draining, the expected share of the slots busy
+    at T + u, u = 0..): every slot is busy until the last row starts (T = rows E[occ] / slots -
+    E[mean rem], see `continuous_makespan`), then slot k while its rest rem_k lasts:
+    (P(occ > u) + (slots - 1) P(R > u)) / slots. With no more rows than slots, from T = 0 on,
+    rows / slots P(occ > u)."""
+    occ = slot_occupancy(cdf, sync_every)
+    survival = 1.0 - np.cumsum(occ)
+    total = continuous_makespan(cdf, rows, slots, sync_every)
+    if rows <= slots:
+        return total, 0.0, rows / slots * survival
+    mean = float(survival.sum())
+    residual_survival = 1.0 - np.cumsum(survival / mean)
+    start = max(0.0, rows * mean / slots - (mean + (slots - 1) * float(residual_survival.sum())) / slots)
+    return total, start, (survival + (slots - 1) * residual_survival) / slots
+
+
+def continuous_busy(cdf: np.ndarray, rows: float, slots: int, sync_every: int = 1,
+                    points: int = 64) -> tuple[list[float], list[float]]:
+    """The expected share of the slots busy over continuous batching's decode steps, at points
+    given as shares of its makespan (`_draining`)."""
+    total, start, share = _draining(cdf, rows, slots, sync_every)
+    steps = np.unique(np.linspace(0, len(share) - 1, min(points, len(share))).astype(int))
+    xs = [0.0] + [min(1.0, (start + float(u)) / total) for u in steps]
+    return xs, [1.0 if rows > slots else float(share[0])] + [float(share[u]) for u in steps]
+
+
+@dataclass(frozen=True)
+class ContinuousSchedule:
+    """What continuous batching does with a replica's rows (see `continuous_schedule`)."""
+    steps: float  # decode steps
+    rows: float  # the slots a decode step computes, on average
+    age: float  # the mean tokens a slot's row has generated when a step runs (its context past the prompt)
+    prefills: float  # batched prefills
+    prefill_rows: float  # rows per prefill
+
+
+def computed_slots(busy: np.ndarray, slots: int) -> np.ndarray:
+    """The slots a step computes with `busy` rows held: the power of two that holds them (the
+    runtime moves the tail's rows down to it), at most `slots`."""
+    return np.minimum(slots, 2.0 ** np.ceil(np.log2(np.maximum(busy, 1.0))))
+
+
+def continuous_schedule(cdf: Optional[np.ndarray], rows: float, slots: int, sync_every: int = 1,
+                        gen_len: int = 0) -> ContinuousSchedule:
+    """The decode steps, slots computed, context and prefills of `rows` responses through `slots`
+    slots: lengths by `cdf` (None: every response `gen_len` tokens, each wave of slots ending
+    together, when the engine refills every slot at once). Each step computes the slots up to the last one held (`computed_slots` of the
+    expected busy ones while the slots drain). Refills: the rows first fill the slots in one
+    prefill; then the slots freed between two refills (slots sync_every / E[occ] of them, at
+    least one) are prefilled together."""
+    if cdf is None:  # a wave's slots all end together, and the next wave fills them at once
+        waves = math.ceil(rows / slots)
+        decode = max(gen_len - 1, 1)
+        last = rows - (waves - 1) * slots
+        computed = ((waves - 1) * slots + float(computed_slots(np.array(last), slots))) / waves
+        return ContinuousSchedule(waves * decode, computed, gen_len / 2, waves, min(rows, slots))
+    occ = slot_occupancy(cdf, sync_every)
+    x = np.arange(len(occ), dtype=np.float64)
+    mean = float((x * occ).sum())
+    age = float((x * (x + 1) * occ).sum()) / (2 * mean) if mean else 0.0  # a step's row: length-biased, half done
+    steps, start, share = _draining(cdf, rows, slots, sync_every)
+    tail = computed_slots(slots * share, slots)[:max(0, int(round(steps - start)))]
+    computed = (start * slots + float(tail.sum())) / max(start + len(tail), 1e-9)
+    first = min(rows, slots)
+    if rows <= slots:
+        return ContinuousSchedule(steps, computed, age, 1.0, first)
+    per_read = min(slots, max(1.0, slots * sync_every / max(mean, 1.0)))
+    prefills = 1.0 + (rows - first) / per_read
+    return ContinuousSchedule(steps, computed, age, prefills, rows / prefills)
 
 
 def read_lengths_file(path: Path, call: Optional[str] = None) -> list[int]:

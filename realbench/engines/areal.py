@@ -89,9 +89,7 @@ MODEL_PATHS = {"actor": "actor.path", "ref": "ref.path", "critic": "critic.path"
 TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
-PRICING_GAPS = ("SGLang and vLLM batch continuously; realbench prices batches of the sequences a server decodes at "
-                "once",
-                "AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
+PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
                 "its cap (prompt + response)",
                 "AReaL's actor recomputes the proximal log-probabilities over the whole batch (use_decoupled_loss); "
                 "realbench over all optimizer steps but the first",

@@ -89,8 +89,7 @@ MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
-PRICING_GAPS = ("vLLM batches continuously; realbench prices it as batches of max_num_seqs (128) rows",
-                "OpenRLHF's actor recomputes the old log-probabilities over the whole batch; realbench over all "
+PRICING_GAPS = ("OpenRLHF's actor recomputes the old log-probabilities over the whole batch; realbench over all "
                 "optimizer steps but the first",
                 "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
                 "--vllm.enable_sleep / --ds.enable_sleep: the offload and reload around each phase are not timed")

@@ -40,9 +40,10 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
-all-gather of the model (realbench.cost.realloc). Not priced yet, and said so wherever a verl
-plan is read or written (`PRICING_GAPS`): the rollout's continuous batching (priced as
-max_num_seqs-row batches), the reference's parameter offload to the CPU (verl's FSDP always
+all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
+max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does). Not priced yet,
+and said so wherever a verl plan is read or written (`PRICING_GAPS`): the reference's parameter
+offload to the CPU (verl's FSDP always
 offloads a forward-only model, workers/engine/fsdp/transformer_impl.py:431-463), and the actor's
 separate old-log-prob forward over the whole batch (realbench's train call recomputes the
 behaviour log-probabilities of every optimizer step but the first).
@@ -89,8 +90,7 @@ ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
-PRICING_GAPS = ("verl's rollout batches continuously; realbench prices it as batches of max_num_seqs rows",
-                "verl offloads the reference's FSDP parameters to the CPU; realbench keeps them on the GPUs",
+PRICING_GAPS = ("verl offloads the reference's FSDP parameters to the CPU; realbench keeps them on the GPUs",
                 "verl recomputes the old log-probabilities over the whole batch; realbench over all optimizer "
                 "steps but the first")
 

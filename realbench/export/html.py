@@ -68,7 +68,7 @@ def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optio
     parts = [intro,
              figures.dataflow_figure(scenario, width=WIDTH),
              figures.mesh_map_figure(scenario, options, width=WIDTH),
-             figures.timeline_figure(scenario, estimate, width=WIDTH),
+             figures.timeline_figure(scenario, estimate, width=WIDTH, options=options),
              figures.memory_figure(estimate, width=WIDTH)]
     baselines = {name: t for name, (_, t) in baseline_plans(est).items()}
     origin = plan.origin if plan is not None else None

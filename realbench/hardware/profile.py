@@ -77,6 +77,9 @@ class CollectivePoint(Timing):
 CALL_REFERENCE = {"rows": 8, "prompt_len": 8, "gen_len": 8}
 CALL_MICRO_BATCHES = (1, 2, 4)  # each whole call is measured split into these
 CALL_KINDS = ("generate", "inference", "train")
+# how the runtime ran the whole calls a profile measured: a cached profile measured another way
+# is measured again (generation without a pipeline runs by continuous batching since 2)
+CALLS_VERSION = "2"
 
 
 class CallPoint(Timing):

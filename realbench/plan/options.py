@@ -46,6 +46,13 @@ def virtual_stage_counts(n_layers: int, pp: int, micro_batches: int) -> tuple[in
     return (1,) + tuple(v for v in SEARCHED_VIRTUAL_STAGES if n_layers % (pp * v) == 0)
 
 
+def decode_slots(call: CallDef, option: Option) -> int:
+    """A replica's decode slots under continuous batching (generation without a pipeline): its
+    rows over the micro-batches (the rows one micro-batch of the micro-batched loop decodes)."""
+    s = option.strategy
+    return max(1, math.ceil(call.seqs / s.dp / s.micro_batches))
+
+
 def micro_batch_counts(per_replica: int, pp: int) -> list[int]:
     """The micro-batch counts the search offers a replica of `per_replica` rows (or examples) on
     a pipeline of depth pp: the powers of two up to SEARCHED_MICRO_BATCHES (what the memory of

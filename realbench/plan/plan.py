@@ -22,7 +22,8 @@ from pydantic import ConfigDict, Field
 
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy, parse_mesh
-from realbench.plan.options import option_problem
+from realbench.dataflow import CallKind
+from realbench.plan.options import decode_slots, option_problem
 from realbench.plan.scenario import Scenario, load_scenario
 from realbench.schema import PLAN_SCHEMA, FileModel, read_document, validate_model, write_document
 
@@ -38,6 +39,9 @@ class Placement(FileModel):
     activation_checkpointing: Optional[bool] = None  # train calls; absent: off
     virtual_stages: Optional[int] = Field(default=None, ge=1)  # train calls on a pipeline; absent: 1
     zero: Optional[int] = Field(default=None, ge=0)  # ZeRO / FSDP sharding over dp (the engines'); absent: 0
+    # generation without a pipeline: each replica's decode slots (continuous batching), its rows
+    # over the micro-batches; either may be given, and the other follows
+    slots: Optional[int] = Field(default=None, ge=1)
 
 
 class Origin(FileModel):
@@ -73,12 +77,15 @@ class Plan(FileModel):
 def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Optional[Origin] = None,
                       scenario_ref: Optional[str] = None) -> Plan:
     G = scenario.cluster.gpus_per_node
-    calls = {name: Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
-                             micro_batches=o.strategy.micro_batches,
-                             activation_checkpointing=True if o.strategy.checkpointing else None,
-                             virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None,
-                             zero=o.strategy.zero or None)
-             for name, o in options.items()}
+    calls = {}
+    for name, o in options.items():
+        call = scenario.dataflow.call(name)
+        continuous = call.kind == CallKind.GENERATE and o.strategy.pp == 1
+        calls[name] = Placement(mesh=o.mesh.label(G), dp=o.strategy.dp, tp=o.strategy.tp, pp=o.strategy.pp,
+                                micro_batches=o.strategy.micro_batches,
+                                activation_checkpointing=True if o.strategy.checkpointing else None,
+                                virtual_stages=o.strategy.virtual_stages if o.strategy.virtual_stages > 1 else None,
+                                zero=o.strategy.zero or None, slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
 
@@ -106,13 +113,34 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
             mesh = parse_mesh(p.mesh, scenario.cluster)
         except ConfigError as e:
             raise ConfigError(e.message, f"calls.{name}.mesh") from None
-        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, p.micro_batches, bool(p.activation_checkpointing),
+        micro_batches = _micro_batches_of(p, call, name)
+        option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
         out[name] = option
     return out
+
+
+def _micro_batches_of(p: Placement, call, name: str) -> int:
+    """A placement's micro-batches; for generation without a pipeline, from its decode slots where
+    they are given (a replica's rows over the slots, whole), which must agree with micro_batches
+    where both are."""
+    if p.slots is None:
+        return p.micro_batches
+    if call.kind != CallKind.GENERATE or p.pp != 1:
+        raise ConfigError("decode slots are a setting of generation without a pipeline (continuous batching)",
+                          f"calls.{name}.slots")
+    rows = call.seqs // p.dp
+    if call.seqs % p.dp or rows % p.slots:
+        raise ConfigError(f"a replica's {call.seqs / p.dp:g} rows do not split into decode slots of {p.slots} "
+                          "(slots = rows / micro_batches)", f"calls.{name}.slots")
+    m = rows // p.slots
+    if "micro_batches" in p.model_fields_set and p.micro_batches != m:
+        raise ConfigError(f"{p.slots} slots are {m} micro-batches of a replica's {rows} rows, and micro_batches "
+                          f"says {p.micro_batches}: give one of them", f"calls.{name}.slots")
+    return m
 
 
 def plan_from_document(data: dict, source: str = "") -> Plan:

@@ -144,14 +144,23 @@ class Scenario(DerivedValues):
             v = {**v, "gen_len": gen_len}
         staleness = None
         if isinstance(v, dict) and "algorithm" in v:
-            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness")}
+            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness", "sync_every")}
             staleness = v.get("max_staleness")
+            sync_every = v.get("sync_every")
+            if sync_every is not None and (not isinstance(sync_every, int) or isinstance(sync_every, bool)
+                                           or sync_every < 1):
+                raise ConfigError(f"{sync_every!r}: the decode steps between the host's reads of which rows ended "
+                                  "must be a whole number, at least 1", "sync_every")
             if v["algorithm"] not in ALGORITHMS:
                 raise ConfigError(f"unknown algorithm {v['algorithm']!r} (known: {', '.join(ALGORITHMS)})",
                                   "algorithm")
             v = build_algorithm(v["algorithm"], **args)
             if staleness is not None:
                 v = {**v.model_dump(), "max_staleness": staleness}
+            if sync_every is not None:
+                v = validate_model(Dataflow, v) if isinstance(v, dict) else v
+                v = v.with_calls([c.model_copy(update={"sync_every": sync_every}) if c.kind == CallKind.GENERATE else c
+                                  for c in v.calls])
         if lengths is not None:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             for c in [c for c in v.calls if c.kind == CallKind.GENERATE]:
@@ -297,8 +306,9 @@ def _max_new_tokens(v: dict) -> dict:
 
 
 def algorithm_keys(algorithm: str) -> tuple[str, ...]:
-    """The keys of `dataflow: {algorithm: NAME, ...}`: the builder's arguments and max_staleness."""
-    return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness")
+    """The keys of `dataflow: {algorithm: NAME, ...}`: the builder's arguments, max_staleness and
+    the generation calls' sync_every."""
+    return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness", "sync_every")
 
 
 # The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.

@@ -114,12 +114,15 @@ def mesh_map_figure(scenario: Scenario, options: Mapping[str, Option], width: in
     return p
 
 
-def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640):
+def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640, options: Optional[dict] = None):
     """The simulated Gantt chart of one steady-state iteration: a bar per call, reallocations
     (weights moving to the call's layout) in orange before it, the exchange of its inputs (where
     the profile measured the runtime's) in grey. With generation running ahead (max_staleness
     S), the last S + 1 iterations, overlapping, each bar labelled with its iteration (a
-    generation's weights move to it after it, for its next batch)."""
+    generation's weights move to it after it, for its next batch). A generation call with a
+    length distribution draws inside its bar the live batch shrinking (micro-batched decoding,
+    on a pipeline or where `options`, the plan's, are not given) or, without a pipeline, its
+    replica's decode slots busy, filling and draining (continuous batching)."""
     names = list(scenario.dataflow.call_names)
     steady = max(t.iteration for t in estimate.tasks)
     shown = range(steady - estimate.max_staleness, steady + 1)
@@ -148,7 +151,11 @@ def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640
                                                        ("start s", "@start{0.000}"), ("seconds", "@seconds{0.000}")]))
     for r in rows:  # generation calls with a length distribution: the live batch shrinking
         call = scenario.dataflow.call(r["call"])
-        if r["what"] == "generate" and call.lengths is not None:
+        if r["what"] == "generate" and call.lengths is not None and options and options[call.name].strategy.pp == 1:
+            xs, share = slots_busy_curve(call, options[call.name], r["start"], r["end"])
+            p.step(xs, [(r["call"], -0.3 + 0.6 * y) for y in share], mode="after", line_color="black",
+                   line_width=1.5, name=f"slots busy {r['call']}")
+        elif r["what"] == "generate" and call.lengths is not None:
             xs, share = live_batch_curve(call, r["start"], r["end"])
             # inside the bar (height 0.6 around the category): the bottom is no row alive
             p.step([(x) for x in xs], [(r["call"], -0.3 + 0.6 * y) for y in share], mode="after",
@@ -173,6 +180,17 @@ def live_batch_curve(call, start: float, end: float, points: int = 64) -> tuple[
     xs = [start + (end - start) * float(elapsed[t]) for t in steps] + [end]
     share = [float(1.0 - cdf[t]) for t in steps] + [float(1.0 - cdf[steps[-1] + 1])]
     return xs, share
+
+
+def slots_busy_curve(call, option, start: float, end: float, points: int = 64) -> tuple[list[float], list[float]]:
+    """A generation call's expected share of a replica's decode slots busy over its bar
+    (continuous batching: realbench.dataflow.lengths.continuous_busy), scaled to the bar."""
+    from realbench.plan.options import decode_slots
+    from realbench.dataflow.lengths import continuous_busy
+
+    shares, busy = continuous_busy(call.lengths.cdf(), call.seqs / option.strategy.dp, decode_slots(call, option),
+                                   call.sync_steps, points)
+    return [start + (end - start) * x for x in shares], busy
 
 
 def memory_figure(estimate: PlanEstimate, width: int = 640, height: int = 260):

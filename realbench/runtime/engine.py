@@ -265,18 +265,33 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return token.clamp(max=probs.shape[-1] - 1)
 
 
+def sample_tokens(logits: torch.Tensor, rows: torch.Tensor, t, key: int, greedy: bool, temperature: float,
+                  top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token t of each row from its last logits (rows, vocab): the argmax, or a draw from the
+    tempered, truncated distribution with the row's own uniform (`row_uniforms` of its global
+    index `rows`, on the logits' device; t a number or one per row). Returns (tokens, their
+    log-probabilities under the whole tempered distribution)."""
+    logp = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), dim=-1)
+    if greedy:
+        token = logp.argmax(-1)
+    else:
+        token = sample_rows(truncated(logp.exp(), top_k, top_p), row_uniforms(key, rows, t))
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
 @torch.no_grad()
 def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int = 0,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, micro_batches: int = 1,
              eos: Optional[int | Sequence[int]] = None, rows: Optional[torch.Tensor] = None,
-             drop_finished: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+             drop_finished: bool = True, limits: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to `gen_len` tokens after `prompts` (batch, prompt_len) with a KV cache per
     micro-batch, from the logits divided by `temperature`, among the `top_k` / `top_p` most likely
     tokens (`truncated`; the log-probabilities returned are of the whole tempered distribution,
     as the training forward computes them).
     Prompts may be left-padded (id -1): each row's positions start at its first token. With `eos`
     (an id or several), a row ends with an end-of-sequence token: the positions after it hold -1
-    and its log-probabilities there are 0.
+    and its log-probabilities there are 0. `limits` (batch,): each row's own most tokens (a
+    serving engine's per-request max_tokens), at most gen_len.
 
     Finished rows leave the decode batch (`drop_finished`; False keeps every row to the last
     step, the reference the tests compare with): each decode step computes the rows still
@@ -314,7 +329,9 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
     first_free = valid.sum(1)  # each row's position after its prompt
     stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=dev)
     finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (last stage, drop_finished off) rows past their end
-    dropping = stops is not None and drop_finished
+    limits = None if limits is None else limits.to(dev)
+    ends = stops is not None or limits is not None
+    dropping = ends and drop_finished
     pipeline = model.layout.pp_group(model.coord)
     first, last = pipeline[0], pipeline[-1]
     pending = []  # (request, tensor): a tensor must live until its send completes
@@ -332,7 +349,11 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
                 seqs[live[j], P + t - 1] = token
             if t > 0 and dropping:
                 if model.prev is None:
-                    alive = ~torch.isin(seqs[live[j], P + t - 1], stops)
+                    alive = torch.ones(len(live[j]), dtype=torch.bool, device=dev)
+                    if stops is not None:
+                        alive &= ~torch.isin(seqs[live[j], P + t - 1], stops)
+                    if limits is not None:
+                        alive &= t < limits[live[j]]
                 else:
                     alive = torch.empty(len(live[j]), dtype=torch.uint8, device=dev)
                     dist.recv(alive, model.prev)
@@ -363,17 +384,12 @@ def generate(model: PlacedModel, prompts: torch.Tensor, gen_len: int, key: int =
                 y = y.contiguous()
                 pending.append((dist.isend(y, model.next), y))
             if model.is_last:
-                logits = y[:, -1].float() / (1.0 if greedy else temperature)
-                logp = torch.log_softmax(logits, dim=-1)
-                if greedy:
-                    token = logp.argmax(-1)
-                else:
-                    token = sample_rows(truncated(logp.exp(), top_k, top_p), row_uniforms(key, row_ids[rows.cpu()], t).to(dev))
-                chosen = logp.gather(-1, token[:, None]).squeeze(-1)
-                if stops is not None and not dropping:
-                    done = finished[rows]
+                token, chosen = sample_tokens(y[:, -1], row_ids[rows.cpu()].to(dev), t, key, greedy, temperature,
+                                              top_k, top_p)
+                if ends and not dropping:
+                    done = finished[rows] | (t >= limits[rows]) if limits is not None else finished[rows]
                     token, chosen = token.masked_fill(done, -1), chosen.masked_fill(done, 0.0)
-                    finished[rows] = done | torch.isin(token, stops)
+                    finished[rows] = done | torch.isin(token, stops) if stops is not None else done
                 logprobs[rows, t], seqs[rows, P + t] = chosen, token
                 if first != model.rank and t + 1 < gen_len:
                     pending.append((dist.isend(token, first, group=model.loop_group), token))

@@ -208,7 +208,8 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     averaged over the ranks that report them; token counts summed), which a seeded run
     reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
     it does not; every generation call's response lengths (per step, in the order of the batch's
-    rows); and a few decoded samples."""
+    rows); under continuous batching, each replica's busy slots at each decode step (`slots`, per
+    step: "<call>/dp<k>": counts); and a few decoded samples."""
     steps = len(records[0])
     # the per-call table compares the first plan's measured times with its estimates: steps after
     # a plan switch (re-planning) ran another plan
@@ -225,7 +226,7 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     calls = {}
     for name, est in estimated.items():
         calls[name] = {"measured_s": statistics.median([own(name, s) for s in warm]), "estimated_s": est}
-    metrics, timings, samples, lengths = [], [], [], []
+    metrics, timings, samples, lengths, slots = [], [], [], [], []
     for s in range(steps):
         rewards = [r[s]["reward"] for r in records if r[s]["reward"] is not None]
         losses_ = [r[s]["loss"] for r in records if r[s]["loss"] is not None]
@@ -246,6 +247,9 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         rows = responses_by_call([r[s].get("lengths", {}) for r in records])
         if rows:
             lengths.append({"step": s, **rows})
+        busy = {k: v for r in records for k, v in r[s].get("slots", {}).items()}
+        if busy:
+            slots.append({"step": s, **dict(sorted(busy.items()))})
         shown = next((r[s]["samples"] for r in records if r[s].get("samples")), [])
         if shown:
             samples.append({"step": s, "samples": shown})
@@ -257,7 +261,7 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
             "estimated_realloc_s": estimated_realloc,
             "measured_iter_s": statistics.median([timings[s]["seconds"] for s in warm]),
-            "metrics": metrics, "timings": timings, "samples": samples, "lengths": lengths}
+            "metrics": metrics, "timings": timings, "samples": samples, "lengths": lengths, "slots": slots}
 
 
 def latest_checkpoint(checkpoint_dir: str) -> int:

@@ -161,10 +161,13 @@ class Block(nn.Module):
         v = self.wv(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
         tables = rotary or rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
         q, k = rope(q, tables), rope(k, tables)
-        if cache is not None:  # decoding: attend to the cached keys and values too
+        if isinstance(cache, dict):  # decoding: attend to the cached keys and values too
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
+        elif cache is not None:  # a preallocated cache (realbench.runtime.rollout) writes in place
+            k, v, slot_mask = cache.attend(k, v)
+            mask = slot_mask if slot_mask is not None else mask
         # grouped-query attention without copying the keys and values per head (enable_gqa);
         # causal by SDPA's own path where no padding needs a mask, and no mask for one query
         gqa = self.heads != self.kv_heads
@@ -234,12 +237,14 @@ class LlamaStage(nn.Module):
         return {"valid": None, "layers": {name: {} for name in self.layers}}
 
     def forward(self, x, positions=None, caches: Optional[dict] = None, valid: Optional[torch.Tensor] = None,
-                checkpointing: bool = False, last_only: bool = False, chunk: int = 0):
+                checkpointing: bool = False, last_only=False, chunk: int = 0):
         """x: token ids (first stage; -1 marks padding) or hidden states. `valid` (batch, seq):
         which positions are tokens rather than padding (None: all). Positions default to the
         count of valid tokens before each one. `checkpointing`: keep only each block's input for
         the backward pass, which runs the block again (activation checkpointing). `last_only`:
-        the last stage's output at the last position only (what generation samples from). `chunk`:
+        the last stage's output at the last position only (what generation samples from), or with a
+        tensor of one position per row, at those. `caches`: new_caches()' dict, or a preallocated
+        slot cache (realbench.runtime.rollout.SlotCache, which masks the keys itself). `chunk`:
         which of the stage's chunks of layers to run (interleaved schedule); the embedding runs
         before the first stage's first chunk, the head after the last stage's last one."""
         B, S = x.shape[:2]
@@ -249,7 +254,8 @@ class LlamaStage(nn.Module):
         if positions is None:
             positions = torch.arange(S, device=x.device) if valid is None else positions_of(valid)
         mask = None
-        if caches is not None:
+        slotted = caches is not None and not isinstance(caches, dict)  # realbench.runtime.rollout.SlotCache
+        if caches is not None and not slotted:
             if valid is not None or caches["valid"] is not None:
                 new = valid if valid is not None else torch.ones(B, S, dtype=torch.bool, device=x.device)
                 keys = new if caches["valid"] is None else torch.cat([caches["valid"], new], dim=1)
@@ -263,9 +269,12 @@ class LlamaStage(nn.Module):
             if checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, positions, None, mask, tables, use_reentrant=False)
             else:
-                x = block(x, positions, None if caches is None else caches["layers"][name], mask, tables)
+                layer_cache = None if caches is None else caches.layer(name) if slotted else caches["layers"][name]
+                x = block(x, positions, layer_cache, mask, tables)
         if not last:
             return x
+        if isinstance(last_only, torch.Tensor):  # each row's own last position (right-padded prompts)
+            return self.output(x[torch.arange(B, device=x.device), last_only][:, None])
         return self.output(x[:, -1:] if last_only else x)
 
     def embed_tokens(self, tokens):

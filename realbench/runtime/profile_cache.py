@@ -62,6 +62,11 @@ def _mismatch(profile: Profile, identity: DeviceInfo, torch_version: str) -> Opt
             return f"{field} {getattr(got, field)!r}, this machine {getattr(identity, field)!r}"
     if profile.versions.get("torch") != torch_version:
         return f"torch {profile.versions.get('torch')!r}, this machine {torch_version!r}"
+    from realbench.hardware.profile import CALLS_VERSION
+
+    if profile.versions.get("calls") != CALLS_VERSION:
+        return (f"whole calls measured by runtime version {profile.versions.get('calls', '1')!r}, this one's "
+                f"{CALLS_VERSION!r}")
     return None
 
 

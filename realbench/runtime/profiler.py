@@ -281,9 +281,10 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
     from realbench.hardware.profile import CALL_MICRO_BATCHES, CALL_REFERENCE
     from realbench.runtime import losses
     from realbench.runtime.device import torch_dtype
-    from realbench.runtime.engine import PlacedModel, generate
+    from realbench.runtime.engine import PlacedModel
     from realbench.runtime.layout import Groups, Layout
     from realbench.runtime.optim import MixedPrecisionAdam
+    from realbench.runtime.rollout import rollout
 
     R, P, G = CALL_REFERENCE["rows"], CALL_REFERENCE["prompt_len"], CALL_REFERENCE["gen_len"]
     dtype = torch_dtype(profile_dtype(req))
@@ -323,7 +324,7 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
                     for y, part in zip(outs, parts):
                         losses.token_logprobs(y, part, G)
 
-            calls = {"generate": lambda m=m: generate(model, prompts, G, key=0, micro_batches=m),
+            calls = {"generate": lambda m=m: rollout(model, prompts, G, m, key=0),
                      "inference": inference, "train": train}
             for kind, fn in calls.items():
                 timing = clock(fn if model is not None else (lambda: None))
@@ -512,7 +513,9 @@ def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, in
     if "error" in result:
         raise result["error"]
     data = result["ranks"][0]
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    from realbench.hardware.profile import CALLS_VERSION
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "calls": CALLS_VERSION}
     try:
         from importlib.metadata import version
 

@@ -43,7 +43,8 @@ from realbench.plan.datafiles import Dataset, Encoder, is_messages, load_tokeniz
 from realbench.runtime.optim import MixedPrecisionAdam
 from realbench.models.rewards import TrainerState, call_reward_function, load_function
 from realbench.runtime.device import synchronize
-from realbench.runtime.engine import PlacedModel, generate
+from realbench.runtime.engine import PlacedModel
+from realbench.runtime.rollout import SlotTimeline, rollout
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_full_weights
 from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
@@ -200,6 +201,8 @@ class StepRecord:
     samples: list[dict] = field(default_factory=list)  # a few decoded prompts and completions
     # per generation call: [global row, response length] of the rows this rank sampled
     lengths: dict[str, list[list[int]]] = field(default_factory=dict)
+    # per generation call and replica under continuous batching: the slots busy at each decode step
+    slots: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Worker:
@@ -496,9 +499,13 @@ class Worker:
             prompts = data["prompts"].chunk(dp)[coord.dp]
             rows = torch.arange(len(data["prompts"])).chunk(dp)[coord.dp]  # global row indices: plan-independent draws
             greedy = "greedy" in c.name or self.evaluating
-            seqs, lps = generate(model, prompts, c.gen_len, self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
-                                 temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
-                                 top_p=self.scenario.training.top_p, micro_batches=m, eos=self.eos, rows=rows)
+            slots = SlotTimeline()
+            seqs, lps = rollout(model, prompts, c.gen_len, m, c.sync_steps, slots,
+                                key=self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
+                                temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
+                                top_p=self.scenario.training.top_p, eos=self.eos, rows=rows)
+            if slots.busy and coord.tp == 0:  # the replica's slots filling and draining
+                rec.slots[f"{c.name}/dp{coord.dp}"] = slots.busy
             if model.is_last:
                 names = list(c.outputs)
                 self.outputs[i] = {names[0]: seqs, **({names[1]: lps} if len(names) > 1 else {})}
