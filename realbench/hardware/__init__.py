@@ -92,9 +92,9 @@ DATASHEETS: dict[str, dict[str, float]] = {
 FITTED: dict[str, float] = {
     # one for both GPUs: the H100 rows alone (Llama 3's interleaved pipeline, whose virtual stage
     # count is not published) would fit more, an MFU no published dense bf16 run reaches
-    "matmul_efficiency": 0.7913,
-    "mem_bw_efficiency": 0.7732,
-    "half_efficiency_rows": 28.20,
+    "matmul_efficiency": 0.7908,
+    "mem_bw_efficiency": 0.7720,
+    "half_efficiency_rows": 28.35,
     "kernel_overhead_s": 1e-9,  # at its bound: fused kernels and CUDA graphs (TensorRT-LLM) hide launches
     "a100.nvlink_efficiency": 0.6340,
     "h100.nvlink_efficiency": 1.012,  # NVLink SHARP reduces inside the switch (see realbench.cost.comm)
