@@ -303,15 +303,20 @@ def curve_in_bar(p, name: str, call: str = "actor_gen"):
     return xs, [y[1] for y in ys], bars["start"][k], bars["end"][k]
 
 
+def symmetric_of(tmp_path, text: str):
+    """(scenario, its estimator, the symmetric plan) of a scenario document written to a file."""
+    path = tmp_path / "tail.yaml"
+    path.write_text(text)
+    s = load_scenario(str(path))
+    est = Estimator(s)
+    return s, est, symmetric_plan(est)
+
+
 def test_the_timeline_and_the_report_draw_the_live_batch_shrinking(tmp_path):
     from realbench.export.html import plan_report_html
     from realbench.report.figures import timeline_figure
 
-    path = tmp_path / "tail.yaml"
-    path.write_text(TAIL)
-    s = load_scenario(str(path))
-    est = Estimator(s)
-    choice = symmetric_plan(est)
+    s, est, choice = symmetric_of(tmp_path, TAIL)
     xs, offsets, start, end = curve_in_bar(timeline_figure(s, est.estimate(choice)), "live batch")
     assert xs[0] == pytest.approx(start) and xs[-1] == pytest.approx(end)
     assert all(a <= b for a, b in zip(xs, xs[1:]))

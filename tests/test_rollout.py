@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_generation_stops import EOS, GEN, KEY, ROWS, SPEC, _prompts
-from test_lengths import curve_in_bar
+from test_lengths import curve_in_bar, symmetric_of
 from test_runtime_core import _on_each_layout
 from realbench.dataflow import CallDef, CallKind
 from realbench.dataflow.lengths import (LengthDistribution, continuous_busy, continuous_makespan, continuous_schedule,
@@ -316,17 +316,10 @@ def test_sync_every_is_a_generation_setting_and_bad_values_are_refused(cli, tmp_
 
 
 def test_the_timeline_draws_the_slots_filling_and_draining(tmp_path):
-    from realbench.cost import Estimator
-    from realbench.cost.baselines import symmetric_plan
-    from realbench.plan import load_scenario
     from realbench.plan.mesh import Option, Strategy
     from realbench.report.figures import timeline_figure
 
-    path = tmp_path / "tail.yaml"
-    path.write_text(TAIL_SCENARIO)
-    s = load_scenario(str(path))
-    est = Estimator(s)
-    choice = symmetric_plan(est)
+    s, est, choice = symmetric_of(tmp_path, TAIL_SCENARIO)
     options = est.options_of(choice)
     gen = options["actor_gen"]
     flat = {**options, "actor_gen": Option(gen.mesh, Strategy(gen.strategy.dp * gen.strategy.pp, gen.strategy.tp, 1,

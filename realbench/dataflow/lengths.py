@@ -194,56 +194,42 @@ def slot_occupancy(cdf: np.ndarray, sync_every: int = 1) -> np.ndarray:
     sync_every - 1 more steps, uniformly."""
     pmf = np.diff(cdf, prepend=0.0)  # P(L = t), t = 0..max
     cap, k = len(cdf) - 1, sync_every
-    out = np.zeros(cap + k)
-    for t in range(1, cap + 1):
-        out[max(t - 1, 1):max(t - 1, 1) + k] += pmf[t] / k
-    return out
+    decoding = np.zeros(cap + k)  # P(L - 1 decode steps, at least 1)
+    np.add.at(decoding, np.maximum(np.arange(cap), 1), pmf[1:])
+    return np.convolve(decoding, np.full(k, 1.0 / k))[:cap + k]  # then the wait, uniform on 0..k-1
+
+
+def _renewal(occ: np.ndarray, rows: float, slots: int) -> tuple[float, float, np.ndarray]:
+    """(E[makespan], the step T the last row starts, the expected share of the slots busy at
+    T + u, u = 0..) of `rows` rows of occupancy `occ` through `slots` slots, each freed slot
+    taking the next queued row (list scheduling). Each slot is busy from step 0 until it
+    finishes its last row, so with rem_k what slot k has left at T,
+        sum of the rows' occupancies W = slots T + sum_k rem_k,  makespan = T + max_k rem_k
+    and E[makespan] = rows E[occ] / slots - E[mean_k rem_k] + E[max_k rem_k]: the row just
+    started has its whole occupancy left; the others, caught mid-row, the residual of a renewal
+    process, P(R = r) = P(occ > r) / E[occ]; slot k is busy while its rest lasts, so the share
+    busy at T + u is (P(occ > u) + (slots - 1) P(R > u)) / slots. With no more rows than slots,
+    every row has a slot of its own from T = 0: E[the longest occupancy], rows / slots P(occ > u)."""
+    survival = 1.0 - np.cumsum(occ)  # P(occ > x)
+    if rows <= slots:
+        return float((1.0 - (1.0 - survival) ** rows).sum()), 0.0, rows / slots * survival
+    mean = float(survival.sum())
+    residual_survival = 1.0 - np.cumsum(survival / mean)  # P(R > r)
+    last_start = rows * mean / slots - (mean + (slots - 1) * float(residual_survival.sum())) / slots
+    longest = float((1.0 - (1.0 - survival) * (1.0 - residual_survival) ** (slots - 1)).sum())
+    return last_start + longest, max(0.0, last_start), (survival + (slots - 1) * residual_survival) / slots
 
 
 def continuous_makespan(cdf: np.ndarray, rows: float, slots: int, sync_every: int = 1) -> float:
-    """E[decode steps] of `rows` responses through `slots` slots, each freed slot taking the
-    next queued row (list scheduling). Each slot is busy from step 0 until it finishes its last
-    row, so with T the step the last row starts and rem_k what slot k has left then,
-        sum of the rows' occupancies W = slots T + sum_k rem_k,  makespan = T + max_k rem_k
-    and E[makespan] = rows E[occ] / slots + E[max_k rem_k] - E[mean_k rem_k]: the row just
-    started has its whole occupancy left; the others, caught mid-row, the residual of a renewal
-    process, P(R = r) = P(occ > r) / E[occ]. With no more rows than slots, every row has a slot
-    of its own: E[the longest occupancy]."""
-    occ = slot_occupancy(cdf, sync_every)
-    survival = 1.0 - np.cumsum(occ)  # P(occ > x)
-    occ_cdf = 1.0 - survival
-    if rows <= slots:
-        return float((1.0 - occ_cdf ** rows).sum())
-    mean = float(survival.sum())
-    residual = survival / mean  # P(R = r), r = 0..
-    residual_cdf = np.cumsum(residual)
-    longest = float((1.0 - occ_cdf * residual_cdf ** (slots - 1)).sum())
-    mean_left = (mean + (slots - 1) * float((np.arange(len(residual)) * residual).sum())) / slots
-    return rows * mean / slots + longest - mean_left
-
-
-def _draining(cdf: np.ndarray, rows: float, slots: int, sync_every: int) -> tuple[float, float, np.ndarray]:
-    """(E[makespan], the step T the slots start draining, the expected share of the slots busy
-    at T + u, u = 0..): every slot is busy until the last row starts (T = rows E[occ] / slots -
-    E[mean rem], see `continuous_makespan`), then slot k while its rest rem_k lasts:
-    (P(occ > u) + (slots - 1) P(R > u)) / slots. With no more rows than slots, from T = 0 on,
-    rows / slots P(occ > u)."""
-    occ = slot_occupancy(cdf, sync_every)
-    survival = 1.0 - np.cumsum(occ)
-    total = continuous_makespan(cdf, rows, slots, sync_every)
-    if rows <= slots:
-        return total, 0.0, rows / slots * survival
-    mean = float(survival.sum())
-    residual_survival = 1.0 - np.cumsum(survival / mean)
-    start = max(0.0, rows * mean / slots - (mean + (slots - 1) * float(residual_survival.sum())) / slots)
-    return total, start, (survival + (slots - 1) * residual_survival) / slots
+    """E[decode steps] of `rows` responses through `slots` slots (`_renewal`)."""
+    return _renewal(slot_occupancy(cdf, sync_every), rows, slots)[0]
 
 
 def continuous_busy(cdf: np.ndarray, rows: float, slots: int, sync_every: int = 1,
                     points: int = 64) -> tuple[list[float], list[float]]:
     """The expected share of the slots busy over continuous batching's decode steps, at points
-    given as shares of its makespan (`_draining`)."""
-    total, start, share = _draining(cdf, rows, slots, sync_every)
+    given as shares of its makespan (`_renewal`)."""
+    total, start, share = _renewal(slot_occupancy(cdf, sync_every), rows, slots)
     steps = np.unique(np.linspace(0, len(share) - 1, min(points, len(share))).astype(int))
     xs = [0.0] + [min(1.0, (start + float(u)) / total) for u in steps]
     return xs, [1.0 if rows > slots else float(share[0])] + [float(share[u]) for u in steps]
@@ -269,8 +255,8 @@ def continuous_schedule(cdf: Optional[np.ndarray], rows: float, slots: int, sync
                         gen_len: int = 0) -> ContinuousSchedule:
     """The decode steps, slots computed, context and prefills of `rows` responses through `slots`
     slots: lengths by `cdf` (None: every response `gen_len` tokens, each wave of slots ending
-    together, when the engine refills every slot at once). Each step computes the slots up to the last one held (`computed_slots` of the
-    expected busy ones while the slots drain). Refills: the rows first fill the slots in one
+    together, when the engine refills every slot at once). Each step computes the slots up to
+    the last one held (`computed_slots` of the expected busy ones while the slots drain). Refills: the rows first fill the slots in one
     prefill; then the slots freed between two refills (slots sync_every / E[occ] of them, at
     least one) are prefilled together."""
     if cdf is None:  # a wave's slots all end together, and the next wave fills them at once
@@ -283,7 +269,7 @@ def continuous_schedule(cdf: Optional[np.ndarray], rows: float, slots: int, sync
     x = np.arange(len(occ), dtype=np.float64)
     mean = float((x * occ).sum())
     age = float((x * (x + 1) * occ).sum()) / (2 * mean) if mean else 0.0  # a step's row: length-biased, half done
-    steps, start, share = _draining(cdf, rows, slots, sync_every)
+    steps, start, share = _renewal(occ, rows, slots)
     tail = computed_slots(slots * share, slots)[:max(0, int(round(steps - start)))]
     computed = (start * slots + float(tail.sum())) / max(start + len(tail), 1e-9)
     first = min(rows, slots)

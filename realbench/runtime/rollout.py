@@ -4,9 +4,9 @@ without pipeline parallelism; a pipeline decodes micro-batch by micro-batch, `en
 A replica queues every sequence of its share and decodes them in a fixed number of slots:
 
     while sequences are queued or a slot holds one:
-        every sync_every-th step (or when it knows without looking): read back which slots ended
-        free slots take the next queued prompts: one batched prefill writes their keys and values
-                                                   and samples their first tokens
+        every sync_every-th step (or when every slot is free): read back which slots ended, and
+        the free slots take the next queued prompts: one batched prefill writes their keys and
+        values and samples their first tokens
         one decode step of every slot (fixed shape: slots x 1 token)
 
 so a step's generation takes about (the replica's tokens / slots) decode steps plus one tail,
