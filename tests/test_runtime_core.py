@@ -203,6 +203,9 @@ def test_layout_parity_with_unsharded_model(world, spec):
     layouts = list(dict.fromkeys(Layout.on(range(world), *d) for d in dims))
     if world == 4:
         layouts.append(Layout.on([2, 3], 1, 2, 1))  # a mesh that is a part of the world
+        # a mesh listing its ranks out of order: the last stage's tp ranks 0 and 1 are global ranks
+        # 3 and 1, which torch's group numbers the other way round (the gathered logits follow tp order)
+        layouts.append(Layout.on([0, 2, 3, 1], 1, 2, 2))
     results = spawn(_parity_worker, world, spec, layouts)
     checked = 0
     for li, lay in enumerate(layouts):

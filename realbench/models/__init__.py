@@ -22,13 +22,76 @@ halves the average context, which the cost model applies).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import math
+from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from realbench.errors import ConfigError
 from realbench.schema import FileModel
+
+
+# The projections LoRA can adapt, by PEFT's (Hugging Face's) module name: realbench's module, and
+# whether tensor parallelism splits its output (column-parallel) or its input (row-parallel).
+LORA_MODULES = {"q_proj": ("wq", "column"), "k_proj": ("wk", "column"), "v_proj": ("wv", "column"),
+                "o_proj": ("wo", "row"), "gate_proj": ("w_gate", "column"), "up_proj": ("w_up", "column"),
+                "down_proj": ("w_down", "row")}
+# PEFT's default targets for LLaMA-family models (peft.utils.constants,
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"]), used when none are given
+LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
+
+
+class LoraSpec(FileModel):
+    """Low-rank adapters on a trained model, in PEFT's names (`peft.LoraConfig`): each targeted
+    projection y = W x becomes
+
+        y = W x + (lora_alpha / r) B A x        (lora_alpha / sqrt(r) with use_rslora)
+
+    with A (r x in) and B (out x r) trained and W frozen. A starts as PEFT's (uniform in
+    +-1/sqrt(in), Kaiming's with a = sqrt(5)), B at zero, so training starts from the base model.
+    `target_modules`: module names of the Hugging Face LLaMA family, or "all-linear" (every
+    projection of the decoder layers, as PEFT takes it: not the LM head). Dropout on the
+    adapters' input is refused above 0: realbench does not draw it (PEFT's default is 0)."""
+
+    r: int = Field(ge=1)
+    lora_alpha: float = Field(default=8.0, gt=0)  # PEFT's default
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
+    bias: Literal["none"] = "none"
+    use_rslora: bool = False
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets(cls, v: Any) -> Any:
+        if v == "all-linear":
+            return tuple(LORA_MODULES)
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError('a list of module names or "all-linear"')
+        unknown = [m for m in v if m not in LORA_MODULES]
+        if unknown:
+            raise ValueError(f"no module {unknown[0]!r} in a LLaMA-family decoder (its modules: "
+                             f"{', '.join(LORA_MODULES)}, or all-linear)")
+        return tuple(m for m in LORA_MODULES if m in v)  # the architecture's order, once each
+
+    @field_validator("lora_dropout")
+    @classmethod
+    def _dropout(cls, v: float) -> float:
+        if v != 0:
+            raise ValueError(f"{v}: realbench trains adapters without dropout (0, PEFT's default); "
+                             "it does not draw dropout masks that every layout would repeat")
+        return v
+
+    @property
+    def scaling(self) -> float:
+        return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """{realbench module: "column" or "row"} of the targets."""
+        return dict(LORA_MODULES[m] for m in self.target_modules)
 
 
 class ModelSpec(FileModel):
@@ -53,6 +116,8 @@ class ModelSpec(FileModel):
     qkv_bias: bool = False  # the q, k and v projections have biases (Qwen2)
     # the Hugging Face checkpoint folder the weights come from (absolute), None for random weights
     path: Optional[str] = None
+    # low-rank adapters trained on the frozen weights (None: every weight trains)
+    lora: Optional[LoraSpec] = None
 
     @model_validator(mode="after")
     def _check_shape(self) -> "ModelSpec":
@@ -98,6 +163,19 @@ class ModelSpec(FileModel):
             return max(self.embedding_params, self.head_params)
         shared = self.vocab * self.hidden if self.tie_embeddings else 0
         return self.embedding_params + self.head_params - shared
+
+    def in_out(self, module: str) -> tuple[int, int]:
+        """(in, out) features of a projection of a decoder layer, by realbench's module name."""
+        h, q, kv = self.hidden, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h), "w_gate": (h, self.ffn),
+                "w_up": (h, self.ffn), "w_down": (self.ffn, h)}[module]
+
+    @property
+    def layer_adapter_params(self) -> int:
+        """Adapter parameters of one decoder layer: r (in + out) per targeted projection."""
+        if self.lora is None:
+            return 0
+        return sum(self.lora.r * sum(self.in_out(m)) for m in self.lora.modules)
 
     @property
     def head_out(self) -> int:

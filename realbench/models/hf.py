@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from realbench.errors import ConfigError
-from realbench.models import ModelSpec
+from realbench.models import LoraSpec, ModelSpec
 from realbench.schema import refuse_unknown_keys, validate_model
 
 # The families the runtime computes exactly: LLaMA; Mistral (LLaMA's computation, when it has no
@@ -129,7 +129,7 @@ def spec_from_folder(folder: str | Path, name: str | None = None) -> ModelSpec:
     return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"))
 
 
-CHECKPOINT_KEYS = ("path", "value_head", "name")  # of a scenario's checkpoint entry
+CHECKPOINT_KEYS = ("path", "value_head", "name", "lora")  # of a scenario's checkpoint entry
 
 
 def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
@@ -146,7 +146,11 @@ def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
         raise ConfigError("must be true or false", "value_head")
     if spec.value_head and not value_head:
         raise ConfigError("a sequence-classification checkpoint has no language-model head", "value_head")
-    spec = spec.with_value_head(value_head).model_copy(update={"path": str(folder)})
+    try:
+        lora = validate_model(LoraSpec, entry["lora"]) if entry.get("lora") is not None else None
+    except ConfigError as e:
+        raise e.within("lora") from None
+    spec = spec.with_value_head(value_head).model_copy(update={"path": str(folder), "lora": lora})
     checkpoint_tensors(spec, folder)  # every tensor accounted for, before any process starts
     return spec
 
@@ -234,7 +238,7 @@ def checkpoint_tensors(spec: ModelSpec, folder: Path) -> dict[str, tuple[str, st
     parameter is there (a fresh value head, or a tied head, need none)."""
     from realbench.models.shards import param_specs
 
-    expected = {p.name: p.shape for p in param_specs(spec)}
+    expected = {p.name: p.shape for p in param_specs(spec, adapters=False)}
     fresh = set()
     if spec.tie_embeddings:
         fresh.add("head.weight")  # the embedding serves as the head

@@ -15,6 +15,13 @@ pp x v equal chunks and stage j holds chunks j, j + pp, ..., j + (v - 1) pp (Meg
 pipeline): the embedding stays with chunk 0 on stage 0, the head with the last chunk on stage
 pp - 1. Every function here that takes (pp, stage) takes v too (default 1: contiguous stages).
 
+LoRA adapters (`ModelSpec.lora`) are parameters `layers.<i>.<module>.lora_A` (r x in) and
+`.lora_B` (out x r), held by their layer's stage and split as their projection is: a
+column-parallel projection's B splits its rows (A is replicated), a row-parallel one's A splits
+its columns (B is replicated). They come after every weight of the base in `param_specs`, so
+a stage's adapters are one run at the end of its flat buffer (`trainable_start`): the optimizer
+keeps master weights and moments for that run only, and reallocation can move it alone.
+
 A tied head (`ModelSpec.tie_embeddings`) is stored once when the embedding and the head sit on
 one stage (pp == 1): `head.weight` is then an alias of `embed.weight` (`tied_aliases`), in the
 flat buffer and in the shards. With pp > 1 the last stage holds a copy, kept equal to the
@@ -39,7 +46,25 @@ class ParamSpec:
 
 
 
-def param_specs(model: ModelSpec) -> list[ParamSpec]:
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_A", ".lora_B"))
+
+
+def adapter_specs(model: ModelSpec) -> list[ParamSpec]:
+    """The LoRA adapters of `model` (none without `model.lora`), layer by layer."""
+    if model.lora is None:
+        return []
+    r, specs = model.lora.r, []
+    for i in range(model.n_layers):
+        for module, style in model.lora.modules.items():
+            n_in, n_out = model.in_out(module)
+            specs += [ParamSpec(f"layers.{i}.{module}.lora_A", (r, n_in), None if style == "column" else 1, i),
+                      ParamSpec(f"layers.{i}.{module}.lora_B", (n_out, r), 0 if style == "column" else None, i)]
+    return specs
+
+
+def param_specs(model: ModelSpec, adapters: bool = True) -> list[ParamSpec]:
+    """Every parameter of `model`: the base's, then its LoRA adapters' (unless `adapters` is false)."""
     h, hd, L = model.hidden, model.head_dim, model.n_layers
     q, kv = model.n_heads * hd, model.n_kv_heads * hd
     specs = [ParamSpec("embed.weight", (model.vocab, h), 0, -1)]
@@ -62,7 +87,7 @@ def param_specs(model: ModelSpec) -> list[ParamSpec]:
         specs.append(ParamSpec("head.weight", (1, h), None, L))
     else:
         specs.append(ParamSpec("head.weight", (model.vocab, h), 0, L))
-    return specs
+    return specs + (adapter_specs(model) if adapters else [])
 
 
 def tied_aliases(model: ModelSpec, pp: int) -> dict[str, str]:
@@ -121,13 +146,25 @@ def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> 
     return offsets, total
 
 
-def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> dict:
+def trainable_start(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> int:
+    """Where the trained parameters of a stage start in its flat buffer: 0 (all of them), or
+    with LoRA, where its adapters start (they run to the end)."""
+    if model.lora is None:
+        return 0
+    offsets, total = flat_offsets(model, tp, pp, stage, v)
+    return min((at for name, at in offsets.items() if is_adapter(name)), default=total)
+
+
+def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1, start: int = 0) -> dict:
     """The shards of stage `stage` as views of its flat buffer `flat` (a tensor of
-    `flat_offsets(...)[1]` values), by name."""
+    `flat_offsets(...)[1]` values), by name; with `start`, `flat` holds the buffer from there
+    on (the trained run, `trainable_start`) and the views are of the shards it holds."""
     offsets, _ = flat_offsets(model, tp, pp, stage, v)
     specs = {p.name: p for p in param_specs(model)}
     views = {}
-    for name, start in offsets.items():
+    for name, at in offsets.items():
+        if at < start:
+            continue
         shape = shard_shape(specs[name], tp)
-        views[name] = flat[start:start + math.prod(shape)].view(shape)
+        views[name] = flat[at - start:at - start + math.prod(shape)].view(shape)
     return views

@@ -224,6 +224,10 @@ class Scenario(DerivedValues):
         if self.training.behav_imp_weight_cap is not None and not self.dataflow.max_staleness:
             raise ConfigError("a setting of asynchronous RL (the decoupled objective); this dataflow is synchronous "
                               "(dataflow.max_staleness: 0)", "training.behav_imp_weight_cap")
+        for role, m in self.models.items():
+            if isinstance(m, ModelSpec) and m.lora is not None and role not in trained:
+                raise ConfigError(f"LoRA adapters train, and no call trains {role!r} (trained: "
+                                  f"{', '.join(sorted(trained)) or 'none'})", f"models.{role}.lora")
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:

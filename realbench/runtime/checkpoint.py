@@ -59,13 +59,14 @@ def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, 
     from safetensors import safe_open
 
     from realbench.models.hf import checkpoint_tensors
-    from realbench.models.shards import flat_offsets, param_specs, tied_aliases, tp_range
+    from realbench.models.shards import flat_offsets, is_adapter, param_specs, tied_aliases, tp_range
 
     folder = Path(spec.path)
     where = checkpoint_tensors(spec, folder)
     specs = {p.name: p for p in param_specs(spec)}
     wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage, v)[0]
                                               if n not in tied_aliases(spec, pp)]
+    wanted = [n for n in wanted if not is_adapter(n)]  # a checkpoint holds the base; LoRA adapters start fresh
     out: dict[str, torch.Tensor] = {}
     by_file: dict[str, list[str]] = {}
     for name in wanted:
@@ -174,6 +175,8 @@ def _read_slices(files: _RankFiles, spec: ModelSpec, role: str, src, dst, rank: 
         f, keys = files(t.src)
         name, n = stored_as.get(t.name, t.name), t.hi - t.lo
         for kind, views in state.items():
+            if t.name not in views:  # under LoRA: the base's weights, the adapters' optimizer state
+                continue
             key = _FILE_KEYS[kind].format(role=role, name=name)
             if key not in keys:
                 if kind.startswith("exp_avg"):  # saved before the first step: zeros, as Adam starts

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import LlamaStage
-from realbench.models.shards import param_specs
+from realbench.models.shards import is_adapter, param_specs
 from realbench.plan.pipeline import ACTIVATION, EXCHANGE, FORWARD, GRADIENT, stage_program
 
 
@@ -41,7 +41,8 @@ class PlacedModel:
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
         self.device = torch.device(device)
-        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype, d.v)
+        self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype, d.v,
+                                tp_ranks=layout.tp_group(c))
         self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
         self.pp_group = groups.get(layout.pp_group(c))
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
@@ -65,8 +66,10 @@ class PlacedModel:
 
     @torch.no_grad()
     def load_shards(self, shards: dict[str, torch.Tensor]) -> None:
+        """Fill every shard from `shards`; LoRA adapters only where given (a base checkpoint has none)."""
         for k, v in self.shards(aliases=False).items():
-            v.copy_(shards[k])
+            if k in shards or not is_adapter(k):
+                v.copy_(shards[k])
 
     # -- compute ----------------------------------------------------------------------------------------
     def _width(self, tokens: torch.Tensor) -> int:

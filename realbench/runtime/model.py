@@ -17,6 +17,13 @@ from the spec (`norm_eps`, `rope_theta`), as a checkpoint's config gives them.
 RoPE follows the rotate-half convention of Hugging Face's LLaMA, so its checkpoints load as they are.
 A head tied to the embedding (`spec.tie_embeddings`) is the embedding's own parameter when one
 stage holds both.
+
+LoRA (`spec.lora`): a targeted projection adds s B A x (s = lora_alpha / r) to its frozen W x.
+Column-parallel: A is replicated and computes from the normed input before `_copy_to_tp`, and
+its output u = A x goes through `_copy_to_tp` itself, so that the all-reduce of u's gradient
+sums the parts each rank's rows of B give, and every rank's A gets the whole gradient.
+Row-parallel: each rank's columns of A multiply its slice of the input, an all-reduce sums the
+parts (r values per token), and the replicated B maps them out.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from realbench.models import ModelSpec
-from realbench.models.shards import (chunk_of, flat_offsets, flat_views, param_specs, shard_shape, stage_layers, tied_aliases,
-                                      tp_range)
+from realbench.models.shards import (chunk_of, flat_offsets, flat_views, is_adapter, param_specs, shard_shape, stage_layers,
+                                      tied_aliases, tp_range)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -61,20 +68,20 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class _GatherFromTP(torch.autograd.Function):
-    """Concatenate the ranks' slices along the last dimension; backward keeps this rank's slice."""
+    """Concatenate the tp ranks' slices along the last dimension, in tp order; backward keeps
+    this rank's slice. `order`: the group rank of each tp rank (torch numbers a group's members
+    in increasing global rank, which a mesh listing its ranks in another order does not follow)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        n = dist.get_world_size(group)
-        ctx.rank, ctx.width = dist.get_rank(group), x.shape[-1]
-        parts = [torch.empty_like(x) for _ in range(n)]
+    def forward(ctx, x, group, tp_rank, order):
+        ctx.rank, ctx.width = tp_rank, x.shape[-1]
+        parts = [torch.empty_like(x) for _ in order]
         dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
+        return torch.cat([parts[g] for g in order], dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None
+        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None, None, None
 
 
 class RMSNorm(nn.Module):
@@ -143,6 +150,29 @@ class Block(nn.Module):
         self.w_gate = nn.Linear(h, spec.ffn // tp, bias=False)
         self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
         self.w_down = nn.Linear(spec.ffn // tp, h, bias=False)
+        self.lora_scale = spec.lora.scaling if spec.lora else 0.0
+        for module in (spec.lora.modules if spec.lora else ()):
+            # the shard's own part, shaped by its projection's: B's rows of a column-parallel
+            # projection (the input, h, is whole), A's columns of a row-parallel one (the output is)
+            linear = getattr(self, module)
+            n_out, n_in = linear.weight.shape
+            linear.lora_A = nn.Parameter(torch.zeros(spec.lora.r, n_in))
+            linear.lora_B = nn.Parameter(torch.zeros(n_out, spec.lora.r))
+
+    def _column(self, linear: nn.Linear, normed, entered):
+        """A column-parallel projection of the normed input (`entered`: after `_enter`), with its
+        adapter when it has one."""
+        y = linear(entered)
+        if hasattr(linear, "lora_A"):
+            y = y + self.lora_scale * F.linear(self._enter(F.linear(normed, linear.lora_A)), linear.lora_B)
+        return y
+
+    def _row(self, linear: nn.Linear, x):
+        """A row-parallel projection of this rank's slice `x`, summed over tp, with its adapter."""
+        y = self._leave(linear(x))
+        if hasattr(linear, "lora_A"):
+            y = y + self.lora_scale * F.linear(self._leave(F.linear(x, linear.lora_A)), linear.lora_B)
+        return y
 
     def _enter(self, x):
         return _CopyToTP.apply(x, self.group) if self.tp > 1 else x
@@ -155,10 +185,11 @@ class Block(nn.Module):
         """`mask`: which keys each query sees, (S, T) or (B, 1, S, T); None: causal. `rotary`: the
         (cos, sin) tables of `positions`, when the stage computed them already."""
         B, S, _ = x.shape
-        a = self._enter(self.attn_norm(x))
-        q = self.wq(a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        n = self.attn_norm(x)
+        a = self._enter(n)
+        q = self._column(self.wq, n, a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
+        k = self._column(self.wk, n, a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self._column(self.wv, n, a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
         tables = rotary or rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
         q, k = rope(q, tables), rope(k, tables)
         if isinstance(cache, dict):  # decoding: attend to the cached keys and values too
@@ -178,9 +209,10 @@ class Block(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(None, S, k.shape[2], x.device),
                                                enable_gqa=gqa)
-        x = x + self._leave(self.wo(y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim)))
-        f = self._enter(self.ffn_norm(x))
-        return x + self._leave(self.w_down(F.silu(self.w_gate(f)) * self.w_up(f)))
+        x = x + self._row(self.wo, y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim))
+        n = self.ffn_norm(x)
+        f = self._enter(n)
+        return x + self._row(self.w_down, F.silu(self._column(self.w_gate, n, f)) * self._column(self.w_up, n, f))
 
 
 class LlamaStage(nn.Module):
@@ -194,7 +226,9 @@ class LlamaStage(nn.Module):
     softmax and log-probabilities are computed in fp32 whatever it is)."""
 
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
-                 tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, v: int = 1):
+                 tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, v: int = 1,
+                 tp_ranks: Optional[tuple[int, ...]] = None):
+        """`tp_ranks`: the global ranks of the tp group in tp order (None: in increasing order)."""
         super().__init__()
         if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
             raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
@@ -202,6 +236,8 @@ class LlamaStage(nn.Module):
             raise ValueError(f"stage {stage} of pp={pp} for {spec.n_layers} layers")
         self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
         self.first, self.last, self.v = stage == 0, stage == pp - 1, v
+        self.tp_order = list(range(tp)) if tp_ranks is None or tp == 1 else \
+            [dist.get_group_rank(tp_group, r) for r in tp_ranks]
         if v > 1:  # chunks stage, stage + pp, ... of the interleaved schedule (realbench.models.shards)
             self.chunks = [[str(i) for i in range(spec.n_layers) if chunk_of(i, spec.n_layers, pp, v) == stage + k * pp]
                            for k in range(v)]
@@ -219,6 +255,9 @@ class LlamaStage(nn.Module):
             if self.aliases:
                 self.head.weight = self.embed.weight
         self.flat = self._flatten(torch.device(device), dtype)
+        if spec.lora is not None:  # only the adapters train: the base gets no gradients
+            for name, p in self.named_parameters():
+                p.requires_grad_(is_adapter(name))
 
     @torch.no_grad()
     def _flatten(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -295,17 +334,17 @@ class LlamaStage(nn.Module):
         if self.spec.value_head:
             return self.head(h).squeeze(-1)
         logits = self.head(_CopyToTP.apply(h, self.group) if self.tp > 1 else h)
-        return _GatherFromTP.apply(logits, self.group) if self.tp > 1 else logits
+        return _GatherFromTP.apply(logits, self.group, self.tp_rank, self.tp_order) if self.tp > 1 else logits
 
     # -- weights --------------------------------------------------------------------------------------
     @torch.no_grad()
-    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+    def load_full(self, full: dict[str, torch.Tensor], only: Optional[set] = None) -> None:
         """Take this shard's slices of full (unsharded) tensors (an alias is filled through its
-        target and need not be given)."""
+        target and need not be given); `only`: of these names alone."""
         specs = {s.name: s for s in param_specs(self.spec)}
         own = self.state_dict()
         for name, target in own.items():
-            if name in self.aliases:
+            if name in self.aliases or (only is not None and name not in only):
                 continue
             s = specs[name]
             src = full[name]
@@ -320,7 +359,7 @@ def init_full_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02) -> dict
     build the same tensors from the seed."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for s in param_specs(spec):
+    for s in param_specs(spec, adapters=False):
         if s.name.endswith("norm.weight"):
             out[s.name] = torch.ones(s.shape)
         elif s.name.endswith(".bias"):
@@ -330,6 +369,23 @@ def init_full_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02) -> dict
             out[s.name] = torch.randn(s.shape, generator=g) * scale
     if spec.tie_embeddings:
         out["head.weight"] = out["embed.weight"]
+    return {**out, **init_adapters(spec, seed)}
+
+
+def init_adapters(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Fresh LoRA adapters as PEFT starts them: A uniform in +-1/sqrt(in) (torch's Kaiming
+    uniform with a = sqrt(5), what PEFT calls), B zeros, so the adapted model starts as the
+    base. Drawn from their own generator: adding adapters leaves the base's draws as they were."""
+    from realbench.models.shards import adapter_specs
+
+    g = torch.Generator().manual_seed(seed * 7919 + 17)
+    out = {}
+    for s in adapter_specs(spec):
+        if s.name.endswith("lora_A"):
+            bound = 1.0 / math.sqrt(s.shape[1])
+            out[s.name] = (torch.rand(s.shape, generator=g) * 2 - 1) * bound
+        else:
+            out[s.name] = torch.zeros(s.shape)
     return out
 
 

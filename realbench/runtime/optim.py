@@ -7,13 +7,17 @@ the stage's own buffer; in bf16 they are an fp32 copy, and after each step the n
 rounded into the stage. Per parameter that is 2 bytes of bf16 weights, 2 of bf16 gradients, and
 12 of fp32 master weights and moments: the 16 bytes the cost model assumes (the gradient is
 widened to fp32 only for the update itself).
+
+With LoRA (`spec.lora`) only the adapters train: they are the end of the stage's buffer
+(`shards.trainable_start`), and the master weights, moments, weight decay, clipping and
+checkpointed state cover that run alone; the frozen base has no gradients and no optimizer state.
 """
 
 from __future__ import annotations
 
 import torch
 
-from realbench.models.shards import flat_views
+from realbench.models.shards import flat_views, trainable_start
 
 
 def decays(name: str) -> bool:
@@ -29,7 +33,9 @@ class MixedPrecisionAdam:
 
     def __init__(self, model, lr: float = 1e-3, settings=None, total_updates: int = 1):
         self.model, self.settings, self.total_updates = model, settings, total_updates
-        flat = model.stage.flat
+        st = model.stage
+        self.start = trainable_start(st.spec, st.tp, st.pp, st.stage, st.v)  # 0 unless LoRA
+        flat = st.flat[self.start:]
         # fp32: one storage with the stage (updated in place); bf16: a copy that the stage follows
         self.master = torch.nn.Parameter(flat if flat.dtype == torch.float32 else flat.float())
         # the fused kernel (one pass over the flat tensor) where torch has it for the device
@@ -57,7 +63,7 @@ class MixedPrecisionAdam:
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         st = self.model.stage
-        return flat_views(flat, st.spec, st.tp, st.pp, st.stage, st.v)
+        return flat_views(flat, st.spec, st.tp, st.pp, st.stage, st.v, start=self.start)
 
     def zero_grad(self) -> None:
         for p in self.model.stage.parameters():
@@ -80,6 +86,8 @@ class MixedPrecisionAdam:
         grad = self.grad
         views = self._views(grad)
         for name, p in self.model.stage.named_parameters():
+            if name not in views:  # frozen (the base under LoRA)
+                continue
             if p.grad is not None:
                 views[name].copy_(p.grad)
             else:
@@ -98,7 +106,7 @@ class MixedPrecisionAdam:
     def _sync_stage(self) -> None:
         """The stage's weights from the master's (bf16; in fp32 they share storage)."""
         if self.model.stage.flat.dtype != torch.float32:
-            self.model.stage.flat.copy_(self.master)
+            self.model.stage.flat[self.start:].copy_(self.master)
 
     # -- moving and checkpoints ---------------------------------------------------------------------------
     def state_views(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -54,12 +54,14 @@ def _stage_of(spec: ParamSpec, n_layers: int, pp: int, v: int) -> int:
     return next(s for s in range(pp) if in_stage(spec, n_layers, pp, s, v))
 
 
-def plan_transfers(model: ModelSpec, src: Layout, dst: Layout) -> list[Transfer]:
+def plan_transfers(model: ModelSpec, src: Layout, dst: Layout, names: Optional[Callable[[str], bool]] = None
+                   ) -> list[Transfer]:
+    """`names`: move only the parameters it accepts (the adapters alone, say); None: all."""
     L = model.n_layers
     out = []
     stored_once = tied_aliases(model, dst.dims.pp)  # a tied head the destination keeps in its embedding
     for p in param_specs(model):
-        if p.name in stored_once:
+        if p.name in stored_once or (names is not None and not names(p.name)):
             continue
         s_stage = _stage_of(p, L, src.dims.pp, src.dims.v)
         for c in dst.coords():
@@ -177,10 +179,10 @@ def _pair_messages(model: ModelSpec, specs: dict[str, ParamSpec], src: Layout, d
 
 
 def rank_plan(model: ModelSpec, src: Layout, dst: Layout, rank: int,
-              transfers: Optional[list[Transfer]] = None) -> RankPlan:
-    """This rank's part of moving `model` from `src` to `dst`: local copies, and one message to
-    and from each peer it exchanges data with."""
-    transfers = plan_transfers(model, src, dst) if transfers is None else transfers
+              transfers: Optional[list[Transfer]] = None, names: Optional[Callable[[str], bool]] = None) -> RankPlan:
+    """This rank's part of moving `model` from `src` to `dst` (the parameters `names` accepts):
+    local copies, and one message to and from each peer it exchanges data with."""
+    transfers = plan_transfers(model, src, dst, names) if transfers is None else transfers
     specs = {p.name: p for p in param_specs(model)}
     local = []
     pairs: dict[tuple[int, int], list[Transfer]] = {}

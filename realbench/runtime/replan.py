@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from realbench.dataflow import CallKind
+from realbench.models.shards import is_adapter
 from realbench.runtime.realloc import BoundReallocation, rank_plan
 
 # the kinds of state a switch moves, and the dtype each travels in (None: the models' compute dtype)
@@ -62,10 +63,16 @@ def switch_plan(old, options: dict):
         dist.all_reduce(steps, op=dist.ReduceOp.MAX)
     for m in masters:
         spec = old.scenario.models[old.calls[m].model]
-        plan = rank_plan(spec, old.layouts[m], new.layouts[m], old.rank)
         src, dst = old.master_state(m), new.master_state(m)
         kinds = ("master", "exp_avg", "exp_avg_sq") if m in trained else ("weights",)
-        for kind in kinds:
+        if m in trained and spec.lora is not None:  # the adapters' state, and the frozen base
+            plans = {kind: rank_plan(spec, old.layouts[m], new.layouts[m], old.rank, names=is_adapter) for kind in kinds}
+            plans["weights"] = rank_plan(spec, old.layouts[m], new.layouts[m], old.rank,
+                                         names=lambda name: not is_adapter(name))
+        else:
+            plan = rank_plan(spec, old.layouts[m], new.layouts[m], old.rank)
+            plans = {kind: plan for kind in kinds}
+        for kind, plan in plans.items():
             BoundReallocation(plan, src.get(kind, {}), dst.get(kind, {}), dtype=STATE_KINDS[kind] or old.dtype,
                               device=old.device)()
         if m in new.optimizers:

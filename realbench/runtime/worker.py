@@ -46,7 +46,7 @@ from realbench.runtime.device import synchronize
 from realbench.runtime.engine import PlacedModel
 from realbench.runtime.rollout import SlotTimeline, rollout
 from realbench.runtime.layout import Coord, Groups, Layout
-from realbench.runtime.model import init_full_weights
+from realbench.runtime.model import init_adapters, init_full_weights
 from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
 from realbench.models.shards import param_specs, tied_aliases
 
@@ -301,6 +301,8 @@ class Worker:
             if weights and spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
                                                  seed=self.seed, v=lay.dims.v))
+                if spec.lora is not None:  # fresh adapters on the checkpoint's weights
+                    model.stage.load_full(init_adapters(spec, self.weights_seed(spec)))
             elif weights:
                 model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
@@ -315,8 +317,12 @@ class Worker:
     def initial_weights(self, role: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
         if role == "reward":
             return toy_reward_weights(spec)
-        # the reference starts as the actor; the critic from its own seed
-        return init_full_weights(spec, seed=self.seed * 31 + (1 if spec.value_head else 0))
+        return init_full_weights(spec, seed=self.weights_seed(spec))
+
+    def weights_seed(self, spec: ModelSpec) -> int:
+        """The seed of a model's random weights: the reference starts as the actor; the critic
+        from its own seed."""
+        return self.seed * 31 + (1 if spec.value_head else 0)
 
     # -- one RLHF step ----------------------------------------------------------------------------------
     def step(self, step: int) -> StepRecord:
@@ -770,7 +776,10 @@ class Worker:
         if m not in self.masters:
             return {}
         if m in self.optimizers:
-            return self.optimizers[m].state_views()
+            state = self.optimizers[m].state_views()
+            if self.masters[m].spec.lora is not None:  # the frozen base, beside the adapters' state
+                state["weights"] = {k: v for k, v in self.masters[m].shards().items() if k not in state["master"]}
+            return state
         return {"weights": self.masters[m].shards()}
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -788,9 +797,9 @@ class Worker:
                 for k, v in state.items():
                     tensors[f"adam/{role}/{k}" if "/" in k else f"model/{role}/{k}"] = v
                 meta[f"adam_step/{role}"] = adam_step
-            else:
+            if m not in self.optimizers or model.spec.lora is not None:  # weights not in an optimizer: as held
                 for k, v in model.shards(aliases=False).items():  # safetensors refuses shared storage
-                    tensors[f"model/{role}/{k}"] = v
+                    tensors.setdefault(f"model/{role}/{k}", v)
         save_weights(os.path.join(folder, f"rank{self.rank}.safetensors"), tensors, meta)
 
 

@@ -1,0 +1,197 @@
+"""LoRA: adapters in PEFT's names, trained on every layout as PEFT's LoraModel trains them, the
+base frozen, the optimizer over the adapters alone, and bad settings refused by name."""
+
+import random
+
+import pytest
+import torch
+
+from realbench.errors import ConfigError
+from realbench.models import LoraSpec, get_model
+from realbench.models.shards import adapter_specs, is_adapter, param_specs, trainable_start
+from realbench.plan.training import OptimizerSettings
+from realbench.runtime.layout import Groups, Layout
+from realbench.runtime.local import spawn
+from realbench.runtime.model import LlamaStage, init_full_weights
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+LORA = LoraSpec(r=4, lora_alpha=16, target_modules="all-linear")
+SPEC = get_model("llama-tiny").model_copy(update={"lora": LORA})
+# one update that clips (the gradient norm is far above 0.01) and decays
+SETTINGS = OptimizerSettings(learning_rate=1e-4, lr_scheduler_type="constant", weight_decay=0.1, max_grad_norm=0.01)
+ROWS, WIDTH = 8, 12
+
+
+def start_weights(spec=SPEC, seed=1):
+    """The base and adapters a test starts from: B random too (PEFT starts it at zero, where A's
+    gradient would be zero and a wrong A update would not show)."""
+    full = init_full_weights(spec, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    for s in adapter_specs(spec):
+        if s.name.endswith("lora_B"):
+            full[s.name] = torch.randn(s.shape, generator=g) * 0.05
+    return full
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, SPEC.vocab, (ROWS, WIDTH), generator=g), torch.randint(0, SPEC.vocab, (ROWS, WIDTH), generator=g)
+
+
+def token_loss(logits, targets):
+    """Mean negative log-likelihood of the targets (summed here; callers divide by the tokens)."""
+    return -torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).sum()
+
+
+def peft_update(spec=SPEC, full=None):
+    """One AdamW update of PEFT's LoraModel on transformers' LlamaForCausalLM, single process, as
+    transformers' Trainer takes it (global norm clipped, decay on every adapter): the adapted
+    weights after it, by realbench's names, and the norm before clipping."""
+    from realbench.models.hf import hf_of
+    from realbench.runtime.checkpoint import hf_config
+
+    full = full if full is not None else start_weights(spec)
+    base = {k: v for k, v in full.items() if not is_adapter(k)}
+    cfg = transformers.LlamaConfig(**{k: v for k, v in hf_config(spec, "float32").items()
+                                      if k not in ("architectures", "model_type", "torch_dtype", "dtype")})
+    hf = transformers.LlamaForCausalLM(cfg)
+    hf.load_state_dict({hf_of(k, spec): v for k, v in base.items()})
+    lora = spec.lora
+    model = peft.get_peft_model(hf, peft.LoraConfig(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=0.0,
+                                                    target_modules=list(lora.target_modules)))
+    params = dict(model.named_parameters())
+
+    def peft_name(ours):
+        layer_module, part = ours.rsplit(".", 1)
+        hf_name = hf_of(layer_module + ".weight", spec).removesuffix(".weight")
+        return f"base_model.model.{hf_name}.{part}.default.weight"
+
+    with torch.no_grad():
+        for s in adapter_specs(spec):
+            params[peft_name(s.name)].copy_(full[s.name])
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert len(trained) == len(adapter_specs(spec))  # PEFT trains the adapters and nothing else
+    tokens, targets = batch()
+    loss = token_loss(model(tokens).logits, targets) / targets.numel()
+    loss.backward()
+    norm = float(torch.nn.utils.clip_grad_norm_(trained, SETTINGS.max_grad_norm))
+    opt = torch.optim.AdamW(trained, lr=SETTINGS.learning_rate, weight_decay=SETTINGS.weight_decay,
+                            betas=(SETTINGS.adam_beta1, SETTINGS.adam_beta2), eps=SETTINGS.adam_epsilon)
+    opt.step()
+    return {s.name: params[peft_name(s.name)].detach().clone() for s in adapter_specs(spec)}, norm
+
+
+def _update_worker(rank, world, spec, layouts, micro_batches):
+    """On each layout: one update of the adapters (realbench's optimizer, clipping as the run
+    clips), then the whole model gathered on rank 0 (None elsewhere), with the norm."""
+    from realbench.runtime.engine import PlacedModel
+    from realbench.runtime.optim import MixedPrecisionAdam
+    from realbench.runtime.realloc import reallocate
+
+    full = start_weights(spec)
+    tokens, targets = batch()
+    groups = Groups()
+    groups.prepare(layouts)
+    out = []
+    for lay, m in zip(layouts, micro_batches):
+        placed, norm = None, None
+        if lay.coord(rank) is not None:
+            placed = PlacedModel(spec, lay, rank, groups)
+            placed.stage.load_full(full)
+            opt = MixedPrecisionAdam(placed, settings=SETTINGS, total_updates=1)
+            c, dp = placed.coord, lay.dims.dp
+            mine, goal = tokens.chunk(dp)[c.dp], targets.chunk(dp)[c.dp]
+            pieces = list(goal.chunk(m))
+            placed.forward_backward(list(mine.chunk(m)),
+                                    lambda i, y: token_loss(y, pieces[i]) / targets.numel() * dp)
+            norm = placed.grad_norm()
+            opt.step(min(1.0, SETTINGS.max_grad_norm / (norm + 1e-6)))
+            # the optimizer holds the adapters only: its master is the buffer's end, from the adapters' start
+            assert opt.master.numel() == placed.stage.flat.numel() - trainable_start(spec, lay.dims.tp, lay.dims.pp,
+                                                                                       c.pp, lay.dims.v)
+            assert set(opt.state_views()["master"]) == {k for k in placed.shards() if is_adapter(k)}
+        whole = reallocate(spec, lay, Layout.on([0], 1, 1, 1), placed.shards() if placed else {}, rank)
+        # plain lists: tensors would travel through shared memory that a finished process takes away
+        out.append((norm, {k: v.tolist() for k, v in whole.items()} if rank == 0 else None))
+    return out
+
+
+def random_layouts(seed, count):
+    rng = random.Random(seed)
+    shapes = [(dp, tp, pp) for dp in (1, 2, 4) for tp in (1, 2) for pp in (1, 2, 4) if dp * tp * pp in (2, 4)]
+    cases = []
+    for _ in range(count):
+        dp, tp, pp = rng.choice(shapes)
+        v = 2 if pp == 2 and rng.random() < 0.5 else 1  # the interleaved schedule: chunks of 1 layer
+        ranks = list(range(4))
+        rng.shuffle(ranks)
+        cases.append((Layout.on(ranks[:dp * tp * pp], dp, tp, pp, v), rng.choice([1, 2]) * pp))
+    return cases
+
+
+def test_one_lora_update_on_random_layouts_is_peft_loramodels_update():
+    """The adapters after one clipped AdamW update with weight decay equal PEFT's LoraModel's on
+    transformers' LlamaForCausalLM (single process), to 1e-6, on random dp/tp/pp layouts of up to
+    4 processes (interleaved pipelines too, tp splitting B's rows or A's columns); the norm is
+    the adapters' alone, and the base does not move by a bit."""
+    expected, peft_norm = peft_update()
+    assert peft_norm > 10 * SETTINGS.max_grad_norm  # the update clips
+    cases = random_layouts(3, 5)
+    results = spawn(_update_worker, 4, SPEC, [lay for lay, _ in cases], [m for _, m in cases], timeout_s=300)
+    full = start_weights()
+    for k, (lay, m) in enumerate(cases):
+        norms = {results[r][k][0] for r in lay.ranks}
+        assert len(norms) == 1, (lay, norms)  # every rank clips by the same norm
+        assert norms.pop() == pytest.approx(peft_norm, rel=1e-5), lay
+        whole = {name: torch.tensor(v) for name, v in results[0][k][1].items()}
+        for s in adapter_specs(SPEC):
+            err = float((whole[s.name] - expected[s.name]).abs().max())
+            assert err <= 1e-6, (lay, m, s.name, err)
+            assert not torch.equal(whole[s.name], full[s.name]), s.name  # it did move
+        for s in param_specs(SPEC, adapters=False):
+            assert torch.equal(whole[s.name], full[s.name]), (lay, s.name)
+
+
+def test_the_adapted_model_computes_the_base_plus_the_scaled_low_rank_product():
+    """y = W x + (alpha / r) B A x on one projection, by hand: with every adapter zero but one
+    q_proj's, the logits move exactly as adding (alpha / r) B A to that W does."""
+    spec = get_model("llama-tiny").model_copy(update={"lora": LoraSpec(r=2, lora_alpha=6, target_modules=["q_proj"])})
+    full = init_full_weights(spec, seed=2)
+    g = torch.Generator().manual_seed(5)
+    full["layers.1.wq.lora_B"] = torch.randn(full["layers.1.wq.lora_B"].shape, generator=g)
+    adapted = LlamaStage(spec)
+    adapted.load_full(full)
+    merged = {k: v for k, v in full.items() if not is_adapter(k)}
+    merged["layers.1.wq.weight"] = merged["layers.1.wq.weight"] + 3.0 * full["layers.1.wq.lora_B"] @ full["layers.1.wq.lora_A"]
+    plain = LlamaStage(get_model("llama-tiny"))
+    plain.load_full(merged)
+    tokens = batch()[0]
+    assert float((adapted(tokens) - plain(tokens)).abs().max()) < 1e-5
+    # fresh adapters (B zero) compute the base exactly
+    fresh = LlamaStage(spec)
+    fresh.load_full(init_full_weights(spec, seed=2))
+    base = LlamaStage(get_model("llama-tiny"))
+    base.load_full({k: v for k, v in init_full_weights(spec, seed=2).items() if not is_adapter(k)})
+    assert torch.equal(fresh(tokens), base(tokens))
+    assert {n for n, p in fresh.named_parameters() if p.requires_grad} == {s.name for s in adapter_specs(spec)}
+
+
+def test_lora_settings_take_peft_names_and_refuse_what_realbench_would_not_do():
+    assert LoraSpec(r=8).target_modules == ("q_proj", "v_proj")  # PEFT's default for LLaMA
+    assert LoraSpec(r=8, target_modules=["down_proj", "q_proj"]).target_modules == ("q_proj", "down_proj")
+    assert LoraSpec(r=16, lora_alpha=32).scaling == 2.0 and LoraSpec(r=16, lora_alpha=32, use_rslora=True).scaling == 8.0
+    assert LORA.modules == {"wq": "column", "wk": "column", "wv": "column", "wo": "row", "w_gate": "column",
+                            "w_up": "column", "w_down": "row"}
+    # r (in + out) per targeted projection and layer: hand-worked for llama-tiny (h 64, kv 32, ffn 176)
+    assert SPEC.layer_adapter_params == 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 176) + (176 + 64))
+    for bad, field in [({"r": 0}, "r"), ({"r": 4, "target_modules": ["q_proj", "lm_head"]}, "target_modules"),
+                       ({"r": 4, "lora_dropout": 0.1}, "lora_dropout"), ({"r": 4, "bias": "all"}, "bias")]:
+        from realbench.schema import validate_model
+
+        with pytest.raises(ConfigError) as e:
+            validate_model(LoraSpec, bad)
+        assert e.value.field == field, (bad, str(e.value))
+    with pytest.raises(ConfigError, match="lm_head.*q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"):
+        validate_model(LoraSpec, {"r": 4, "target_modules": ["lm_head"]})
