@@ -195,3 +195,82 @@ def test_lora_settings_take_peft_names_and_refuse_what_realbench_would_not_do():
         assert e.value.field == field, (bad, str(e.value))
     with pytest.raises(ConfigError, match="lm_head.*q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"):
         validate_model(LoraSpec, {"r": 4, "target_modules": ["lm_head"]})
+
+
+def lora_job(folder, with_ref: bool):
+    """grpo-tiny-cpu with the actor trained by LoRA, as a user's file (a name of their own), with or
+    without a reference model of its own; the symmetric plan and one that generates on the last
+    two processes with tp = 2 and keeps the reference on the first alone."""
+    import yaml
+
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan import get_builtin, plan_from_options
+    from realbench.plan.scenario import load_scenario
+
+    doc = get_builtin("grpo-tiny-cpu").to_document()
+    path = folder / ("my lora job.yaml" if with_ref else "my lora job, base reference.yaml")
+    doc["models"]["actor"]["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    if not with_ref:
+        del doc["models"]["ref"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    scenario = load_scenario(str(path))
+    est = Estimator(scenario)
+    sym = est.options_of(symmetric_plan(est))
+
+    def pick(call, label):
+        return next(o for o in est.options[est.call_names.index(call)] if o.label(4) == label)
+
+    moving = {**sym, "actor_gen": pick("actor_gen", "n0:2-3/dp1tp2pp1m1"), "ref_inf": pick("ref_inf", "n0:0/dp1tp1pp1m1"),
+              "actor_train": pick("actor_train", "n0:0-1/dp2tp1pp1m1")}
+    plans = []
+    for name, options in (("symmetric", sym), ("moving", moving)):
+        plans.append(folder / f"{path.stem} {name}.yaml")
+        plan_from_options(scenario, options).save(plans[-1])
+    return scenario, path, plans
+
+
+def test_a_lora_run_moves_only_the_adapters_and_its_reference_is_the_base(cli, tmp_path):
+    """A GRPO run training the actor's adapters: without a reference model, the reference
+    log-probabilities come from the actor with its adapters off (no reference weights), and the
+    run equals, step for step, the one whose reference is a separate copy of the base, under
+    another plan; once a layout holds the frozen base only the adapters move (bytes worked out
+    by hand); a checkpoint resumes under the other plan."""
+    import json
+
+    own, own_path, own_plans = lora_job(tmp_path, with_ref=True)
+    base, base_path, base_plans = lora_job(tmp_path, with_ref=False)
+    assert "ref" not in base.models and "ref" in own.models
+    ref = base.dataflow.call("ref_inf")
+    assert ref.model == "actor" and not ref.adapters and own.dataflow.call("ref_inf").adapters
+    ck = tmp_path / "checkpoints"
+    runs = {}
+    for key, path, plan, extra in [("own", own_path, own_plans[0], ()),
+                                   ("base", base_path, base_plans[1], ("--save-every", 2, "--checkpoint-dir", ck))]:
+        code, out, err = cli("run", "--scenario", path, "--plan", plan, "--nproc", 4, "--steps", 3, "--json", *extra)
+        assert code == 0, err
+        runs[key] = json.loads(out)
+    for key in ("reward", "loss", "actor_train/kl"):
+        a, b = [[m[key] for m in runs[k]["metrics"]] for k in ("own", "base")]
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-7), key
+    assert any(m["actor_train/kl"] != 0 for m in runs["base"]["metrics"][1:])  # the adapters moved the policy off its base
+    # the generation layout (tp 2 on processes 2, 3) gets every adapter from the trainer (processes 0, 1): a
+    # column-parallel projection's A (r x 64) on both tp ranks and B once, a row-parallel one's A once and
+    # B (64 x r) on both; r = 4, 4 layers, fp32
+    r, per_layer = 4, 0
+    for n_in, n_out, column in [(64, 64, 1), (64, 32, 1), (64, 32, 1), (64, 64, 0), (64, 176, 1), (64, 176, 1), (176, 64, 0)]:
+        per_layer += (2 * r * n_in + n_out * r) if column else (r * n_in + 2 * n_out * r)
+    adapters = 4 * per_layer * 4
+    by_step = runs["base"]["realloc_bytes_by_step"]
+    assert by_step[1:] == [adapters, adapters] and runs["base"]["realloc_bytes"] == adapters
+    actor = base.models["actor"]
+    weights = actor.n_params + 4 * actor.layer_adapter_params
+    assert by_step[0] > weights * 4 > 8 * adapters  # the first step fills the generation and reference layouts
+    # resumed under the symmetric plan from the checkpoint after step 2: the third step as it ran
+    code, out, err = cli("run", "--scenario", base_path, "--plan", base_plans[0], "--nproc", 4, "--steps", 3, "--json",
+                         "--checkpoint-dir", ck, "--resume")
+    assert code == 0, err
+    resumed = json.loads(out)["metrics"]
+    assert [m["step"] for m in resumed] == [2]
+    for key in ("reward", "loss", "actor_train/kl"):
+        assert resumed[0][key] == pytest.approx(runs["base"]["metrics"][2][key], rel=1e-5, abs=1e-7), key

@@ -161,7 +161,9 @@ def run(args) -> int:
 def print_summary(result: dict, scenario_name: str, nproc: int) -> None:
     processes = f"{nproc} process" + ("es" if nproc > 1 else "")
     print(f"{result['steps']} steps of {scenario_name} on {processes} ({result['device']}, "
-          f"{result.get('dtype', 'fp32')}); reallocated {result['realloc_bytes']} bytes per step")
+          f"{result.get('dtype', 'fp32')}); reallocated {result['realloc_bytes']} bytes per step"
+          + (f" ({by_step[0]} in the first, filling the frozen base)"
+             if (by_step := result.get("realloc_bytes_by_step") or [0])[0] != result["realloc_bytes"] else ""))
     print(f"{'call':14s} {'measured s':>11s} {'estimated s':>12s}")
     for name, c in result["calls"].items():
         print(f"{name:14s} {c['measured_s']:11.4f} {c['estimated_s']:12.4f}")

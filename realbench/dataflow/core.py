@@ -57,6 +57,9 @@ class CallDef(FileModel):
     # reads of which rows ended, and between refills of the freed slots (each waits for the next);
     # None: SYNC_EVERY (`sync_steps`)
     sync_every: Optional[int] = Field(default=None, ge=1)
+    # inference with the model's LoRA adapters switched off: its frozen base (the reference of a
+    # policy trained with LoRA, as TRL and verl compute it), which never needs new weights
+    adapters: bool = True
 
     @property
     def sync_steps(self) -> int:
@@ -77,6 +80,8 @@ class CallDef(FileModel):
         elif self.lengths is not None and (self.kind == CallKind.FUNCTION or self.lengths.max >= self.seq_len):
             raise ValueError(f"response lengths up to {self.lengths.max} do not fit in sequences of {self.seq_len} "
                              f"tokens of a {self.kind.value} call")
+        if not self.adapters and self.kind != CallKind.INFERENCE:
+            raise ValueError(f"adapters: false is for inference calls (this is a {self.kind.value} call)")
         if (self.optimizer_steps != 1 or self.iterations != 1) and self.kind != CallKind.TRAIN:
             raise ValueError("optimizer_steps and iterations are only for train calls")
         if self.group_size != 1 and (self.kind != CallKind.GENERATE or self.seqs % self.group_size):

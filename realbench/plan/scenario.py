@@ -166,6 +166,7 @@ class Scenario(DerivedValues):
             for c in [c for c in v.calls if c.kind == CallKind.GENERATE]:
                 v = v.with_lengths(c.name, lengths)
         models = info.data.get("models") or {}
+        v = _reference_from_base(v, models)
         functions = {r for r, m in models.items() if isinstance(m, FunctionSpec)}
         beside = {r for r in models if FUNCTIONS_OF.format(r) in functions}  # reward models with functions
         data = info.data.get("data")
@@ -224,6 +225,9 @@ class Scenario(DerivedValues):
         if self.training.behav_imp_weight_cap is not None and not self.dataflow.max_staleness:
             raise ConfigError("a setting of asynchronous RL (the decoupled objective); this dataflow is synchronous "
                               "(dataflow.max_staleness: 0)", "training.behav_imp_weight_cap")
+        for i, c in enumerate(self.dataflow.calls):
+            if not c.adapters and getattr(self.models[c.model], "lora", None) is None:
+                raise ConfigError(f"model {c.model!r} has no LoRA adapters to switch off", f"dataflow.calls.{i}.adapters")
         for role, m in self.models.items():
             if isinstance(m, ModelSpec) and m.lora is not None and role not in trained:
                 raise ConfigError(f"LoRA adapters train, and no call trains {role!r} (trained: "
@@ -282,6 +286,7 @@ class Scenario(DerivedValues):
 
 SCORES = frozenset({"rewards", "greedy_rewards"})  # what a reward model's calls output
 FUNCTIONS_OF = "{}_functions"  # the role of the functions that score beside a reward model
+POLICY, REFERENCE = "actor", "ref"  # the roles of the built-in algorithms' policy and reference
 
 
 def _max_new_tokens(v: dict) -> dict:
@@ -416,6 +421,20 @@ def _scorers(role: str, entries: list, base: Path) -> dict:
     except ConfigError as e:
         raise e.within("0") from None
     return {role: model, FUNCTIONS_OF.format(role): function_spec(merged, base, role, model_score=True)}
+
+
+def _reference_from_base(df: Any, models: dict) -> Any:
+    """With a policy trained with LoRA and no reference model given, the reference is the
+    policy's base: its calls run the policy with the adapters switched off (TRL and verl do the
+    same), so no reference weights are loaded or placed. A reference named in `models` is used."""
+    policy = models.get(POLICY)
+    if REFERENCE in models or not isinstance(policy, ModelSpec) or policy.lora is None or not df:
+        return df
+    df = validate_model(Dataflow, df) if isinstance(df, dict) else df
+    if not any(c.model == REFERENCE for c in df.calls):
+        return df
+    return df.with_calls([c.model_copy(update={"model": POLICY, "adapters": False}) if c.model == REFERENCE else c
+                          for c in df.calls])
 
 
 def _adapted(c: CallDef, functions: set[str], data: Optional[DataSpec]) -> CallDef:

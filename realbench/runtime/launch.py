@@ -258,7 +258,10 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         if rates:
             calls[name]["tokens_per_s"] = statistics.median(rates)
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
-    return {"steps": steps, "calls": calls, "realloc_bytes": realloc[0] if realloc else 0,
+    # per step: the last step's (a LoRA run's first step also fills the frozen base of each layout),
+    # and every step's
+    return {"steps": steps, "calls": calls, "realloc_bytes": realloc[-1] if realloc else 0,
+            "realloc_bytes_by_step": realloc,
             "estimated_realloc_s": estimated_realloc,
             "measured_iter_s": statistics.median([timings[s]["seconds"] for s in warm]),
             "metrics": metrics, "timings": timings, "samples": samples, "lengths": lengths, "slots": slots}

@@ -28,6 +28,7 @@ parts (r values per token), and the replicated B maps them out.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -151,6 +152,7 @@ class Block(nn.Module):
         self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
         self.w_down = nn.Linear(spec.ffn // tp, h, bias=False)
         self.lora_scale = spec.lora.scaling if spec.lora else 0.0
+        self.adapters_on = True  # false: the frozen base alone (LlamaStage.adapters)
         for module in (spec.lora.modules if spec.lora else ()):
             # the shard's own part, shaped by its projection's: B's rows of a column-parallel
             # projection (the input, h, is whole), A's columns of a row-parallel one (the output is)
@@ -163,14 +165,14 @@ class Block(nn.Module):
         """A column-parallel projection of the normed input (`entered`: after `_enter`), with its
         adapter when it has one."""
         y = linear(entered)
-        if hasattr(linear, "lora_A"):
+        if self.adapters_on and hasattr(linear, "lora_A"):
             y = y + self.lora_scale * F.linear(self._enter(F.linear(normed, linear.lora_A)), linear.lora_B)
         return y
 
     def _row(self, linear: nn.Linear, x):
         """A row-parallel projection of this rank's slice `x`, summed over tp, with its adapter."""
         y = self._leave(linear(x))
-        if hasattr(linear, "lora_A"):
+        if self.adapters_on and hasattr(linear, "lora_A"):
             y = y + self.lora_scale * F.linear(self._leave(F.linear(x, linear.lora_A)), linear.lora_B)
         return y
 
@@ -270,6 +272,20 @@ class LlamaStage(nn.Module):
             view.copy_(params[name])
             params[name].data = view
         return flat
+
+    @contextlib.contextmanager
+    def adapters(self, on: bool):
+        """The LoRA adapters switched on or off inside the block (off: the base model, as
+        PEFT's `disable_adapter()`)."""
+        blocks = list(self.layers.values())
+        before = [b.adapters_on for b in blocks]
+        for b in blocks:
+            b.adapters_on = on
+        try:
+            yield self
+        finally:
+            for b, was in zip(blocks, before):
+                b.adapters_on = was
 
     def new_caches(self) -> dict:
         """KV caches for generation: each layer's keys and values, and which keys are padding."""

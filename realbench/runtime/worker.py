@@ -48,7 +48,7 @@ from realbench.runtime.rollout import SlotTimeline, rollout
 from realbench.runtime.layout import Coord, Groups, Layout
 from realbench.runtime.model import init_adapters, init_full_weights
 from realbench.runtime.realloc import BoundReallocation, bytes_received, plan_transfers, rank_plan
-from realbench.models.shards import param_specs, tied_aliases
+from realbench.models.shards import is_adapter, param_specs, tied_aliases
 
 FAULT_ENV = "REALBENCH_FAULT"
 
@@ -257,6 +257,7 @@ class Worker:
         self.realloc_plans = {}  # this rank's messages for each call's reallocation
         self.realloc_bytes = {}  # and the bytes it receives in them
         self.reallocations: dict[int, BoundReallocation] = {}  # bound to the tensors, at first use
+        self.realloc_after: dict[int, tuple] = {}  # what moves once a layout holds the frozen base: (plan, bytes)
         self.events: list[Event] = []
         producer = {k: index[c.name] for c in self.calls for k in c.outputs}
         for i, c in enumerate(self.calls):
@@ -266,6 +267,12 @@ class Worker:
                 transfers = plan_transfers(spec, self.layouts[m], self.layouts[i])
                 self.realloc_plans[i] = rank_plan(spec, self.layouts[m], self.layouts[i], rank, transfers)
                 self.realloc_bytes[i] = bytes_received(transfers, spec, dtype.itemsize).get(rank, 0)
+                if spec.lora is not None:
+                    # LoRA: the base is frozen, so once a layout holds it only the adapters change
+                    # (and a call on the base alone needs nothing more)
+                    moved = [t for t in transfers if is_adapter(t.name)] if c.adapters else []
+                    self.realloc_after[i] = (rank_plan(spec, self.layouts[m], self.layouts[i], rank, moved),
+                                             bytes_received(moved, spec, dtype.itemsize).get(rank, 0))
                 self.events.append(Event("realloc", i, frozenset(self.layouts[m].ranks) | frozenset(self.layouts[i].ranks)))
             by_producer: dict[int, list[str]] = {}
             for k in c.inputs:
@@ -409,9 +416,12 @@ class Worker:
     def _realloc(self, i: int, rec: StepRecord) -> None:
         c, m = self.calls[i], self.master_of[i]
         spec = self.scenario.models[c.model]
-        if i not in self.reallocations:
-            if self.layouts[i].coord(self.rank) is not None:
-                self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device, self.dtype)
+        first = i not in self.reallocations
+        if first and self.layouts[i].coord(self.rank) is not None:
+            self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device, self.dtype)
+        if first or (i in self.realloc_after and self.realloc_after[i][0] is not self.realloc_plans[i]):
+            if not first:  # the frozen base is there: from now on, the adapters alone
+                self.realloc_plans[i], self.realloc_bytes[i] = self.realloc_after[i]
             self.reallocations[i] = BoundReallocation(  # the compute weights move, in their dtype
                 self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
                 self.placed[i].shards() if i in self.placed else {}, dtype=self.dtype, device=self.device)
@@ -531,7 +541,8 @@ class Worker:
             batch = full.chunk(dp)[coord.dp]
             if c.model in self.rescoring:  # a reward model with its own tokenizer: the texts, re-tokenized
                 batch = self._rescored(c, batch, torch.arange(len(full)).chunk(dp)[coord.dp].tolist(), step)
-            outs = model.forward(list(batch.chunk(m)))
+            with model.stage.adapters(c.adapters):  # off: the base (a LoRA policy's reference)
+                outs = model.forward(list(batch.chunk(m)))
             if outs is not None:
                 y = torch.cat(outs)
                 self.outputs[i] = {k: self._inference_output(c, k, y, batch) for k in c.outputs}
