@@ -230,7 +230,28 @@ def lora_job(folder, with_ref: bool):
     return scenario, path, plans
 
 
-def test_a_lora_run_moves_only_the_adapters_and_its_reference_is_the_base(cli, tmp_path):
+@pytest.fixture(scope="module")
+def lora_runs(cli_once, tmp_path_factory):
+    """Three steps of the LoRA job with its own reference (symmetric plan) and with the base as
+    reference (the moving plan, checkpoints after step 2, the adapters saved as PEFT's)."""
+    import json
+
+    tmp_path = tmp_path_factory.mktemp("lora job")
+    own, own_path, own_plans = lora_job(tmp_path, with_ref=True)
+    base, base_path, base_plans = lora_job(tmp_path, with_ref=False)
+    ck, saved = tmp_path / "checkpoints", tmp_path / "trained"
+    runs = {}
+    for key, path, plan, extra in [("own", own_path, own_plans[0], ()),
+                                   ("base", base_path, base_plans[1], ("--save-every", 2, "--checkpoint-dir", ck,
+                                                                       "--save-hf", saved))]:
+        code, out, err = cli_once("run", "--scenario", path, "--plan", plan, "--nproc", 4, "--steps", 3, "--json", *extra)
+        assert code == 0, err
+        runs[key] = json.loads(out)
+    return dict(own=own, base=base, base_path=base_path, base_plans=base_plans, runs=runs, ck=ck, saved=saved,
+                folder=tmp_path)
+
+
+def test_a_lora_run_moves_only_the_adapters_and_its_reference_is_the_base(cli, lora_runs):
     """A GRPO run training the actor's adapters: without a reference model, the reference
     log-probabilities come from the actor with its adapters off (no reference weights), and the
     run equals, step for step, the one whose reference is a separate copy of the base, under
@@ -238,18 +259,11 @@ def test_a_lora_run_moves_only_the_adapters_and_its_reference_is_the_base(cli, t
     by hand); a checkpoint resumes under the other plan."""
     import json
 
-    own, own_path, own_plans = lora_job(tmp_path, with_ref=True)
-    base, base_path, base_plans = lora_job(tmp_path, with_ref=False)
+    own, base, runs, ck = lora_runs["own"], lora_runs["base"], lora_runs["runs"], lora_runs["ck"]
+    base_path, base_plans = lora_runs["base_path"], lora_runs["base_plans"]
     assert "ref" not in base.models and "ref" in own.models
     ref = base.dataflow.call("ref_inf")
     assert ref.model == "actor" and not ref.adapters and own.dataflow.call("ref_inf").adapters
-    ck = tmp_path / "checkpoints"
-    runs = {}
-    for key, path, plan, extra in [("own", own_path, own_plans[0], ()),
-                                   ("base", base_path, base_plans[1], ("--save-every", 2, "--checkpoint-dir", ck))]:
-        code, out, err = cli("run", "--scenario", path, "--plan", plan, "--nproc", 4, "--steps", 3, "--json", *extra)
-        assert code == 0, err
-        runs[key] = json.loads(out)
     for key in ("reward", "loss", "actor_train/kl"):
         a, b = [[m[key] for m in runs[k]["metrics"]] for k in ("own", "base")]
         assert a == pytest.approx(b, rel=1e-5, abs=1e-7), key
@@ -274,3 +288,82 @@ def test_a_lora_run_moves_only_the_adapters_and_its_reference_is_the_base(cli, t
     assert [m["step"] for m in resumed] == [2]
     for key in ("reward", "loss", "actor_train/kl"):
         assert resumed[0][key] == pytest.approx(runs["base"]["metrics"][2][key], rel=1e-5, abs=1e-7), key
+
+
+def greedy(stage, prompts, n):
+    """n tokens by argmax after each prompt, the whole sequence recomputed each time."""
+    seqs = prompts
+    for _ in range(n):
+        seqs = torch.cat([seqs, stage(seqs)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seqs[:, prompts.shape[1]:]
+
+
+def test_trained_adapters_go_out_as_peft_writes_them_and_come_back_in(cli, lora_runs, tmp_path):
+    """`run --save-hf` writes the adapters as a PEFT folder (with the random base beside them):
+    peft.PeftModel.from_pretrained loads it on that base and generates greedily what realbench's
+    model does with those weights; `checkpoint convert --merge-lora` writes one model that
+    transformers loads and that computes PEFT's logits; a scenario starts from the folder
+    (`adapter:`), its first step already off the base; an adapter folder for another base, a
+    setting realbench would compute otherwise, and LoRA on an untrained model are refused."""
+    import json
+    import yaml
+
+    from realbench.models.hf import spec_from_checkpoint_entry
+    from realbench.runtime.checkpoint import load_adapters, load_hf_checkpoint, save_hf
+
+    folder = lora_runs["saved"] / "actor"
+    assert {p.name for p in folder.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors", "base"}
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(folder / "base")
+    tuned = peft.PeftModel.from_pretrained(hf_base, folder).eval()
+    spec = spec_from_checkpoint_entry({"path": str(folder / "base"), "adapter": str(folder)}, tmp_path)
+    assert spec.lora.r == 4 and spec.lora.target_modules == LORA.target_modules and spec.lora.path == str(folder)
+    ours = LlamaStage(spec)
+    _, weights = load_hf_checkpoint(folder / "base")
+    ours.load_full({**weights, **load_adapters(spec)})
+    assert float(ours.layers["0"].wq.lora_B.abs().max()) > 0  # trained: B left zero
+    prompts = batch()[0][:4, :6]
+    with torch.no_grad():
+        expected = tuned.generate(prompts, max_new_tokens=8, do_sample=False, min_new_tokens=8)[:, 6:]
+        assert torch.equal(greedy(ours, prompts, 8), expected)
+        # merged: the checkpoint after step 2, as adapters and as one model, compute the same logits
+        for merge, out in ((False, tmp_path / "adapters"), (True, tmp_path / "merged")):
+            code, _, err = cli("checkpoint", "convert", lora_runs["ck"], "--to-hf", out, *(["--merge-lora"] if merge else []))
+            assert code == 0, err
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged" / "actor").eval()
+        unmerged = peft.PeftModel.from_pretrained(
+            transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adapters" / "actor" / "base"),
+            tmp_path / "adapters" / "actor").eval()
+        tokens = batch()[0]
+        assert float((merged(tokens).logits - unmerged(tokens).logits).abs().max()) < 1e-4
+    # a run from the folder: its first step's policy is the trained one, off the base (KL > 0)
+    doc = yaml.safe_load(lora_runs["base_path"].read_text())
+    doc["name"] = "from my adapters"
+    doc["models"]["actor"] = {"path": str(folder / "base"), "adapter": str(folder)}
+    started = tmp_path / "from adapters.yaml"
+    started.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, _, err = cli("estimate", "--scenario", started, "--baseline", "symmetric", "--out", tmp_path / "plan.yaml")
+    assert code == 0, err
+    code, out, err = cli("run", "--scenario", started, "--plan", tmp_path / "plan.yaml", "--nproc", 4, "--steps", 1,
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["metrics"][0]["actor_train/kl"] != 0
+    # refused, one line each, exit 2
+    small = save_hf(tmp_path / "small", get_model("llama-small"), init_full_weights(get_model("llama-small")))
+    bad = {"for another base?": {"path": str(small), "adapter": str(folder)},
+           "not both": {"path": str(folder / "base"), "adapter": str(folder), "lora": {"r": 2}}}
+    for what, entry in bad.items():
+        doc["models"]["actor"] = entry
+        started.write_text(yaml.safe_dump(doc, sort_keys=False))
+        code, _, err = cli("estimate", "--scenario", started, "--baseline", "symmetric")
+        assert code == 2 and err.count("\n") == 1 and what in err, (what, err)
+    dora = json.loads((folder / "adapter_config.json").read_text())
+    (tmp_path / "dora").mkdir()
+    for f in ("adapter_model.safetensors",):
+        (tmp_path / "dora" / f).write_bytes((folder / f).read_bytes())
+    (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps({**dora, "use_dora": True}))
+    doc["models"]["actor"] = {"path": str(folder / "base"), "adapter": str(tmp_path / "dora")}
+    started.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, _, err = cli("estimate", "--scenario", started, "--baseline", "symmetric")
+    assert code == 2 and "use_dora" in err and err.count("\n") == 1, err

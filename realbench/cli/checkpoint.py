@@ -1,5 +1,6 @@
-"""`realbench checkpoint convert CHECKPOINT --to-hf DIR`: a realbench checkpoint, written under
-any plan and any number of processes, as Hugging Face folders (DIR/actor, DIR/critic)."""
+"""`realbench checkpoint convert CHECKPOINT --to-hf DIR [--merge-lora]`: a realbench checkpoint,
+written under any plan and any number of processes, as Hugging Face folders (DIR/actor,
+DIR/critic; a model trained with LoRA as PEFT's adapter folder, or merged into one model)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def add_parser(sub) -> None:
     c.add_argument("checkpoint", help="a checkpoint (a step<N> folder), or a --checkpoint-dir (its latest)")
     c.add_argument("--to-hf", required=True, metavar="DIR", help="new or empty folder for DIR/<role>")
     c.add_argument("--scenario", help="the scenario (default: the one stored with the checkpoint)")
+    c.add_argument("--merge-lora", action="store_true",
+                   help="a model trained with LoRA as one full model (W + alpha/r B A), not PEFT's adapter folder")
     c.set_defaults(handler=run)
 
 
@@ -40,6 +43,6 @@ def run(args) -> int:
         from realbench.plan import load_scenario
 
         scenario = load_scenario(args.scenario)
-    for made in convert_to_hf(folder, out, scenario):
+    for made in convert_to_hf(folder, out, scenario, merge_lora=args.merge_lora):
         log(f"wrote {made}")
     return 0

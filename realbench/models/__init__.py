@@ -60,6 +60,9 @@ class LoraSpec(FileModel):
     target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
     bias: Literal["none"] = "none"
     use_rslora: bool = False
+    # the PEFT adapter folder the adapters start from (absolute; a checkpoint entry's `adapter:`),
+    # None: fresh adapters
+    path: Optional[str] = None
 
     @field_validator("target_modules", mode="before")
     @classmethod

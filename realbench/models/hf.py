@@ -129,7 +129,58 @@ def spec_from_folder(folder: str | Path, name: str | None = None) -> ModelSpec:
     return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"))
 
 
-CHECKPOINT_KEYS = ("path", "value_head", "name", "lora")  # of a scenario's checkpoint entry
+CHECKPOINT_KEYS = ("path", "value_head", "name", "lora", "adapter")  # of a scenario's checkpoint entry
+# adapter_config.json fields realbench reads (LoraSpec's), and those it accepts at their
+# defaults only (anything else would change what the adapters compute, and is refused by name)
+_ADAPTER_READ = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
+_ADAPTER_DEFAULTS = {"peft_type": "LORA", "fan_in_fan_out": False, "modules_to_save": None, "layers_to_transform": None,
+                     "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}, "use_dora": False,
+                     "megatron_config": None, "layer_replication": None,
+                     "exclude_modules": None, "trainable_token_indices": None, "lora_bias": False}
+
+
+def read_adapter(folder: Path, spec: ModelSpec) -> LoraSpec:
+    """The LoRA settings of a PEFT adapter folder, checked against the base they are for: every
+    tensor of adapter_model.safetensors must be an adapter of `spec` with its shape."""
+    path = folder / "adapter_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"not a PEFT adapter folder ({type(e).__name__}: {e})", source=str(path)) from None
+    for key, default in _ADAPTER_DEFAULTS.items():
+        if cfg.get(key) not in (None, default, {}, []):
+            raise ConfigError(f"{key}: {cfg[key]!r}: realbench computes LoRA adapters only with {default!r}",
+                              source=str(path))
+    try:
+        lora = validate_model(LoraSpec, {**{k: cfg[k] for k in _ADAPTER_READ if cfg.get(k) is not None},
+                                         "path": str(folder)})
+    except ConfigError as e:
+        raise e.in_file(str(path)) from None
+    from realbench.models.shards import adapter_specs
+
+    expected = {p.name: p.shape for p in adapter_specs(spec.model_copy(update={"lora": lora}))}
+    found = tensor_files(folder, "adapter_model.safetensors")
+    for hf, (f, shape) in found.items():
+        ours = ours_of_adapter(hf)
+        if ours not in expected or expected[ours] != shape:
+            raise ConfigError(f"tensor {hf!r} {list(shape)} is not an adapter of {spec.name} (r {lora.r}, "
+                              f"hidden {spec.hidden}, ffn {spec.ffn}): an adapter folder for another base?",
+                              source=str(folder / f))
+    missing = sorted(set(expected) - {ours_of_adapter(hf) for hf in found})
+    if missing:
+        raise ConfigError(f"{len(missing)} adapter(s) of its target_modules missing for {spec.name} "
+                          f"({spec.n_layers} layers), the first {missing[0]!r}: an adapter folder for another base?",
+                          source=str(folder))
+    return lora
+
+
+def ours_of_adapter(hf: str) -> str | None:
+    """realbench's name of a PEFT adapter tensor (base_model.model.<module>.lora_A.weight)."""
+    if not hf.startswith("base_model.model.") or not hf.endswith((".lora_A.weight", ".lora_B.weight")):
+        return None
+    module, part, _ = hf.removeprefix("base_model.model.").rsplit(".", 2)
+    ours = ours_of(module + ".weight")
+    return None if ours is None else f"{ours.removesuffix('.weight')}.{part}"
 
 
 def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
@@ -146,10 +197,17 @@ def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
         raise ConfigError("must be true or false", "value_head")
     if spec.value_head and not value_head:
         raise ConfigError("a sequence-classification checkpoint has no language-model head", "value_head")
+    if entry.get("lora") is not None and entry.get("adapter") is not None:
+        raise ConfigError("give lora (fresh adapters) or adapter (a PEFT folder, whose config says the rest), not both",
+                          "adapter")
     try:
         lora = validate_model(LoraSpec, entry["lora"]) if entry.get("lora") is not None else None
     except ConfigError as e:
         raise e.within("lora") from None
+    if entry.get("adapter") is not None:
+        if not isinstance(entry["adapter"], str) or not (base / Path(entry["adapter"]).expanduser()).is_dir():
+            raise ConfigError("must be a PEFT adapter folder", "adapter")
+        lora = read_adapter((base / Path(entry["adapter"]).expanduser()).resolve(), spec)
     spec = spec.with_value_head(value_head).model_copy(update={"path": str(folder), "lora": lora})
     checkpoint_tensors(spec, folder)  # every tensor accounted for, before any process starts
     return spec
@@ -211,12 +269,12 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
-def tensor_files(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def tensor_files(folder: Path, single: str = "model.safetensors") -> dict[str, tuple[str, tuple[int, ...]]]:
     """Every tensor of a checkpoint folder: its file and shape."""
-    index = folder / "model.safetensors.index.json"
+    index = folder / f"{single}.index.json"
     try:
         files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-            else ["model.safetensors"]
+            else [single]
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(f"unreadable index: {e}", source=str(index)) from None
     out = {}

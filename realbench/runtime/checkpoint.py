@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from realbench.models.shards import adapter_specs, is_adapter
+
 from realbench.errors import ConfigError
 from realbench.models import ModelSpec
 
@@ -219,7 +221,7 @@ def load_resharded(worker, folder: str | Path) -> int:
     return int(manifest["step"])
 
 
-def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Path]:
+def convert_to_hf(folder: str | Path, out: str | Path, scenario=None, merge_lora: bool = False) -> list[Path]:
     """Write the trained models of a realbench checkpoint (its fp32 master weights) as Hugging
     Face folders `out/<role>`, as `realbench run --save-hf` does; returns the folders. The
     scenario is the one stored with the checkpoint unless given."""
@@ -245,7 +247,8 @@ def convert_to_hf(folder: str | Path, out: str | Path, scenario=None) -> list[Pa
         full = empty_shards(spec, whole, 0)
         _read_slices(files, spec, call.model, layout_of(written[call.name], G), whole, 0, {"weights": full})
         made.append(save_hf(Path(out) / call.model, spec,
-                            {k: v for k, v in full.items() if k not in tied_aliases(spec, 1)}, tokenizer))
+                            {k: v for k, v in full.items() if k not in tied_aliases(spec, 1)}, tokenizer,
+                            merge_lora=merge_lora))
     return made
 
 
@@ -298,10 +301,24 @@ def hf_config(spec: ModelSpec, dtype: str) -> dict:
     return cfg
 
 
-def save_hf(folder: str | Path, spec: ModelSpec, full: dict[str, torch.Tensor], tokenizer_dir: str | None = None) -> Path:
+def save_hf(folder: str | Path, spec: ModelSpec, full: dict[str, torch.Tensor], tokenizer_dir: str | None = None,
+            merge_lora: bool = False) -> Path:
     """Write a model's full weights as a Hugging Face folder: config.json, model.safetensors (its
     tensors under transformers' names; a tied head is the embedding, not stored twice) and the
-    tokenizer, which transformers loads as it loads the checkpoints it wrote itself."""
+    tokenizer, which transformers loads as it loads the checkpoints it wrote itself.
+
+    A model trained with LoRA is written as PEFT writes it (`save_adapters`): the adapters in
+    `folder`, for the base checkpoint they were trained on (written beside them, in
+    `folder/base`, when the base has no checkpoint folder: random weights); with `merge_lora`,
+    one full model whose projections are W + (alpha / r) B A instead."""
+    if spec.lora is not None:
+        base = {k: v for k, v in full.items() if not is_adapter(k)}
+        adapters = {k: v for k, v in full.items() if is_adapter(k)}
+        plain = spec.model_copy(update={"lora": None})
+        if merge_lora:
+            return save_hf(folder, plain, merged_weights(spec, full), tokenizer_dir)
+        source = spec.path or str(save_hf(Path(folder) / "base", plain, base, tokenizer_dir).resolve())
+        return save_adapters(folder, spec, adapters, source, tokenizer_dir)
     from realbench.models.hf import hf_of
 
     folder = Path(folder)
@@ -321,3 +338,57 @@ def save_hf(folder: str | Path, spec: ModelSpec, full: dict[str, torch.Tensor], 
             (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         tok.save_pretrained(str(folder))
     return folder
+
+
+def peft_name(name: str, spec: ModelSpec) -> str:
+    """PEFT's name of an adapter tensor in adapter_model.safetensors, from realbench's
+    (`layers.3.wq.lora_A` -> `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`)."""
+    from realbench.models.hf import hf_of
+
+    module, part = name.rsplit(".", 1)
+    return f"base_model.model.{hf_of(module + '.weight', spec).removesuffix('.weight')}.{part}.weight"
+
+
+def merged_weights(spec: ModelSpec, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base's weights with every adapter folded in: W + (alpha / r) B A (PEFT's merge)."""
+    out = {k: v for k, v in full.items() if not is_adapter(k)}
+    for module in spec.lora.modules:
+        for i in range(spec.n_layers):
+            p = f"layers.{i}.{module}"
+            delta = spec.lora.scaling * full[f"{p}.lora_B"].float() @ full[f"{p}.lora_A"].float()
+            out[f"{p}.weight"] = (out[f"{p}.weight"].float() + delta).to(out[f"{p}.weight"].dtype)
+    return out
+
+
+def save_adapters(folder: str | Path, spec: ModelSpec, adapters: dict[str, torch.Tensor], base: str,
+                  tokenizer_dir: str | None = None) -> Path:
+    """A PEFT adapter folder (`adapter_config.json`, `adapter_model.safetensors`) that
+    `peft.PeftModel.from_pretrained(<base model>, folder)` loads: the LoraConfig's fields in
+    PEFT's names, the tensors under PEFT's names, `base_model_name_or_path` the base checkpoint."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lora = spec.lora
+    save_file({peft_name(k, spec): v.detach().contiguous().cpu() for k, v in adapters.items()},
+              str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": lora.r,
+              "lora_alpha": lora.lora_alpha, "lora_dropout": lora.lora_dropout, "bias": lora.bias,
+              "target_modules": list(lora.target_modules), "use_rslora": lora.use_rslora, "fan_in_fan_out": False,
+              "inference_mode": True, "modules_to_save": None}
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer_dir:
+        from realbench.plan.datafiles import load_tokenizer
+
+        load_tokenizer(tokenizer_dir).save_pretrained(str(folder))
+    return folder
+
+
+def load_adapters(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The full adapters of a PEFT adapter folder (`spec.lora.path`), by realbench's names."""
+    from realbench.models.hf import ours_of_adapter
+
+    tensors = load_file(str(Path(spec.lora.path) / "adapter_model.safetensors"))
+    out = {ours_of_adapter(k): v.float() for k, v in tensors.items()}
+    missing = sorted({p.name for p in adapter_specs(spec)} - set(out))
+    if missing:
+        raise ConfigError(f"{len(missing)} adapter(s) missing, the first {missing[0]!r}", source=spec.lora.path)
+    return out

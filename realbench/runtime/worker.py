@@ -37,7 +37,7 @@ from realbench.plan.mesh import Option
 from realbench.plan.plan import refuse_unrunnable
 from realbench.plan.scenario import Scenario
 from realbench.runtime.algorithms import make_algorithm
-from realbench.runtime.checkpoint import load_hf_shards
+from realbench.runtime.checkpoint import load_adapters, load_hf_shards
 from realbench.errors import ConfigError
 from realbench.plan.datafiles import Dataset, Encoder, is_messages, load_tokenizer, stop_token_ids
 from realbench.runtime.optim import MixedPrecisionAdam
@@ -308,8 +308,9 @@ class Worker:
             if weights and spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
                                                  seed=self.seed, v=lay.dims.v))
-                if spec.lora is not None:  # fresh adapters on the checkpoint's weights
-                    model.stage.load_full(init_adapters(spec, self.weights_seed(spec)))
+                if spec.lora is not None:  # the adapters of a PEFT folder, or fresh ones, on the checkpoint's weights
+                    adapters = load_adapters(spec) if spec.lora.path else init_adapters(spec, self.weights_seed(spec))
+                    model.stage.load_full(adapters, only=set(adapters))
             elif weights:
                 model.stage.load_full(self.initial_weights(c.model, spec))
             self.masters[m] = model
