@@ -367,3 +367,48 @@ def test_trained_adapters_go_out_as_peft_writes_them_and_come_back_in(cli, lora_
     started.write_text(yaml.safe_dump(doc, sort_keys=False))
     code, _, err = cli("estimate", "--scenario", started, "--baseline", "symmetric")
     assert code == 2 and "use_dora" in err and err.count("\n") == 1, err
+
+
+def test_lora_training_and_its_reallocations_are_priced_by_hand():
+    """The cost model under LoRA, against numbers worked out by hand for the built-in 7B job
+    (r 16 on every projection of llama-7b, one node of 8 H100s): the adapters' parameters; a train
+    call keeps bf16 base weights (2 bytes) and 16 bytes per adapter parameter, updates and
+    all-reduces the adapters alone, and its backward costs one forward (not two) plus the
+    adapters' share; the generation layout receives the adapters only, the base reference nothing."""
+    from realbench.cost import Estimator, call_cost
+    from realbench.cost.calls import ADAM_BYTES_MOVED_PER_PARAM, memory_time
+    from realbench.cost.realloc import Layouts, realloc_times
+    from realbench.dataflow import CallDef, CallKind
+    from realbench.plan import Mesh, Option, Strategy, get_builtin
+
+    scenario = get_builtin("grpo-7b-lora-8gpu")
+    actor = scenario.models["actor"]
+    # per layer r (in + out): q, k, v, o 4096 + 4096 each, gate, up, down 4096 + 11008 each
+    assert actor.layer_adapter_params == 16 * (4 * 8192 + 3 * 15104) == 1_249_280
+    full = actor.model_copy(update={"lora": None})
+    train = CallDef(name="t", model="actor", kind=CallKind.TRAIN, seqs=64, seq_len=1024)
+    option = Option(Mesh(0, 1, 0, 8), Strategy(dp=8, tp=1, pp=1, micro_batches=2))
+    lora, whole = call_cost(train, actor, scenario.cluster, option), call_cost(train, full, scenario.cluster, option)
+    adapters = 32 * 1_249_280
+    assert lora.master_bytes == int(full.n_params * 2 + adapters * 16)
+    assert whole.master_bytes == int(full.n_params * 16)
+    assert lora.optimizer_s == pytest.approx(memory_time(scenario.cluster, adapters * ADAM_BYTES_MOVED_PER_PARAM))
+    share = 1_249_280 / full.layer_matmul_params
+    assert lora.compute_s == pytest.approx(whole.compute_s * 2 * (1 + share) / 3, rel=1e-9)
+    assert lora.dp_comm_s < whole.dp_comm_s / 100  # 40M adapter gradients against 6.7B
+    # the adapters of a stage, over tp, to a layout on the same node: bytes / intra bandwidth + latency
+    # (from a trainer of two pipeline stages: no device holds the layers of the other stage)
+    src = Layouts.of([Option(Mesh(0, 1, 0, 8), Strategy(dp=4, tp=1, pp=2))], 8)
+    gen = Layouts.of([Option(Mesh(0, 1, 0, 8), Strategy(dp=4, tp=2, pp=1))], 8)
+    seconds = realloc_times(actor, scenario.cluster, src, gen, adapters_only=True)[0]
+    c = scenario.cluster
+    assert seconds == pytest.approx(adapters * 2 / 2 / c.intra_bw + c.intra_latency_s)
+    # in the estimator: generation on another layout gets the adapters; the base reference nothing
+    est = Estimator(scenario)
+    choice = list(est.choice_of({n: next(o for o in est.options[i] if o.label(8).startswith(label))
+                                 for i, (n, label) in enumerate(zip(est.call_names, ["n0/dp4tp2pp1m", "n0/dp8tp1pp1m",
+                                                                                    "n0/dp8tp1pp1m", "n0/dp4tp1pp2m"]))}))
+    e = est.estimate(tuple(choice))
+    assert e.calls["actor_gen"].realloc_s == pytest.approx(seconds)
+    assert e.calls["ref_inf"].realloc_s == 0.0  # another layout, holding the frozen base since the first step
+    assert realloc_times(full, scenario.cluster, src, Layouts.of([est.options_of(tuple(choice))["ref_inf"]], 8))[0] > 0

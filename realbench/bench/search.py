@@ -19,6 +19,11 @@
 7. Asynchronous RL: on `async_scenarios`, MCMC with generation allowed `async_staleness`
    iterations ahead against MCMC synchronous, the same budget and seed: both bests, the speedup,
    and the devices each best gives generation alone.
+8. LoRA: on `lora_scenarios`, MCMC's plan for the job as given (adapters trained, the reference
+   the base) against MCMC's plan for its full fine-tuning twin (`full_fine_tuning`), the same
+   budget and seed: both bests, their plans, the calls that keep their own copy of the trained
+   model (under LoRA of its frozen base, to which only the adapters move), reallocation seconds
+   and peak memory.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ RACED = ("mcmc", "tpe", "cmaes", "gp", "random")
 TARGET_SHARE = 0.9
 TPE_TARGET = 0.03  # TPE's long run within 3% of MCMC's result
 TAIL_SCENARIOS = ("grpo-8b-32gpu-longtail", "ppo-8b-16gpu-longtail")
+LORA_SCENARIOS = ("grpo-7b-lora-8gpu",)
 ASYNC_SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
                    "ppo-8b-16gpu-longtail")
 
@@ -70,7 +76,7 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
         ablation_scenario: str = "ppo-70b-7b-128gpu", ablation_methods=("tpe", "random"),
         scale_scenario: str = "ppo-70b-8b-1024gpu", scale_budget_s: float = 60.0, scale_seed: int = 0,
         tail_scenarios=TAIL_SCENARIOS, tail_steps: int = 8, async_scenarios=ASYNC_SCENARIOS,
-        async_staleness: int = 1) -> dict:
+        async_staleness: int = 1, lora_scenarios=LORA_SCENARIOS) -> dict:
     out = {"benchmark": "search", "budget_s": budget_s, "seeds": list(seeds), "scenarios": {}, "long": {},
            "exact": {}, "ablations": {}}
     estimators = {}
@@ -137,6 +143,8 @@ def run(scenarios=PAPER_LIKE, methods=RACED, budget_s: float = 20.0, seeds=(0, 1
     if async_scenarios:
         out["async"] = {name: compare_async(get_builtin(name), async_staleness, budget_s, seeds[0])
                         for name in async_scenarios}
+    if lora_scenarios:
+        out["lora"] = {name: compare_lora(get_builtin(name), budget_s, seeds[0]) for name in lora_scenarios}
     shares = [v for row in out["exact"].values() for k, v in row.items() if k.endswith("_share_within_1pct")]
     out["meets_exact_target"] = bool(shares) and min(shares) >= TARGET_SHARE
     majority = len(seeds) // 2 + 1
@@ -164,7 +172,56 @@ def compare_async(scenario, staleness: int, budget_s: float, seed: int) -> dict:
     return out
 
 
+def full_fine_tuning(scenario):
+    """The same job training every weight: the LoRA settings dropped, and a reference model (a
+    copy of the policy's base) where the base served as the reference."""
+    from realbench.plan.scenario import POLICY, REFERENCE, scenario_from_document
+
+    doc = scenario.to_document()
+    doc["name"] = f"{scenario.name}-full"
+    for entry in doc["models"].values():
+        if isinstance(entry, dict):
+            entry.pop("lora", None)
+    calls = doc["dataflow"].get("calls", [])
+    if any(c.get("adapters") is False for c in calls):
+        doc["models"][REFERENCE] = dict(doc["models"][POLICY])
+        for c in calls:
+            if c.pop("adapters", True) is False:
+                c["model"] = REFERENCE
+    return scenario_from_document(doc, scenario.name)
+
+
+def _layout(option) -> tuple:
+    s = option.strategy
+    return option.mesh, s.dp, s.tp, s.pp, s.virtual_stages
+
+
+def compare_lora(scenario, budget_s: float, seed: int) -> dict:
+    """MCMC's best plan for a LoRA job and for its full fine-tuning twin, the same budget and
+    seed; `copies`: the calls that hold their own copy of a trained model (under LoRA, of its
+    frozen base, to which only the adapters move)."""
+    out = {}
+    for key, s in (("lora", scenario), ("full", full_fine_tuning(scenario))):
+        est = Estimator(s)
+        r = run_search(est, "mcmc", budget_s, seed=seed)
+        G = s.cluster.gpus_per_node
+        row = {"best_time_s": r.best_time_s, "baselines": r.baselines, "evaluations": r.evaluations}
+        if r.best_choice is not None:
+            options, e = est.options_of(r.best_choice), est.estimate(r.best_choice)
+            train = {c.model: o for c, o in ((s.dataflow.call(n), o) for n, o in options.items())
+                     if c.kind == CallKind.TRAIN}
+            row.update(plan={n: o.label(G) for n, o in options.items()}, realloc_s=e.realloc_s,
+                       memory_gib=e.peak_mem_bytes / 2 ** 30,
+                       copies=sorted(n for n, o in options.items() if s.dataflow.call(n).model in train
+                                     and s.dataflow.call(n).kind != CallKind.TRAIN
+                                     and _layout(o) != _layout(train[s.dataflow.call(n).model])))
+        out[key] = row
+    out["speedup"] = out["full"]["best_time_s"] / out["lora"]["best_time_s"]
+    return out
+
+
 QUICK = dict(scenarios=("ppo-7b-7b-16gpu",), methods=("mcmc", "tpe", "random"), budget_s=2.0, seeds=(0,),
              long_scenarios=("ppo-7b-7b-16gpu",), long_budget_s=3.0, exact=("dpo-7b-8gpu",), exact_budget_s=2.0,
              exact_seeds=(0, 1), ablation_scenario="ppo-7b-7b-16gpu", ablation_methods=("tpe",), scale_budget_s=3.0,
-             tail_scenarios=("ppo-8b-16gpu-longtail",), tail_steps=2, async_scenarios=("grpo-7b-16gpu",))
+             tail_scenarios=("ppo-8b-16gpu-longtail",), tail_steps=2, async_scenarios=("grpo-7b-16gpu",),
+             lora_scenarios=LORA_SCENARIOS)

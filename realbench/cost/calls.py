@@ -120,6 +120,19 @@ def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
     return (layers + model.ends_params(pp)) / tp
 
 
+def shard_adapter_params(model: ModelSpec, tp: int, pp: int) -> float:
+    """LoRA adapter parameters on a device: ceil(L/pp) layers' over tp (the replicated halves,
+    A of a column-parallel projection and B of a row-parallel one, are a few percent of the
+    adapters, under tp: left out)."""
+    return math.ceil(model.n_layers / pp) * model.layer_adapter_params / tp
+
+
+def adapter_flops_share(model: ModelSpec) -> float:
+    """The adapters' FLOPs per token as a share of the base's matmuls: r (in + out) per
+    targeted projection against in x out (0 without LoRA)."""
+    return model.layer_adapter_params / model.layer_matmul_params
+
+
 def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
     """Ranks of one dp group are tp apart and cover dp*tp consecutive devices."""
     return option.mesh.nodes > 1 and option.strategy.dp * option.strategy.tp > cluster.gpus_per_node
@@ -266,7 +279,7 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     compute = plan.prefills * prefill + plan.steps * (layers * layer_step + head)
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
                + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
-    weights = shard_params(model, tp, 1) * BF16
+    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
     kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
     working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)
     return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights), int(working))
@@ -279,7 +292,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
     layers = math.ceil(model.n_layers / pp)
-    weights = shard_params(model, tp, pp) * BF16
+    # LoRA: the adapters are computed beside the base, unmerged (and held with it)
+    adapters = shard_adapter_params(model, tp, pp)
+    weights = (shard_params(model, tp, pp) + adapters) * BF16
     slots = m + pp - 1
     p2p_cross = stage_boundary_spans_nodes(cluster, option)
 
@@ -333,7 +348,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         # zero 3: the weights sharded over dp, each layer gathered as it runs (realbench.cost.sharding)
         dp_comm = (sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node)
                    if s.zero == 3 else 0.0)
-        weights = params * sharding.weight_bytes_per_param(s.zero, dp)
+        weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
         working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
                    + sharding.gathered_bytes(s.zero, layer, backward=False))
@@ -348,7 +363,11 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     recompute = s.checkpointing
     v = s.virtual_stages
     train_slots = m + (pp - 1) / v
-    fwd_bwd = (4 if recompute else 3) * fwd
+    # the backward computes the activations' gradients (one forward's FLOPs) and the weights' (one
+    # more); under LoRA the frozen base has none, so the backward costs one forward (and the
+    # adapters' small share of every pass)
+    lora = model.lora is not None
+    fwd_bwd = ((3 if recompute else 2) * (1 + adapter_flops_share(model)) if lora else (4 if recompute else 3)) * fwd
     behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
     compute = steps * train_slots * fwd_bwd + behaviour * slots * fwd
     tp_comm = (steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
@@ -361,7 +380,10 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                    + behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node))
     else:
         dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, params, m, dp_spans, per_node)
-    updated = params / dp if s.zero else params  # ZeRO: each replica updates its share
+    trained = adapters if lora else params  # what has gradients and optimizer state
+    if lora and s.zero != 3:
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, trained, m, dp_spans, per_node)
+    updated = trained / dp if s.zero else trained  # ZeRO: each replica updates its share
     optimizer = steps * memory_time(cluster, updated * ADAM_BYTES_MOVED_PER_PARAM)
     # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,
     # min(2 (pp - 1) + (v - 1) pp + 1, m v) chunks of 1 / v of its layers (realbench.plan.pipeline)
@@ -369,7 +391,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
                + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True))
-    master = params * sharding.trained_bytes_per_param(s.zero, dp)
-    weights = params * sharding.weight_bytes_per_param(s.zero, dp)
+    # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
+    master = (params * sharding.weight_bytes_per_param(s.zero, dp) + adapters * sharding.trained_bytes_per_param(s.zero, dp)
+              if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
+    weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

@@ -59,7 +59,9 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
 def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile, alone: bool = False) -> list[Optional[float]]:
     """profiled_call_time of each option, each layout's call_factor worked out once; `alone`: as
     if the call's processes were the only busy ones (see call_factor)."""
-    found = None if call.kind == CallKind.FUNCTION else profile.model_for(model)
+    # the profile measures blocks without LoRA adapters (whose backward has no weight gradients
+    # for the base): a LoRA model's calls are the analytic model's
+    found = None if call.kind == CallKind.FUNCTION or getattr(model, "lora", None) else profile.model_for(model)
     if found is None:
         return [None] * len(options)
     factors: dict[tuple[int, int, int], float] = {}

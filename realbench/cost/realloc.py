@@ -22,6 +22,10 @@ verl/workers/engine_workers.py in 0.9.1), then the transfer above runs from that
 layout. A zero-3 destination is charged its whole tp shard where it must receive (it keeps a
 1/d slice of it): an upper bound, like the rest.
 
+LoRA (`model.lora`): the base is frozen, so a layout that holds it once (the run's first
+step) receives only the adapters from then on, and a call on the base alone (a LoRA policy's
+reference) nothing: the steady state priced per iteration (`adapters_only`).
+
 Data transfer: a consumer on another mesh receives the bytes of the keys it reads from the
 producer (4 bytes per token per key) over the slowest link between the two meshes.
 """
@@ -81,7 +85,8 @@ def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts) -> np.nda
     return np.where(src.zero == 3, t, 0.0)
 
 
-def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
+def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts, adapters_only: bool = False
+                  ) -> np.ndarray:
     """Seconds to move the weights from each layout of `src` to the same entry of `dst` (see the
     module doc), for all pairs at once: one column per destination stage, padded to the largest pp.
 
@@ -101,7 +106,10 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     lo, hi = stage_start(L, pp, j), stage_start(L, pp, j + 1)
     ends = np.where(pp == 1, model.ends_params(1),
                     np.where(j == 0, model.embedding_params, np.where(j == pp - 1, model.head_params, 0)))
-    nbytes = ((hi - lo) * float(model.layer_params) + ends) * BF16 / dst.tp[:, None]
+    if adapters_only:  # LoRA, once the destination holds the frozen base: each stage's adapters
+        nbytes = (hi - lo) * float(model.layer_adapter_params) * BF16 / dst.tp[:, None]
+    else:
+        nbytes = ((hi - lo) * float(model.layer_params) + ends) * BF16 / dst.tp[:, None]
     width = dst.size[:, None] // pp  # devices per destination stage (dp * tp)
     first = dst.start[:, None] + j * width
     first_node, last_node = first // G, (first + width - 1) // G

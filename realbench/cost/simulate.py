@@ -421,7 +421,13 @@ class Estimator:
             # OpenRLHF and AReaL broadcast whole tensors to their servers (realbench.cost.realloc.broadcast_times)
             moved = broadcast_times if (self.scenario.engine in BROADCAST_ENGINES
                                         and self.calls[i].kind == CallKind.GENERATE) else realloc_times
-            R[:, i] = moved(self.scenario.models[self.calls[i].model], self.cluster, src, dst)
+            model, call = self.scenario.models[self.calls[i].model], self.calls[i]
+            if model.lora is not None and not call.adapters:  # the frozen base, held since the first step
+                R[:, i] = 0.0
+            elif model.lora is not None and moved is realloc_times:  # the adapters alone, once the base is there
+                R[:, i] = realloc_times(model, self.cluster, src, dst, adapters_only=True)
+            else:
+                R[:, i] = moved(model, self.cluster, src, dst)
             if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)
@@ -440,10 +446,17 @@ class Estimator:
         instead of every device."""
         chosen = C[0] >= 0
         masters = [m for m in self.masters if chosen[m]]
-        m_lo = np.stack([self.lo[m][C[:, m]] for m in masters], axis=1) if masters else np.zeros((len(C), 0))
-        m_hi = np.stack([self.hi[m][C[:, m]] for m in masters], axis=1) if masters else m_lo
-        m_bytes = np.stack([self.master_bytes[m][C[:, m]] for m in masters], axis=1) if masters else \
-            np.zeros(m_lo.shape)
+        # a LoRA model's copy on another call's layout stays between steps (it keeps the frozen
+        # base, and receives only the adapters): held like a master copy, where it is a copy
+        kept = [i for i in np.flatnonzero(chosen) if self.master_of[i] != i and chosen[self.master_of[i]]
+                and getattr(self.scenario.models[self.calls[i].model], "lora", None) is not None]
+        held_lo = [self.lo[m][C[:, m]] for m in masters] + [self.lo[i][C[:, i]] for i in kept]
+        held_hi = [self.hi[m][C[:, m]] for m in masters] + [self.hi[i][C[:, i]] for i in kept]
+        held_bytes = [self.master_bytes[m][C[:, m]] for m in masters] + \
+            [np.where(copy[:, i], self.weights[i][C[:, i]], 0.0) for i in kept]
+        m_lo = np.stack(held_lo, axis=1) if held_lo else np.zeros((len(C), 0))
+        m_hi = np.stack(held_hi, axis=1) if held_hi else m_lo
+        m_bytes = np.stack(held_bytes, axis=1) if held_bytes else np.zeros(m_lo.shape)
         if per_device:
             devices = np.arange(self.cluster.n_devices)[None, :, None]
             persist = (m_bytes[:, None, :] * ((m_lo[:, None, :] <= devices) & (devices < m_hi[:, None, :]))).sum(2)
@@ -452,7 +465,8 @@ class Estimator:
         for i in np.flatnonzero(chosen):
             k = C[:, i]
             lo, hi = self.lo[i][k], self.hi[i][k]
-            t = self.working[i][k] + np.where(copy[:, i] & chosen[self.master_of[i]], self.weights[i][k], 0.0)
+            t = self.working[i][k] + (0.0 if i in kept else
+                                      np.where(copy[:, i] & chosen[self.master_of[i]], self.weights[i][k], 0.0))
             if per_device:
                 inside = (devices[:, :, 0] >= lo[:, None]) & (devices[:, :, 0] < hi[:, None])
                 np.maximum(working, inside * t[:, None], out=working)

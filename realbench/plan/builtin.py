@@ -47,6 +47,13 @@ _SPECS = [
           dict(prompts=128, prompt_len=2048, gen_len=6144), "PPO with 8k-token sequences, 2x8 H100"),
     _spec("grpo-7b-16gpu", "grpo", 2, 8, "h100", _PG_MODELS,
           dict(prompts=64, prompt_len=256, gen_len=768, group_size=8), "GRPO, 8 samples per prompt, 2x8 H100"),
+    # LoRA (r 16, alpha 32, every projection), as one node runs it: the reference is the actor's
+    # base (no reference model), the trained adapters the only weights that change
+    _spec("grpo-7b-lora-8gpu", "grpo", 1, 8, "h100",
+          {"actor": {"arch": "llama-7b", "lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}},
+           "reward": {"arch": "llama-7b", "value_head": True}},
+          dict(prompts=64, prompt_len=256, gen_len=768, group_size=8),
+          "GRPO, 7B actor trained with LoRA (reference: its base), 7B reward, 1x8 H100"),
     _spec("remax-7b-16gpu", "remax", 2, 8, "h100", _PG_MODELS,
           dict(prompts=512, prompt_len=256, gen_len=768), "ReMax, sampled + greedy responses, 2x8 H100"),
     _spec("dpo-7b-8gpu", "dpo", 1, 8, "h100", {"actor": "llama-7b", "ref": "llama-7b"},
