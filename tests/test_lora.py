@@ -195,6 +195,15 @@ def test_lora_settings_take_peft_names_and_refuse_what_realbench_would_not_do():
         assert e.value.field == field, (bad, str(e.value))
     with pytest.raises(ConfigError, match="lm_head.*q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"):
         validate_model(LoraSpec, {"r": 4, "target_modules": ["lm_head"]})
+    # in a scenario: on a model no call trains, by its field
+    from realbench.plan import get_builtin
+    from realbench.plan.scenario import scenario_from_document
+
+    doc = get_builtin("grpo-tiny-cpu").to_document()
+    doc["models"]["reward"]["lora"] = {"r": 2}
+    with pytest.raises(ConfigError) as e:
+        scenario_from_document(doc, "my job.yaml")
+    assert e.value.field == "models.reward.lora" and "no call trains 'reward'" in str(e.value)
 
 
 def lora_job(folder, with_ref: bool):
@@ -412,3 +421,14 @@ def test_lora_training_and_its_reallocations_are_priced_by_hand():
     assert e.calls["actor_gen"].realloc_s == pytest.approx(seconds)
     assert e.calls["ref_inf"].realloc_s == 0.0  # another layout, holding the frozen base since the first step
     assert realloc_times(full, scenario.cluster, src, Layouts.of([est.options_of(tuple(choice))["ref_inf"]], 8))[0] > 0
+
+
+def test_a_lora_plan_for_an_engine_is_refused_rather_than_written_without_its_adapters(cli, tmp_path):
+    """An engine's configuration that left the LoRA settings out would train every weight: refused by name."""
+    code, _, err = cli("estimate", "--scenario", "grpo-7b-lora-8gpu", "--baseline", "symmetric", "--out",
+                       tmp_path / "my plan.yaml")
+    assert code == 0, err
+    for engine in ("verl", "openrlhf", "areal"):
+        code, _, err = cli("export", "--plan", tmp_path / "my plan.yaml", "--format", engine, "--out", tmp_path / engine)
+        assert code == 2 and err.count("\n") == 1 and "models.actor.lora" in err, (engine, err)
+        assert not (tmp_path / engine).exists()

@@ -349,6 +349,13 @@ def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
         if t["fits"]:
             assert t["distribution_gain"] == pytest.approx(1 - tail["distribution"]["sampled_time_s"] / t["sampled_time_s"])
             assert t["distribution_gain"] > 0
+    # LoRA against its full fine-tuning twin: the twin trains every weight and has a reference model
+    # to place; under LoRA the reference shares the trainer's layout or keeps a base copy
+    lora = r["lora"]["grpo-7b-lora-8gpu"]
+    assert lora["speedup"] == pytest.approx(lora["full"]["best_time_s"] / lora["lora"]["best_time_s"])
+    assert set(lora["lora"]["plan"]) == set(lora["full"]["plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
+    assert lora["lora"]["best_time_s"] <= min(lora["lora"]["baselines"].values()) + 1e-12
+    assert lora["lora"]["memory_gib"] < lora["full"]["memory_gib"]  # no gradients or Adam state for the base
 
 
 def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_path):

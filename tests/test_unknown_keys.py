@@ -110,8 +110,11 @@ def job_doc(job: Path) -> dict:
 @pytest.mark.parametrize("edit, field, closest", [
     # a misspelt `path` with data: not "data needs a tokenizer" (the actor's folder gives it)
     (lambda d: d["models"].update(actor={"pth": "ckpt"}), "models.actor.pth", "path"),
-    # not supported (yet): an unknown key of a checkpoint entry, with the valid ones
-    (lambda d: d["models"].update(actor={"path": "ckpt", "lora": {"r": 8}}), "models.actor.lora", None),
+    # not supported: an unknown key of a checkpoint entry, with the valid ones
+    (lambda d: d["models"].update(actor={"path": "ckpt", "quantization": "int4"}), "models.actor.quantization", None),
+    # a misspelt setting of LoRA, with PEFT's names
+    (lambda d: d["models"].update(actor={"path": "ckpt", "lora": {"r": 8, "lora_alpa": 16}}), "models.actor.lora.lora_alpa",
+     "lora_alpha"),
     (lambda d: d["models"].update(ref={"path": "ckpt", "value_hed": False}), "models.ref.value_hed", "value_head"),
     (lambda d: d["models"].update(reward={"function": "rewards.py:digits", "seconds_per_sampl": 0.01}),
      "models.reward.seconds_per_sampl", "seconds_per_sample"),
