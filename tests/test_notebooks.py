@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "tutor
 def test_there_are_notebooks_and_tutorials():
     names = [p.name for p in NOTEBOOKS]
     assert len([n for n in names if n in {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}]) == 7
-    assert len(names) == 16
+    assert len(names) == 17 and "10-lora.ipynb" in names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
