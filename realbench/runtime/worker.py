@@ -257,7 +257,8 @@ class Worker:
         self.realloc_plans = {}  # this rank's messages for each call's reallocation
         self.realloc_bytes = {}  # and the bytes it receives in them
         self.reallocations: dict[int, BoundReallocation] = {}  # bound to the tensors, at first use
-        self.realloc_after: dict[int, tuple] = {}  # what moves once a layout holds the frozen base: (plan, bytes)
+        # LoRA: what moves once a layout holds the frozen base, (plan, bytes), until it takes over
+        self.realloc_after: dict[int, tuple] = {}
         self.events: list[Event] = []
         producer = {k: index[c.name] for c in self.calls for k in c.outputs}
         for i, c in enumerate(self.calls):
@@ -420,9 +421,9 @@ class Worker:
         first = i not in self.reallocations
         if first and self.layouts[i].coord(self.rank) is not None:
             self.placed[i] = PlacedModel(spec, self.layouts[i], self.rank, self.groups, self.device, self.dtype)
-        if first or (i in self.realloc_after and self.realloc_after[i][0] is not self.realloc_plans[i]):
+        if first or i in self.realloc_after:
             if not first:  # the frozen base is there: from now on, the adapters alone
-                self.realloc_plans[i], self.realloc_bytes[i] = self.realloc_after[i]
+                self.realloc_plans[i], self.realloc_bytes[i] = self.realloc_after.pop(i)
             self.reallocations[i] = BoundReallocation(  # the compute weights move, in their dtype
                 self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
                 self.placed[i].shards() if i in self.placed else {}, dtype=self.dtype, device=self.device)
