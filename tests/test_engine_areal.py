@@ -215,8 +215,13 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
 
     os.chdir(job)
     cases = []  # (written config, the scenario, the plan's options)
-    for config, name in (("gsm8k grpo.yaml", "grpo"), ("ppo_megatron.yaml", "ppo")):
-        first, plan_doc, _ = imported(cli, job, config, out="first", name=name)
+    lora = ("actor.use_lora=true", "actor.lora_rank=8", "actor.lora_alpha=16", "actor.target_modules=[q_proj,v_proj]")
+    for config, name, overrides in (("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
+                                    ("gsm8k grpo.yaml", "grpo-lora", lora)):
+        first, plan_doc, scenario_doc = imported(cli, job, config, *overrides, out="first", name=name)
+        if overrides:  # the LoRA settings, read
+            assert scenario_doc["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16,
+                                                               "target_modules": ["q_proj", "v_proj"]}
         scenario = load_scenario(first["scenario"])
         out = job / "exported" / f"{name} areal.yaml"
         out.parent.mkdir(exist_ok=True)
@@ -225,6 +230,8 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         assert code == 0, err
         assert os.access(out.with_name(f"{out.stem}-launch.sh"), os.X_OK)
         cases.append((out, scenario, resolve_plan(plan_from_document(plan_doc), scenario)))
+        if overrides:
+            continue
         table = list(areal.configurations(scenario))
         assert len(table) > 100
         for k, options in enumerate(random.Random(0).sample(table, 3)):
@@ -250,6 +257,11 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         assert (c["allocations"]["actor"]["dp"], c["allocations"]["actor"]["tp"],
                 c["allocations"]["actor"]["pp"]) == (a.dp, a.tp, a.pp)
         backends.add(c["allocations"]["actor"]["backend"])
+        # the LoRA settings as AReaL's config classes hold them, the servers' side on too
+        lora = scenario.models["actor"].lora
+        assert c["lora"] == ({"use_lora": True, "rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"],
+                              "rollout": True} if lora else
+                             {"use_lora": False, "rank": 32, "alpha": 16, "target_modules": [], "rollout": False}), path
     assert backends == {"fsdp", "megatron"}
 
 

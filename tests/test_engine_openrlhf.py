@@ -127,9 +127,14 @@ def test_separate_groups_are_placed_largest_first(cli, job):
     assert scenario["dataflow"]["group_size"] == 4 and scenario["dataflow"]["minibatches"] == 2
 
 
-@pytest.mark.parametrize("config", ["train ppo hybrid.sh", "grpo.args"])
-def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config):
-    first, plan, _ = imported(cli, job, config, out="first", name="job")
+LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
+
+
+@pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA)])
+def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
+    """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
+    reference as a model of its own.)"""
+    first, plan, scenario = imported(cli, job, config, *overrides, out="first", name="job")
     out = job / "exported" / f"{Path(config).stem} run.sh"
     out.parent.mkdir(exist_ok=True)
     code, _, err = cli("export", "--plan", first["plan"], "--format", "openrlhf", "--out", out, "--force")
@@ -137,8 +142,15 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     assert os.access(out, os.X_OK) and "openrlhf.cli.train_ppo_ray" in out.read_text()
     checked = openrlhf_check("validate", out)
     assert checked["ok"], checked
-    again, plan_again, _ = imported(cli, job, out, out="again", name="job")
+    lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]} if overrides else \
+        {"rank": 0, "alpha": 16, "target_modules": "all-linear"}
+    assert checked["lora"] == lora
+    again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     assert plan_again["calls"] == plan["calls"]
+    assert scenario_again["models"] == scenario["models"]
+    if overrides:
+        assert scenario["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+        assert "ref" in scenario["models"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
 
 
@@ -152,6 +164,8 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     (("train.partial_rollout_enable=true",), "--train.partial_rollout_enable", "does not price it"),
     (("reward.remote_url=http://rm:5000/get_reward",), "--reward.remote_url", "remote reward server"),
     (("algo.advantage.estimator=reinforce",), "--algo.advantage.estimator", "realbench plans gae, group_norm, rloo"),
+    # the PPO script: OpenRLHF's critic would take the same adapters
+    (("ds.lora.rank=8",), "--ds.lora.rank", "wraps the critic in the same adapters"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, flag, says):
     os.chdir(job)

@@ -84,6 +84,10 @@ reward:
 """
 
 
+LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """A user's verl job folder: a checkpoint, a reward function of verl's form, two configs
@@ -187,7 +191,11 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo-rm.yaml", ()),
                                                # no KL term: verl builds no reference; PPO with 2 samples a prompt
                                                ("grpo_qwen_fsdp.yaml", ("actor_rollout_ref.actor.use_kl_loss=false",)),
-                                               ("ppo-rm.yaml", ("actor_rollout_ref.rollout.n=2",))])
+                                               ("ppo-rm.yaml", ("actor_rollout_ref.rollout.n=2",)),
+                                               # LoRA: the reference is the actor with its adapters off; the
+                                               # rollout receives them merged into the base, or alone
+                                               ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
+                                               ("grpo_qwen_fsdp.yaml", LORA)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -205,7 +213,15 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     without_ref = "actor_rollout_ref.actor.use_kl_loss=false" in overrides
     assert checked["critic"] == ("ppo" in config) and checked["ref"] is not without_ref
     assert ("ref_inf" in plan["calls"]) is not without_ref
+    if LORA[0] in overrides:
+        merged = "actor_rollout_ref.model.lora.merge=true" in overrides
+        assert (checked["lora_rank"], checked["lora_alpha"], checked["target_modules"], checked["lora_merge"]) == \
+            (8, 16, ["q_proj", "v_proj"], merged)
+        assert plan["calls"]["actor_gen"].get("merge_lora", False) is merged
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
+    if LORA[0] in overrides:
+        assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+        assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
     if "actor_rollout_ref.rollout.n=2" in overrides:  # PPO, each prompt's 2 responses their own episodes
         assert scenario_again["algorithm"] == "ppo" and scenario_again["dataflow"]["group_size"] == 2
     assert plan_again["calls"] == plan["calls"]
@@ -224,6 +240,13 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
      "3 does not divide a GPU's 4 rows"),
     (("model_engine=torchtitan",), "model_engine", "realbench prices dp, megatron"),
     (("data.train_batch_size",), "data.train_batch_size", "an override is key=value"),
+    # LoRA: on Megatron (verl's model.lora.*), leaving modules out, a rank realbench refuses
+    (("model_engine=megatron", "actor_rollout_ref.model.lora_rank=8"), "actor_rollout_ref.model.lora_rank",
+     "realbench reads verl's FSDP LoRA"),
+    (LORA + ("actor_rollout_ref.model.exclude_modules=o_proj",), "actor_rollout_ref.model.exclude_modules",
+     "realbench does not price it"),
+    (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
+     "models.actor.lora.target_modules", "no module 'qkv'"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)

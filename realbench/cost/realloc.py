@@ -24,7 +24,12 @@ layout. A zero-3 destination is charged its whole tp shard where it must receive
 
 LoRA (`model.lora`): the base is frozen, so a layout that holds it once (the run's first
 step) receives only the adapters from then on, and a call on the base alone (a LoRA policy's
-reference) nothing: the steady state priced per iteration (`adapters_only`).
+reference) nothing: the steady state priced per iteration (`adapters_only`). Or, a plan's
+choice per call (`Strategy.merge_lora`, verl's `lora.merge`), the layout receives the adapters
+merged into the base, W + s B A (the base's shapes and bytes), every step, and holds that copy
+during its call only: more bytes moved, less memory held. The merge itself (2 r in out FLOPs per
+projection on the trainer's shards: what a forward of r tokens costs, against the step's many
+thousand) is not priced.
 
 Data transfer: a consumer on another mesh receives the bytes of the keys it reads from the
 producer (4 bytes per token per key) over the slowest link between the two meshes.
@@ -74,13 +79,15 @@ def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
     return same_layout | inside
 
 
-def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts) -> np.ndarray:
+def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, adapters_only: bool = False) -> np.ndarray:
     """Seconds for each zero-3 source's data-parallel group to all-gather its tp shard of the
-    weights (module doc); 0 for the others. Zero 3 runs without pipelines (pp 1): the group is
-    every tp-th device of the mesh, G / tp of them on each node when it spans nodes."""
+    weights (module doc), or of the LoRA adapters alone; 0 for the others. Zero 3 runs without
+    pipelines (pp 1): the group is every tp-th device of the mesh, G / tp of them on each node
+    when it spans nodes."""
     G = cluster.gpus_per_node
     dp = src.size // (src.tp * src.pp)
-    nbytes = float(model.n_params) * BF16 / src.tp
+    params = model.n_layers * model.layer_adapter_params if adapters_only else model.n_params
+    nbytes = float(params) * BF16 / src.tp
     t = comm.all_gather(cluster, dp, nbytes, src.size > G, np.maximum(1, G // src.tp))
     return np.where(src.zero == 3, t, 0.0)
 
@@ -99,7 +106,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
     if len(dst.pp) == 0:
         return np.zeros(0)
     # int32 halves the memory traffic of these (pairs x stages) grids (device and layer numbers are small)
-    gather = gather_times(model, cluster, src)
+    gather = gather_times(model, cluster, src, adapters_only)
     src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp, x.zero))) for x in (src, dst))
     j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
@@ -134,19 +141,22 @@ def _after_gather(src: Layouts, dst: Layouts, gather: np.ndarray, transfer: np.n
     return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, transfer))
 
 
-def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts) -> np.ndarray:
+def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Layouts, adapters_only: bool = False
+                    ) -> np.ndarray:
     """Seconds for OpenRLHF's weight sync to vLLM (trainer/ray/ppo_actor.py:409-490 in 0.11.2): each
     tensor gathered whole (zero 3: the data-parallel all-gather, `gather_times`), then broadcast
     from the trainer's first device to every GPU of the engines, each receiving the whole tensor
     (vLLM reshards it itself): the model's bf16 bytes over the slowest link of the broadcast (a
     pipelined broadcast moves them once over each), inside the first device's node or across
-    nodes. On the same GPUs (the hybrid engine's CUDA IPC handles) nothing moves after the gather."""
+    nodes. On the same GPUs (the hybrid engine's CUDA IPC handles) nothing moves after the gather.
+    `adapters_only`: a LoRA model's adapters alone (AReaL's LoRA update sends the trainable
+    parameters, areal/engine/fsdp_engine.py:1598-1604 in 1.0.4; OpenRLHF 0.11.2 sends every one)."""
     G = cluster.gpus_per_node
-    nbytes = float(model.n_params) * BF16
+    nbytes = float(model.n_layers * model.layer_adapter_params if adapters_only else model.n_params) * BF16
     same_node = (dst.start // G == src.start // G) & ((dst.start + dst.size - 1) // G == src.start // G)
     t = np.where(same_node, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)
-    return _after_gather(src, dst, gather_times(model, cluster, src), t)
+    return _after_gather(src, dst, gather_times(model, cluster, src, adapters_only), t)
 
 
 def realloc_time(model: ModelSpec, cluster: ClusterSpec, src: Option, dst: Option) -> float:

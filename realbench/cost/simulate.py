@@ -54,7 +54,8 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "node", "mesh_id", "layout_id", "working",
+COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "node", "mesh_id", "layout_id",
+           "working",
            "weights",
            "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
@@ -298,20 +299,24 @@ class Estimator:
     def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
         """Where options run: first and end device, the node (-1 across nodes), and ids that are
         equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
-        micro-batches, zero) per option, see `_strategy_fields`."""
+        micro-batches, zero, merge_lora) per option, see `_strategy_fields`."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
-        # options of one layout (mesh, tp, pp, zero) hold the same weights and states: they differ
-        # in time and working memory only (the search's dominance pruning, SearchSpace.pruned)
-        layout_id = ((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]
+        # options of one layout (mesh, tp, pp, zero, merged LoRA or not) hold the same weights and
+        # states: they differ in time and working memory only (the search's dominance pruning,
+        # SearchSpace.pruned)
+        layout_id = (((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2 \
+            + strategy[:, 4]
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
-                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "node": node, "mesh_id": mesh_id,
+                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "merge_lora": strategy[:, 4], "node": node,
+                "mesh_id": mesh_id,
                 "layout_id": layout_id}
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
-        return np.array([(s.tp, s.pp, s.micro_batches, s.zero) for s in strategies], dtype=np.int64).reshape(-1, 4)
+        return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora) for s in strategies],
+                        dtype=np.int64).reshape(-1, 5)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""
@@ -424,10 +429,15 @@ class Estimator:
             model, call = self.scenario.models[self.calls[i].model], self.calls[i]
             if model.lora is not None and not call.adapters:  # the frozen base, held since the first step
                 R[:, i] = 0.0
-            elif model.lora is not None and moved is realloc_times:  # the adapters alone, once the base is there
-                R[:, i] = realloc_times(model, self.cluster, src, dst, adapters_only=True)
-            else:
-                R[:, i] = moved(model, self.cluster, src, dst)
+            elif model.lora is not None and moved is realloc_times:
+                merged = self.merge_lora[i][C[:, i]].astype(bool)
+                # merged: W + s B A, the base's shapes (what realloc_times moves of a model), every
+                # step; else the adapters alone, once the layout holds the base
+                R[:, i] = np.where(merged, realloc_times(model, self.cluster, src, dst),
+                                   realloc_times(model, self.cluster, src, dst, adapters_only=True))
+            else:  # (AReaL sends a LoRA model's adapters alone, OpenRLHF every parameter: broadcast_times)
+                R[:, i] = moved(model, self.cluster, src, dst, **(
+                    {"adapters_only": True} if model.lora is not None and self.scenario.engine == "areal" else {}))
             if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)
@@ -448,12 +458,15 @@ class Estimator:
         masters = [m for m in self.masters if chosen[m]]
         # a LoRA model's copy on another call's layout stays between steps (it keeps the frozen
         # base, and receives only the adapters): held like a master copy, where it is a copy
+        # (unless the adapters arrive merged into the base every step: then the copy is held
+        # during its call only, as a fully trained model's copy is)
         kept = [i for i in np.flatnonzero(chosen) if self.master_of[i] != i and chosen[self.master_of[i]]
                 and getattr(self.scenario.models[self.calls[i].model], "lora", None) is not None]
+        merged = {i: self.merge_lora[i][C[:, i]].astype(bool) for i in kept}
         held_lo = [self.lo[m][C[:, m]] for m in masters] + [self.lo[i][C[:, i]] for i in kept]
         held_hi = [self.hi[m][C[:, m]] for m in masters] + [self.hi[i][C[:, i]] for i in kept]
         held_bytes = [self.master_bytes[m][C[:, m]] for m in masters] + \
-            [np.where(copy[:, i], self.weights[i][C[:, i]], 0.0) for i in kept]
+            [np.where(copy[:, i] & ~merged[i], self.weights[i][C[:, i]], 0.0) for i in kept]
         m_lo = np.stack(held_lo, axis=1) if held_lo else np.zeros((len(C), 0))
         m_hi = np.stack(held_hi, axis=1) if held_hi else m_lo
         m_bytes = np.stack(held_bytes, axis=1) if held_bytes else np.zeros(m_lo.shape)
@@ -465,8 +478,10 @@ class Estimator:
         for i in np.flatnonzero(chosen):
             k = C[:, i]
             lo, hi = self.lo[i][k], self.hi[i][k]
-            t = self.working[i][k] + (0.0 if i in kept else
-                                      np.where(copy[:, i] & chosen[self.master_of[i]], self.weights[i][k], 0.0))
+            own_copy = copy[:, i] & chosen[self.master_of[i]]
+            if i in kept:  # held between steps (above) unless merged
+                own_copy = own_copy & merged[i]
+            t = self.working[i][k] + np.where(own_copy, self.weights[i][k], 0.0)
             if per_device:
                 inside = (devices[:, :, 0] >= lo[:, None]) & (devices[:, :, 0] < hi[:, None])
                 np.maximum(working, inside * t[:, None], out=working)

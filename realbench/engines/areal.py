@@ -68,7 +68,7 @@ import yaml
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents
+from realbench.engines.documents import job_documents, lora_problem, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _packed
@@ -121,8 +121,15 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
             "sglang.model_path", "sglang.random_seed", "sglang.skip_tokenizer_init", "sglang.dtype",
             "sglang.context_length", "sglang.mem_fraction_static", "sglang.log_level", "sglang.disable_radix_cache",
             "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype", "vllm.max_model_len",
-            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.no_enable_prefix_caching")
+            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.no_enable_prefix_caching",
+            # the servers' side of the actor's LoRA (what the adapters need there, not a cost of their own)
+            "rollout.use_lora", "sglang.enable_lora", "sglang.max_lora_rank", "vllm.enable_lora", "vllm.max_lora_rank",
+            "gconfig.lora_name")
            + tuple(f"{role}.{k}" for role in ("actor", "ref", "critic") for k in _ENGINE_NEUTRAL))
+# the actor's LoRA (api/cli_args.py:1167-1182, engine/fsdp_engine.py:1089-1100: no target modules is
+# all-linear), PEFT's name -> AReaL's; its update sends the servers the adapters alone
+# (engine/fsdp_engine.py:1598-1604), its reference is an engine of its own (trainer/rl_trainer.py:179-181)
+LORA_KEYS = {"r": "actor.lora_rank", "lora_alpha": "actor.lora_alpha", "target_modules": "actor.target_modules"}
 READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.backend", "ref.backend",
         "critic.backend", "ref.scheduling_strategy.type", "ref.scheduling_strategy.target",
         "critic.scheduling_strategy.type", "critic.scheduling_strategy.target", "actor.scheduling_spec",
@@ -134,7 +141,7 @@ READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.
         "rollout.max_head_offpolicyness", "rollout.max_concurrent_rollouts", "sglang.max_running_requests",
         "vllm.max_num_seqs", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.max_tokens",
         "train_dataset.batch_size", "train_dataset.max_length", "actor.ppo_n_minibatches",
-        "actor.reward_norm.mean_leave1out"}
+        "actor.reward_norm.mean_leave1out", "actor.use_lora", "actor.peft_type", *LORA_KEYS.values()}
 
 
 @lru_cache(maxsize=1)
@@ -385,6 +392,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if critic:
         models["critic"] = {"path": s["critic.path"], "value_head": True}
     models["reward"] = {"function": REWARD}
+    if s["actor.use_lora"]:
+        if s["actor.peft_type"] != "lora":
+            raise ConfigError(f"{s['actor.peft_type']!r}: realbench trains LoRA adapters", "actor.peft_type", source)
+        targets = list(s[LORA_KEYS["target_modules"]] or [])
+        models["actor"]["lora"] = {"r": s[LORA_KEYS["r"]], "lora_alpha": s[LORA_KEYS["lora_alpha"]],
+                                   "target_modules": "all-linear" if targets in ([], ["all-linear"]) else targets}
     scenario, plan = job_documents(
         "areal", name, f"read from the AReaL {VERSION} experiment {Path(source).name}",
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
@@ -402,7 +415,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
                                  "its trainer runs no reward model")
     if scenario.training.num_iterations != 1:
         return "training.num_iterations", "AReaL passes over a batch once (actor.ppo_n_minibatches optimizer steps)"
-    return None
+    return lora_problem(scenario, "AReaL")
 
 
 def _backend(name: str, s: Strategy, trained: bool) -> str:
@@ -505,6 +518,13 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         out.update({"actor.reward_norm.mean_level": "group", "actor.reward_norm.group_size": n,
                     "actor.reward_norm.std_level": "group" if scenario.algorithm == "grpo" else None,
                     "actor.reward_norm.mean_leave1out": scenario.algorithm == "rloo"})
+    lora = scenario.models["actor"].lora
+    if lora is not None:  # the trainer's adapters, and the servers that load them
+        out.update({"actor.use_lora": True, LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "AReaL"),
+                    LORA_KEYS["target_modules"]: list(lora.target_modules), "rollout.use_lora": True,
+                    "sglang.enable_lora": True, "sglang.max_lora_rank": lora.r})
+        if out["actor.backend"].startswith("megatron"):  # its LoRA runs on Megatron Bridge (engine/megatron_engine.py:327-331)
+            out["actor.megatron.bridge_type"] = "megatron-bridge"
     if df.max_staleness:  # the decoupled objective of asynchronous RL, as AReaL's examples run it
         out.update({"actor.use_decoupled_loss": True, "actor.recompute_logprob": True})
     return out

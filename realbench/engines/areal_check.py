@@ -126,7 +126,9 @@ def validate(config: str, overrides: list[str]) -> dict:
             "kl_ctl": cfg.actor.kl_ctl, "batch_size": cfg.train_dataset.batch_size,
             "n_samples": cfg.gconfig.n_samples, "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
             "ppo_n_minibatches": cfg.actor.ppo_n_minibatches, "n_gpus_per_node": cfg.cluster.n_gpus_per_node,
-            "n_nodes": cfg.cluster.n_nodes}
+            "n_nodes": cfg.cluster.n_nodes,
+            "lora": {"use_lora": cfg.actor.use_lora, "rank": cfg.actor.lora_rank, "alpha": cfg.actor.lora_alpha,
+                     "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora}}
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@ them (one writer for every engine's reader)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
@@ -16,7 +16,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     for c in calls.values():
         if c["dp"] == 1:  # one replica: nothing to shard over
             c.pop("zero", None)
-        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0)):
+        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False)):
             if c.get(key, off) == off:
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
@@ -34,3 +34,28 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     if max_staleness:
         plan["max_staleness"] = max_staleness
     return scenario, plan
+
+
+def lora_problem(scenario, engine: str) -> Optional[tuple[str, str]]:
+    """(scenario key, why) when the scenario's LoRA settings are more than `engine`'s names carry
+    (an actor's r, alpha and target modules), or None."""
+    for role, model in scenario.models.items():
+        lora = getattr(model, "lora", None)
+        if lora is None:
+            continue
+        if role != "actor":
+            return f"models.{role}.lora", f"realbench writes {engine}'s LoRA settings for the actor only"
+        if lora.use_rslora:
+            return "models.actor.lora.use_rslora", f"{engine} has no rsLoRA setting (its scaling is lora_alpha / r)"
+        if lora.path is not None:
+            return "models.actor.adapter", f"an adapter folder to start from is not written in {engine}'s settings yet"
+    return None
+
+
+def whole_alpha(lora, engine: str) -> int:
+    """The adapters' lora_alpha as the engines take it: an int setting."""
+    from realbench.errors import ConfigError
+
+    if not float(lora.lora_alpha).is_integer():
+        raise ConfigError(f"{lora.lora_alpha}: {engine} takes a whole number", "models.actor.lora.lora_alpha")
+    return int(lora.lora_alpha)

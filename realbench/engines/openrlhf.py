@@ -69,7 +69,7 @@ from typing import Any, Iterator, Optional
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents
+from realbench.engines.documents import job_documents, lora_problem, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _packed
 from realbench.errors import ConfigError
@@ -110,6 +110,11 @@ NEUTRAL = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.mode
            "ds.overlap_comm", "ds.grad_accum_dtype", "ds.disable_fast_tokenizer", "ds.zpg", "critic.save_value_network",
            "critic.freezing_steps", "actor.value_head_prefix", "critic.value_head_prefix", "reward.value_head_prefix",
            "ds.local_rank", "train.use_wandb")
+# LoRA (models/actor.py:177-188: PEFT's LoraConfig of these; rank 0 is none), PEFT's name -> the
+# flag's dest. OpenRLHF wraps its critic in the same adapters (trainer/ray/ppo_critic.py:201-204),
+# loads its reference as a model of its own (cli/train_ppo_ray.py:93-103) and broadcasts every
+# parameter, base and adapters, to vLLM each step (trainer/ray/ppo_actor.py:476-486)
+LORA_FLAGS = {"r": "ds.lora.rank", "lora_alpha": "ds.lora.alpha", "target_modules": "ds.lora.target_modules"}
 READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.num_gpus_per_node", "critic.num_nodes",
         "critic.num_gpus_per_node", "actor.num_nodes", "actor.num_gpus_per_node", "train.colocate_actor_ref",
         "train.colocate_critic_reward", "train.colocate_all", "vllm.num_engines", "vllm.tensor_parallel_size",
@@ -117,7 +122,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "train.dynamic_batch_enable", "rollout.max_tokens_per_gpu", "train.max_tokens_per_gpu", "rollout.batch_size",
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
-        "reward.remote_url", "train.async_enable", "train.async_queue_size"}
+        "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout"}
 
 
 @lru_cache(maxsize=1)
@@ -411,6 +416,17 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     for entry in models.values():
         if entry.get("path") is None:
             entry.pop("path", None)
+    if int(s["ds.lora.rank"]) > 0:
+        if critic:
+            raise ConfigError(f"{s['ds.lora.rank']} with a critic: OpenRLHF wraps the critic in the same adapters "
+                              "(trainer/ray/ppo_critic.py:201-204); realbench reads LoRA on the actor of GRPO and RLOO",
+                              "--ds.lora.rank", source)
+        if float(s["ds.lora.dropout"]):
+            raise ConfigError(f"{s['ds.lora.dropout']}: realbench trains adapters without dropout (0)", "--ds.lora.dropout",
+                              source)
+        targets = s["ds.lora.target_modules"]
+        models["actor"]["lora"] = {"r": int(s["ds.lora.rank"]), "lora_alpha": s["ds.lora.alpha"],
+                                   "target_modules": "all-linear" if targets in ("all-linear", ["all-linear"]) else targets}
     return job_documents("openrlhf", name, f"read from the OpenRLHF {VERSION} command line {Path(source).name}",
                          f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
@@ -422,7 +438,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes OpenRLHF's PPO, GRPO and RLOO, not {scenario.algorithm}"
-    return None
+    if scenario.models["actor"].lora is not None and "critic" in scenario.models:
+        return "models.actor.lora", ("OpenRLHF wraps the critic in the actor's adapters (--ds.lora.*, "
+                                     "trainer/ray/ppo_critic.py:201-204): realbench writes its LoRA for GRPO and RLOO")
+    return lora_problem(scenario, "OpenRLHF")
 
 
 def _inside(a: Mesh, b: Mesh, G: int) -> bool:
@@ -570,7 +589,12 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 "train.max_epochs": scenario.training.num_iterations, "data.max_len": g.prompt_len + g.gen_len,
                 "rollout.max_new_tokens": g.gen_len,
                 "algo.advantage.estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm]})
+    lora = scenario.models["actor"].lora
+    if lora is not None:
+        out.update({LORA_FLAGS["r"]: lora.r, LORA_FLAGS["lora_alpha"]: whole_alpha(lora, "OpenRLHF"),
+                    LORA_FLAGS["target_modules"]: list(lora.target_modules)})
     return out
+
 
 
 def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:

@@ -124,7 +124,8 @@ def validate(script: str) -> dict:
     a = captured["args"]
     return {"ok": True, "actor_gpus": a.actor.num_nodes * a.actor.num_gpus_per_node,
             "vllm_engines": a.vllm.num_engines, "vllm_tp": a.vllm.tensor_parallel_size, "zero_stage": a.ds.zero_stage,
-            "colocate_all": a.train.colocate_all, "critic": bool(a.critic.model_name_or_path)}
+            "colocate_all": a.train.colocate_all, "critic": bool(a.critic.model_name_or_path),
+            "lora": {"rank": a.ds.lora.rank, "alpha": a.ds.lora.alpha, "target_modules": a.ds.lora.target_modules}}
 
 
 def main(argv: list[str]) -> int:

@@ -69,7 +69,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
-from realbench.engines.documents import job_documents
+from realbench.engines.documents import job_documents, lora_problem, whole_alpha
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -95,6 +95,12 @@ PRICING_GAPS = ("verl offloads the reference's FSDP parameters to the CPU; realb
                 "steps but the first")
 
 A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
+# the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
+# name -> verl's; and whether the rollout receives the adapters merged into the base
+# (verl/workers/engine/fsdp/transformer_impl.py:995-1014: else the adapters alone once the base is there)
+LORA_KEYS = {"r": "actor_rollout_ref.model.lora_rank", "lora_alpha": "actor_rollout_ref.model.lora_alpha",
+             "target_modules": "actor_rollout_ref.model.target_modules"}
+LORA_MERGE = "actor_rollout_ref.model.lora.merge"
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -310,7 +316,8 @@ READ = {"trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
-        f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs"} | {
+        f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
+        *LORA_KEYS.values(), LORA_MERGE} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                   "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
@@ -431,6 +438,16 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         c.setdefault("mesh", whole)
     actor_path = s["actor_rollout_ref.model.path"]
     models: dict[str, Any] = {"actor": {"path": actor_path}, **({"ref": {"path": actor_path}} if with_ref else {})}
+    if int(s[LORA_KEYS["r"]]) > 0:
+        if engine != "dp":
+            raise ConfigError(f"{s[LORA_KEYS['r']]} with model_engine megatron: realbench reads verl's FSDP LoRA; its "
+                              "Megatron LoRA is model.lora.*", LORA_KEYS["r"], source)
+        models["actor"]["lora"] = {k: s[key] for k, key in LORA_KEYS.items()}
+        # the reference of a LoRA actor is the actor with its adapters off (ref_in_actor,
+        # verl/trainer/ppo/v1/trainer_base.py:234-237): no reference model
+        models.pop("ref", None)
+        if s[LORA_MERGE]:
+            calls["actor_gen"]["merge_lora"] = True
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
     reward_fn = s["reward.custom_reward_function.path"]
@@ -467,6 +484,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                           "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
     actor = options["actor_train"].strategy
     fsdp = actor.zero >= 2
+    if scenario.models["actor"].lora is not None and not fsdp:
+        return "calls.actor_train.zero", ("realbench writes verl's FSDP LoRA (lora_rank): train the LoRA actor with "
+                                          "FSDP (zero 2 or 3)")
     trained = [n for n in ("actor_train", "ref_inf", "critic_train", "critic_inf") if n in options]
     for name in trained:
         s = options[name].strategy
@@ -580,6 +600,10 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if model_paths.get("ref", model_paths["actor"]) != model_paths["actor"]:
         raise ConfigError("verl's reference is the actor's checkpoint (actor_rollout_ref.model.path)", "models.ref")
     out["actor_rollout_ref.model.path"] = model_paths["actor"]
+    lora = scenario.models["actor"].lora
+    if lora is not None:
+        out.update({LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "verl"),
+                    LORA_KEYS["target_modules"]: list(lora.target_modules), LORA_MERGE: gen.merge_lora})
     roles = [("actor", "actor_train", A, "actor_rollout_ref.model")]
     if "critic_train" in options:
         per_gpu = _per_micro_batch(scenario, "critic_train", options["critic_train"])
@@ -653,8 +677,10 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         return [o for o in options if option_problem(call, scenario.models[call.model], c, o) is None]
 
     def served(role: str) -> list[Option]:  # vLLM replicas of tp GPUs, max_num_seqs rows decoding together
-        return [Option(W, Strategy(N // t, t, 1, m)) for t in _replica_tps(scenario, role)
-                for m in divisors(rows // (N // t)) if rows % (N // t) == 0]
+        # (a LoRA actor's: the adapters alone or merged into the base, lora.merge; `valid` keeps
+        # the merged ones for LoRA models only)
+        return [Option(W, Strategy(N // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role)
+                for m in divisors(rows // (N // t)) if rows % (N // t) == 0 for merge in (False, True)]
 
     common = {"actor_gen": valid("actor_gen", served("actor"))}
     if isinstance(scenario.models["reward"], FunctionSpec):
@@ -704,7 +730,10 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
         return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
     if scenario.dataflow.max_staleness:
         return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
-    return None
+    if scenario.models["actor"].lora is not None and "ref" in scenario.models:
+        return "models.ref", ("verl's reference of a LoRA actor is the actor with its adapters off "
+                              "(verl/trainer/ppo/v1/trainer_base.py:234-237): leave the reference model out")
+    return lora_problem(scenario, "verl")
 
 
 # verl's example for a comparable job (verl-project/verl examples/grpo_trainer/run_qwen3_8b_fsdp.sh and

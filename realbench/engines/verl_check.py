@@ -47,6 +47,31 @@ def defaults() -> dict:
     return {"verl": verl.__version__, "keys": tables}
 
 
+def _vllm_lora_rank_check() -> dict:
+    """verl's validate_config checks a LoRA rank against vLLM's allowed ranks through its vLLM
+    rollout package (verl/utils/config.py:205-215), whose import needs vLLM, a GPU build. Without
+    vLLM, that package's utils module is stood in for by verl's own `get_vllm_max_lora_rank`, taken
+    from its source file (verl/workers/rollout/vllm_rollout/utils.py; with vLLM absent it uses its
+    own list of ranks): verl's check runs, not a copy of it."""
+    import ast
+    import importlib.util
+    import types
+    from typing import Literal, get_args
+
+    if importlib.util.find_spec("vllm") is not None:
+        return {}
+    path = Path(importlib.util.find_spec("verl").origin).parent / "workers" / "rollout" / "vllm_rollout" / "utils.py"
+    tree = ast.parse(path.read_text())
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_vllm_max_lora_rank")
+    namespace = {"Literal": Literal, "get_args": get_args}
+    exec(compile(ast.Module([function], []), str(path), "exec"), namespace)
+    package = types.ModuleType("verl.workers.rollout.vllm_rollout")
+    package.__path__ = []
+    utils = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+    utils.get_vllm_max_lora_rank = namespace["get_vllm_max_lora_rank"]
+    return {package.__name__: package, utils.__name__: utils}
+
+
 def validate(config: str, overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -58,14 +83,22 @@ def validate(config: str, overrides: list[str]) -> dict:
         cfg = compose(path.stem, overrides=overrides)
     OmegaConf.resolve(cfg)
     ref, critic = need_reference_policy(cfg), need_critic(cfg)
-    validate_config(cfg, use_reference_policy=ref, use_critic=critic)
+    from unittest import mock
+
+    with mock.patch.dict(sys.modules, _vllm_lora_rank_check()):
+        validate_config(cfg, use_reference_policy=ref, use_critic=critic)
     arr = cfg.actor_rollout_ref
     rollout = omega_conf_to_dataclass(arr.rollout)  # RolloutConfig.__post_init__: pp, modes
     actor = omega_conf_to_dataclass(arr.actor)  # and its engine's (FSDPEngineConfig / McoreEngineConfig)
     if cfg.reward.reward_model.enable:  # RewardModelConfig and its serving RolloutConfig
         omega_conf_to_dataclass(cfg.reward.reward_model)
     return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
-            "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic}
+            "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic,
+            # the LoRA settings as verl composed them (a name it does not have fails the composition)
+            "lora_rank": arr.model.lora_rank, "lora_alpha": arr.model.lora_alpha,
+            "target_modules": OmegaConf.to_container(arr.model.target_modules)
+            if OmegaConf.is_config(arr.model.target_modules) else arr.model.target_modules,
+            "lora_merge": arr.model.lora.get("merge", False)}
 
 
 def main(argv: list[str]) -> int:

@@ -57,10 +57,6 @@ def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] 
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
     if fmt in ENGINES:
         _, scenario, options = load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)
-        for role, model in scenario.models.items():
-            if getattr(model, "lora", None) is not None:  # not written yet: refused rather than dropped
-                raise ConfigError(f"LoRA settings are not written in {fmt}'s names yet: the engine would train "
-                                  "every weight", f"models.{role}.lora")
         return export_config(fmt, scenario, options, out, model_paths or {}, overwrite)
     spec = launch_spec(plan_path, scenario_arg, nodes, gpus_per_node, steps, port, **worker)
     if fmt != "html":  # a launcher of realbench's runtime: only what it runs

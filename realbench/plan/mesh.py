@@ -136,6 +136,11 @@ class Strategy:
     # (ZeRO-2), 3 also the weights (ZeRO-3, FSDP's full shard); the engines' strategies, which
     # realbench's runtime does not run
     zero: int = 0
+    # calls of a LoRA model other than its training (generation, inference with the adapters on):
+    # the layout receives W + s B A, the adapters merged into the base, every step and keeps no
+    # copy between steps; off, it keeps its own copy of the frozen base and receives only the
+    # adapters (realbench.cost.realloc)
+    merge_lora: bool = False
 
     @property
     def size(self) -> int:
@@ -144,7 +149,7 @@ class Strategy:
     def label(self) -> str:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-                + (f"z{self.zero}" if self.zero else ""))
+                + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else ""))
 
 
 @dataclass(frozen=True, slots=True)

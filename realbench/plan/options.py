@@ -73,7 +73,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.size != mesh.size:
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
-        if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero) != (1, 1, 1, 1, 0):
+        if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora) != (1, 1, 1, 1, 0, False):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -89,6 +89,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
+    if s.merge_lora:
+        problem = merge_problem(call, model)
+        if problem:
+            return "merge_lora", problem
     if s.checkpointing and call.kind != CallKind.TRAIN:
         return "activation_checkpointing", "activation checkpointing is for train calls (it saves backward memory)"
     if s.virtual_stages > 1:
@@ -110,6 +114,17 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if batch % (s.dp * s.micro_batches * unit):
         return "micro_batches", (f"the batch of {batch} sequences does not split into "
                                  f"dp*micro_batches = {s.dp}*{s.micro_batches} pieces{whole}")
+    return None
+
+
+def merge_problem(call: CallDef, model: ModelSpec) -> Optional[str]:
+    """Why a call cannot receive its model's LoRA adapters merged into the base weights, or None."""
+    if model.lora is None:
+        return f"{model.name} has no LoRA adapters to merge (models.<role>.lora)"
+    if call.kind == CallKind.TRAIN:
+        return "a train call holds the frozen base and trains the adapters: merging is for the calls it feeds"
+    if not call.adapters:
+        return "the call runs the base alone (adapters: false): nothing to merge"
     return None
 
 
@@ -157,6 +172,8 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     probe = Mesh(0, 1, 0, size)  # only the size matters to strategy_problem
     layers = getattr(model, "n_layers", 1)
     batch = call.seqs // call.optimizer_steps
+    # a LoRA model's generation and inference: the adapters alone to a kept base copy, or merged
+    merges = (False, True) if isinstance(model, ModelSpec) and merge_problem(call, model) is None else (False,)
     for tp in divisors(math.gcd(size, cluster.gpus_per_node)):
         for pp in divisors(size // tp):
             dp = size // tp // pp
@@ -166,9 +183,10 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
                 train = call.kind == CallKind.TRAIN
                 for checkpointing in ((False, True) if train else (False,)):
                     for v in virtual_stage_counts(layers, pp, m) if train else (1,):
-                        s = Strategy(dp, tp, pp, m, checkpointing, v)
-                        if strategy_problem(call, model, cluster, probe, s) is None:
-                            out.append(s)
+                        for merge in merges:
+                            s = Strategy(dp, tp, pp, m, checkpointing, v, merge_lora=merge)
+                            if strategy_problem(call, model, cluster, probe, s) is None:
+                                out.append(s)
     return tuple(out)
 
 

@@ -287,6 +287,26 @@ class LlamaStage(nn.Module):
             for b, was in zip(blocks, before):
                 b.adapters_on = was
 
+    @contextlib.contextmanager
+    def merged(self):
+        """The LoRA adapters merged into the frozen base weights, W + s B A, on this rank's
+        shards (a column-parallel projection's W rows go with B's rows, a row-parallel one's W
+        columns with A's columns, so each rank merges its own), restored exactly on exit: what
+        a layout receiving merged weights is sent (Strategy.merge_lora)."""
+        saved = []
+        with torch.no_grad():
+            for b in self.layers.values():
+                for linear in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down):
+                    if hasattr(linear, "lora_A"):
+                        saved.append((linear.weight, linear.weight.clone()))
+                        linear.weight.add_(b.lora_scale * (linear.lora_B @ linear.lora_A))
+        try:
+            yield self
+        finally:
+            with torch.no_grad():
+                for weight, was in saved:
+                    weight.copy_(was)
+
     def new_caches(self) -> dict:
         """KV caches for generation: each layer's keys and values, and which keys are padding."""
         return {"valid": None, "layers": {name: {} for name in self.layers}}

@@ -238,6 +238,8 @@ class Worker:
         self.layouts = [layout_of(options[c.name], G) for c in self.calls]
         self.micro_batches = [options[c.name].strategy.micro_batches for c in self.calls]
         self.checkpointing = [options[c.name].strategy.checkpointing for c in self.calls]
+        # LoRA: the calls whose layouts receive the adapters merged into the base every step
+        self.merge_lora = [options[c.name].strategy.merge_lora for c in self.calls]
         for c, lay, m in zip(self.calls, self.layouts, self.micro_batches):
             unit = self.algorithm.rows_together
             if c.kind == CallKind.TRAIN and (c.seqs // c.optimizer_steps) % (lay.dims.dp * m * unit):
@@ -266,9 +268,11 @@ class Worker:
             if m != i and self.layouts[m] != self.layouts[i]:
                 spec = scenario.models[c.model]
                 transfers = plan_transfers(spec, self.layouts[m], self.layouts[i])
+                if self.merge_lora[i]:  # W + s B A every step, in the base's tensors: no adapters move
+                    transfers = [t for t in transfers if not is_adapter(t.name)]
                 self.realloc_plans[i] = rank_plan(spec, self.layouts[m], self.layouts[i], rank, transfers)
                 self.realloc_bytes[i] = bytes_received(transfers, spec, dtype.itemsize).get(rank, 0)
-                if spec.lora is not None:
+                if spec.lora is not None and not self.merge_lora[i]:
                     # LoRA: the base is frozen, so once a layout holds it only the adapters change
                     # (and a call on the base alone needs nothing more)
                     moved = [t for t in transfers if is_adapter(t.name)] if c.adapters else []
@@ -427,8 +431,17 @@ class Worker:
             self.reallocations[i] = BoundReallocation(  # the compute weights move, in their dtype
                 self.realloc_plans[i], self.masters[m].shards() if m in self.masters else {},
                 self.placed[i].shards() if i in self.placed else {}, dtype=self.dtype, device=self.device)
-        self.reallocations[i]()
+        if self.merge_lora[i] and m in self.masters:  # the trainer's shards send W + s B A, then are W again
+            with self.masters[m].stage.merged():
+                self.reallocations[i]()
+        else:
+            self.reallocations[i]()
         rec.realloc_bytes += self.realloc_bytes[i]
+
+    def _adapters_on(self, i: int) -> bool:
+        """Whether call i runs its model's LoRA adapters: not on the base alone (a LoRA policy's
+        reference), nor where they arrived merged into the base weights."""
+        return self.calls[i].adapters and not (self.merge_lora[i] and i in self.placed)
 
     def _transfer(self, i: int, sources: list[tuple[int, tuple[str, ...]]]) -> None:
         """The keys of each producer in `sources` to every rank of call i's mesh: the producers'
@@ -518,10 +531,11 @@ class Worker:
             rows = torch.arange(len(data["prompts"])).chunk(dp)[coord.dp]  # global row indices: plan-independent draws
             greedy = "greedy" in c.name or self.evaluating
             slots = SlotTimeline()
-            seqs, lps = rollout(model, prompts, c.gen_len, m, c.sync_steps, slots,
-                                key=self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
-                                temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
-                                top_p=self.scenario.training.top_p, eos=self.eos, rows=rows)
+            with model.stage.adapters(self._adapters_on(i)):
+                seqs, lps = rollout(model, prompts, c.gen_len, m, c.sync_steps, slots,
+                                    key=self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
+                                    temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
+                                    top_p=self.scenario.training.top_p, eos=self.eos, rows=rows)
             if slots.busy and coord.tp == 0:  # the replica's slots filling and draining
                 rec.slots[f"{c.name}/dp{coord.dp}"] = slots.busy
             if model.is_last:
@@ -543,7 +557,7 @@ class Worker:
             batch = full.chunk(dp)[coord.dp]
             if c.model in self.rescoring:  # a reward model with its own tokenizer: the texts, re-tokenized
                 batch = self._rescored(c, batch, torch.arange(len(full)).chunk(dp)[coord.dp].tolist(), step)
-            with model.stage.adapters(c.adapters):  # off: the base (a LoRA policy's reference)
+            with model.stage.adapters(self._adapters_on(i)):
                 outs = model.forward(list(batch.chunk(m)))
             if outs is not None:
                 y = torch.cat(outs)
