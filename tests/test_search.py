@@ -356,6 +356,7 @@ def test_bench_search_quick_reports_every_part_with_consistent_numbers(cli):
     assert set(lora["lora"]["plan"]) == set(lora["full"]["plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
     assert lora["lora"]["best_time_s"] <= min(lora["lora"]["baselines"].values()) + 1e-12
     assert lora["lora"]["memory_gib"] < lora["full"]["memory_gib"]  # no gradients or Adam state for the base
+    assert lora["full"]["merged"] == []  # merged weights are an option of a LoRA model's calls only
 
 
 def test_a_whole_race_goes_into_one_study_that_optuna_dashboard_serves(cli, tmp_path):

@@ -199,7 +199,8 @@ def _layout(option) -> tuple:
 def compare_lora(scenario, budget_s: float, seed: int) -> dict:
     """MCMC's best plan for a LoRA job and for its full fine-tuning twin, the same budget and
     seed; `copies`: the calls that hold their own copy of a trained model (under LoRA, of its
-    frozen base, to which only the adapters move)."""
+    frozen base, to which only the adapters move); `merged`: the calls that receive the adapters
+    merged into the base every step instead."""
     out = {}
     for key, s in (("lora", scenario), ("full", full_fine_tuning(scenario))):
         est = Estimator(s)
@@ -211,6 +212,7 @@ def compare_lora(scenario, budget_s: float, seed: int) -> dict:
             train = {c.model: o for c, o in ((s.dataflow.call(n), o) for n, o in options.items())
                      if c.kind == CallKind.TRAIN}
             row.update(plan={n: o.label(G) for n, o in options.items()}, realloc_s=e.realloc_s,
+                       merged=sorted(n for n, o in options.items() if o.strategy.merge_lora),
                        memory_gib=e.peak_mem_bytes / 2 ** 30,
                        copies=sorted(n for n, o in options.items() if s.dataflow.call(n).model in train
                                      and s.dataflow.call(n).kind != CallKind.TRAIN
