@@ -497,6 +497,10 @@ def test_a_lora_job_goes_to_each_engine_under_its_names_or_is_refused_naming_wha
         _, settings = module.to_config(job, module.default_plan(job), {"actor": "ckpt", "reward": "rm"})
         flat = settings if engine == "openrlhf" else {k: v for k, v in _leaves(settings)}
         written[engine] = {k: v for k, v in flat.items() if "lora" in k or "target_modules" in k}
+    # verl's space for a LoRA actor: FSDP only (realbench writes its FSDP LoRA), generation merged or not
+    groups = list(ENGINES["verl"].plan_groups(scenario))
+    assert groups and {o.strategy.zero for g in groups for o in g["actor_train"]} <= {2, 3}
+    assert {o.strategy.merge_lora for g in groups for o in g["actor_gen"]} == {False, True}
     targets = list(scenario.models["actor"].lora.target_modules)
     assert written["verl"] == {"actor_rollout_ref.model.lora_rank": 16, "actor_rollout_ref.model.lora_alpha": 32,
                                "actor_rollout_ref.model.target_modules": targets,

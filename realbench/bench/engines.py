@@ -19,7 +19,7 @@ from realbench.search import run_search
 from realbench.search.engine import engine_search, plan_time
 
 SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
-             "ppo-8b-16gpu-longtail")
+             "ppo-8b-16gpu-longtail", "grpo-7b-lora-8gpu")
 QUICK = {"scenarios": ("grpo-7b-16gpu",), "budget_s": 2.0}
 
 

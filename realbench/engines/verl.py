@@ -692,7 +692,9 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     if N > 1:
         layouts.append((1, 1, 1, (3, 2), 3))  # FSDP
     actor = scenario.models["actor"]
-    for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0):
+    # (a LoRA actor: verl's FSDP LoRA only, see space_problem)
+    for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
+               and actor.lora is None):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0))  # Megatron
