@@ -368,13 +368,21 @@ def test_bench_peers_quick_trains_the_same_job_with_trl_and_realbench(cli):
     code, out, err = cli("bench", "peers", "--quick", "--json")
     assert code == 0, err
     r = json.loads(out)
-    # GRPO's summary at the top level, RLOO's under "rloo": the same keys, each algorithm's settings
-    assert set(r["rloo"]) == set(r) - {"model_params", "steps", "seeds", "smooth_steps", "rloo"}
-    for summary, algorithm in ((r, "grpo"), (r["rloo"], "rloo")):
+    # GRPO's summary at the top level, RLOO's under "rloo", GRPO with LoRA's under "lora": the same
+    # keys, each algorithm's settings
+    job_keys = {"model_params", "steps", "seeds", "smooth_steps", "rloo", "lora"}
+    assert set(r["rloo"]) == set(r["lora"]) == set(r) - job_keys
+    for summary, algorithm in ((r, "grpo"), (r["rloo"], "rloo"), (r["lora"], "lora")):
         for system in ("realbench", "trl"):
             (run,) = summary["runs"][system]
             assert len(run["rewards"]) == r["steps"] == 2 and all(x is not None for x in run["rewards"]), algorithm
             assert len(run["seconds"]) == 2 and all(t > 0 for t in run["seconds"]), algorithm
+        # both train the same parameters: every weight, or under LoRA the same adapters alone (a
+        # LoRA setting dropped on either side would train all 100,672)
+        trained = {s: summary["runs"][s][0]["trained_params"] for s in ("realbench", "trl")}
+        h, kv, f = 64, 32, 176  # the quick model: hidden, k/v width (4 of 8 heads), ffn; 2 layers
+        adapters = 2 * 16 * ((h + h) + 2 * (h + kv) + (h + h) + 3 * (h + f))  # r (A + B) of q k v o gate up down
+        assert trained == {s: adapters if algorithm == "lora" else r["model_params"] for s in trained}, algorithm
         assert summary["step_ratio"] == pytest.approx(summary["step_s"]["trl"] / summary["step_s"]["realbench"])
         assert summary["settings"]["group_size"] == 2 and summary["settings"]["epsilon"] == 0.2
         assert summary["realbench_mean_within_trl_spread"] == (
@@ -384,6 +392,38 @@ def test_bench_peers_quick_trains_the_same_job_with_trl_and_realbench(cli):
     assert r["settings"]["loss_type"] == "dapo" and r["settings"]["beta"] == 0.04
     # RLOO: TRL's RLOOConfig has no loss_type, and its beta is RLOO's default
     assert "loss_type" not in r["rloo"]["settings"] and r["rloo"]["settings"]["beta"] == 0.05
+    # LoRA: GRPO's settings at its own learning rate, with the adapters'
+    lora = r["lora"]["settings"]
+    assert {k: v for k, v in lora.items() if k != "learning_rate"} == {
+        **{k: v for k, v in r["settings"].items() if k != "learning_rate"}, "r": 16, "lora_alpha": 32,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    assert r["model_params"] == 100672  # the base model's, adapters not counted
+
+
+def test_bench_peers_lora_gives_both_systems_the_same_adapters_and_no_reference_model(tmp_path):
+    from realbench.bench.peers import ALGORITHMS, LORA, QUICK_JOB, _job, bench_peers, trl_arguments
+
+    paths = _job(tmp_path, QUICK_JOB, ["lora"])
+    assert set(paths) == {"lora"} and paths["lora"].name == "grpo-lora-arithmetic.yaml"
+    # realbench: the actor trained with the adapters, and no reference model: its reference call
+    # runs the actor with the adapters off (as TRL's reference with a peft_config)
+    s = load_scenario(str(paths["lora"]))
+    lora = s.models["actor"].lora
+    assert (lora.r, lora.lora_alpha, lora.target_modules) == (16, 32, tuple(LORA["target_modules"]))
+    assert "ref" not in s.models
+    ref = [c for c in s.dataflow.calls if not c.adapters]
+    assert len(ref) == 1 and ref[0].model == "actor" and "ref_logprobs" in ref[0].outputs
+    # TRL: GRPOTrainer, the same adapters as its peft_config, the same settings, no checkpointing
+    given = trl_arguments(tmp_path, "lora", ALGORITHMS["lora"], QUICK_JOB, 2, 0)
+    config, args = given["peft_config"], given["args"]
+    assert given["trainer"].__name__ == "GRPOTrainer"
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (16, 32, set(LORA["target_modules"]))
+    assert (config.lora_dropout, config.bias, config.use_rslora) == (0.0, "none", False)
+    assert args.learning_rate == ALGORITHMS["lora"]["learning_rate"] and args.beta == 0.04
+    assert args.loss_type == "dapo" and not args.gradient_checkpointing
+    assert trl_arguments(tmp_path, "grpo", ALGORITHMS["grpo"], QUICK_JOB, 2, 0)["peft_config"] is None
+    with pytest.raises(ConfigError, match="'dpo' is not one of the algorithms"):
+        bench_peers(True, algorithms=["lora", "dpo"])
 
 
 def test_the_reward_curve_comparison_smooths_and_counts_steps_inside_the_band():
