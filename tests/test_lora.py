@@ -538,3 +538,26 @@ def _leaves(node, prefix=""):
             yield from _leaves(v, f"{prefix}{k}.")
     else:
         yield prefix[:-1], node
+
+
+def test_merged_weights_on_a_call_that_has_none_to_merge_are_refused_by_name(cli, tmp_path):
+    """`merge_lora: true` in a plan file: on a train call, on the base-only reference call, and on
+    a model without LoRA, one line naming the placement's key (exit 2)."""
+    import yaml
+
+    code, _, err = cli("estimate", "--scenario", "grpo-7b-lora-8gpu", "--baseline", "symmetric", "--out",
+                       tmp_path / "my plan.yaml")
+    assert code == 0, err
+    plan = yaml.safe_load((tmp_path / "my plan.yaml").read_text())
+    for call, says in (("actor_train", "a train call holds the frozen base"),
+                       ("ref_inf", "runs the base alone"), ("reward_inf", "has no LoRA adapters to merge")):
+        bad = yaml.safe_load(yaml.safe_dump(plan))
+        bad["calls"][call]["merge_lora"] = True
+        (tmp_path / "bad plan.yaml").write_text(yaml.safe_dump(bad))
+        code, _, err = cli("estimate", "--scenario", "grpo-7b-lora-8gpu", "--plan", tmp_path / "bad plan.yaml")
+        assert code == 2 and err.count("\n") == 1 and f"calls.{call}.merge_lora" in err and says in err, (call, err)
+    good = yaml.safe_load(yaml.safe_dump(plan))
+    good["calls"]["actor_gen"]["merge_lora"] = True
+    (tmp_path / "merged plan.yaml").write_text(yaml.safe_dump(good))
+    code, _, err = cli("estimate", "--scenario", "grpo-7b-lora-8gpu", "--plan", tmp_path / "merged plan.yaml")
+    assert code == 0, err
