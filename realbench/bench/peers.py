@@ -256,10 +256,11 @@ def bench_peers(quick: bool = False, log=lambda msg: None, algorithms=None) -> d
         raise ConfigError(f"{unknown[0]!r} is not one of the algorithms ({', '.join(ALGORITHMS)})" if unknown
                           else f"no algorithm to run (of {', '.join(ALGORITHMS)})", "bench peers: algorithms")
     chosen = [a for a in ALGORITHMS if a in chosen]  # ALGORITHMS' order, once each
-    if importlib.util.find_spec("peft") is None:  # TRL trains LoRA with PEFT
-        if algorithms is not None and any(a in ADAPTERS for a in chosen):
+    lora_parts = [a for a in chosen if a in ADAPTERS]
+    if lora_parts and importlib.util.find_spec("peft") is None:  # TRL trains LoRA with PEFT
+        if algorithms is not None:
             raise ConfigError("PEFT is not installed (TRL trains LoRA with it): pip install peft", "bench peers")
-        log(f"PEFT is not installed: no {', '.join(a for a in chosen if a in ADAPTERS)} (pip install peft)")
+        log(f"PEFT is not installed: no {', '.join(lora_parts)} (pip install peft)")
         chosen = [a for a in chosen if a not in ADAPTERS]
     size = QUICK_JOB if quick else FULL_JOB
     runs = {a: {"realbench": [], "trl": []} for a in chosen}
@@ -269,8 +270,7 @@ def bench_peers(quick: bool = False, log=lambda msg: None, algorithms=None) -> d
         scenarios = _job(folder, size, chosen)
         from realbench.plan import load_scenario
 
-        actor = load_scenario(str(scenarios[chosen[0]])).models["actor"]
-        params = actor.model_copy(update={"lora": None}).n_params  # the base model's
+        params = load_scenario(str(scenarios[chosen[0]])).models["actor"].n_params  # (the base's: adapters not counted)
         for k, seed in enumerate(size["seeds"]):
             order = ("realbench", "trl") if k % 2 == 0 else ("trl", "realbench")
             for algorithm in chosen:

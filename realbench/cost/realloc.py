@@ -68,6 +68,10 @@ class Layouts:
         return cls(col(lambda o: o.mesh.start(gpus_per_node)), col(lambda o: o.mesh.size),
                    col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp), col(lambda o: o.strategy.zero))
 
+    def rows(self, which: np.ndarray) -> "Layouts":
+        """The entries `which` selects (a boolean mask or indices)."""
+        return Layouts(self.start[which], self.size[which], self.tp[which], self.pp[which], self.zero[which])
+
 
 def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
     """Per pair: whether every destination device already holds its shard (no transfer)."""
@@ -86,8 +90,7 @@ def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, adapters_
     when it spans nodes."""
     G = cluster.gpus_per_node
     dp = src.size // (src.tp * src.pp)
-    params = model.n_layers * model.layer_adapter_params if adapters_only else model.n_params
-    nbytes = float(params) * BF16 / src.tp
+    nbytes = float(model.adapter_params if adapters_only else model.n_params) * BF16 / src.tp
     t = comm.all_gather(cluster, dp, nbytes, src.size > G, np.maximum(1, G // src.tp))
     return np.where(src.zero == 3, t, 0.0)
 
@@ -152,7 +155,7 @@ def broadcast_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: L
     `adapters_only`: a LoRA model's adapters alone (AReaL's LoRA update sends the trainable
     parameters, areal/engine/fsdp_engine.py:1598-1604 in 1.0.4; OpenRLHF 0.11.2 sends every one)."""
     G = cluster.gpus_per_node
-    nbytes = float(model.n_layers * model.layer_adapter_params if adapters_only else model.n_params) * BF16
+    nbytes = float(model.adapter_params if adapters_only else model.n_params) * BF16
     same_node = (dst.start // G == src.start // G) & ((dst.start + dst.size - 1) // G == src.start // G)
     t = np.where(same_node, nbytes / cluster.intra_bw + cluster.intra_latency_s,
                  nbytes / cluster.inter_bw + cluster.inter_latency_s)

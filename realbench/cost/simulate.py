@@ -55,14 +55,14 @@ from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
 COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "node", "mesh_id", "layout_id",
-           "working",
-           "weights",
-           "master_bytes")
+           "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
 # engines, AReaL's xccl update to its servers), not a reshard between layouts as verl's and realbench's
 BROADCAST_ENGINES = ("openrlhf", "areal")
+# of those, the ones that send a LoRA model's adapters alone (AReaL; OpenRLHF sends every parameter)
+ADAPTER_BROADCAST_ENGINES = ("areal",)
 
 
 class _Column:
@@ -430,14 +430,15 @@ class Estimator:
             if model.lora is not None and not call.adapters:  # the frozen base, held since the first step
                 R[:, i] = 0.0
             elif model.lora is not None and moved is realloc_times:
+                # the adapters alone, once the layout holds the base; or, merged, W + s B A (the
+                # base's shapes: what realloc_times moves of a model) every step
+                R[:, i] = realloc_times(model, self.cluster, src, dst, adapters_only=True)
                 merged = self.merge_lora[i][C[:, i]].astype(bool)
-                # merged: W + s B A, the base's shapes (what realloc_times moves of a model), every
-                # step; else the adapters alone, once the layout holds the base
-                R[:, i] = np.where(merged, realloc_times(model, self.cluster, src, dst),
-                                   realloc_times(model, self.cluster, src, dst, adapters_only=True))
-            else:  # (AReaL sends a LoRA model's adapters alone, OpenRLHF every parameter: broadcast_times)
-                R[:, i] = moved(model, self.cluster, src, dst, **(
-                    {"adapters_only": True} if model.lora is not None and self.scenario.engine == "areal" else {}))
+                if merged.any():
+                    R[merged, i] = realloc_times(model, self.cluster, src.rows(merged), dst.rows(merged))
+            else:
+                R[:, i] = moved(model, self.cluster, src, dst, adapters_only=model.lora is not None
+                                and self.scenario.engine in ADAPTER_BROADCAST_ENGINES)
             if self.exchange is not None:  # its messages wait on each other's processes, as an exchange's
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)

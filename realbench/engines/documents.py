@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from realbench.errors import ConfigError
+
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
@@ -54,8 +56,6 @@ def lora_problem(scenario, engine: str) -> Optional[tuple[str, str]]:
 
 def whole_alpha(lora, engine: str) -> int:
     """The adapters' lora_alpha as the engines take it: an int setting."""
-    from realbench.errors import ConfigError
-
     if not float(lora.lora_alpha).is_integer():
         raise ConfigError(f"{lora.lora_alpha}: {engine} takes a whole number", "models.actor.lora.lora_alpha")
     return int(lora.lora_alpha)

@@ -181,6 +181,11 @@ class ModelSpec(FileModel):
         return sum(self.lora.r * sum(self.in_out(m)) for m in self.lora.modules)
 
     @property
+    def adapter_params(self) -> int:
+        """LoRA adapter parameters of the whole model (0 without LoRA)."""
+        return self.n_layers * self.layer_adapter_params
+
+    @property
     def head_out(self) -> int:
         """Width of the output layer (vocabulary, or 1 for a value head)."""
         return 1 if self.value_head else self.vocab
