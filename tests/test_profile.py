@@ -326,6 +326,28 @@ def _reference_point(profile: Profile, kind: str, tp: int, pp: int, m: int, rati
             **CALL_REFERENCE, "median_s": t, "p10_s": t, "p90_s": t, "repeats": 3}
 
 
+def test_a_gpu_profile_prices_generation_on_one_device_by_its_graphed_steps_alone():
+    """On a GPU the engine replays its decode steps as CUDA graphs, and the profile times the
+    steps' operations so: the whole-call factor of generation on one device (its reference call
+    of 8 tokens is mostly the graphs' capture) is not applied there, where a CPU profile applies
+    it; a pipeline's generation (the eager micro-batched loop) and the other kinds keep theirs."""
+    from realbench.cost.profiled import call_factor
+    from realbench.dataflow import CallKind
+
+    plain = synthetic_profile()
+    cpu = _with_calls(plain, [_reference_point(plain, "generate", 1, 1, 1, 2.0, 1),
+                              _reference_point(plain, "generate", 1, 2, 1, 3.0, 1),
+                              _reference_point(plain, "inference", 1, 1, 1, 2.5, 1)], processes=1)
+    doc = cpu.model_dump()
+    doc["device"].update(kind="cuda", name="NVIDIA H200", preset="nvidia-h200")
+    gpu = Profile.model_validate(doc)
+    spec = get_model("llama-tiny")
+    assert call_factor(cpu, "llama-tiny", spec, CallKind.GENERATE, 1, 1) == pytest.approx(2.0)
+    assert call_factor(gpu, "llama-tiny", spec, CallKind.GENERATE, 1, 1) == 1.0
+    assert call_factor(gpu, "llama-tiny", spec, CallKind.GENERATE, 1, 2) == pytest.approx(3.0)
+    assert call_factor(gpu, "llama-tiny", spec, CallKind.INFERENCE, 1, 1) == pytest.approx(2.5)
+
+
 def test_the_call_factor_follows_the_micro_batch_count_it_was_measured_at():
     """Measured at 1 and 4 micro-batches (ratios 2 and 4 to the composition): at 2 the ratio is
     halfway in log(count), 3; below and above the measured counts it holds the nearest."""

@@ -1,6 +1,7 @@
 """The rollout engine: continuous batching over a preallocated KV cache (realbench.runtime.rollout),
 its schedule's formulas (realbench.dataflow.lengths) and its price (realbench.cost.calls)."""
 
+import json
 import random
 
 import numpy as np
@@ -125,6 +126,89 @@ def test_the_decode_loop_reads_the_device_once_every_sync_every_steps(model, mon
             patch.setattr(torch.Tensor, name, counted(name))
         engine.run()
     assert reads == [] and engine.host_reads == 0
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7, eos=EOS), dict(greedy=True, limits=LIMITS)])
+def test_graph_steps_have_one_shape_per_slot_count_and_the_same_rows(model, sampling, monkeypatch):
+    """The steps a CUDA graph replays (`DecodeGraphs`; `EagerSteps` runs them on the CPU): every
+    decode forward of the same key (the slots computed, a power of two) sees tensors of the same
+    shapes (tokens, positions, the attention mask over the whole width), so one capture per key
+    replays them all; the rows are the full-length loop's, as without graphs."""
+    from realbench.runtime import rollout
+
+    monkeypatch.setattr(rollout, "WINDOW", 4)  # below the width (16): an eager step's window grows
+    limits = sampling.get("limits")
+    ref_seqs, ref_lps = _reference(model, **{**sampling, "limits": None if limits is None else torch.tensor(limits)})
+
+    def decode_shapes(graphs):
+        engine = rollout.RolloutEngine(model, _prompts(), GEN, 4, key=KEY, graphs=graphs, **sampling)
+        shapes = []
+
+        def record(stage, args, kwargs):
+            cache = args[2]
+            if cache.prefill is None:  # a decode step (prefills run eagerly, outside any graph)
+                shapes.append((args[0].shape, args[1].shape, cache.mask.shape))
+        hook = model.stage.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            seqs, lps = engine.run()
+        finally:
+            hook.remove()
+        assert torch.equal(seqs, ref_seqs) and torch.allclose(lps, ref_lps, atol=1e-5)
+        assert len(shapes) == engine.steps
+        return engine, shapes
+
+    steps = rollout.EagerSteps()
+    engine, shapes = decode_shapes(steps)
+    assert len(steps.keys) == len(shapes)
+    by_key = {}
+    for key, shape in zip(steps.keys, shapes):
+        by_key.setdefault(key, set()).add(shape)
+    width = _prompts().shape[1] + GEN
+    assert set(by_key) <= {1, 2, 4} and len(by_key) >= 2  # the tail computes fewer slots
+    assert all(len(v) == 1 for v in by_key.values()), by_key
+    assert all(shape[2][-1] == width for v in by_key.values() for shape in v)
+    # without graphs the window grows with the rows: more shapes than slot counts
+    eager, shapes = decode_shapes(False)
+    assert eager.graphs is None and len(set(shapes)) > len(set(eager.timeline.computed))
+    assert rollout.RolloutEngine(model, _prompts(), GEN, 4, key=KEY, **sampling).graphs is None  # on the CPU
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
+def test_decode_attention_is_sdpas_grouped_query_attention(heads, kv_heads):
+    """A decode step's grouped attention (query head h reads key head h // (heads / kv_heads))
+    equals SDPA's with enable_gqa and the same mask, per row (rows see different positions)."""
+    import torch.nn.functional as F
+
+    from realbench.runtime.model import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, T, D = 3, 7, 16
+    q = torch.randn(B, heads, 1, D, generator=g)
+    k, v = (torch.randn(B, kv_heads, T, D, generator=g) for _ in range(2))
+    seen = torch.tensor([2, 7, 4])  # each row's keys so far
+    mask = (torch.arange(T)[None, :] < seen[:, None])[:, None, None, :]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
+    assert torch.allclose(decode_attention(q, k, v, mask), want, atol=1e-6)
+    # the window of a longer cache (a slice, as the slots' cache passes it) reads the same
+    wide = torch.randn(B, kv_heads, T + 5, D, generator=g)
+    wide[:, :, :T] = k
+    assert torch.allclose(decode_attention(q, wide[:, :, :T], v, mask), want, atol=1e-6)
+
+
+def test_bench_rollout_measures_every_loop_on_the_same_rows(cli):
+    """`bench rollout` on the CPU (its quick run): each loop's tokens per second of the
+    generation call's rows x new tokens, the continuous loops' rows equal to the micro-batched
+    loop's (the CPU computes the same kernels), no graphs without a GPU."""
+    code, out, _ = cli("bench", "rollout", "--quick", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["scenario"] == "grpo-tiny-cpu" and result["dtype"] == "float32"
+    assert set(result["tokens_per_s"]) == {"micro_batched", "continuous", "continuous_sync", "transformers_static"}
+    assert result["tokens"] == result["rows"] * result["new_tokens"] > 0
+    for name, seconds in result["seconds"].items():
+        assert result["tokens_per_s"][name] == pytest.approx(result["tokens"] / seconds)
+    assert result["same_rows"] == {k: result["rows"] for k in ("micro_batched", "continuous", "continuous_sync")}
+    assert result["errors"] == {} and "graphs_over_micro_batched" not in result
 
 
 def test_a_pipeline_is_refused_by_the_engine_and_runs_the_micro_batched_loop():

@@ -10,7 +10,8 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
               "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
-              "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines"}
+              "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines",
+              "rollout": "realbench.bench.rollout"}
 
 
 def add_parser(sub) -> None:

@@ -131,6 +131,29 @@ def attention_mask(valid: Optional[torch.Tensor], S: int, T: int, device) -> tor
     return causal & (valid[:, None, None, :] | own)
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per row against its keys, grouped-query: q (B, H, 1, D), k and v (B, KV, T, D),
+    mask (B, 1, 1, T). Query head h reads key head h // (H / KV), as SDPA's enable_gqa does, but
+    without its copy of the keys and values per query head: SDPA takes a mask with grouped heads
+    only on its math path, which copies them (and a decode step reads little else), while here
+    the heads of a group are rows of one product. Scores and softmax in fp32, as a fused kernel keeps
+    them (a bf16 product's fp32 output on a GPU); the probabilities times the values in the
+    values' dtype."""
+    B, H, _, D = q.shape
+    KV, T = k.shape[1], k.shape[2]
+    grouped = q.reshape(B * KV, H // KV, D)
+    keys = k.reshape(B * KV, T, D).transpose(1, 2)
+    if q.dtype == torch.float32:
+        scores = torch.bmm(grouped, keys)
+    elif q.is_cuda:
+        scores = torch.bmm(grouped, keys, out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(grouped.float(), keys.float())
+    scores = scores.view(B, KV, H // KV, T) * D ** -0.5
+    probs = scores.masked_fill(~mask.view(B, 1, 1, T), float("-inf")).softmax(-1).to(v.dtype)
+    return torch.bmm(probs.view(B * KV, H // KV, T), v.reshape(B * KV, T, D)).view(B, H, 1, D)
+
+
 def positions_of(valid: torch.Tensor) -> torch.Tensor:
     """Positions of the tokens of rows with padding: 0 at each row's first real token (as
     Hugging Face counts them), so a left-padded prompt computes what the unpadded one does."""
@@ -204,7 +227,9 @@ class Block(nn.Module):
         # grouped-query attention without copying the keys and values per head (enable_gqa);
         # causal by SDPA's own path where no padding needs a mask, and no mask for one query
         gqa = self.heads != self.kv_heads
-        if mask is not None:
+        if S == 1 and mask is not None and mask.dim() == 4:  # a decode step of the slots
+            y = decode_attention(q, k, v, mask)
+        elif mask is not None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif S == 1 or S == k.shape[2]:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=S > 1, enable_gqa=gqa)

@@ -169,10 +169,31 @@ class _Clock:
                 "repeats": len(times)}
 
 
+def _as_the_engine_decodes(step, dev, tp: int):
+    """A decode step's operation as the rollout engine runs it: on a GPU replica of one device a
+    CUDA graph's replay (realbench.runtime.rollout.DecodeGraphs: one launch for the step's
+    kernels), elsewhere the step itself."""
+    import torch
+
+    if torch.device(dev).type != "cuda" or tp != 1:
+        return step
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # lazy initialisation outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    return graph.replay
+
+
 def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick, dev) -> dict:
     import torch
 
     from realbench.runtime import losses
+    from realbench.runtime.engine import sample_tokens
+    from realbench.runtime.rollout import SlotCache
     from realbench.runtime.device import torch_dtype
     from realbench.runtime.model import LlamaStage
 
@@ -207,10 +228,13 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
                 record("value_head.fwd", b, s, lambda: valued.output(x))
                 logits = stage.output(x)
                 record("logprobs.fwd", b, s, lambda: losses.token_logprobs(logits, tokens, max(s // 2, 1)))
-                cache = {}
-                block(x, pos, cache)
-                x1, pos1 = x[:, :1].contiguous(), torch.tensor([s], device=dev)
-                record("block.decode", b, s, lambda: block(x1, pos1, dict(cache)))
+                # a decode step at context s as the rollout engine takes it: b slots of a
+                # preallocated cache, the new keys written at position s, attention over s + 1
+                slots = SlotCache(stage, b, s + 1)
+                slots.positions.fill_(s)
+                slots.decoding(s + 1, b)
+                x1, pos1, layer = x[:, :1].contiguous(), slots.positions[:, None], slots.layer(next(iter(stage.layers)))
+                record("block.decode", b, s, _as_the_engine_decodes(lambda: block(x1, pos1, layer), dev, tp))
             record("embed.fwd_bwd", b, s, backward(lambda: stage.embed_tokens(tokens)))
             record("block.fwd_bwd", b, s, backward(lambda: block(xg, pos)))
             record("head.fwd_bwd", b, s, backward(lambda: stage.output(xg)))
@@ -220,12 +244,9 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
                    backward(lambda: losses.token_logprobs(lg, tokens, max(s // 2, 1)).mean()))
         with torch.no_grad():
             last = torch.randn(b, spec.vocab, generator=g).to(dev).float()  # the sampler works in fp32
-
-            def sample():
-                logp = torch.log_softmax(last, dim=-1)
-                token = torch.multinomial(logp.exp(), 1).squeeze(-1)
-                return logp.gather(-1, token[:, None])
-            record("sample", b, 1, sample)
+            rows = torch.arange(b, device=dev)
+            record("sample", b, 1, _as_the_engine_decodes(lambda: sample_tokens(last, rows, 0, 0, False, 1.0, 0, 1.0),
+                                                          dev, tp))
     return ops
 
 

@@ -31,6 +31,13 @@ prefill for the rows that ended since the last (a prefill costs a decode step's 
 more, so batching them pays for a slot's wait of sync_every / 2 steps on average). Sampling draws each
 row's token t from `row_uniforms(key, row, t)`, so slots, plans and refill order do not change
 the samples: the rows come out as `engine.generate` makes them.
+
+On a GPU the decode step is a CUDA graph (`DecodeGraphs`): with graphs, attention reads every
+slot's whole width (masked past its position) rather than a window that grows with the rows, so
+a step's shapes depend on the number of slots computed alone, and each such number is captured
+once and replayed: one launch per decode step instead of one per kernel (hundreds per step for
+a 16-layer model, which left the GPU waiting on Python). Graphs need one device per replica
+(tensor parallelism's collectives inside a capture are not run here): other layouts decode eagerly.
 """
 
 from __future__ import annotations
@@ -46,11 +53,59 @@ from realbench.runtime.engine import PlacedModel, generate, sample_tokens
 WINDOW = 32  # attention reads the cache up to the furthest slot's position, rounded up to this
 
 
+class DecodeGraphs:
+    """Runs a decode step by its shape `key`: the first step of a shape eagerly on a side stream
+    (lazy initialisation, cuBLAS's workspace say, must not happen inside a capture), the second
+    captured into a CUDA graph (which runs nothing) and replayed, every later one replayed. The
+    step reads and writes only tensors that live as long as the engine (the cache, the slots'
+    state, the outputs), so a replay does what the captured step did, on the current values.
+    The graphs share one memory pool: they run one after another on one stream."""
+
+    def __init__(self):
+        self.graphs: dict = {}
+        self.warm: set = set()
+        self.pool = None
+        self.captures = 0
+
+    def run(self, key, step) -> None:
+        import torch.cuda
+
+        graph = self.graphs.get(key)
+        if graph is None and key not in self.warm:
+            self.warm.add(key)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            return
+        if graph is None:
+            graph = self.graphs[key] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                step()
+            self.pool = graph.pool()
+            self.captures += 1
+        graph.replay()
+
+
+class EagerSteps:
+    """`DecodeGraphs`' interface without a GPU: runs each step as it comes, and records each
+    step's shape key (what the tests check: a key fixes every shape a step computes)."""
+
+    def __init__(self):
+        self.keys: list = []
+
+    def run(self, key, step) -> None:
+        self.keys.append(key)
+        step()
+
+
 class SlotCache:
     """Every layer's keys and values for `slots` sequences of up to `width` positions."""
 
-    def __init__(self, model: PlacedModel, slots: int, width: int):
-        stage, spec = model.stage, model.spec
+    def __init__(self, stage, slots: int, width: int):
+        """`stage`: the replica's LlamaStage (its layers, shard and device)."""
+        spec = stage.spec
         shape = (slots, spec.n_kv_heads // stage.tp, width, spec.head_dim)
         dev, dtype = stage.flat.device, stage.flat.dtype
         self.keys = {name: torch.zeros(shape, device=dev, dtype=dtype) for name in stage.layers}
@@ -110,7 +165,11 @@ class RolloutEngine:
     def __init__(self, model: PlacedModel, prompts: torch.Tensor, gen_len: int, slots: int, key: int = 0,
                  rows: Optional[torch.Tensor] = None, greedy: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, eos: Optional[int | Sequence[int]] = None,
-                 limits: Optional[Sequence[int]] = None, sync_every: int = 1):
+                 limits: Optional[Sequence[int]] = None, sync_every: int = 1,
+                 graphs: Optional[DecodeGraphs | EagerSteps | bool] = None):
+        """`graphs`: how decode steps run: None picks CUDA graphs on a GPU replica of one device
+        and plain eager steps elsewhere; False eager steps with the growing window; a
+        `DecodeGraphs` or `EagerSteps` (the tests') runs fixed-shape steps through it."""
         if model.layout.dims.pp != 1:
             raise ValueError("continuous batching runs generation layouts without pipeline parallelism")
         if slots < 1 or sync_every < 1:
@@ -120,8 +179,11 @@ class RolloutEngine:
         self.model, self.gen_len, self.key, self.P = model, gen_len, key, P
         self.sampling = (greedy, temperature, top_k, top_p)
         self.sync_every = sync_every
+        if graphs is None:
+            graphs = model.device.type == "cuda" and model.layout.dims.tp == 1
+        self.graphs = DecodeGraphs() if graphs is True else graphs or None
         self.slots = min(slots, B) if B else 1
-        self.cache = SlotCache(model, self.slots, P + gen_len)
+        self.cache = SlotCache(model.stage, self.slots, P + gen_len)
         self.stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=dev)
         self.global_rows = (torch.arange(B) if rows is None else rows.cpu()).to(dev)
         # outputs, plus a scratch row (index B) that the slots of ended rows write to
@@ -239,7 +301,7 @@ class RolloutEngine:
         limits = torch.tensor([self.limits[r] for r in rows], device=dev)
         ended = limits <= 1
         if self.stops is not None:
-            ended |= torch.isin(token, self.stops)
+            ended |= (token[:, None] == self.stops).any(-1)
         self.cache.positions[index] = lens_dev
         self.slot_rows[index], self.last[index], self.limit[index] = global_rows, token, limits
         self.count[index] = 1
@@ -255,10 +317,27 @@ class RolloutEngine:
         """One token for every slot; only device work, and the host's bookkeeping of what it knows."""
         c = self.cache
         held = [s for s, h in enumerate(self.holds) if h is not None]
-        window = min(c.width, math.ceil((max(self.pos_host[s] for s in held) + 1) / WINDOW) * WINDOW)
         # the slots up to the last one held, in a power of two (a few shapes, each a CUDA graph's):
         # once the queue is empty, the tail computes fewer and fewer (_compact)
         n = min(self.slots, 1 << held[-1].bit_length())
+        if self.graphs is None:
+            self._decode_step(n, min(c.width, math.ceil((max(self.pos_host[s] for s in held) + 1) / WINDOW) * WINDOW))
+        else:
+            self.graphs.run(n, lambda: self._decode_step(n, c.width))
+        self.timeline.busy.append(len(held))
+        self.timeline.computed.append(n)
+        self.steps += 1
+        for s in range(n):
+            r = self.holds[s]
+            self.count_host[s] += 1
+            self.pos_host[s] = min(self.pos_host[s] + 1, c.width - 1)
+            if r is not None and self.count_host[s] >= self.limits[r]:
+                self.holds[s] = None  # its limit: the host knows without a read
+
+    def _decode_step(self, n: int, window: int) -> None:
+        """The device's part of a decode step of the first `n` slots attending to `window`
+        positions: reads and writes the engine's own tensors only (a CUDA graph replays it)."""
+        c = self.cache
         c.decoding(window, n)
         last, count, dest, ended = self.last[:n], self.count[:n], self.dest[:n], self.ended[:n]
         logits = self.model.stage(last[:, None], c.positions[:n, None], c, last_only=True)
@@ -269,20 +348,11 @@ class RolloutEngine:
         count += 1
         now = ended | (count >= self.limit[:n])
         if self.stops is not None:
-            now |= torch.isin(token, self.stops)
+            now |= (token[:, None] == self.stops).any(-1)  # not isin: its sorting path syncs (no graph)
         ended.copy_(now)
         dest.copy_(torch.where(now, len(self.seqs) - 1, dest))
         last.copy_(token)
         c.positions[:n] = (c.positions[:n] + 1).clamp(max=c.width - 1)
-        self.timeline.busy.append(len(held))
-        self.timeline.computed.append(n)
-        self.steps += 1
-        for s in range(n):
-            r = self.holds[s]
-            self.count_host[s] += 1
-            self.pos_host[s] = min(self.pos_host[s] + 1, c.width - 1)
-            if r is not None and self.count_host[s] >= self.limits[r]:
-                self.holds[s] = None  # its limit: the host knows without a read
 
 
 def generate_continuous(model: PlacedModel, prompts: torch.Tensor, gen_len: int, slots: int, **kwargs
