@@ -1,5 +1,6 @@
 """`realbench bench rollout`: a scenario's generation call, tokens per second, by the loops that
-can run it on this machine's device (a GPU when there is one; the CPU runs a small check):
+can run it on this machine's device (`grpo-500m-1gpu` on a GPU when there is one; the CPU runs
+`grpo-tiny-cpu`'s):
 
   * `micro_batched`: the loop the runtime decoded with before the rollout engine, and still does
     for pipelines (`engine.generate`: each step launches every kernel from Python);
@@ -29,13 +30,13 @@ import statistics
 import tempfile
 import time
 
-SCENARIO = "grpo-500m-1gpu"
+SCENARIOS = {"cuda": "grpo-500m-1gpu", "cpu": "grpo-tiny-cpu"}  # by device: the 500M model would take the CPU hours
 TARGET = 10.0  # graphs over micro_batched, on a GPU
 QUICK = {"scenario": "grpo-tiny-cpu", "rounds": 1}
 CHECK_ROWS, CHECK_TOKENS = 16, 64  # the fp32 check of the rows on a GPU
 
 
-def run(scenario: str = SCENARIO, rounds: int = 3, sync_every: int = 8, device: str = "auto",
+def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = "auto",
         compiled: bool = True) -> dict:
     import torch
 
@@ -50,6 +51,7 @@ def run(scenario: str = SCENARIO, rounds: int = 3, sync_every: int = 8, device: 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = device == "cuda"
+    scenario = scenario or SCENARIOS[device]
     dtype = torch.bfloat16 if gpu else torch.float32
     sc = load_scenario(scenario)
     call = next(c for c in sc.dataflow.calls if c.kind == CallKind.GENERATE)
