@@ -51,3 +51,49 @@ def test_processes_share_cores_only_on_a_cpu_with_more_processes_than_cores():
     assert shares_cores("cpu", 4, 2) and not shares_cores("cpu", 2, 2) and not shares_cores("cpu", 1, 2)
     assert not shares_cores("cuda", 8, 2)  # a GPU process does not compute on the cores
     assert not shares_cores("cpu", 4, 0)  # an old profile that did not record its cores
+
+
+def test_the_h200_preset_is_the_h100_with_its_own_memory(tmp_path, monkeypatch, cli):
+    """The H200 (datasheet: the H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s, on the same
+    NVLink 4 fabric): the H100's compute, efficiencies and links, its own memory and bandwidth.
+    On a GRPO job written with `device: h200`, under the same plan as on H100s, generation (bound
+    by reading weights and the cache) estimates faster, by no more than the bandwidths' ratio, and
+    training (bound by the matmuls) hardly moves; a profile made on an H200 names the preset."""
+    import json
+
+    import yaml
+
+    from realbench.hardware.profile import this_machine
+    from realbench.plan.builtin import _SPECS
+    from realbench.plan.scenario import SCENARIO_SCHEMA
+
+    h100, h200 = cluster(2, 8, "h100"), cluster(2, 8, "h200")
+    assert h200.device.memory_bytes == 141e9 and h200.device.mem_bw == 4.8e12
+    assert h200.device.model_dump(exclude={"name", "memory_bytes", "mem_bw"}) == \
+        h100.device.model_dump(exclude={"name", "memory_bytes", "mem_bw"})
+    assert h200.model_dump(exclude={"device"}) == h100.model_dump(exclude={"device"})
+
+    spec = next(s for s in _SPECS if s["name"] == "grpo-7b-16gpu")
+    for device in ("h100", "h200"):
+        (tmp_path / f"my-{device}-job.yaml").write_text(yaml.safe_dump(
+            {"schema": SCENARIO_SCHEMA, **spec, "name": f"my-{device}-job", "cluster": {**spec["cluster"], "device": device}}))
+    code, _, err = cli("estimate", "--scenario", tmp_path / "my-h100-job.yaml", "--baseline", "symmetric",
+                       "--out", tmp_path / "plan.yaml")
+    assert code == 0, err
+    plan = (tmp_path / "plan.yaml").read_text()
+    assert "scenario: my-h100-job.yaml" in plan
+    (tmp_path / "plan-h200.yaml").write_text(plan.replace("scenario: my-h100-job.yaml", "scenario: my-h200-job.yaml"))
+    times = {}
+    for device, plan_file in (("h100", "plan.yaml"), ("h200", "plan-h200.yaml")):  # the same plan on both
+        code, out, err = cli("estimate", "--scenario", tmp_path / f"my-{device}-job.yaml", "--plan", tmp_path / plan_file,
+                             "--json")
+        assert code == 0, err
+        times[device] = {k: v["time_s"] for k, v in json.loads(out)["calls"].items()}
+    gen = times["h100"]["actor_gen"] / times["h200"]["actor_gen"]
+    assert 1.1 < gen <= 4.8 / 3.35 + 1e-9, gen
+    assert times["h200"]["actor_train"] == pytest.approx(times["h100"]["actor_train"], rel=0.1)
+
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *a: "NVIDIA H200")
+    assert this_machine("cuda", 1, 1).preset == "h200"
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert this_machine("cuda", 1, 1).preset == "h100"

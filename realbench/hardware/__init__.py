@@ -77,10 +77,12 @@ class ClusterSpec(FileModel):
 
 
 # Datasheet numbers of the GPU presets: dense bf16 peak FLOP/s, HBM bytes/s, NVLink bytes/s per
-# direction per GPU, and each GPU's NIC (one per GPU: NDR 400 Gb/s on H100 systems, HDR 200 Gb/s
-# on A100 ones). NVIDIA H100 SXM5 and A100 SXM4 80GB datasheets.
+# direction per GPU, and each GPU's NIC (one per GPU: NDR 400 Gb/s on H100 and H200 systems, HDR
+# 200 Gb/s on A100 ones). NVIDIA H100 SXM5, H200 SXM and A100 SXM4 80GB datasheets: the H200 is the
+# H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s on the same NVLink 4 fabric.
 DATASHEETS: dict[str, dict[str, float]] = {
     "h100": {"memory_bytes": 80 * GiB, "flops": 989e12, "mem_bw": 3.35e12, "nvlink": 450e9, "nic": 50e9},
+    "h200": {"memory_bytes": 141e9, "flops": 989e12, "mem_bw": 4.8e12, "nvlink": 450e9, "nic": 50e9},
     "a100": {"memory_bytes": 80 * GiB, "flops": 312e12, "mem_bw": 2.039e12, "nvlink": 300e9, "nic": 25e9},
 }
 
@@ -112,11 +114,16 @@ def gpu_device(name: str, fit: dict[str, float] = FITTED) -> DeviceSpec:
                       mem_bw_efficiency=fit["mem_bw_efficiency"], kernel_overhead_s=fit["kernel_overhead_s"])
 
 
+# presets whose NVLink is another's fabric: the H200 sits on the H100's NVSwitch (NVLink 4), and
+# the fitted NVLink rows are measured on 8 x H200 (realbench/hardware/published.yaml, bekman)
+SAME_NVLINK = {"h200": "h100"}
+
+
 def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> dict[str, float]:
     """A GPU preset's links (ClusterSpec fields): NVLink and the NIC (`nic` bytes/s per GPU, else
     the datasheet's) at their fitted efficiencies."""
     d = DATASHEETS[name]
-    return {"intra_bw": d["nvlink"] * fit[f"{name}.nvlink_efficiency"], "inter_bw": (nic or d["nic"]) * fit["nic_efficiency"],
+    return {"intra_bw": d["nvlink"] * fit[f"{SAME_NVLINK.get(name, name)}.nvlink_efficiency"], "inter_bw": (nic or d["nic"]) * fit["nic_efficiency"],
             "intra_latency_s": fit["intra_latency_s"], "inter_latency_s": fit["inter_latency_s"]}
 
 

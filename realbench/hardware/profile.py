@@ -358,7 +358,7 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
         import torch
 
         name = torch.cuda.get_device_name(0)
-        preset = "h100" if "H100" in name else "a100" if "A100" in name else name.lower().replace(" ", "-")
+        preset = next((p for p in ("h100", "h200", "a100") if p.upper() in name), name.lower().replace(" ", "-"))
         return DeviceInfo(kind="cuda", name=name, preset=preset, processes=processes, threads_per_process=threads,
                           cores=usable_cores())
     name = platform.processor() or platform.machine()
