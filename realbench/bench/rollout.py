@@ -42,6 +42,7 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
 
     from realbench.bench.runtime import _model
     from realbench.dataflow import CallKind
+    from realbench.hardware.profile import this_machine
     from realbench.plan.scenario import load_scenario
     from realbench.runtime.checkpoint import load_hf_checkpoint
     from realbench.runtime.engine import PlacedModel, generate
@@ -111,7 +112,7 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
     same = {k: int((v.cpu() == reference).all(1).sum()) for k, v in outputs.items()
             if not k.startswith("transformers")}
     result = {
-        "scenario": scenario, "call": call.name, "model": shape.name, "device": _device_name(device),
+        "scenario": scenario, "call": call.name, "model": shape.name, "device": this_machine(device, 1, 1).name,
         "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
         "rows": rows, "prompt_len": prompt, "new_tokens": new, "tokens": tokens, "slots": rows,
         "sync_every": sync_every, "rounds": rounds,
@@ -135,11 +136,3 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
             if hf_name in med:
                 result[f"graphs_over_{hf_name}"] = med[hf_name] / med["graphs"]
     return result
-
-
-def _device_name(device: str) -> str:
-    import platform
-
-    import torch
-
-    return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()

@@ -357,8 +357,10 @@ def this_machine(device: str, processes: int, threads: int) -> DeviceInfo:
     if device == "cuda":
         import torch
 
-        name = torch.cuda.get_device_name(0)
-        preset = next((p for p in ("h100", "h200", "a100") if p.upper() in name), name.lower().replace(" ", "-"))
+        from realbench.hardware import DATASHEETS
+
+        name = torch.cuda.get_device_name(0)  # "NVIDIA H100 80GB HBM3": the preset whose name it holds
+        preset = next((p for p in DATASHEETS if p.upper() in name), name.lower().replace(" ", "-"))
         return DeviceInfo(kind="cuda", name=name, preset=preset, processes=processes, threads_per_process=threads,
                           cores=usable_cores())
     name = platform.processor() or platform.machine()

@@ -175,17 +175,12 @@ def _as_the_engine_decodes(step, dev, tp: int):
     kernels), elsewhere the step itself."""
     import torch
 
+    from realbench.runtime.rollout import capture, warm_up
+
     if torch.device(dev).type != "cuda" or tp != 1:
         return step
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # lazy initialisation outside the capture
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        step()
-    return graph.replay
+    warm_up(step)
+    return capture(step).replay
 
 
 def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clock, tick, dev) -> dict:

@@ -53,38 +53,46 @@ from realbench.runtime.engine import PlacedModel, generate, sample_tokens
 WINDOW = 32  # attention reads the cache up to the furthest slot's position, rounded up to this
 
 
+def warm_up(step) -> None:
+    """Run `step` once on a side stream: lazy initialisation (cuBLAS's workspace, say) must not
+    happen inside a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(step, pool=None) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `step` (capturing runs nothing), after `warm_up`. Only this thread's work
+    is held to the capture's rules: another thread's (an asynchronous plan's) goes on."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        step()
+    return graph
+
+
 class DecodeGraphs:
-    """Runs a decode step by its shape `key`: the first step of a shape eagerly on a side stream
-    (lazy initialisation, cuBLAS's workspace say, must not happen inside a capture), the second
-    captured into a CUDA graph (which runs nothing) and replayed, every later one replayed. The
-    step reads and writes only tensors that live as long as the engine (the cache, the slots'
-    state, the outputs), so a replay does what the captured step did, on the current values.
-    The graphs share one memory pool: they run one after another on one stream."""
+    """Runs a decode step by its shape `key`: the first step of a shape eagerly (`warm_up`), the
+    second captured into a CUDA graph and replayed, every later one replayed. The step reads and
+    writes only tensors that live as long as the engine (the cache, the slots' state, the
+    outputs), so a replay does what the captured step did, on the current values. The graphs
+    share one memory pool: they run one after another on one stream."""
 
     def __init__(self):
         self.graphs: dict = {}
         self.warm: set = set()
         self.pool = None
-        self.captures = 0
 
     def run(self, key, step) -> None:
-        import torch.cuda
-
         graph = self.graphs.get(key)
         if graph is None and key not in self.warm:
             self.warm.add(key)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
+            warm_up(step)
             return
         if graph is None:
-            graph = self.graphs[key] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                step()
+            graph = self.graphs[key] = capture(step, self.pool)
             self.pool = graph.pool()
-            self.captures += 1
         graph.replay()
 
 
