@@ -413,6 +413,52 @@ def test_later_optimizer_steps_take_the_behaviour_log_probabilities_of_the_weigh
     assert behaviour_forwards(calls["actor_train"], s.models["actor"]) == 1  # and the cost model charges it
 
 
+def test_old_log_probabilities_come_from_where_training_old_logprobs_says(tmp_path, ckpt, monkeypatch):
+    """Two minibatches, three ways. whole_batch (verl, OpenRLHF, AReaL recomputing): the forward
+    before the first update covers both steps' rows, and the first update takes it (the numbers the
+    first update's own forward gives: the same run as later_steps). rollout (AReaL's default, verl's
+    bypass_mode): no forward; every update's ratio takes generation's own log-probabilities. The
+    cost model charges 2, 1 and 0 such forwards."""
+    from realbench.cost.calls import behaviour_forwards
+    from realbench.runtime import losses
+
+    runs = {}
+    for mode in ("later_steps", "whole_batch", "rollout"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        path = grpo_job(folder, ckpt, edit=lambda d: (d["dataflow"].update(minibatches=2),
+                                                      d["training"].update(old_logprobs=mode)))
+        s = load_scenario(str(path))
+        train = s.dataflow.call("actor_train")
+        assert train.old_logprobs == mode
+        w = _one_device(s)
+        seen, olds = [], []
+        behaviour = w._behaviour_logprobs
+        w._behaviour_logprobs = lambda *a: seen.append(behaviour(*a)) or seen[-1]
+        policy_loss = losses.policy_loss
+        monkeypatch.setattr(losses, "policy_loss", lambda logp, old, *a: olds.append(old) or policy_loss(logp, old, *a))
+        rec = w.step(0)
+        monkeypatch.setattr(losses, "policy_loss", policy_loss)
+        ti = next(i for i, c in enumerate(w.calls) if c.name == "actor_train")
+        runs[mode] = (rec, seen, olds, w.data[ti], behaviour_forwards(train, s.models["actor"]), path)
+    (later, l_seen, l_olds, data, l_n, path), (whole, w_seen, w_olds, _, w_n, _), \
+        (rollout, r_seen, r_olds, r_data, r_n, _) = runs.values()
+    assert (l_n, w_n, r_n) == (1, 2, 0)
+    # later_steps: the second step's rows only; whole_batch: both steps' (rows 0-7, then 8-15)
+    assert l_seen[0][0] is None and w_seen[0][0] is not None
+    fresh = _one_device(load_scenario(str(path)))  # the weights the batch was generated with
+    ti = next(i for i, c in enumerate(fresh.calls) if c.name == "actor_train")
+    with torch.no_grad():
+        y = fresh.masters[ti].forward([data["seqs"][:8]])[0]
+    assert torch.allclose(w_seen[0][0][0], fresh.algorithm.token_logprobs(y, data["seqs"][:8], 6), atol=1e-6)
+    assert torch.equal(w_olds[0], w_seen[0][0][0]) and torch.allclose(w_olds[1], l_olds[1], atol=1e-6)
+    assert whole.loss == pytest.approx(later.loss, abs=1e-6)
+    assert whole.metrics["actor_train/clipfrac"] == later.metrics["actor_train/clipfrac"]
+    # rollout: no forward at all, and each update's old log-probabilities are generation's rows
+    assert r_seen == [] and len(r_olds) == 2
+    assert torch.equal(r_olds[0], r_data["logprobs"][:8]) and torch.equal(r_olds[1], r_data["logprobs"][8:])
+
+
 # -- sampling: temperature and stop ids --------------------------------------------------------------
 def test_temperature_reaches_the_sampler(tmp_path, ckpt):
     """Lower temperature, lower entropy: the tempered log-probabilities of the sampled tokens

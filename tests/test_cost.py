@@ -82,6 +82,20 @@ def test_zero_stages_shard_memory_and_price_their_collectives_worked_by_hand():
     inf = call_cost(ref, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 4, zero=3)))
     assert inf.weights_bytes == pytest.approx(2 * P / 8, rel=1e-6)
     assert inf.dp_comm_s == pytest.approx(4 * max(0.0, gather - inf.compute_s / 4) + first)
+    # its parameters offloaded (verl's reference): none held between calls; each micro-batch brings
+    # the device's fp32 eighth in over PCIe (64 GB/s on an H100) before gathering it, one layer's
+    # fp32 eighth in flight
+    host = P / 8 * 4 / 64e9
+    assert sharding.host_copy(H100, 8, P) == pytest.approx(host) and H100.host_bw == 64e9
+    off = call_cost(ref, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 4, zero=3, offload_params=True)))
+    assert off.weights_bytes == 0 and off.compute_s == inf.compute_s
+    assert off.working_bytes - inf.working_bytes == pytest.approx(M7.layer_params / 8 * 4, abs=2)
+    assert off.dp_comm_s == pytest.approx(4 * max(0.0, gather + host - off.compute_s / 4) + first
+                                          + M7.layer_params / 8 * 4 / 64e9)
+    # on one micro-batch of few rows the copies outlast the compute: 4 passes over the shard in the open
+    small = CallDef(name="r", model="m", kind="inference", seqs=8, seq_len=64)
+    few = call_cost(small, M7, H100, Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 1, zero=3, offload_params=True)))
+    assert few.dp_comm_s == pytest.approx(gather + host - few.compute_s + first + M7.layer_params / 8 * 4 / 64e9)
 
 
 def test_zero_is_refused_where_its_engines_cannot_run_it():
@@ -100,6 +114,12 @@ def test_zero_is_refused_where_its_engines_cannot_run_it():
         assert field == "zero" and reason in message, (strategy, message)
     assert strategy_problem(train_call(), M7, H100, mesh, Strategy(2, 1, 4, 4, zero=1)) is None  # distributed optimizer
     assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3)) is None
+    # parameters in host memory: FSDP's CPU offload of a forward-only model, under zero 3
+    assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3, offload_params=True)) is None
+    for call, strategy in ((ref, Strategy(8, 1, 1, 1, offload_params=True)),
+                           (train_call(), Strategy(8, 1, 1, 1, zero=3, offload_params=True))):
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == "offload_params" and "an inference call's, under zero 3" in message, message
 
 
 def test_decode_is_bandwidth_bound_at_small_batch():

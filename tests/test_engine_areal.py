@@ -216,10 +216,14 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
     os.chdir(job)
     cases = []  # (written config, the scenario, the plan's options)
     lora = ("actor.use_lora=true", "actor.lora_rank=8", "actor.lora_alpha=16", "actor.target_modules=[q_proj,v_proj]")
+    # the old log-probabilities: recomputed (the example's decoupled loss), or the rollout's (AReaL's default)
+    rollout_logp = ("actor.use_decoupled_loss=false", "actor.recompute_logprob=false")
     for config, name, overrides in (("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
-                                    ("gsm8k grpo.yaml", "grpo-lora", lora)):
+                                    ("gsm8k grpo.yaml", "grpo-lora", lora),
+                                    ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp)):
         first, plan_doc, scenario_doc = imported(cli, job, config, *overrides, out="first", name=name)
-        if overrides:  # the LoRA settings, read
+        assert scenario_doc["training"]["old_logprobs"] == ("rollout" if overrides == rollout_logp else "whole_batch")
+        if overrides == lora:  # the LoRA settings, read
             assert scenario_doc["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16,
                                                                "target_modules": ["q_proj", "v_proj"]}
         scenario = load_scenario(first["scenario"])
@@ -252,6 +256,11 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         est = Estimator(scenario)
         assert again["time_per_iter_s"] == pytest.approx(est.estimate(est.choice_of(options)).time_per_iter_s,
                                                          rel=1e-9)
+        # AReaL's own decision to run the trainer's forward for them is the plan's; the decoupled loss
+        # of asynchronous RL where the forward runs
+        mode = scenario.training.old_logprobs
+        assert c["logprob_forward"] is (mode == "whole_batch") and load_scenario(again["scenario"]).training.old_logprobs == mode
+        assert c["use_decoupled_loss"] is (mode == "whole_batch" and scenario.dataflow.max_staleness > 0)
         # AReaL's own parse of what realbench wrote names the actor's layout
         a = options["actor_train"].strategy
         assert (c["allocations"]["actor"]["dp"], c["allocations"]["actor"]["tp"],
@@ -290,6 +299,7 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["actor.kl_ctl=0.1", "ref.backend=fsdp:d2"], "ref.backend", "world size"),
     (["rollout.scheduling_strategy.type=colocation"], "rollout.scheduling_strategy.type", "does not price"),
     (["actor.offload=true"], "actor.offload", "does not price"),
+    (["actor.prox_logp_method=loglinear"], "actor.prox_logp_method", "interpolates the proximal log-probabilities"),
     (["actor.use_lora=true", "actor.peft_type=lokr"], "actor.peft_type", "realbench trains LoRA adapters"),
     (["critic.use_lora=true"], "critic.use_lora", "does not price"),
     (["actor.path=Qwen/Qwen2.5-1.5B-Instruct"], "actor.path", "not a checkpoint folder"),

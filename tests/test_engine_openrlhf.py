@@ -109,6 +109,8 @@ def test_the_hybrid_engine_reads_into_every_call_on_the_actors_gpus(cli, job):
     assert scenario["engine"] == "openrlhf" and scenario["cluster"]["nodes"] == 1
     assert scenario["dataflow"] == {"algorithm": "ppo", "prompts": 64, "prompt_len": 64, "gen_len": 128,
                                     "minibatches": 4}
+    # the actor's old log-probabilities: a forward over the whole batch (experience_maker.py:153-158)
+    assert scenario["training"]["old_logprobs"] == "whole_batch"
     assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(openrlhf.PRICING_GAPS)
 
 

@@ -84,6 +84,7 @@ reward:
 """
 
 
+BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -148,7 +149,8 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
         "actor_gen": {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1},
         "actor_train": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1, "activation_checkpointing": True,
                         "zero": 3},
-        "ref_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3},
+        # the reference's parameters in host memory: verl's FSDP offloads a forward-only model
+        "ref_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3, "offload_params": True},
         "reward_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1},
     }
     assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 32, "prompt_len": 64, "gen_len": 128,
@@ -165,6 +167,9 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
     assert plan["calls"]["actor_gen"]["micro_batches"] == 32 // 8
     assert plan["calls"]["actor_train"]["micro_batches"] == 4 * 192 // 384
     assert plan["calls"]["ref_inf"]["micro_batches"] == 16 * 192 // 384
+    # verl's examples set the reference's param_offload, which its FSDP engine does to a reference anyway
+    _, same, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.ref.fsdp_config.param_offload=true")
+    assert same["calls"]["ref_inf"]["offload_params"] is True
 
 
 def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
@@ -195,7 +200,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
-                                               ("grpo_qwen_fsdp.yaml", LORA)])
+                                               ("grpo_qwen_fsdp.yaml", LORA),
+                                               # the old log-probabilities: the rollout's (bypass_mode)
+                                               ("grpo_qwen_fsdp.yaml", BYPASS)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -218,7 +225,12 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
         assert (checked["lora_rank"], checked["lora_alpha"], checked["target_modules"], checked["lora_merge"]) == \
             (8, 16, ["q_proj", "v_proj"], merged)
         assert plan["calls"]["actor_gen"].get("merge_lora", False) is merged
+    # the old log-probabilities: a forward over the whole batch, or with bypass_mode the rollout's,
+    # returned by it (verl's composed settings)
+    bypass = overrides == BYPASS
+    assert checked["bypass_mode"] is bypass and checked["calculate_log_probs"]
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
+    assert scenario_again["training"]["old_logprobs"] == ("rollout" if bypass else "whole_batch")
     if LORA[0] in overrides:
         assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
@@ -243,6 +255,12 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     # LoRA: on Megatron (verl's model.lora.*), leaving modules out, a rank realbench refuses
     (("model_engine=megatron", "actor_rollout_ref.model.lora_rank=8"), "actor_rollout_ref.model.lora_rank",
      "realbench reads verl's FSDP LoRA"),
+    # the rollout's log-probabilities, which it returns only when asked; IS weights realbench does not run
+    (("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"),
+     "actor_rollout_ref.rollout.calculate_log_probs",
+     "bypass_mode takes the rollout's log-probabilities"),
+    (("algorithm.rollout_correction.rollout_is=token",), "algorithm.rollout_correction.rollout_is",
+     "realbench does not price it"),
     (LORA + ("actor_rollout_ref.model.exclude_modules=o_proj",), "actor_rollout_ref.model.exclude_modules",
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
@@ -344,6 +362,70 @@ def test_search_inside_an_engine_refuses_what_it_cannot_do(cli, job, tmp_path):
     assert code == 2 and "verl cannot run it" in err and err.count("\n") == 1, err
 
 
+def test_each_engine_prices_the_old_log_probabilities_as_it_takes_them(cli, tmp_path):
+    """realbench's later_steps is, to an engine, its forward over the whole batch (the same
+    numbers, one forward of a minibatch more: grpo-7b-16gpu's 4 optimizer steps take 4 forwards, not
+    3); generation's (rollout) stays generation's in verl and AReaL and is refused for OpenRLHF,
+    which always recomputes them, on search and on export alike."""
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.cost.calls import behaviour_forwards
+    from realbench.engines import ENGINES, priced_as
+    from realbench.errors import ConfigError
+    from realbench.plan import get_builtin
+
+    job = get_builtin("grpo-7b-16gpu")
+    assert job.training.old_logprobs == "later_steps"
+    est = Estimator(job, profile=None)
+    plan = symmetric_plan(est)
+    ours = est.estimate(plan).calls["actor_train"].time_s
+    rollout = job.with_old_logprobs("rollout")
+    theirs = Estimator(rollout, profile=None).estimate(plan).calls["actor_train"].time_s
+    forward = (ours - theirs) / 3  # one minibatch's forward
+    for engine in ENGINES:
+        as_run = priced_as(job, engine)
+        train = as_run.dataflow.call("actor_train")
+        assert as_run.training.old_logprobs == train.old_logprobs == "whole_batch", engine
+        assert behaviour_forwards(train, as_run.models["actor"]) == 4
+        assert Estimator(as_run, profile=None).estimate(plan).calls["actor_train"].time_s == \
+            pytest.approx(ours + forward, rel=1e-9), engine
+    assert priced_as(rollout, "verl").training.old_logprobs == priced_as(rollout, "areal").training.old_logprobs == \
+        "rollout"
+    with pytest.raises(ConfigError) as refused:
+        priced_as(rollout, "openrlhf")
+    assert refused.value.field == "training.old_logprobs" and "always" in refused.value.message
+    # the same refusal on the command line, by a scenario file of the user's
+    path = tmp_path / "grpo, rollout log-probs.yaml"
+    path.write_text(yaml.safe_dump(rollout.to_document(), sort_keys=False))
+    code, _, err = cli("search", "--scenario", path, "--engine", "openrlhf", "--method", "mcmc", "--time-budget", 1)
+    assert code == 2 and err.count("\n") == 1 and "training.old_logprobs" in err and "OpenRLHF" in err, err
+    code, _, err = cli("estimate", "--scenario", path, "--baseline", "symmetric", "--profile", "none",
+                       "--out", tmp_path / "plan.yaml")
+    assert code == 0, err
+    code, _, err = cli("export", "--plan", tmp_path / "plan.yaml", "--format", "openrlhf", "--out", tmp_path / "run.sh")
+    assert code == 2 and err.count("\n") == 1 and "training.old_logprobs" in err, err
+    assert not (tmp_path / "run.sh").exists()
+
+
+def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl_does():
+    """An offloaded reference is priced as verl's FSDP keeps it (fp32 shards copied in every
+    forward); OpenRLHF's and AReaL's own offloads are not that, and their writers refuse it by name."""
+    from dataclasses import replace
+
+    from realbench.engines import areal, openrlhf
+    from realbench.plan import get_builtin
+
+    job = get_builtin("grpo-7b-16gpu")
+    for module, flag, scenario in ((openrlhf, "--ref.offload", job), (areal, "ref.fsdp.offload_params",
+                                                                        areal.job_of(job.model_copy(update={"engine": None})))):
+        plan = module.default_plan(scenario)
+        ref = plan["ref_inf"]
+        assert module.space_problem(scenario, plan) is None and ref.strategy.dp > 1
+        plan["ref_inf"] = replace(ref, strategy=replace(ref.strategy, zero=3, offload_params=True))
+        key, why = module.space_problem(scenario, plan)
+        assert key == "calls.ref_inf.offload_params" and flag in why, why
+
+
 def test_a_second_import_keeps_the_first_unless_forced(cli, job):
     imported(cli, job, "grpo_qwen_fsdp.yaml", out="kept")
     plan = job / "kept" / "grpo_qwen_fsdp-plan.yaml"
@@ -363,6 +445,12 @@ def test_a_plan_verl_cannot_run_is_refused_by_what_verl_cannot_do(cli, job):
     path.write_text(yaml.safe_dump(plan))
     code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "outside" / "verl.yaml")
     assert code == 2 and "calls.ref_inf.mesh: verl places every role on one pool of all the GPUs" in err, err
+    # the FSDP reference kept on the GPUs, which verl's FSDP engine never does
+    plan["calls"]["ref_inf"].update({"mesh": "n0", "dp": 8, "offload_params": False})
+    path.write_text(yaml.safe_dump(plan))
+    code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "outside" / "verl.yaml")
+    assert code == 2 and err.count("\n") == 1 and "calls.ref_inf.offload_params: verl's FSDP engine offloads" in err, err
+    assert not (job / "outside" / "verl.yaml").exists()
     code, _, err = cli("run", "--scenario", job / "outside" / "grpo_qwen_fsdp.yaml", "--plan", path, "--nproc", 8, "--steps", 1)
     assert code == 2 and "engine: the scenario is verl's" in err, err
     code, _, err = cli("estimate", "--scenario", "grpo-7b-16gpu", "--baseline", "symmetric", "--profile", "none",

@@ -244,6 +244,48 @@ def test_iterations_and_minibatches_multiply_the_train_calls_work():
     assert same.estimate(plan).time_per_iter_s == one.estimate(plan).time_per_iter_s
 
 
+def test_where_the_old_log_probabilities_come_from_is_priced_as_forwards_of_a_minibatch():
+    """grpo-tiny-cpu's actor trains in 2 optimizer steps of one micro-batch each, on one device
+    without checkpointing: a step is a forward and a backward, 3 forwards of its minibatch; the
+    old log-probabilities add a forward of 1 minibatch (later_steps), of both (whole_batch) or
+    none (rollout): compute 2 x 3 + 1 = 7, 8 and 6 forwards."""
+    from realbench.cost.calls import behaviour_forwards, call_cost
+
+    option = Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1))
+    costs, counts = {}, {}
+    for mode in ("later_steps", "whole_batch", "rollout"):
+        s = with_training("grpo-tiny-cpu", old_logprobs=mode)
+        train = s.dataflow.call("actor_train")
+        assert train.optimizer_steps == 2 and s.training.old_logprobs == mode == train.old_logprobs
+        costs[mode] = call_cost(train, s.models["actor"], s.cluster, option)
+        counts[mode] = behaviour_forwards(train, s.models["actor"])
+    assert counts == {"later_steps": 1, "whole_batch": 2, "rollout": 0}
+    forward = costs["rollout"].compute_s / 6
+    assert costs["later_steps"].compute_s == pytest.approx(7 * forward)
+    assert costs["whole_batch"].compute_s == pytest.approx(8 * forward)
+    assert costs["whole_batch"].optimizer_s == costs["rollout"].optimizer_s  # the updates are the same
+    # with two passes over the batch later_steps computes every step's too; a value model's call none
+    two = with_training("grpo-tiny-cpu", num_iterations=2, old_logprobs="later_steps")
+    assert behaviour_forwards(two.dataflow.call("actor_train"), two.models["actor"]) == 2
+    ppo = with_training("ppo-tiny-cpu", old_logprobs="whole_batch")
+    assert behaviour_forwards(ppo.dataflow.call("critic_train"), ppo.models["critic"]) == 0
+    assert behaviour_forwards(ppo.dataflow.call("actor_train"), ppo.models["actor"]) == \
+        ppo.dataflow.call("actor_train").optimizer_steps
+
+
+def test_old_logprobs_is_a_setting_of_the_policy_gradient_algorithms_only(cli, tmp_path):
+    schema = {"schema": "realbench.scenario/1"}
+    path = tmp_path / "my sft.yaml"
+    path.write_text(yaml.safe_dump({**schema, **BUILTIN["sft-tiny-cpu"], "training": {"old_logprobs": "rollout"}},
+                                   sort_keys=False))
+    code, out, err = cli("validate", path)
+    assert code == 2 and err.count("\n") == 1 and "training.old_logprobs" in err and "sft does not use it" in err, err
+    path.write_text(yaml.safe_dump({**schema, **BUILTIN["grpo-tiny-cpu"], "training": {"old_logprobs": "generation"}},
+                                   sort_keys=False))
+    code, out, err = cli("validate", path)
+    assert code == 2 and err.count("\n") == 1 and "old_logprobs" in err and "whole_batch" in err, err
+
+
 # -- several reward scorers, weighted ---------------------------------------------------------------
 SCORERS = '''
 def length(completion_ids, **kwargs):

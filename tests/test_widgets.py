@@ -228,6 +228,11 @@ def test_dataflow_editor_sets_the_training_settings():
     ed.training.boxes["loss_type"].value = "dr_grpo"
     assert ed.apply_training() and ed.scenario.training.beta == 0.04 and ed.scenario.training.loss_type == "dr_grpo"
     assert ed.document["training"]["learning_rate"] == 1e-3  # what the scenario had stays
+    # where the old log-probabilities come from reaches the train call, and its estimate
+    before = ed.scenario.dataflow.call("actor_train")
+    assert ed.training.boxes["old_logprobs"].value == "later_steps" == before.old_logprobs
+    ed.training.boxes["old_logprobs"].value = "rollout"
+    assert ed.apply_training() and ed.scenario.dataflow.call("actor_train").old_logprobs == "rollout"
     ed.training.boxes["top_p"].value = 1.5
     assert not ed.apply_training() and "training.top_p" in ed.status.value
     assert ed.scenario.training.top_p == 1.0  # the last valid scenario stays

@@ -206,11 +206,18 @@ def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 # -- calls ----------------------------------------------------------------------------------------
 def behaviour_forwards(call: CallDef, model: ModelSpec) -> int:
     """Optimizer steps whose behaviour log-probabilities a policy's train call computes with a
-    forward of its own layout before its first update (runtime.algorithms): all but the first,
-    which takes its forward's own (with several passes over the batch, the first step too). A train call that reads `logprobs` trains a policy, unless
-    its model is a value model (PPO's critic reads them for the KL-shaped rewards only)."""
+    forward of its own layout before its first update (runtime.algorithms), by the call's
+    `old_logprobs` (realbench.plan.training.OLD_LOGPROBS): later_steps, all but the first, which
+    takes its forward's own (with several passes over the batch, the first step too); whole_batch,
+    every step (verl, OpenRLHF, AReaL recomputing); rollout, none (generation's). A train call that
+    reads `logprobs` trains a policy, unless its model is a value model (PPO's critic reads them
+    for the KL-shaped rewards only)."""
     if call.kind != CallKind.TRAIN or "logprobs" not in call.inputs or getattr(model, "value_head", False):
         return 0
+    if call.old_logprobs == "rollout":
+        return 0
+    if call.old_logprobs == "whole_batch":
+        return call.optimizer_steps
     return call.optimizer_steps - (call.iterations == 1)  # later passes need the first step's too
 
 
@@ -345,13 +352,15 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         compute = slots * fwd
         tp_comm = slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
         pp_comm = slots * p2p_one
-        # zero 3: the weights sharded over dp, each layer gathered as it runs (realbench.cost.sharding)
-        dp_comm = (sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node)
+        # zero 3: the weights sharded over dp, each layer gathered as it runs (realbench.cost.sharding);
+        # offloaded, each layer's share brought in from the host first (counted with the gathers)
+        off = s.offload_params
+        dp_comm = (sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node, off)
                    if s.zero == 3 else 0.0)
-        weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
+        weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
         working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
-                   + sharding.gathered_bytes(s.zero, layer, backward=False))
+                   + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=dp))
         return CallCost(compute + tp_comm + pp_comm + dp_comm, compute, tp_comm, pp_comm, dp_comm, 0.0,
                         int(weights), int(weights), int(working))
 
@@ -368,7 +377,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # adapters' small share of every pass)
     lora = model.lora is not None
     fwd_bwd = ((3 if recompute else 2) * (1 + adapter_flops_share(model)) if lora else (4 if recompute else 3)) * fwd
-    behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
+    behaviour = behaviour_forwards(call, model)  # forwards for the old log-probabilities
     compute = steps * train_slots * fwd_bwd + behaviour * slots * fwd
     tp_comm = (steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
                + behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2))

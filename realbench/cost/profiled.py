@@ -242,7 +242,7 @@ def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile,
             reduce = all_reduce(dp, sum(tensors) * value_bytes) if dp > 1 else 0.0  # one flat buffer
             return reduce + fit.time(len(tensors), sum(tensors))
 
-        behaviour = behaviour_forwards(call, model)  # later steps' behaviour log-probabilities
+        behaviour = behaviour_forwards(call, model)  # forwards for the old log-probabilities
         before = behaviour * (pipeline(forward) + op("logprobs.fwd", b * m, S)) if behaviour else 0.0
         return before + steps * (pipeline(forward_backward) + max(update(j) for j in range(pp)))
     except _Silent:

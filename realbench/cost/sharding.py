@@ -13,7 +13,11 @@ Adam moments: 2 + 2 + 12 bytes), Rajbhandari et al. 2020, Figure 1:
     zero 3   and weights (FSDP's full shard)                 16 / d,  plus the gathered bf16
              weights (and in a backward, gradients) of the layers in flight: the one computing and
              the one prefetched
-A forward-only call under zero 3 holds 2 / d bytes a parameter and gathers each layer as it runs.
+A forward-only call under zero 3 holds 2 / d bytes a parameter and gathers each layer as it runs;
+with its parameters offloaded (FSDP's CPU offload, `offload_params`: verl's reference) it holds
+none between calls: the shard lives in host memory in full precision (4 / d bytes, verl's fp32
+model_dtype) and each layer's share crosses the host link (PCIe) before its gather, in every
+micro-batch's forward (FSDP unshards per forward), beside one layer's fp32 share in flight.
 
 Communication in the data-parallel group per optimizer step (ring collectives over d devices,
 realbench.cost.comm; a reduce-scatter moves what an all-gather does):
@@ -37,6 +41,7 @@ from realbench.cost import comm
 from realbench.hardware import ClusterSpec
 
 BF16 = 2
+FP32 = 4
 STATE_BYTES = 12  # fp32 master weights and Adam's two moments
 
 
@@ -51,17 +56,26 @@ def trained_bytes_per_param(zero: int, dp: int) -> float:
     return (2 * BF16 + STATE_BYTES) / dp
 
 
-def weight_bytes_per_param(zero: int, dp: int) -> float:
-    """The bf16 weights a device holds per parameter of its shard between calls."""
+def weight_bytes_per_param(zero: int, dp: int, offloaded: bool = False) -> float:
+    """The bf16 weights a device holds per parameter of its shard between calls (offloaded: none)."""
+    if offloaded:
+        return 0.0
     return BF16 / dp if zero == 3 else BF16
 
 
-def gathered_bytes(zero: int, layer_params: float, backward: bool) -> float:
+def host_copy(cluster: ClusterSpec, dp: int, params: float) -> float:
+    """Seconds to bring a device's share of `params` offloaded parameters from host memory: their
+    fp32 shard over the host link (module doc)."""
+    return params / dp * FP32 / cluster.host_bw
+
+
+def gathered_bytes(zero: int, layer_params: float, backward: bool, offloaded: bool = False, dp: int = 1) -> float:
     """Zero 3's unsharded layers in flight (the computing one and the prefetched one): their bf16
-    weights, and in a backward their gradients before the reduce-scatter."""
+    weights, and in a backward their gradients before the reduce-scatter; offloaded, also one
+    layer's fp32 share copied in from the host."""
     if zero != 3:
         return 0.0
-    return 2 * layer_params * BF16 * (2 if backward else 1)
+    return 2 * layer_params * BF16 * (2 if backward else 1) + (layer_params / dp * FP32 if offloaded else 0.0)
 
 
 def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, micro_batches: int,
@@ -82,14 +96,19 @@ def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, 
 
 
 def overlapped_step(cluster: ClusterSpec, dp: int, params: float, layer_params: float, micro_batches: int,
-                    compute_per_micro_batch: float, passes: int, spans_nodes: bool, per_node: int) -> float:
+                    compute_per_micro_batch: float, passes: int, spans_nodes: bool, per_node: int,
+                    offloaded: bool = False) -> float:
     """Zero 3: the seconds its collectives add to one optimizer step of `micro_batches`
     micro-batches, each `compute_per_micro_batch` seconds of compute, with `passes` collectives
     of the whole shard per micro-batch (3 for a train step: gather, gather, reduce-scatter; 1 for
     a forward): m max(0, collectives - compute) plus the first layer's gather, which nothing
-    hides."""
+    hides. Offloaded (a forward), each layer's share comes in from the host before its gather, in
+    the same stream: per micro-batch the shard's host copy plus the gather."""
     if dp <= 1:
         return 0.0
     per_micro_batch = passes * comm.all_gather(cluster, dp, params * BF16, spans_nodes, per_node)
     first = comm.all_gather(cluster, dp, layer_params * BF16, spans_nodes, per_node)
+    if offloaded:
+        per_micro_batch += host_copy(cluster, dp, params)
+        first += host_copy(cluster, dp, layer_params)
     return micro_batches * max(0.0, per_micro_batch - compute_per_micro_batch) + first

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from functools import cached_property
-from typing import Optional
+from typing import Literal, Optional
 
 import networkx as nx
 from pydantic import ConfigDict, Field, model_validator
@@ -48,6 +48,9 @@ class CallDef(FileModel):
     group_size: int = Field(default=1, gt=0)  # generate: samples per prompt (GRPO, RLOO)
     rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
     iterations: int = Field(default=1, gt=0)  # train: passes over the batch (TRL's num_iterations)
+    # train of a policy: where the ratio's old log-probabilities come from (the scenario's
+    # training.old_logprobs; see realbench.plan.training.OLD_LOGPROBS)
+    old_logprobs: Literal["later_steps", "whole_batch", "rollout"] = "later_steps"
     # generate: the responses' lengths (None: every response gen_len tokens); gen_len is its cap.
     # inference or train on generated sequences: the lengths of their responses, whose last
     # `lengths.max` positions each row pads to the cap (the runtime trims a micro-batch to its
@@ -82,8 +85,12 @@ class CallDef(FileModel):
                              f"tokens of a {self.kind.value} call")
         if not self.adapters and self.kind != CallKind.INFERENCE:
             raise ValueError(f"adapters: false is for inference calls (this is a {self.kind.value} call)")
-        if (self.optimizer_steps != 1 or self.iterations != 1) and self.kind != CallKind.TRAIN:
-            raise ValueError("optimizer_steps and iterations are only for train calls")
+        if (self.optimizer_steps != 1 or self.iterations != 1 or self.old_logprobs != "later_steps") \
+                and self.kind != CallKind.TRAIN:
+            raise ValueError("optimizer_steps, iterations and old_logprobs are only for train calls")
+        if self.old_logprobs == "rollout" and "logprobs" not in self.inputs:
+            raise ValueError("old_logprobs: rollout takes generation's log-probabilities: the call reads no "
+                             "'logprobs'")
         if self.group_size != 1 and (self.kind != CallKind.GENERATE or self.seqs % self.group_size):
             raise ValueError("group_size is for generate calls and must divide seqs")
         if self.kind == CallKind.TRAIN and self.seqs % self.optimizer_steps:

@@ -87,5 +87,23 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
 
 def priced_as(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as `engine` runs it: the cost model prices what the engine does differently
-    (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine."""
-    return scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})
+    (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine,
+    and the old log-probabilities as the engine takes them (`old_logprobs`)."""
+    scenario = scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})
+    mode = old_logprobs(scenario, engine)
+    return scenario if mode == scenario.training.old_logprobs else scenario.with_old_logprobs(mode)
+
+
+def old_logprobs(scenario: Scenario, engine: str) -> str:
+    """How `engine` takes the old log-probabilities of the scenario's policy: the scenario's
+    `training.old_logprobs` where the engine has that mode (the module's OLD_LOGPROBS); realbench's
+    later_steps as the engines' forward over the whole batch, the same numbers (the first step's
+    recomputed rather than its own); generation's (rollout) refused by name where the engine always
+    recomputes them."""
+    module, mode = engine_module(engine), scenario.training.old_logprobs
+    if mode in module.OLD_LOGPROBS:
+        return mode
+    if mode == "later_steps":
+        return "whole_batch"
+    raise ConfigError(f"{mode}: {engine} takes the old log-probabilities {module.OLD_LOGPROBS_HOW}",
+                      "training.old_logprobs")

@@ -68,7 +68,7 @@ import yaml
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents, lora_problem, whole_alpha
+from realbench.engines.documents import job_documents, lora_problem, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _packed
@@ -91,17 +91,21 @@ SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
                 "its cap (prompt + response)",
-                "AReaL's actor recomputes the proximal log-probabilities over the whole batch (use_decoupled_loss); "
-                "realbench over all optimizer steps but the first",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
+# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): the rollout's unless the actor
+# recomputes them (actor.recompute_logprob), or, under the decoupled loss, its proximal ones
+# (actor.use_decoupled_loss), with a forward over the whole batch (api/cli_args.py:1599-1609,
+# trainer/rl_trainer.py:680; trainer/ppo/actor.py:178-192 takes the rollout's otherwise)
+OLD_LOGPROBS = ("whole_batch", "rollout")
+OLD_LOGPROBS_HOW = "from a forward of the actor over the whole batch, or the rollout's"
+OLD_LOGPROBS_KEYS = ("actor.recompute_logprob", "actor.use_decoupled_loss", "actor.prox_logp_method")
 
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints, the
 # learning and sampling settings), by prefix: carried as they are, never priced
 _ENGINE_NEUTRAL = ("experiment_name", "trial_name", "path", "init_from_scratch", "disable_dropout", "dtype",
                    "optimizer", "eps_clip", "eps_clip_higher", "c_clip", "temperature", "reward_scaling",
-                   "reward_bias", "reward_clip", "kl_estimator", "recompute_logprob", "use_decoupled_loss",
-                   "prox_logp_method", "rejection_sampling", "reward_norm", "adv_norm", "discount", "gae_lambda",
+                   "reward_bias", "reward_clip", "kl_estimator", "rejection_sampling", "reward_norm", "adv_norm", "discount", "gae_lambda",
                    "mask_no_eos_with_zero", "overlong_reward_penalty", "overlong_tokens", "overlong_penalty_factor",
                    "max_new_tokens", "group_size", "mb_spec.packing_algorithm", "mb_spec.granularity",
                    "attn_impl", "value_eps_clip", "ppo_n_minibatches", "scheduling_spec", "tokenizer_path",
@@ -141,7 +145,8 @@ READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.
         "rollout.max_head_offpolicyness", "rollout.max_concurrent_rollouts", "sglang.max_running_requests",
         "vllm.max_num_seqs", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.max_tokens",
         "train_dataset.batch_size", "train_dataset.max_length", "actor.ppo_n_minibatches",
-        "actor.reward_norm.mean_leave1out", "actor.use_lora", "actor.peft_type", *LORA_KEYS.values()}
+        "actor.reward_norm.mean_leave1out", "actor.use_lora", "actor.peft_type", *LORA_KEYS.values(),
+        *OLD_LOGPROBS_KEYS}
 
 
 @lru_cache(maxsize=1)
@@ -402,8 +407,20 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         "areal", name, f"read from the AReaL {VERSION} experiment {Path(source).name}",
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
-        epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref)
+        epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref,
+        old_logprobs=_old_logprobs(s, source))
     return scenario, plan
+
+
+def _old_logprobs(s: dict[str, Any], source: str) -> str:
+    """Where AReaL's actor takes the old (or, decoupled, proximal) log-probabilities from: a forward
+    over the whole batch (recompute_logprob, or the decoupled loss recomputing), or the rollout's."""
+    if not s["actor.use_decoupled_loss"]:
+        return "whole_batch" if s["actor.recompute_logprob"] else "rollout"
+    if s["actor.prox_logp_method"] == "loglinear":
+        raise ConfigError("'loglinear': AReaL interpolates the proximal log-probabilities instead of a forward; "
+                          "realbench runs no such approximation (recompute)", "actor.prox_logp_method", source)
+    return "whole_batch"
 
 
 # -- a plan as an experiment YAML ---------------------------------------------------------------------
@@ -465,6 +482,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if gen.tp * gen.pp > G:
         raise ConfigError(f"a server of {gen.tp * gen.pp} GPUs spans nodes of {G}; AReaL's single controller starts "
                           "each on one node (cli_args.py:1949)", "calls.actor_gen.tp")
+    refuse_offload(options, "AReaL", "ref.fsdp.offload_params")
     reward = options["reward_inf"]
     if reward.mesh != V or reward.strategy != Strategy(V.size, 1, 1):
         raise ConfigError("AReaL scores in its rollout workers, on the rollout's GPUs' hosts", "calls.reward_inf.mesh")
@@ -525,8 +543,11 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                     "sglang.enable_lora": True, "sglang.max_lora_rank": lora.r})
         if out["actor.backend"].startswith("megatron"):  # its LoRA runs on Megatron Bridge (engine/megatron_engine.py:327-331)
             out["actor.megatron.bridge_type"] = "megatron-bridge"
-    if df.max_staleness:  # the decoupled objective of asynchronous RL, as AReaL's examples run it
-        out.update({"actor.use_decoupled_loss": True, "actor.recompute_logprob": True})
+    # the proximal log-probabilities of the
+    # decoupled objective of asynchronous RL, recomputed as AReaL's examples do; or the rollout's,
+    # for which AReaL's plain objective is realbench's decoupled one (proximal = behaviour: weight 1)
+    recompute = scenario.training.old_logprobs != "rollout"  # (later_steps: the same numbers)
+    out.update({"actor.use_decoupled_loss": bool(df.max_staleness) and recompute, "actor.recompute_logprob": recompute})
     return out
 
 

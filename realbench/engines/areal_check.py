@@ -127,6 +127,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             "n_samples": cfg.gconfig.n_samples, "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
             "ppo_n_minibatches": cfg.actor.ppo_n_minibatches, "n_gpus_per_node": cfg.cluster.n_gpus_per_node,
             "n_nodes": cfg.cluster.n_nodes,
+            # AReaL's own decision: whether the trainer runs a forward for the old (proximal) log-probabilities
+            "logprob_forward": cfg.actor.should_compute_prox_logp(), "use_decoupled_loss": cfg.actor.use_decoupled_loss,
             "lora": {"use_lora": cfg.actor.use_lora, "rank": cfg.actor.lora_rank, "alpha": cfg.actor.lora_alpha,
                      "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora}}
 

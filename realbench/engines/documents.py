@@ -10,15 +10,18 @@ from realbench.errors import ConfigError
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
-                  epochs: int, calls: dict[str, dict[str, Any]], max_staleness: int = 0, with_ref: bool = True
-                  ) -> tuple[dict, dict]:
-    """(scenario document, plan document). `calls`: each call's mesh label and strategy, the
+                  epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, max_staleness: int = 0,
+                  with_ref: bool = True) -> tuple[dict, dict]:
+    """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
+    old log-probabilities from (realbench.plan.training.OLD_LOGPROBS). `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""
     for c in calls.values():
-        if c["dp"] == 1:  # one replica: nothing to shard over
+        if c["dp"] == 1:  # one replica: nothing to shard over (nor to offload a shard of)
             c.pop("zero", None)
-        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False)):
+            c.pop("offload_params", None)
+        for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False),
+                         ("offload_params", False)):
             if c.get(key, off) == off:
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
@@ -31,7 +34,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
         dataflow["max_staleness"] = max_staleness
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
-                "training": {"num_iterations": epochs}}
+                "training": {"num_iterations": epochs, "old_logprobs": old_logprobs}}
     plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}
     if max_staleness:
         plan["max_staleness"] = max_staleness
@@ -52,6 +55,16 @@ def lora_problem(scenario, engine: str) -> Optional[tuple[str, str]]:
         if lora.path is not None:
             return "models.actor.adapter", f"an adapter folder to start from is not written in {engine}'s settings yet"
     return None
+
+
+def refuse_offload(options, engine: str, flag: str) -> None:
+    """Refuse a call with its parameters in host memory (`offload_params`, verl's FSDP reference as
+    realbench prices it: the fp32 shard copied in every forward), which realbench does not write in
+    `engine`'s settings (`flag`: the engine's own offload, refused on import, offloads otherwise)."""
+    for name, o in options.items():
+        if o.strategy.offload_params:
+            raise ConfigError(f"realbench does not write {engine}'s parameter offload ({flag}), which keeps and "
+                              "moves them otherwise than the fp32 shards priced here", f"calls.{name}.offload_params")
 
 
 def whole_alpha(lora, engine: str) -> int:

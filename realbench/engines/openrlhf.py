@@ -69,7 +69,7 @@ from typing import Any, Iterator, Optional
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents, lora_problem, whole_alpha
+from realbench.engines.documents import job_documents, lora_problem, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _packed
 from realbench.errors import ConfigError
@@ -89,10 +89,16 @@ MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
-PRICING_GAPS = ("OpenRLHF's actor recomputes the old log-probabilities over the whole batch; realbench over all "
-                "optimizer steps but the first",
+PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the reference and critic score the batch "
+                "on their GPUs; realbench prices that forward in the actor's train call, after them",
                 "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
                 "--vllm.enable_sleep / --ds.enable_sleep: the offload and reload around each phase are not timed")
+# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): always a forward of the actor's
+# DeepSpeed engine over the whole batch, dispatched with the reference's and critic's
+# (trainer/ppo_utils/experience_maker.py:153-158); the rollout's serve importance-sampling corrections only
+OLD_LOGPROBS = ("whole_batch",)
+OLD_LOGPROBS_HOW = ("from a forward of the actor over the whole batch, always "
+                    "(openrlhf/trainer/ppo_utils/experience_maker.py:153-158)")
 
 # flags that change neither time nor memory of a step (names, paths, logging, checkpoints, the
 # learning and sampling settings), by prefix: carried as they are, never priced
@@ -431,7 +437,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls, max_staleness=staleness, with_ref=reference)
+                         calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch")
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -441,6 +447,8 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.models["actor"].lora is not None and "critic" in scenario.models:
         return "models.actor.lora", ("OpenRLHF wraps the critic in the actor's adapters (--ds.lora.*, "
                                      "trainer/ray/ppo_critic.py:201-204): realbench writes its LoRA for GRPO and RLOO")
+    if scenario.training.old_logprobs not in OLD_LOGPROBS + ("later_steps",):
+        return "training.old_logprobs", f"OpenRLHF takes the old log-probabilities {OLD_LOGPROBS_HOW}"
     return lora_problem(scenario, "OpenRLHF")
 
 
@@ -466,6 +474,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     reference = "ref_inf" in options
     ds_calls = ["actor_train"] + (["ref_inf"] if reference else []) + \
         (["critic_train", "critic_inf"] if critic else []) + ([] if fn_reward else ["reward_inf"])
+    refuse_offload(options, "OpenRLHF", "--ref.offload")
     for name, o in options.items():
         if o.strategy.pp > 1:
             raise ConfigError("OpenRLHF runs no pipeline parallelism (utils/deepspeed/deepspeed.py:103-107: dp, sp, tp)",

@@ -41,12 +41,12 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
-max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does). Not priced yet,
-and said so wherever a verl plan is read or written (`PRICING_GAPS`): the reference's parameter
-offload to the CPU (verl's FSDP always
-offloads a forward-only model, workers/engine/fsdp/transformer_impl.py:431-463), and the actor's
-separate old-log-prob forward over the whole batch (realbench's train call recomputes the
-behaviour log-probabilities of every optimizer step but the first).
+max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
+parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
+workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call). What is not priced
+is said wherever a verl plan is read or written (`PRICING_GAPS`: nothing known now). The actor's
+old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
+`algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
 
 Read: `read_config` takes a Hydra primary config (`defaults: [ppo_trainer, _self_]`, as
 `python -m verl.trainer.main_ppo --config-path --config-name` takes it) or a composed config (a
@@ -90,9 +90,19 @@ ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
-PRICING_GAPS = ("verl offloads the reference's FSDP parameters to the CPU; realbench keeps them on the GPUs",
-                "verl recomputes the old log-probabilities over the whole batch; realbench over all optimizer "
-                "steps but the first")
+PRICING_GAPS = ()
+# verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
+# fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
+# workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
+# Strategy.offload_params, priced by realbench.cost.sharding; the critic's values use its training engine
+FORWARD_OFFLOAD = ("verl's FSDP engine offloads the reference's parameters, and only the reference's, to the CPU "
+                   "(verl/workers/engine/fsdp/transformer_impl.py:429-435): offload_params on ref_inf exactly")
+# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): a forward of the actor over the
+# whole batch (trainer/ppo/v1/trainer_base.py:1650-1670), or with algorithm.rollout_correction.bypass_mode
+# the rollout's (:1640-1648; the rollout returns them with rollout.calculate_log_probs)
+OLD_LOGPROBS = ("whole_batch", "rollout")
+OLD_LOGPROBS_HOW = "from a forward of the actor over the whole batch, or the rollout's (bypass_mode)"
+BYPASS = "algorithm.rollout_correction.bypass_mode"
 
 A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 # the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
@@ -111,6 +121,8 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            "data.shuffle", "data.seed", "data.filter_overlong_prompts", "data.truncation", "data.return_raw_chat",
            "data.tokenizer", "data.dataloader_num_workers", "data.val_batch_size",
            "actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path",
+           # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
+           "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
            f"{A}.optim.", "critic.optim.", f"{A}.clip_ratio", f"{A}.entropy_coeff", f"{A}.loss_agg_mode",
@@ -303,7 +315,7 @@ def _checkpointing(engine: str, s: dict, role: str) -> bool:
                       "layer (full, uniform, 1)", f"{o}.recompute_granularity")
 
 
-READ = {"trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.v1.trainer_mode",
+READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.v1.trainer_mode",
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.strategy", f"{A}.ppo_mini_batch_size",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
@@ -354,6 +366,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("realbench trains actor and critic in the same optimizer steps: set it to the actor's",
                           "critic.ppo_mini_batch_size", source)
     steps = prompts // mini
+    if s[BYPASS] and not s[f"{R}.calculate_log_probs"]:
+        raise ConfigError("False: bypass_mode takes the rollout's log-probabilities, which the rollout returns only "
+                          "with calculate_log_probs (verl/trainer/ppo/v1/trainer_base.py:1642-1646, agent_loop_tq.py:69)",
+                          f"{R}.calculate_log_probs", source)
     epochs = int(s[f"{A}.ppo_epochs"])
     if critic and int(s["critic.ppo_epochs"]) != epochs:
         raise ConfigError("realbench trains actor and critic for the same passes: set it to the actor's",
@@ -415,8 +431,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"]},
     }
-    if with_ref:
-        calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero}
+    if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD)
+        calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
+                            "offload_params": engine == "dp"}
     reward_model = bool(s[f"{RM}.enable"])
     if reward_model:  # vLLM / SGLang replicas of the reward model on the same GPUs, after generation
         rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
@@ -467,7 +484,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls, with_ref=with_ref)
+                         calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch")
 
 
 # -- a plan as a configuration ------------------------------------------------------------------------
@@ -501,6 +518,8 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                         "tp, pp and virtual stages (verl/workers/engine/megatron/transformer_impl.py)")
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
+        if s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
+            return f"calls.{name}.offload_params", FORWARD_OFFLOAD
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
@@ -586,6 +605,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
                     f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
                     f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
+    if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
+        out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
     if "ref_inf" not in options:  # no KL term: verl then builds no reference
         out.update({"algorithm.use_kl_in_reward": False, f"{A}.use_kl_loss": False})
     elif scenario.algorithm == "ppo":
@@ -710,7 +731,8 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:
-            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero))
+            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero,
+                                                                    offload_params=forward_zero == 3 and dp > 1))
                                                  for m in divisors(rows // dp)])
         if not critic:
             if all(group.values()):
@@ -740,7 +762,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
 
 # verl's example for a comparable job (verl-project/verl examples/grpo_trainer/run_qwen3_8b_fsdp.sh and
 # examples/ppo_trainer/run_qwen3_8b_fsdp.sh, main@1dda039): its engine settings, on the scenario's job
-# (batch, lengths, models); its reference's param_offload=True is left out (not priced)
+# (batch, lengths, models); its reference's param_offload=True is what verl's FSDP does to a reference anyway
 EXAMPLE = {"source": "verl examples/{grpo,ppo}_trainer/run_qwen3_8b_fsdp.sh (main@1dda039)",
            "settings": {f"{R}.tensor_model_parallel_size": 2, f"{R}.gpu_memory_utilization": 0.6,
                         f"{A}.use_dynamic_bsz": True, f"{A}.ppo_max_token_len_per_gpu": 24576,

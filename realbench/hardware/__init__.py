@@ -49,6 +49,9 @@ class ClusterSpec(FileModel):
     inter_bw: float = Field(gt=0)  # bytes/s per device across nodes
     intra_latency_s: float = Field(default=8e-6, ge=0)
     inter_latency_s: float = Field(default=20e-6, ge=0)
+    # bytes/s per device to its host's memory (PCIe, per direction): parameters kept in host memory
+    # (an engine's CPU offload) cross it for every forward (realbench.cost.calls)
+    host_bw: float = Field(default=32e9, gt=0)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)  # of each device's memory, for plans
     # how the engine that runs the plan computes attention: "flash" (one fused kernel, the scores
     # never in memory: FlashAttention, PyTorch's SDPA, realbench's runtime) or "materialized" (the
@@ -78,12 +81,14 @@ class ClusterSpec(FileModel):
 
 # Datasheet numbers of the GPU presets: dense bf16 peak FLOP/s, HBM bytes/s, NVLink bytes/s per
 # direction per GPU, and each GPU's NIC (one per GPU: NDR 400 Gb/s on H100 and H200 systems, HDR
-# 200 Gb/s on A100 ones). NVIDIA H100 SXM5, H200 SXM and A100 SXM4 80GB datasheets: the H200 is the
+# 200 Gb/s on A100 ones), and its PCIe link to the host per direction (Gen5 x16 on H100 and H200,
+# 128 GB/s both ways; Gen4 x16 on A100, 64 GB/s; taken at the datasheet's rate: no published
+# measurement here fits it). NVIDIA H100 SXM5, H200 SXM and A100 SXM4 80GB datasheets: the H200 is the
 # H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s on the same NVLink 4 fabric.
 DATASHEETS: dict[str, dict[str, float]] = {
-    "h100": {"memory_bytes": 80 * GiB, "flops": 989e12, "mem_bw": 3.35e12, "nvlink": 450e9, "nic": 50e9},
-    "h200": {"memory_bytes": 141e9, "flops": 989e12, "mem_bw": 4.8e12, "nvlink": 450e9, "nic": 50e9},
-    "a100": {"memory_bytes": 80 * GiB, "flops": 312e12, "mem_bw": 2.039e12, "nvlink": 300e9, "nic": 25e9},
+    "h100": {"memory_bytes": 80 * GiB, "flops": 989e12, "mem_bw": 3.35e12, "nvlink": 450e9, "nic": 50e9, "pcie": 64e9},
+    "h200": {"memory_bytes": 141e9, "flops": 989e12, "mem_bw": 4.8e12, "nvlink": 450e9, "nic": 50e9, "pcie": 64e9},
+    "a100": {"memory_bytes": 80 * GiB, "flops": 312e12, "mem_bw": 2.039e12, "nvlink": 300e9, "nic": 25e9, "pcie": 32e9},
 }
 
 # The presets' free parameters, fitted by `realbench bench fidelity` (realbench.bench.fidelity) to
@@ -124,7 +129,7 @@ def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> di
     the datasheet's) at their fitted efficiencies."""
     d = DATASHEETS[name]
     return {"intra_bw": d["nvlink"] * fit[f"{SAME_NVLINK.get(name, name)}.nvlink_efficiency"], "inter_bw": (nic or d["nic"]) * fit["nic_efficiency"],
-            "intra_latency_s": fit["intra_latency_s"], "inter_latency_s": fit["inter_latency_s"]}
+            "intra_latency_s": fit["intra_latency_s"], "inter_latency_s": fit["inter_latency_s"], "host_bw": d["pcie"]}
 
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -138,7 +143,8 @@ DEVICES: dict[str, DeviceSpec] = {
 
 LINKS: dict[str, dict[str, float]] = {
     **{name: gpu_links(name) for name in DATASHEETS},
-    "cpu": {"intra_bw": 2e9, "inter_bw": 1e9, "intra_latency_s": 5e-5, "inter_latency_s": 1e-4},  # loopback TCP
+    "cpu": {"intra_bw": 2e9, "inter_bw": 1e9, "intra_latency_s": 5e-5, "inter_latency_s": 1e-4,  # loopback TCP
+            "host_bw": 1e10},  # (its memory: the device's own bandwidth)
 }
 
 

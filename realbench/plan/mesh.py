@@ -141,6 +141,10 @@ class Strategy:
     # copy between steps; off, it keeps its own copy of the frozen base and receives only the
     # adapters (realbench.cost.realloc)
     merge_lora: bool = False
+    # forward-only calls under zero 3: the parameters' shards kept in host memory (fp32), each
+    # copied to the device for every micro-batch's forward (FSDP's CPU offload, which verl forces
+    # on its reference); an engine's, which realbench's runtime does not run
+    offload_params: bool = False
 
     @property
     def size(self) -> int:
@@ -149,7 +153,8 @@ class Strategy:
     def label(self) -> str:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-                + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else ""))
+                + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
+                + ("off" if self.offload_params else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,13 +173,16 @@ class Scenario(DerivedValues):
         training = info.data.get("training")
         own = data.tokenizers if isinstance(data, DataSpec) else {}
         iterations = training.num_iterations if isinstance(training, TrainingSpec) else 1
-        if functions or own or iterations > 1:
+        old_logprobs = training.old_logprobs if isinstance(training, TrainingSpec) else "later_steps"
+        if functions or own or iterations > 1 or old_logprobs != "later_steps":
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             calls = []
             for c in v.calls:
                 c = _adapted(c, functions - {FUNCTIONS_OF.format(r) for r in beside}, data)
                 if c.kind == CallKind.TRAIN and iterations > 1:
                     c = c.model_copy(update={"iterations": iterations})
+                if _takes_old_logprobs(c):
+                    c = c.model_copy(update={"old_logprobs": old_logprobs})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
                     calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
@@ -269,6 +272,14 @@ class Scenario(DerivedValues):
         """The scenario planned for asynchronous RL with this bound (0: synchronous)."""
         flow = validate_model(Dataflow, {**self.dataflow.model_dump(), "max_staleness": max_staleness})
         return self.model_copy(update={"dataflow": flow})
+
+    def with_old_logprobs(self, mode: str) -> "Scenario":
+        """The scenario with its policy's old log-probabilities taken as `mode`
+        (training.old_logprobs: realbench.plan.training.OLD_LOGPROBS)."""
+        training = self.training.model_copy(update={"old_logprobs": mode})
+        flow = self.dataflow.with_calls([c.model_copy(update={"old_logprobs": mode}) if _takes_old_logprobs(c) else c
+                                         for c in self.dataflow.calls])
+        return self.model_copy(update={"training": training, "dataflow": flow})
 
     def to_document(self) -> dict:
         return {"schema": SCENARIO_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}
@@ -506,6 +517,12 @@ def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> Data
     return spec.model_copy(update=dict(rows=len(ds.train), prompt_len=prompt, completion_len=completion,
                                        truncated=truncated, vocab=len(ds.tokenizer), tokenizers=tokenizers,
                                        rescored_len=rescored, columns=tuple(dict.fromkeys(k for r in ds.rows for k in r))))
+
+
+def _takes_old_logprobs(c: CallDef) -> bool:
+    """A train call that reads log-probabilities: a policy's (a value model's, PPO's critic, reads
+    them for its rewards and ignores the setting)."""
+    return c.kind == CallKind.TRAIN and "logprobs" in c.inputs
 
 
 def scenario_from_document(data: dict, source: str = "") -> Scenario:

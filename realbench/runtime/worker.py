@@ -678,7 +678,9 @@ class Worker:
         all-reduce averages), so the gradient is the same for every layout and micro-batch split;
         its global norm (over every shard, `PlacedModel.grad_norm`) is clipped to the model's
         `max_grad_norm`. The policy's behaviour log-probabilities come from this layout's forward
-        (see Algorithm): the first update's own, the others' computed before the first update. A
+        (see Algorithm), by the call's `old_logprobs`: later_steps, the first update's own, the
+        others' computed before the first update; whole_batch, every step's computed before it;
+        rollout, generation's. A
         non-finite advantage, loss or gradient stops the run before it reaches the weights
         (`NonFiniteError`)."""
         c, algo = self.calls[i], self.algorithm
@@ -695,9 +697,14 @@ class Worker:
         per_step = len(targets["seqs"]) // c.optimizer_steps
         steps = [torch.arange(s * per_step, (s + 1) * per_step, device=self.device) for s in range(c.optimizer_steps)]
         splits = [micro_batch_rows(rows, dp, coord.dp, m) for rows in steps]
-        behaviour = None
-        if algo.recomputes_behaviour and not value_model and (len(splits) > 1 or c.iterations > 1):
+        behaviour, policy = None, algo.recomputes_behaviour and not value_model
+        if policy and c.old_logprobs == "rollout":  # generation's, for every update
+            targets = {**targets, "old_logp": data["logprobs"]}
+        elif policy and c.old_logprobs == "whole_batch":
+            behaviour = self._behaviour_logprobs(model, targets, splits)
+        elif policy and (len(splits) > 1 or c.iterations > 1):
             behaviour = self._behaviour_logprobs(model, targets, splits if c.iterations > 1 else [None] + splits[1:])
+        own_first = c.old_logprobs == "later_steps"  # the first update's ratio takes its forward's own
         opt = self.optimizers[i]
         settings = opt.settings
         updates = c.optimizer_steps * c.iterations
@@ -710,7 +717,7 @@ class Worker:
 
             def loss_fn(j, y, mbs=mbs, scale=scale, s=s, k=k, weights=weights, first=rows[0]):
                 t = {key: v[mbs[j]] for key, v in targets.items()}
-                if behaviour is not None and k > 0:  # the first update's ratio uses the forward's own
+                if behaviour is not None and (k > 0 or not own_first):
                     t["old_logp"] = behaviour[s][j]
                 if weights is not None:
                     t["weight"] = weights[mbs[j] - first]

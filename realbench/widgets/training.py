@@ -20,6 +20,7 @@ class TrainingForm:
             "beta": w.FloatText(description="beta (KL)"),
             "epsilon": w.FloatText(description="epsilon"),
             "num_iterations": w.BoundedIntText(min=1, max=1000, description="iterations"),
+            "old_logprobs": w.Dropdown(options=TrainingSpec.choices("old_logprobs"), description="old log-probs"),
             "loss_type": w.Dropdown(options=TrainingSpec.choices("loss_type"), description="loss type"),
             "temperature": w.FloatText(description="temperature"),
             "top_p": w.FloatText(description="top p"),
@@ -27,8 +28,8 @@ class TrainingForm:
         }
         keys = list(self.boxes)
         self.widget = w.VBox([w.HTML("<b>training</b>"),
-                              w.HBox([w.VBox([self.boxes[k] for k in keys[:6]]),
-                                      w.VBox([self.boxes[k] for k in keys[6:]])])])
+                              w.HBox([w.VBox([self.boxes[k] for k in keys[:7]]),
+                                      w.VBox([self.boxes[k] for k in keys[7:]])])])
 
     def show(self, spec: TrainingSpec, algorithm: str) -> None:
         """The boxes from a scenario's settings (beta and the loss type: the algorithm's when not set)."""
