@@ -240,6 +240,59 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
 
 
+def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job):
+    """verl's lora_adapter_path (PeftModel.from_pretrained of the folder, its r with lora_rank) is
+    realbench's `adapter:`: read, written, composed by verl, read back to the same plan and estimate;
+    a rank other than the folder's, a folder without lora_rank, and a folder that is not there are
+    refused by name."""
+    import torch
+
+    from realbench.models.hf import spec_from_checkpoint_entry
+    from realbench.models.shards import adapter_specs
+    from realbench.runtime.checkpoint import save_adapters
+
+    spec = spec_from_checkpoint_entry({"path": str(job / "ckpt"), "lora": {"r": 8, "lora_alpha": 16,
+                                                                          "target_modules": ["q_proj", "v_proj"]}}, job)
+    g = torch.Generator().manual_seed(0)
+    save_adapters(job / "my adapter", spec, {p.name: torch.randn(p.shape, generator=g) * 0.01 for p in adapter_specs(spec)},
+                  base=str(job / "ckpt"))
+    start = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_adapter_path=my adapter")
+    first, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", *start, out="adapter", name="job")
+    assert scenario["models"]["actor"] == {"path": str(job / "ckpt"), "adapter": str(job / "my adapter")}
+    assert "ref" not in scenario["models"] and "ref_inf" in plan["calls"]  # the actor with its adapters off
+    out = job / "adapter" / "verl.yaml"
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"], checked
+    assert (checked["lora_adapter_path"], checked["lora_rank"], checked["lora_alpha"], checked["target_modules"]) == \
+        (str(job / "my adapter"), 8, 16, ["q_proj", "v_proj"])
+    again, plan_again, scenario_again = imported(cli, job, out, out="adapter-again", name="job")
+    assert plan_again["calls"] == plan["calls"] and scenario_again["models"]["actor"] == scenario["models"]["actor"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+    for overrides, key, says in (
+            (("actor_rollout_ref.model.lora_rank=4", start[1]), "actor_rollout_ref.model.lora_rank",
+             "the adapter folder's r is 8"),
+            ((start[1],), "actor_rollout_ref.model.lora_adapter_path", "with lora_rank 0"),
+            ((start[0], "actor_rollout_ref.model.lora_adapter_path=no such folder"),
+             "actor_rollout_ref.model.lora_adapter_path", "is not an adapter folder here")):
+        code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused adapter")
+        assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+        assert not (job / "refused adapter").exists()
+    # OpenRLHF and AReaL have no setting for a folder to start from: their writers refuse it by name
+    from realbench.engines import areal, openrlhf
+    from realbench.plan import get_builtin
+
+    lora_job = get_builtin("grpo-7b-lora-8gpu")
+    actor = lora_job.models["actor"]
+    from_folder = lora_job.model_copy(update={"models": {
+        **lora_job.models, "actor": actor.model_copy(update={"lora": actor.lora.model_copy(update={"path": "/adapter"})})}})
+    assert verl.space_problem_of_scenario(from_folder) is None
+    for module, scenario in ((openrlhf, from_folder), (areal, areal.job_of(from_folder))):
+        key, why = module.space_problem_of_scenario(scenario)
+        assert key == "models.actor.adapter" and "adapter folder" in why, why
+
+
 @pytest.mark.parametrize("overrides, key, says", [
     (("actor_rollout_ref.actor.ppo_mini_batch_sise=8",), "actor_rollout_ref.actor.ppo_mini_batch_sise",
      "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'"),

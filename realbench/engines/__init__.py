@@ -55,6 +55,12 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
                 raise ConfigError(f"{given_path!r} is not a checkpoint folder here: realbench reads the {role}'s "
                                   "config.json and tensors from a local folder (override the path with one)",
                                   module.MODEL_PATHS[role], str(path))
+        if isinstance(entry.get("adapter"), str):  # (verl's lora_adapter_path)
+            given_path = entry["adapter"]
+            entry["adapter"] = os.path.abspath(os.path.expanduser(given_path))
+            if not Path(entry["adapter"]).is_dir():
+                raise ConfigError(f"{given_path!r} is not an adapter folder here: realbench reads the {role}'s "
+                                  "adapter_config.json and tensors from a local folder", module.ADAPTER_PATH, str(path))
         if isinstance(entry.get("function"), str):
             file, _, function = entry["function"].rpartition(":")
             entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"

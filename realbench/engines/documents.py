@@ -41,9 +41,10 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     return scenario, plan
 
 
-def lora_problem(scenario, engine: str) -> Optional[tuple[str, str]]:
+def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Optional[tuple[str, str]]:
     """(scenario key, why) when the scenario's LoRA settings are more than `engine`'s names carry
-    (an actor's r, alpha and target modules), or None."""
+    (an actor's r, alpha and target modules; with `adapter_folders`, a PEFT folder to start from),
+    or None."""
     for role, model in scenario.models.items():
         lora = getattr(model, "lora", None)
         if lora is None:
@@ -52,7 +53,7 @@ def lora_problem(scenario, engine: str) -> Optional[tuple[str, str]]:
             return f"models.{role}.lora", f"realbench writes {engine}'s LoRA settings for the actor only"
         if lora.use_rslora:
             return "models.actor.lora.use_rslora", f"{engine} has no rsLoRA setting (its scaling is lora_alpha / r)"
-        if lora.path is not None:
+        if lora.path is not None and not adapter_folders:
             return "models.actor.adapter", f"an adapter folder to start from is not written in {engine}'s settings yet"
     return None
 

@@ -111,6 +111,10 @@ A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.rewar
 LORA_KEYS = {"r": "actor_rollout_ref.model.lora_rank", "lora_alpha": "actor_rollout_ref.model.lora_alpha",
              "target_modules": "actor_rollout_ref.model.target_modules"}
 LORA_MERGE = "actor_rollout_ref.model.lora.merge"
+# a PEFT adapter folder the actor's adapters start from (verl/workers/engine/fsdp/transformer_impl.py:342-356:
+# PeftModel.from_pretrained, its own r, alpha and modules; read only with lora_rank > 0, :162, 598-599, which
+# also sizes vLLM's LoRA slots): realbench's checkpoint entry `adapter:`
+ADAPTER_PATH = "actor_rollout_ref.model.lora_adapter_path"
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -329,7 +333,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
         f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
-        *LORA_KEYS.values(), LORA_MERGE} | {
+        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                   "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
@@ -459,12 +463,20 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         if engine != "dp":
             raise ConfigError(f"{s[LORA_KEYS['r']]} with model_engine megatron: realbench reads verl's FSDP LoRA; its "
                               "Megatron LoRA is model.lora.*", LORA_KEYS["r"], source)
-        models["actor"]["lora"] = {k: s[key] for k, key in LORA_KEYS.items()}
+        adapter = s[ADAPTER_PATH]
+        if adapter is None:
+            models["actor"]["lora"] = {k: s[key] for k, key in LORA_KEYS.items()}
+        else:  # the folder's own settings (its adapter_config.json), which verl trains with
+            _same_rank(adapter, int(s[LORA_KEYS["r"]]), source)
+            models["actor"]["adapter"] = adapter
         # the reference of a LoRA actor is the actor with its adapters off (ref_in_actor,
         # verl/trainer/ppo/v1/trainer_base.py:234-237): no reference model
         models.pop("ref", None)
         if s[LORA_MERGE]:
             calls["actor_gen"]["merge_lora"] = True
+    elif s[ADAPTER_PATH] is not None:
+        raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
+                          "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
     reward_fn = s["reward.custom_reward_function.path"]
@@ -485,6 +497,17 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch")
+
+
+def _same_rank(adapter: str, rank: int, source: str) -> None:
+    """Refuse a lora_rank other than the adapter folder's r, where the folder is there to read (verl
+    trains the folder's adapters and sizes vLLM's LoRA slots by lora_rank)."""
+    config = Path(adapter).expanduser() / "adapter_config.json"
+    if config.is_file():
+        r = json.loads(config.read_text()).get("r")
+        if r != rank:
+            raise ConfigError(f"{rank}: the adapter folder's r is {r} (verl trains the folder's adapters and sizes "
+                              "vLLM's LoRA slots by lora_rank): give the same", LORA_KEYS["r"], source)
 
 
 # -- a plan as a configuration ------------------------------------------------------------------------
@@ -625,6 +648,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if lora is not None:
         out.update({LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "verl"),
                     LORA_KEYS["target_modules"]: list(lora.target_modules), LORA_MERGE: gen.merge_lora})
+        if lora.path is not None:  # (its r, alpha and modules are the folder's: written the same)
+            out[ADAPTER_PATH] = lora.path
     roles = [("actor", "actor_train", A, "actor_rollout_ref.model")]
     if "critic_train" in options:
         per_gpu = _per_micro_batch(scenario, "critic_train", options["critic_train"])
@@ -757,7 +782,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.models["actor"].lora is not None and "ref" in scenario.models:
         return "models.ref", ("verl's reference of a LoRA actor is the actor with its adapters off "
                               "(verl/trainer/ppo/v1/trainer_base.py:234-237): leave the reference model out")
-    return lora_problem(scenario, "verl")
+    return lora_problem(scenario, "verl", adapter_folders=True)
 
 
 # verl's example for a comparable job (verl-project/verl examples/grpo_trainer/run_qwen3_8b_fsdp.sh and

@@ -98,7 +98,7 @@ def validate(config: str, overrides: list[str]) -> dict:
             "lora_rank": arr.model.lora_rank, "lora_alpha": arr.model.lora_alpha,
             "target_modules": OmegaConf.to_container(arr.model.target_modules)
             if OmegaConf.is_config(arr.model.target_modules) else arr.model.target_modules,
-            "lora_merge": arr.model.lora.get("merge", False),
+            "lora_merge": arr.model.lora.get("merge", False), "lora_adapter_path": arr.model.get("lora_adapter_path"),
             # the old log-probabilities: the rollout's (bypass, which needs them returned) or a forward's
             "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode),
             "calculate_log_probs": rollout.calculate_log_probs}
