@@ -218,9 +218,12 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
     lora = ("actor.use_lora=true", "actor.lora_rank=8", "actor.lora_alpha=16", "actor.target_modules=[q_proj,v_proj]")
     # the old log-probabilities: recomputed (the example's decoupled loss), or the rollout's (AReaL's default)
     rollout_logp = ("actor.use_decoupled_loss=false", "actor.recompute_logprob=false")
+    # vLLM servers (and LoRA on them), written back as vLLM
+    vllm = ("rollout.backend=vllm:d4p1t1", "vllm.max_num_seqs=64", *lora)
     for config, name, overrides in (("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
                                     ("gsm8k grpo.yaml", "grpo-lora", lora),
-                                    ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp)):
+                                    ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp),
+                                    ("gsm8k grpo.yaml", "grpo-vllm", vllm)):
         first, plan_doc, scenario_doc = imported(cli, job, config, *overrides, out="first", name=name)
         assert scenario_doc["training"]["old_logprobs"] == ("rollout" if overrides == rollout_logp else "whole_batch")
         if overrides == lora:  # the LoRA settings, read
@@ -261,6 +264,9 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         mode = scenario.training.old_logprobs
         assert c["logprob_forward"] is (mode == "whole_batch") and load_scenario(again["scenario"]).training.old_logprobs == mode
         assert c["use_decoupled_loss"] is (mode == "whole_batch" and scenario.dataflow.max_staleness > 0)
+        # the servers AReaL parses are the ones read (vLLM or SGLang)
+        assert c["allocations"]["rollout"]["backend"] == (scenario.rollout_server or "sglang") == \
+            load_scenario(again["scenario"]).rollout_server
         # AReaL's own parse of what realbench wrote names the actor's layout
         a = options["actor_train"].strategy
         assert (c["allocations"]["actor"]["dp"], c["allocations"]["actor"]["tp"],

@@ -85,6 +85,7 @@ reward:
 
 
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
+SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -202,7 +203,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
                                                ("grpo_qwen_fsdp.yaml", LORA),
                                                # the old log-probabilities: the rollout's (bypass_mode)
-                                               ("grpo_qwen_fsdp.yaml", BYPASS)])
+                                               ("grpo_qwen_fsdp.yaml", BYPASS),
+                                               # an SGLang rollout and reward model, written back as SGLang
+                                               ("ppo-rm.yaml", SGLANG)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -229,8 +232,10 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     # returned by it (verl's composed settings)
     bypass = overrides == BYPASS
     assert checked["bypass_mode"] is bypass and checked["calculate_log_probs"]
+    assert checked["rollout_name"] == ("sglang" if overrides == SGLANG else "vllm")
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     assert scenario_again["training"]["old_logprobs"] == ("rollout" if bypass else "whole_batch")
+    assert scenario_again["rollout_server"] == checked["rollout_name"]
     if LORA[0] in overrides:
         assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
@@ -314,6 +319,8 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "bypass_mode takes the rollout's log-probabilities"),
     (("algorithm.rollout_correction.rollout_is=token",), "algorithm.rollout_correction.rollout_is",
      "realbench does not price it"),
+    # a rollout realbench does not write
+    (("actor_rollout_ref.rollout.name=trtllm",), "actor_rollout_ref.rollout.name", "vllm and sglang rollouts"),
     (LORA + ("actor_rollout_ref.model.exclude_modules=o_proj",), "actor_rollout_ref.model.exclude_modules",
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
@@ -345,6 +352,10 @@ def test_a_reward_model_is_served_like_the_rollout(cli, job):
     assert plan["calls"]["reward_inf"] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2}
     assert plan["calls"]["critic_inf"]["micro_batches"] == plan["calls"]["critic_train"]["micro_batches"] == 1
     assert scenario["models"]["reward"] == {"path": str(job / "ckpt"), "value_head": True}
+    # one serving engine a job: an SGLang rollout beside a vLLM reward model is refused by name
+    os.chdir(job)
+    code, _, err = cli("import", "verl", "ppo-rm.yaml", "actor_rollout_ref.rollout.name=sglang", "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and "reward.reward_model.rollout.name: 'vllm'" in err, err
 
 
 def test_search_inside_verl_finds_a_plan_verl_runs(cli, job):
@@ -477,6 +488,20 @@ def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl
         plan["ref_inf"] = replace(ref, strategy=replace(ref.strategy, zero=3, offload_params=True))
         key, why = module.space_problem(scenario, plan)
         assert key == "calls.ref_inf.offload_params" and flag in why, why
+
+
+def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_path):
+    from realbench.engines import openrlhf
+    from realbench.plan import get_builtin
+    from realbench.plan.builtin import BUILTIN
+
+    path = tmp_path / "my job.yaml"
+    path.write_text(yaml.safe_dump({"schema": "realbench.scenario/1", **BUILTIN["grpo-tiny-cpu"], "rollout_server": "sglang"}))
+    code, _, err = cli("validate", path)
+    assert code == 2 and err.count("\n") == 1 and "rollout_server" in err and "engine" in err, err
+    job = get_builtin("grpo-7b-16gpu").model_copy(update={"engine": "openrlhf", "rollout_server": "sglang"})
+    key, why = openrlhf.space_problem_of_scenario(job)
+    assert key == "rollout_server" and "vLLM only" in why
 
 
 def test_a_second_import_keeps_the_first_unless_forced(cli, job):

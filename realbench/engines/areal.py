@@ -89,6 +89,12 @@ MODEL_PATHS = {"actor": "actor.path", "ref": "ref.path", "critic": "critic.path"
 TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
+SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
+
+
+def _server(scenario) -> str:
+    """The scenario's rollout server as AReaL writes it: as read, else SGLang (AReaL's examples')."""
+    return scenario.rollout_server or "sglang"
 PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
                 "its cap (prompt + response)",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
@@ -408,7 +414,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
         epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref,
-        old_logprobs=_old_logprobs(s, source))
+        old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"])
     return scenario, plan
 
 
@@ -502,7 +508,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                            "gconfig.n_samples": n, "gconfig.max_new_tokens": g.gen_len,
                            "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
                            "rollout.max_head_offpolicyness": df.max_staleness,
-                           "rollout.backend": allocation_string("sglang", gen.dp, gen.tp, gen.pp)}
+                           "rollout.backend": allocation_string(_server(scenario), gen.dp, gen.tp, gen.pp)}
     L = g.prompt_len + g.gen_len
     for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
                                 ("critic_train", "critic", True)):
@@ -525,7 +531,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if rows % gen.dp or (rows // gen.dp) % gen.micro_batches:
         raise ConfigError(f"{gen.micro_batches} batches do not split a server's share of {rows} samples evenly",
                           "calls.actor_gen.micro_batches")
-    out["sglang.max_running_requests"] = rows // gen.dp // gen.micro_batches
+    out[SERVER_SLOTS[_server(scenario)]] = rows // gen.dp // gen.micro_batches
     out["rollout.max_concurrent_rollouts"] = prompts
     if "ref_inf" in options:
         beta = scenario.training.beta_for(scenario.algorithm)
@@ -540,7 +546,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if lora is not None:  # the trainer's adapters, and the servers that load them
         out.update({"actor.use_lora": True, LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "AReaL"),
                     LORA_KEYS["target_modules"]: list(lora.target_modules), "rollout.use_lora": True,
-                    "sglang.enable_lora": True, "sglang.max_lora_rank": lora.r})
+                    f"{_server(scenario)}.enable_lora": True, f"{_server(scenario)}.max_lora_rank": lora.r})
         if out["actor.backend"].startswith("megatron"):  # its LoRA runs on Megatron Bridge (engine/megatron_engine.py:327-331)
             out["actor.megatron.bridge_type"] = "megatron-bridge"
     # the proximal log-probabilities of the
@@ -579,7 +585,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     doc["rollout"].update({**_NAMES, "consumer_batch_size": "${train_dataset.batch_size}",
                            "scheduling_spec": "${actor.scheduling_spec}", "fileroot": "${cluster.fileroot}",
                            "tokenizer_path": "${tokenizer_path}"})
-    doc["sglang"].update({"model_path": "${actor.path}", "dtype": "${actor.dtype}"})
+    section, model = SERVER_MODEL[_server(scenario)].split(".")
+    doc.setdefault(section, {}).update({model: "${actor.path}", "dtype": "${actor.dtype}"})
     doc["actor"].update({**_NAMES, "path": model_paths["actor"], "dtype": "bfloat16",
                          "scheduling_spec": _SCHEDULING_SPEC, "weight_update_mode": "xccl"})
     doc["actor"].setdefault("optimizer", {"type": "adam", "lr": 1.0e-6})

@@ -10,10 +10,11 @@ from realbench.errors import ConfigError
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
-                  epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, max_staleness: int = 0,
-                  with_ref: bool = True) -> tuple[dict, dict]:
+                  epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
+                  max_staleness: int = 0, with_ref: bool = True) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
-    old log-probabilities from (realbench.plan.training.OLD_LOGPROBS). `calls`: each call's mesh label and strategy, the
+    old log-probabilities from (realbench.plan.training.OLD_LOGPROBS); `rollout_server` its rollout's
+    serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""
     for c in calls.values():
@@ -33,6 +34,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     if max_staleness:
         dataflow["max_staleness"] = max_staleness
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
+                "rollout_server": rollout_server,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
                 "training": {"num_iterations": epochs, "old_logprobs": old_logprobs}}
     plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}

@@ -437,7 +437,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"OpenRLHF {VERSION} command line", algorithm=algorithm, models=models, prompts=prompts,
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch")
+                         calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch",
+                         rollout_server="vllm")
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -447,6 +448,8 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.models["actor"].lora is not None and "critic" in scenario.models:
         return "models.actor.lora", ("OpenRLHF wraps the critic in the actor's adapters (--ds.lora.*, "
                                      "trainer/ray/ppo_critic.py:201-204): realbench writes its LoRA for GRPO and RLOO")
+    if scenario.rollout_server not in (None, "vllm"):
+        return "rollout_server", "OpenRLHF generates with vLLM only (trainer/ppo_utils/samples_generator.py:195-241)"
     if scenario.training.old_logprobs not in OLD_LOGPROBS + ("later_steps",):
         return "training.old_logprobs", f"OpenRLHF takes the old log-probabilities {OLD_LOGPROBS_HOW}"
     return lora_problem(scenario, "OpenRLHF")

@@ -103,6 +103,7 @@ FORWARD_OFFLOAD = ("verl's FSDP engine offloads the reference's parameters, and 
 OLD_LOGPROBS = ("whole_batch", "rollout")
 OLD_LOGPROBS_HOW = "from a forward of the actor over the whole batch, or the rollout's (bypass_mode)"
 BYPASS = "algorithm.rollout_correction.bypass_mode"
+SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one for the reward model too)
 
 A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 # the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
@@ -136,7 +137,7 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            f"{R}.val_kwargs.", f"{R}.gpu_memory_utilization", f"{R}.enforce_eager", f"{R}.free_cache_engine",
            f"{R}.enable_chunked_prefill", f"{R}.enable_prefix_caching", f"{R}.max_num_batched_tokens",
            f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
-           f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu", f"{R}.name",
+           f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu",
            "reward.custom_reward_function.", "reward.reward_manager", "reward.num_workers",
            f"{RM}.rollout.gpu_memory_utilization", f"{RM}.rollout.enforce_eager", f"{RM}.rollout.free_cache_engine",
            f"{RM}.rollout.dtype", f"{RM}.rollout.max_num_batched_tokens",
@@ -332,7 +333,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
-        f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
+        f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
@@ -378,6 +379,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if critic and int(s["critic.ppo_epochs"]) != epochs:
         raise ConfigError("realbench trains actor and critic for the same passes: set it to the actor's",
                           "critic.ppo_epochs", source)
+    server = s[f"{R}.name"]
+    if server not in SERVERS:  # (verl/workers/rollout/replica.py: vllm, sglang, trtllm)
+        raise ConfigError(f"{server!r}: realbench prices and writes verl's vllm and sglang rollouts", f"{R}.name",
+                          source)
+    if s[f"{RM}.enable"] and s[f"{RM}.rollout.name"] != server:
+        raise ConfigError(f"{s[f'{RM}.rollout.name']!r}: realbench carries one serving engine a job, the rollout's "
+                          f"({server!r})", f"{RM}.rollout.name", source)
     prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
     L = prompt_len + gen_len
     rows = prompts * n
@@ -496,7 +504,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
-                         calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch")
+                         calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
+                         rollout_server=server)
 
 
 def _same_rank(adapter: str, rank: int, source: str) -> None:
@@ -604,7 +613,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
-        f"{R}.name": "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
+        f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
         f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
         f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
         f"{A}.use_dynamic_bsz": False,
@@ -624,7 +633,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             raise ConfigError("verl loads a checkpoint folder: give the reward model's (--model-path reward=DIR)",
                               "models.reward")
         rm = options["reward_inf"].strategy
-        out.update({f"{RM}.enable": True, f"{RM}.model_path": model_paths["reward"], f"{RM}.rollout.name": "vllm",
+        out.update({f"{RM}.enable": True, f"{RM}.model_path": model_paths["reward"], f"{RM}.rollout.name": out[f"{R}.name"],
                     f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
                     f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]

@@ -100,7 +100,7 @@ def validate(config: str, overrides: list[str]) -> dict:
             if OmegaConf.is_config(arr.model.target_modules) else arr.model.target_modules,
             "lora_merge": arr.model.lora.get("merge", False), "lora_adapter_path": arr.model.get("lora_adapter_path"),
             # the old log-probabilities: the rollout's (bypass, which needs them returned) or a forward's
-            "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode),
+            "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode), "rollout_name": rollout.name,
             "calculate_log_probs": rollout.calculate_log_probs}
 
 

@@ -61,6 +61,10 @@ class Scenario(DerivedValues):
     # plans it and writes it back (export --format), its runtime does not run it, and a reward
     # function is the engine's, named, not called here
     engine: Optional[Literal["verl", "openrlhf", "areal"]] = None
+    # the serving engine of that engine's rollout (verl's rollout.name, AReaL's rollout backend;
+    # OpenRLHF's is vLLM): priced alike (continuous batching), written back as read; None: the
+    # engine's default (verl vLLM, AReaL SGLang)
+    rollout_server: Optional[Literal["vllm", "sglang"]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -196,6 +200,9 @@ class Scenario(DerivedValues):
 
     @model_validator(mode="after")
     def _check(self) -> "Scenario":
+        if self.rollout_server and not self.engine:
+            raise ConfigError("the serving engine of an engine's rollout: a scenario of realbench's own runtime "
+                              "generates with its own engine (leave it out, or give engine:)", "rollout_server")
         for i, c in enumerate(self.dataflow.calls):
             if c.model not in self.models:
                 raise ConfigError(f"call {c.name!r} runs unknown model {c.model!r} "
