@@ -321,6 +321,7 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "realbench does not price it"),
     # a rollout realbench does not write
     (("actor_rollout_ref.rollout.name=trtllm",), "actor_rollout_ref.rollout.name", "vllm and sglang rollouts"),
+    (("actor_rollout_ref.rollout.name=???",), "actor_rollout_ref.rollout.name", "is not set: verl needs it"),
     (LORA + ("actor_rollout_ref.model.exclude_modules=o_proj",), "actor_rollout_ref.model.exclude_modules",
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),

@@ -380,12 +380,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("realbench trains actor and critic for the same passes: set it to the actor's",
                           "critic.ppo_epochs", source)
     server = s[f"{R}.name"]
-    if server not in SERVERS:  # (verl/workers/rollout/replica.py: vllm, sglang, trtllm)
-        raise ConfigError(f"{server!r}: realbench prices and writes verl's vllm and sglang rollouts", f"{R}.name",
-                          source)
+    if server not in SERVERS:  # (verl/workers/rollout/replica.py: vllm, sglang, trtllm; ??? is verl's mandatory)
+        raise ConfigError("is not set: verl needs it (vllm or sglang)" if server == "???" else
+                          f"{server!r}: realbench prices and writes verl's vllm and sglang rollouts", f"{R}.name", source)
     if s[f"{RM}.enable"] and s[f"{RM}.rollout.name"] != server:
-        raise ConfigError(f"{s[f'{RM}.rollout.name']!r}: realbench carries one serving engine a job, the rollout's "
-                          f"({server!r})", f"{RM}.rollout.name", source)
+        raise ConfigError(f"is not set: verl needs it (the rollout's, {server!r})" if s[f"{RM}.rollout.name"] == "???"
+                          else f"{s[f'{RM}.rollout.name']!r}: realbench carries one serving engine a job, the "
+                          f"rollout's ({server!r})", f"{RM}.rollout.name", source)
     prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
     L = prompt_len + gen_len
     rows = prompts * n
@@ -814,7 +815,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     ref = "ref_inf" in df.call_names
     given = {"trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
              "data.train_batch_size": gen.seqs // n, "data.max_prompt_length": gen.prompt_len,
-             "data.max_response_length": gen.gen_len, f"{R}.n": n,
+             "data.max_response_length": gen.gen_len, f"{R}.n": n, f"{R}.name": scenario.rollout_server or "vllm",
              "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
              f"{A}.ppo_mini_batch_size": gen.seqs // n // train.optimizer_steps, f"{A}.use_dynamic_bsz": True,
              f"{A}.ppo_epochs": scenario.training.num_iterations,
@@ -824,6 +825,6 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     if isinstance(scenario.models["reward"], FunctionSpec):
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
-        given[f"{RM}.enable"] = True
+        given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
     _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100")
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)

@@ -185,7 +185,7 @@ class Scenario(DerivedValues):
                 c = _adapted(c, functions - {FUNCTIONS_OF.format(r) for r in beside}, data)
                 if c.kind == CallKind.TRAIN and iterations > 1:
                     c = c.model_copy(update={"iterations": iterations})
-                if _takes_old_logprobs(c):
+                if _takes_old_logprobs(c) and old_logprobs != "later_steps":  # (as iterations: the section's wins)
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
