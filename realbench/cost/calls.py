@@ -207,7 +207,7 @@ def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 def behaviour_forwards(call: CallDef, model: ModelSpec) -> int:
     """Optimizer steps whose behaviour log-probabilities a policy's train call computes with a
     forward of its own layout before its first update (runtime.algorithms), by the call's
-    `old_logprobs` (realbench.plan.training.OLD_LOGPROBS): later_steps, all but the first, which
+    `old_logprobs` (realbench.dataflow.core.OldLogprobs): later_steps, all but the first, which
     takes its forward's own (with several passes over the batch, the first step too); whole_batch,
     every step (verl, OpenRLHF, AReaL recomputing); rollout, none (generation's). A train call that
     reads `logprobs` trains a policy, unless its model is a value model (PPO's critic reads them

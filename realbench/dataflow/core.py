@@ -23,6 +23,18 @@ class CallKind(str, Enum):
 
 SYNC_EVERY = 4  # a generation call's default sync_every
 
+# Where a policy's train call takes the old (behaviour) log-probabilities of its ratio from, and
+# what each costs (realbench.cost.calls.behaviour_forwards):
+#   later_steps  a forward of the train call's own layout over the rows of every optimizer step but
+#                the first, before the first update; the first takes its own forward's, detached
+#                (the same numbers; with num_iterations > 1 every step's rows). realbench's default.
+#   whole_batch  that forward over every row (verl, OpenRLHF, AReaL's recompute_logprob, TRL's GRPO
+#                with more than one update a batch)
+#   rollout      generation's own log-probabilities, no forward (AReaL's default, verl's
+#                algorithm.rollout_correction.bypass_mode); they may round otherwise than the
+#                training forward's in bf16
+OldLogprobs = Literal["later_steps", "whole_batch", "rollout"]
+
 
 class CallDef(FileModel):
     """One model function call.
@@ -49,8 +61,8 @@ class CallDef(FileModel):
     rows_together: int = Field(default=1, gt=0)  # rows of one example (DPO pairs: 2)
     iterations: int = Field(default=1, gt=0)  # train: passes over the batch (TRL's num_iterations)
     # train of a policy: where the ratio's old log-probabilities come from (the scenario's
-    # training.old_logprobs; see realbench.plan.training.OLD_LOGPROBS)
-    old_logprobs: Literal["later_steps", "whole_batch", "rollout"] = "later_steps"
+    # training.old_logprobs)
+    old_logprobs: OldLogprobs = "later_steps"
     # generate: the responses' lengths (None: every response gen_len tokens); gen_len is its cap.
     # inference or train on generated sequences: the lengths of their responses, whose last
     # `lengths.max` positions each row pads to the cap (the runtime trims a micro-batch to its

@@ -90,16 +90,11 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
-
-
-def _server(scenario) -> str:
-    """The scenario's rollout server as AReaL writes it: as read, else SGLang (AReaL's examples')."""
-    return scenario.rollout_server or "sglang"
 PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
                 "its cap (prompt + response)",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
-# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): the rollout's unless the actor
+# the old log-probabilities (realbench.dataflow.core.OldLogprobs): the rollout's unless the actor
 # recomputes them (actor.recompute_logprob), or, under the decoupled loss, its proximal ones
 # (actor.use_decoupled_loss), with a forward over the whole batch (api/cli_args.py:1599-1609,
 # trainer/rl_trainer.py:680; trainer/ppo/actor.py:178-192 takes the rollout's otherwise)
@@ -111,7 +106,8 @@ OLD_LOGPROBS_KEYS = ("actor.recompute_logprob", "actor.use_decoupled_loss", "act
 # learning and sampling settings), by prefix: carried as they are, never priced
 _ENGINE_NEUTRAL = ("experiment_name", "trial_name", "path", "init_from_scratch", "disable_dropout", "dtype",
                    "optimizer", "eps_clip", "eps_clip_higher", "c_clip", "temperature", "reward_scaling",
-                   "reward_bias", "reward_clip", "kl_estimator", "rejection_sampling", "reward_norm", "adv_norm", "discount", "gae_lambda",
+                   "reward_bias", "reward_clip", "kl_estimator", "rejection_sampling", "reward_norm", "adv_norm",
+                   "discount", "gae_lambda",
                    "mask_no_eos_with_zero", "overlong_reward_penalty", "overlong_tokens", "overlong_penalty_factor",
                    "max_new_tokens", "group_size", "mb_spec.packing_algorithm", "mb_spec.granularity",
                    "attn_impl", "value_eps_clip", "ppo_n_minibatches", "scheduling_spec", "tokenizer_path",
@@ -430,6 +426,11 @@ def _old_logprobs(s: dict[str, Any], source: str) -> str:
 
 
 # -- a plan as an experiment YAML ---------------------------------------------------------------------
+def _server(scenario: Scenario) -> str:
+    """The scenario's rollout server as AReaL writes it: as read, else SGLang (AReaL's examples')."""
+    return scenario.rollout_server or "sglang"
+
+
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     if scenario.algorithm not in ("ppo", "grpo", "rloo"):
         return "scenario.algorithm", f"realbench writes AReaL's PPO, GRPO and RLOO, not {scenario.algorithm}"
@@ -481,7 +482,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     c, df = scenario.cluster, scenario.dataflow
     G = c.gpus_per_node
     A, V = options["actor_train"].mesh, options["actor_gen"].mesh
-    gen = options["actor_gen"].strategy
+    gen, server = options["actor_gen"].strategy, _server(scenario)
     if not _disjoint([A, V], G):
         raise ConfigError("AReaL's rollout runs on GPUs of its own (colocated with the actor it needs disk weight "
                           "updates and offloading, which realbench does not price)", "calls.actor_gen.mesh")
@@ -508,7 +509,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                            "gconfig.n_samples": n, "gconfig.max_new_tokens": g.gen_len,
                            "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
                            "rollout.max_head_offpolicyness": df.max_staleness,
-                           "rollout.backend": allocation_string(_server(scenario), gen.dp, gen.tp, gen.pp)}
+                           "rollout.backend": allocation_string(server, gen.dp, gen.tp, gen.pp)}
     L = g.prompt_len + g.gen_len
     for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
                                 ("critic_train", "critic", True)):
@@ -531,7 +532,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if rows % gen.dp or (rows // gen.dp) % gen.micro_batches:
         raise ConfigError(f"{gen.micro_batches} batches do not split a server's share of {rows} samples evenly",
                           "calls.actor_gen.micro_batches")
-    out[SERVER_SLOTS[_server(scenario)]] = rows // gen.dp // gen.micro_batches
+    out[SERVER_SLOTS[server]] = rows // gen.dp // gen.micro_batches
     out["rollout.max_concurrent_rollouts"] = prompts
     if "ref_inf" in options:
         beta = scenario.training.beta_for(scenario.algorithm)
@@ -546,12 +547,12 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if lora is not None:  # the trainer's adapters, and the servers that load them
         out.update({"actor.use_lora": True, LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "AReaL"),
                     LORA_KEYS["target_modules"]: list(lora.target_modules), "rollout.use_lora": True,
-                    f"{_server(scenario)}.enable_lora": True, f"{_server(scenario)}.max_lora_rank": lora.r})
+                    f"{server}.enable_lora": True, f"{server}.max_lora_rank": lora.r})
         if out["actor.backend"].startswith("megatron"):  # its LoRA runs on Megatron Bridge (engine/megatron_engine.py:327-331)
             out["actor.megatron.bridge_type"] = "megatron-bridge"
-    # the proximal log-probabilities of the
-    # decoupled objective of asynchronous RL, recomputed as AReaL's examples do; or the rollout's,
-    # for which AReaL's plain objective is realbench's decoupled one (proximal = behaviour: weight 1)
+    # the proximal log-probabilities of the decoupled objective of asynchronous RL, recomputed as
+    # AReaL's examples do; or the rollout's, for which AReaL's plain objective is realbench's
+    # decoupled one (proximal = behaviour: weight 1)
     recompute = scenario.training.old_logprobs != "rollout"  # (later_steps: the same numbers)
     out.update({"actor.use_decoupled_loss": bool(df.max_staleness) and recompute, "actor.recompute_logprob": recompute})
     return out

@@ -13,7 +13,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
                   max_staleness: int = 0, with_ref: bool = True) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
-    old log-probabilities from (realbench.plan.training.OLD_LOGPROBS); `rollout_server` its rollout's
+    old log-probabilities from (realbench.dataflow.core.OldLogprobs); `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""

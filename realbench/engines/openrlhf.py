@@ -93,7 +93,7 @@ PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the r
                 "on their GPUs; realbench prices that forward in the actor's train call, after them",
                 "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
                 "--vllm.enable_sleep / --ds.enable_sleep: the offload and reload around each phase are not timed")
-# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): always a forward of the actor's
+# the old log-probabilities (realbench.dataflow.core.OldLogprobs): always a forward of the actor's
 # DeepSpeed engine over the whole batch, dispatched with the reference's and critic's
 # (trainer/ppo_utils/experience_maker.py:153-158); the rollout's serve importance-sampling corrections only
 OLD_LOGPROBS = ("whole_batch",)

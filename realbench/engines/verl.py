@@ -97,7 +97,7 @@ PRICING_GAPS = ()
 # Strategy.offload_params, priced by realbench.cost.sharding; the critic's values use its training engine
 FORWARD_OFFLOAD = ("verl's FSDP engine offloads the reference's parameters, and only the reference's, to the CPU "
                    "(verl/workers/engine/fsdp/transformer_impl.py:429-435): offload_params on ref_inf exactly")
-# the old log-probabilities (realbench.plan.training.OLD_LOGPROBS): a forward of the actor over the
+# the old log-probabilities (realbench.dataflow.core.OldLogprobs): a forward of the actor over the
 # whole batch (trainer/ppo/v1/trainer_base.py:1650-1670), or with algorithm.rollout_correction.bypass_mode
 # the rollout's (:1640-1648; the rollout returns them with rollout.calculate_log_probs)
 OLD_LOGPROBS = ("whole_batch", "rollout")

@@ -282,7 +282,7 @@ class Scenario(DerivedValues):
 
     def with_old_logprobs(self, mode: str) -> "Scenario":
         """The scenario with its policy's old log-probabilities taken as `mode`
-        (training.old_logprobs: realbench.plan.training.OLD_LOGPROBS)."""
+        (training.old_logprobs: realbench.dataflow.core.OldLogprobs)."""
         training = self.training.model_copy(update={"old_logprobs": mode})
         flow = self.dataflow.with_calls([c.model_copy(update={"old_logprobs": mode}) if _takes_old_logprobs(c) else c
                                          for c in self.dataflow.calls])

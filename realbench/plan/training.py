@@ -26,6 +26,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from realbench.dataflow.core import OldLogprobs
 from realbench.errors import ConfigError
 from realbench.schema import refuse_unknown_keys
 
@@ -106,8 +107,8 @@ class TrainingSpec(OptimizerSettings):
     epsilon: float = Field(default=0.2, gt=0)
     epsilon_high: Optional[float] = Field(default=None, gt=0)
     num_iterations: int = Field(default=1, ge=1)
-    # where the ratio's old (behaviour) log-probabilities come from (OLD_LOGPROBS)
-    old_logprobs: Literal["later_steps", "whole_batch", "rollout"] = "later_steps"
+    # where the ratio's old (behaviour) log-probabilities come from (realbench.dataflow.core.OldLogprobs)
+    old_logprobs: OldLogprobs = "later_steps"
     loss_type: Optional[Literal["grpo", "dr_grpo", "dapo", "bnpo", "rloo"]] = None  # None: DEFAULTS
     normalize_advantages: bool = False  # RLOO's: whitened over the batch (TRL's RLOOConfig)
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -194,18 +195,6 @@ USED_BY = {
     "gamma": ("ppo",), "lam": ("ppo",), "cliprange_value": ("ppo",), "whiten_rewards": ("ppo",),
     "behav_imp_weight_cap": POLICY_GRADIENT, "normalize_advantages": ("rloo",), "old_logprobs": POLICY_GRADIENT,
 }
-
-# Where a policy's train call takes the old (behaviour) log-probabilities of its ratio from, and
-# what each costs (realbench.cost.calls.behaviour_forwards):
-#   later_steps  a forward of the train call's own layout over the rows of every optimizer step but
-#                the first, before the first update; the first takes its own forward's, detached
-#                (the same numbers; with num_iterations > 1 every step's rows). realbench's default.
-#   whole_batch  that forward over every row (verl, OpenRLHF, AReaL's recompute_logprob, TRL's GRPO
-#                with more than one update a batch)
-#   rollout      generation's own log-probabilities, no forward (AReaL's default, verl's
-#                algorithm.rollout_correction.bypass_mode); they may round otherwise than the
-#                training forward's in bf16
-OLD_LOGPROBS = ("later_steps", "whole_batch", "rollout")
 
 # Defaults that depend on the algorithm: TRL's GRPOConfig beta 0.0, RLOOConfig 0.05, PPOConfig's
 # kl_coef 0.05, DPOConfig 0.1 (ReMax, which TRL lacks: as RLOO); the loss of RLOOTrainer (RLOOConfig
