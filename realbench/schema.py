@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from functools import cached_property
 import tempfile
 from pathlib import Path
@@ -103,6 +104,28 @@ def validate_model(cls: type[M], data: Any, context: Any = None) -> M:
         raise _first_error(e) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: `3e-6` is a number, as OmegaConf (verl's and
+    AReaL's loader) and JSON read it, not the string PyYAML's YAML 1.1 makes of it."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                   |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as OmegaConf reads it (floats of YAML 1.2), safely."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def read_document(path: str | os.PathLike, schema: bool = True) -> dict:
     """Parse a YAML or JSON file into a mapping; clear errors for missing/empty/garbled files.
     `schema`: the file is one of realbench's, with its `schema` field (false: an engine's)."""
@@ -117,7 +140,7 @@ def read_document(path: str | os.PathLike, schema: bool = True) -> dict:
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")

@@ -236,6 +236,9 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
                            "actor=ckpt", "--model-path", "critic=ckpt", "--force")
         assert code == 0, err
         assert os.access(out.with_name(f"{out.stem}-launch.sh"), os.X_OK)
+        # the user's own settings (names, the optimizer, the data set) carried into the written experiment
+        assert scenario.engine_settings["actor.optimizer.lr"] == 1.7e-5
+        assert "actor.path" not in scenario.engine_settings and "actor.backend" not in scenario.engine_settings
         cases.append((out, scenario, resolve_plan(plan_from_document(plan_doc), scenario)))
         if overrides:
             continue
@@ -249,6 +252,13 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
             cases.append((path, scenario, options))
     checked = areal_check("validate", *(c[0] for c in cases), "train_dataset.path=openai/gsm8k")
     assert len(checked) == len(cases) and all(c["ok"] for c in checked), checked
+    # as AReaL's config classes hold them: the imported ones' carried, the writer's own (names, a
+    # placeholder learning rate) where written straight from a plan
+    assert [(c["actor_lr"], c["experiment_name"]) for c in checked] == \
+        [(1.7e-5, "gsm8k-grpo") if path.name.endswith(" areal.yaml") else (1e-6, scenario.name)
+         for path, scenario, _ in cases]
+    assert all(yaml.safe_load(path.read_text())["train_dataset"]["path"] == "openai/gsm8k"
+               for path, _, _ in cases if path.name.endswith(" areal.yaml"))
     backends = set()
     for (path, scenario, options), c in zip(cases, checked):
         again, plan_again, _ = imported(cli, job, path, out="again", name=path.stem)
@@ -282,7 +292,10 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
 
 def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cli, job):
     os.chdir(job)
-    first, _, _ = imported(cli, job, "gsm8k grpo.yaml", out="first", name="grpo")
+    no_data = GSM8K_GRPO.replace("  path: openai/gsm8k\n", "")
+    assert no_data != GSM8K_GRPO
+    (job / "no data.yaml").write_text(no_data)
+    first, _, _ = imported(cli, job, "no data.yaml", out="first", name="grpo")
     out = job / "no data" / "grpo.yaml"
     out.parent.mkdir(exist_ok=True)
     code, _, err = cli("export", "--plan", first["plan"], "--format", "areal", "--out", out, "--model-path",

@@ -156,6 +156,22 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
 
 
+def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
+    """The learning rate and the prompt data set the user gave (flags that change neither time nor
+    memory) come back in the exported command line, as OpenRLHF's parser reads it."""
+    first, _, scenario = imported(cli, job, "train ppo hybrid.sh", "actor.adam.lr=5e-7",
+                                  "data.prompt_dataset=my data/prompts.jsonl", name="mine")
+    assert scenario["engine_settings"]["actor.adam.lr"] == 5e-7
+    assert scenario["engine_settings"]["data.prompt_dataset"] == "my data/prompts.jsonl"
+    assert "actor.model_name_or_path" not in scenario["engine_settings"]
+    out = job / "exported" / "mine run.sh"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "openrlhf", "--out", out, "--force")
+    assert code == 0, err
+    checked = openrlhf_check("validate", out)
+    assert checked["ok"] and (checked["actor_lr"], checked["prompt_dataset"]) == (5e-7, "my data/prompts.jsonl")
+
+
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
     (("ds.ring_attn_size=2",), "--ds.ring_attn_size", "does not price it"),

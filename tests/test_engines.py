@@ -505,6 +505,76 @@ def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_p
     assert key == "rollout_server" and "vLLM only" in why
 
 
+MY_SETTINGS = ("actor_rollout_ref.actor.optim.weight_decay=1e-3", "data.train_files=[~/data/gsm8k/train.parquet]",
+               "trainer.experiment_name=qwen-grpo-try3", "trainer.logger=[console,tensorboard]")
+
+
+def test_the_users_own_settings_go_from_their_config_to_the_exported_one(cli, job):
+    """What the user set that changes neither time nor memory (learning rate, data files, names,
+    the logger) is read into the scenario's engine_settings and written back into the exported
+    configuration, a searched plan's too, where verl composes it; what realbench reads into the
+    scenario (the checkpoint) is not carried twice."""
+    # (3e-6 is a number in the file and on the command line, as OmegaConf reads it)
+    (job / "grpo mine.yaml").write_text(GRPO.replace("use_kl_loss: true}", "use_kl_loss: true, optim: {lr: 3e-6}}"))
+    first, _, scenario = imported(cli, job, "grpo mine.yaml", *MY_SETTINGS, out="mine", name="mine")
+    carried = scenario["engine_settings"]
+    assert carried["actor_rollout_ref.actor.optim.lr"] == 3e-6
+    assert carried["actor_rollout_ref.actor.optim.weight_decay"] == 1e-3
+    assert carried["data.train_files"] == ["~/data/gsm8k/train.parquet"]
+    assert carried["trainer.logger"] == ["console", "tensorboard"]
+    assert "actor_rollout_ref.model.path" not in carried and "reward.custom_reward_function.path" not in carried
+    assert not any(k.startswith("actor_rollout_ref.rollout.tensor") for k in carried)
+    code, _, err = cli("search", "--scenario", first["scenario"], "--engine", "verl", "--method", "mcmc",
+                       "--time-budget", 2, "--out", "mine/searched.yaml")
+    assert code == 0, err
+    out = job / "exported" / "mine searched.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", "mine/searched.yaml", "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"], checked
+    assert (checked["actor_lr"], checked["train_files"], checked["experiment_name"]) == \
+        (3e-6, ["~/data/gsm8k/train.parquet"], "qwen-grpo-try3")
+    # read back: the same settings again
+    _, _, again = imported(cli, job, out, out="mine-again", name="mine")
+    assert {k: again["engine_settings"][k] for k in carried} == carried
+    # another engine does not read verl's names; a setting that changes the run is not carried
+    code, _, err = cli("export", "--plan", "mine/searched.yaml", "--format", "openrlhf", "--out", "mine/o.sh",
+                       "--model-path", "actor=ckpt")
+    assert code == 2 and err.count("\n") == 1 and "engine_settings" in err and "verl" in err, err
+    edited = yaml.safe_load(Path(first["scenario"]).read_text())
+    edited["engine_settings"]["actor_rollout_ref.rollout.tensor_model_parallel_size"] = 4
+    path = job / "mine" / "edited by hand.yaml"
+    path.write_text(yaml.safe_dump(edited))
+    code, _, err = cli("validate", path)
+    assert code == 2 and "engine_settings.actor_rollout_ref.rollout.tensor_model_parallel_size" in err, err
+
+
+def test_carried_settings_the_plan_writes_otherwise_are_refused_by_name():
+    """A carried setting the written configuration needs otherwise (verl's bypass mode needs the
+    rollout's log-probabilities), one the plan's engine does not have (an FSDP key in a Megatron
+    plan) and one realbench reads into the scenario are refused by name; the same value passes."""
+    from realbench.engines import carried_problem, with_carried
+    from realbench.errors import ConfigError
+    from realbench.plan import get_builtin
+
+    logp = "actor_rollout_ref.rollout.calculate_log_probs"
+    job = get_builtin("grpo-7b-16gpu").model_copy(update={"engine": "verl", "engine_settings": {logp: False}})
+    with pytest.raises(ConfigError, match="bypass_mode") as e:
+        with_carried(job, "verl", "dp", {logp: True})
+    assert e.value.field == f"engine_settings.{logp}"
+    assert with_carried(job, "verl", "dp", {"trainer.nnodes": 2}) == {"trainer.nnodes": 2, logp: False}
+    offload = "actor_rollout_ref.ref.fsdp_config.param_offload"
+    job = job.model_copy(update={"engine_settings": {offload: True}})
+    assert with_carried(job, "verl", "dp", {}) == {offload: True}
+    with pytest.raises(ConfigError, match="megatron") as e:
+        with_carried(job, "verl", "megatron", {})
+    assert e.value.field == f"engine_settings.{offload}"
+    assert "scenario's models" in carried_problem("verl", "actor_rollout_ref.model.path")
+    assert "verl runs differently with it" in carried_problem("verl", "actor_rollout_ref.rollout.n")
+    assert carried_problem("openrlhf", "actor.adam.lr") is None and carried_problem("areal", "actor.optimizer.lr") is None
+
+
 def test_a_second_import_keeps_the_first_unless_forced(cli, job):
     imported(cli, job, "grpo_qwen_fsdp.yaml", out="kept")
     plan = job / "kept" / "grpo_qwen_fsdp-plan.yaml"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from realbench.engines import areal, openrlhf, verl
 from realbench.errors import ConfigError
@@ -46,6 +46,13 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
         raise ConfigError(f"{engine}'s configuration gives the node size ({NODE_SIZE_KEYS[engine]})", "--gpus-per-node")
     node_size = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
     scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
+    carried = carried_settings(engine, settings, given)
+    # (AReaL: a role's section of a role the job does not run, the reference without a KL term, is
+    # not written, nor carried)
+    absent = {section for section, call in getattr(module, "ROLE_SECTIONS", {}).items() if call not in plan["calls"]}
+    carried = {k: v for k, v in carried.items() if k.split(".", 1)[0] not in absent}
+    if carried:
+        scenario["engine_settings"] = carried
     # (a critic's path may default to the reward model's: the reward model's flag is named first)
     for role, entry in sorted(scenario["models"].items(), key=lambda item: item[0] == "critic"):
         if isinstance(entry.get("path"), str):
@@ -83,9 +90,14 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
     <out stem>-launch.sh beside it; OpenRLHF: the launch script `out`, its command line).
     `model_paths`: checkpoint folders by role, over the scenario's own."""
     module = engine_module(engine)
+    if scenario.engine_settings and scenario.engine != engine:
+        raise ConfigError(f"they are {scenario.engine}'s settings, which {engine} does not read: remove "
+                          f"engine_settings from the scenario to write {engine}'s configuration without them",
+                          "engine_settings")
     paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
     paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
     settings_engine, settings = module.to_config(scenario, options, paths)
+    settings = with_carried(scenario, engine, settings_engine, settings)
     files = module.config_files(Path(out), settings_engine, settings)
     refuse_existing([f[0] for f in files], overwrite)
     return [write_text(text, path, overwrite, mode=mode) for path, text, mode in files]
@@ -113,3 +125,74 @@ def old_logprobs(scenario: Scenario, engine: str) -> str:
         return "whole_batch"
     raise ConfigError(f"{mode}: {engine} takes the old log-probabilities {module.OLD_LOGPROBS_HOW}",
                       "training.old_logprobs")
+
+
+# -- the user's own settings, carried from an imported configuration to the exported one -----------------
+def carried_problem(engine: str, key: str) -> Optional[str]:
+    """Why `key` cannot be carried in a scenario's `engine_settings` for `engine`, or None: only
+    what the engine's module knows leaves a step's time and memory alone (its NEUTRAL: names,
+    paths, logging, the learning and sampling settings) and what realbench does not itself read
+    into the scenario (its CAPTURED: checkpoint folders, the reward function), which the writer
+    writes from the scenario."""
+    module = engine_module(engine)
+    if key in module.READ or not key.startswith(module.NEUTRAL):
+        return (f"{engine} runs differently with it: realbench reads such settings into the scenario and plan and "
+                "writes them from there (only settings that change neither time nor memory are carried)")
+    if key.startswith(module.CAPTURED):
+        return "realbench reads it into the scenario's models and writes it from there"
+    return None
+
+
+def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """The settings of an engine's configuration that the user set and that realbench carries
+    unpriced to the configurations it writes (carried_problem): the learning rate, the data files,
+    the logger, the checkpoint folder. Flat dotted keys (OpenRLHF: the flags' dests), as the
+    engine resolves them; a section given whole (AReaL's `critic.optimizer: ${actor.optimizer}`)
+    is carried key by key."""
+    out: dict[str, Any] = {}
+    for key in sorted(given):
+        if carried_problem(engine, key) is not None:
+            continue
+        keys = [key] if key in settings else sorted(k for k in settings if k.startswith(key + "."))
+        for k in keys:
+            value = settings[k]
+            out[k] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def with_carried(scenario: Scenario, engine: str, settings_engine: str, settings: dict) -> dict:
+    """The settings a writer made of a plan (flat, or AReaL's nested document) with the scenario's
+    `engine_settings` over them: the user's names, paths and learning settings replace the
+    writer's placeholders. Refused by name (and settings of another engine by export_config): a setting the written
+    configuration does not have (verl's FSDP keys in a Megatron plan, a critic's where the plan
+    has none), and one the plan needs otherwise (its REQUIRED)."""
+    carried = scenario.engine_settings
+    if not carried:
+        return settings
+    module = engine_module(engine)
+    nested = engine == "areal"
+    flat = areal._flatten(settings) if nested else settings
+    known = module.known_keys(settings_engine)
+    known |= {key.rsplit(".", i)[0] for key in list(known) for i in range(1, key.count(".") + 1)}  # (sections)
+    out = settings if nested else dict(settings)
+    for key, value in carried.items():
+        field = f"engine_settings.{key}"
+        if key not in known:
+            raise ConfigError(f"not a setting of the configuration realbench writes for this plan "
+                              f"({module.__name__.rsplit('.', 1)[-1]} {settings_engine})", field)
+        if key in module.REQUIRED and flat.get(key, value) != value:
+            raise ConfigError(f"{value!r}: the plan needs {flat[key]!r} ({module.REQUIRED[key]})", field)
+        if nested:
+            section = key.split(".", 1)[0]
+            if section in module.ROLE_SECTIONS and section not in settings:
+                raise ConfigError(f"the plan has no {section} (the scenario's models)", field)
+            node = out
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):  # (the reference's optimizer: None)
+                    raise ConfigError(f"the plan writes {part} as {node!r}, not a section", field)
+            node[leaf] = value
+        else:
+            out[key] = value
+    return out

@@ -78,7 +78,7 @@ from realbench.plan.mesh import Option, Strategy
 from realbench.plan.options import divisors
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
-from realbench.schema import read_document
+from realbench.schema import load_yaml, read_document
 
 VERSION = "1.0.4"
 TABLE = Path(__file__).with_name(f"areal-{VERSION}.json")
@@ -132,6 +132,11 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
             "rollout.use_lora", "sglang.enable_lora", "sglang.max_lora_rank", "vllm.enable_lora", "vllm.max_lora_rank",
             "gconfig.lora_name")
            + tuple(f"{role}.{k}" for role in ("actor", "ref", "critic") for k in _ENGINE_NEUTRAL))
+# the NEUTRAL settings realbench reads into the scenario and writes from it (engines.carried_problem)
+CAPTURED = tuple(MODEL_PATHS.values())
+REQUIRED: dict[str, str] = {}  # (carried settings no plan needs otherwise)
+# the sections of roles AReaL builds only where the job runs them (the reference: with a KL term)
+ROLE_SECTIONS = {"ref": "ref_inf", "critic": "critic_train"}
 # the actor's LoRA (api/cli_args.py:1167-1182, engine/fsdp_engine.py:1089-1100: no target modules is
 # all-linear), PEFT's name -> AReaL's; its update sends the servers the adapters alone
 # (engine/fsdp_engine.py:1598-1604), its reference is an engine of its own (trainer/rl_trainer.py:179-181)
@@ -154,6 +159,11 @@ READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.
 @lru_cache(maxsize=1)
 def _table() -> dict:
     return json.loads(TABLE.read_text())
+
+
+def known_keys(engine: str = "fsdp") -> set[str]:
+    """The settings of AReaL's experiment config (PPOConfig)."""
+    return set(defaults())
 
 
 def defaults() -> dict[str, Any]:
@@ -200,7 +210,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         key = key.removeprefix("++").removeprefix("+")
         if not eq or not key or key.startswith("~"):
             raise ConfigError("an override is key=value (or +key=value)", o, "overrides")
-        value = yaml.safe_load(raw) if raw else None
+        value = load_yaml(raw) if raw else None
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     table, sections = defaults(), _sections()
     for key in given:  # (a section is given whole as None or an interpolation: critic.optimizer: ${actor.optimizer})

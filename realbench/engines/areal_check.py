@@ -130,7 +130,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             # AReaL's own decision: whether the trainer runs a forward for the old (proximal) log-probabilities
             "logprob_forward": cfg.actor.should_compute_prox_logp(), "use_decoupled_loss": cfg.actor.use_decoupled_loss,
             "lora": {"use_lora": cfg.actor.use_lora, "rank": cfg.actor.lora_rank, "alpha": cfg.actor.lora_alpha,
-                     "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora}}
+                     "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora},
+            # a user's own settings, carried through realbench (engine_settings)
+            "actor_lr": cfg.actor.optimizer.lr, "train_dataset": cfg.train_dataset.path,
+            "experiment_name": cfg.experiment_name}
 
 
 def main(argv: list[str]) -> int:

@@ -116,6 +116,9 @@ NEUTRAL = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.mode
            "ds.overlap_comm", "ds.grad_accum_dtype", "ds.disable_fast_tokenizer", "ds.zpg", "critic.save_value_network",
            "critic.freezing_steps", "actor.value_head_prefix", "critic.value_head_prefix", "reward.value_head_prefix",
            "ds.local_rank", "train.use_wandb")
+# the NEUTRAL flags realbench reads into the scenario and writes from it (engines.carried_problem)
+CAPTURED = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.model_name_or_path")
+REQUIRED: dict[str, str] = {}  # (carried flags no plan needs otherwise)
 # LoRA (models/actor.py:177-188: PEFT's LoraConfig of these; rank 0 is none), PEFT's name -> the
 # flag's dest. OpenRLHF wraps its critic in the same adapters (trainer/ray/ppo_critic.py:201-204),
 # loads its reference as a model of its own (cli/train_ppo_ray.py:93-103) and broadcasts every
@@ -134,6 +137,11 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
 @lru_cache(maxsize=1)
 def _table() -> dict:
     return json.loads(TABLE.read_text())
+
+
+def known_keys(engine: str = "deepspeed") -> set[str]:
+    """The dests of OpenRLHF's flags."""
+    return {f["dest"] for f in _table()["flags"]}
 
 
 def defaults() -> dict[str, Any]:

@@ -125,7 +125,10 @@ def validate(script: str) -> dict:
     return {"ok": True, "actor_gpus": a.actor.num_nodes * a.actor.num_gpus_per_node,
             "vllm_engines": a.vllm.num_engines, "vllm_tp": a.vllm.tensor_parallel_size, "zero_stage": a.ds.zero_stage,
             "colocate_all": a.train.colocate_all, "critic": bool(a.critic.model_name_or_path),
-            "lora": {"rank": a.ds.lora.rank, "alpha": a.ds.lora.alpha, "target_modules": a.ds.lora.target_modules}}
+            "lora": {"rank": a.ds.lora.rank, "alpha": a.ds.lora.alpha, "target_modules": a.ds.lora.target_modules},
+            # a user's own settings, carried through realbench (engine_settings)
+            "actor_lr": a.actor.adam.lr,
+            "prompt_dataset": a.data.prompt_dataset}
 
 
 def main(argv: list[str]) -> int:

@@ -76,7 +76,7 @@ from realbench.plan.mesh import Mesh, Option, Strategy
 from realbench.plan.options import divisors
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
-from realbench.schema import read_document
+from realbench.schema import load_yaml, read_document
 
 VERSION = "0.9.1"
 ENTRY = "python3 -m verl.trainer.main_ppo"
@@ -116,6 +116,10 @@ LORA_MERGE = "actor_rollout_ref.model.lora.merge"
 # PeftModel.from_pretrained, its own r, alpha and modules; read only with lora_rank > 0, :162, 598-599, which
 # also sizes vLLM's LoRA slots): realbench's checkpoint entry `adapter:`
 ADAPTER_PATH = "actor_rollout_ref.model.lora_adapter_path"
+# the NEUTRAL settings realbench reads into the scenario and writes from it (engines.carried_problem)
+CAPTURED = (*sorted(set(MODEL_PATHS.values())), "reward.custom_reward_function.", ADAPTER_PATH)
+# carried settings the plan may need otherwise (engines.with_carried)
+REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probabilities"}
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -148,6 +152,11 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
 @lru_cache(maxsize=1)
 def _table() -> dict:
     return json.loads(TABLE.read_text())
+
+
+def known_keys(engine: str) -> set[str]:
+    """The settings verl's config for model_engine `engine` holds."""
+    return set(defaults(engine)) | set(ADDED_KEYS)
 
 
 def defaults(engine: str) -> dict[str, Any]:
@@ -224,7 +233,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
             raise ConfigError("an override is key=value (or +key=value)", o, "overrides")
         if key == "model_engine":
             continue
-        value = yaml.safe_load(raw) if raw else None
+        value = load_yaml(raw) if raw else None
         if key.startswith("+"):
             key = key[1:]
             if key not in ADDED_KEYS:

@@ -101,7 +101,11 @@ def validate(config: str, overrides: list[str]) -> dict:
             "lora_merge": arr.model.lora.get("merge", False), "lora_adapter_path": arr.model.get("lora_adapter_path"),
             # the old log-probabilities: the rollout's (bypass, which needs them returned) or a forward's
             "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode), "rollout_name": rollout.name,
-            "calculate_log_probs": rollout.calculate_log_probs}
+            "calculate_log_probs": rollout.calculate_log_probs,
+            # a user's own settings, carried through realbench (engine_settings)
+            "actor_lr": arr.actor.optim.lr, "train_files": OmegaConf.to_container(cfg.data.train_files)
+            if OmegaConf.is_config(cfg.data.train_files) else cfg.data.train_files,
+            "experiment_name": cfg.trainer.experiment_name}
 
 
 def main(argv: list[str]) -> int:

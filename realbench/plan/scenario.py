@@ -65,6 +65,11 @@ class Scenario(DerivedValues):
     # OpenRLHF's is vLLM): priced alike (continuous batching), written back as read; None: the
     # engine's default (verl vLLM, AReaL SGLang)
     rollout_server: Optional[Literal["vllm", "sglang"]] = None
+    # that engine's settings the user set that change neither time nor memory of a step (names,
+    # data files, the learning rate, the logger), flat dotted keys as the engine names them: read
+    # from the imported configuration, priced by nothing, written back into the exported one
+    # (realbench.engines.carried_settings)
+    engine_settings: dict[str, Any] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +208,16 @@ class Scenario(DerivedValues):
         if self.rollout_server and not self.engine:
             raise ConfigError("the serving engine of an engine's rollout: a scenario of realbench's own runtime "
                               "generates with its own engine (leave it out, or give engine:)", "rollout_server")
+        if self.engine_settings and not self.engine:
+            raise ConfigError("an engine's own settings: a scenario of realbench's own runtime has none (leave "
+                              "them out, or give engine:)", "engine_settings")
+        if self.engine_settings:
+            from realbench.engines import carried_problem  # (the engines import this module)
+
+            for key in self.engine_settings:
+                problem = carried_problem(self.engine, key)
+                if problem:
+                    raise ConfigError(problem, f"engine_settings.{key}")
         for i, c in enumerate(self.dataflow.calls):
             if c.model not in self.models:
                 raise ConfigError(f"call {c.name!r} runs unknown model {c.model!r} "
