@@ -644,8 +644,14 @@ def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):
     wb = Workbench("ppo-tiny-cpu", budget_s=1)
     e = wb.engine
     e.file_box.value, e.overrides_box.value, e.out_box.value = "grpo_qwen_fsdp.yaml", \
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "lab"
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.experiment_name=from-the-lab", "lab"
     assert e.open(), e.status.value
     assert wb.editor.scenario.engine == "verl" and wb.editor.scenario.cluster.n_devices == 8
     assert wb.viewer.options["actor_gen"].strategy.tp == 1  # the override (the file says 2) reached the plan shown
     assert "verl configuration grpo_qwen_fsdp.yaml" in wb.viewer.title.value
+    # written back: the user's own settings with it
+    e.export_box.value = "lab/written.yaml"
+    assert e.write(), e.status.value
+    written = yaml.safe_load((job / "lab" / "written.yaml").read_text())
+    assert written["trainer"]["experiment_name"] == "from-the-lab"
+    assert written["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 1
