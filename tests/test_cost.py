@@ -386,6 +386,47 @@ def test_a_plan_with_zero_is_estimated_not_run(cli, tmp_path):
     assert code == 0 and json.loads(out)["realloc_s"] > gathered, err
 
 
+def test_the_search_offers_zero_only_when_asked(cli, tmp_path):
+    """`offer_zero` (search --zero) adds to each option set the sharding stages the call may take
+    where dp > 1: a train call's 1, 2 (pp 1) and 3 (pp 1), a forward-only call's 3, generation's
+    none; without it no option shards. The plan search --zero writes is estimated as reported (`run`
+    refuses a plan that shards: test_a_plan_with_zero_is_estimated_not_run); --engine has its own."""
+    import yaml
+
+    from realbench.dataflow import CallKind
+    from realbench.plan import get_builtin
+
+    plain = get_builtin("ppo-tiny-cpu")
+    sharded = plain.with_zero()
+    assert plain.offer_zero is False and sharded.offer_zero is True
+    assert all(o.strategy.zero == 0 for opts in plain.options.values() for o in opts)
+    for call in plain.dataflow.calls:
+        before = {(o.mesh, o.strategy) for o in plain.options[call.name]}
+        after = list(sharded.options[call.name])
+        assert {(o.mesh, o.strategy) for o in after if o.strategy.zero == 0} == before
+        stages = {(o.strategy.zero, o.strategy.dp > 1, o.strategy.pp) for o in after}
+        want = {CallKind.TRAIN: {1, 2, 3}, CallKind.INFERENCE: {3}}.get(call.kind, set())
+        assert {z for z, _, _ in stages if z} == want, call.name
+        assert all(many for z, many, _ in stages if z) and all(pp == 1 for z, _, pp in stages if z >= 2)
+        extra = sum(1 for o in after if o.strategy.zero)
+        assert len(after) == len(before) + extra
+    code, out, err = cli("search", "--scenario", "ppo-tiny-cpu", "--zero", "--method", "mcmc", "--time-budget", 60,
+                         "--max-evals", 300, "--profile", "none", "--out", tmp_path / "sharded plan.yaml", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    doc = yaml.safe_load((tmp_path / "sharded plan.yaml").read_text())
+    estimate = json.loads(cli("estimate", "--scenario", "ppo-tiny-cpu", "--plan", tmp_path / "sharded plan.yaml",
+                              "--profile", "none", "--json")[1])
+    assert estimate["time_per_iter_s"] == pytest.approx(found["best_time_s"], rel=1e-9)
+    # (on the tiny job's one node the best of 300 plans shards its train calls, as FSDP does)
+    assert doc["calls"]["actor_train"].get("zero") == 3
+    assert {n: c.get("zero", 0) for n, c in doc["calls"].items()} == \
+        {n: int(label.split("z")[1]) if "z" in label.rsplit("/", 1)[1] else 0 for n, label in found["plan"].items()}
+    code, _, err = cli("search", "--scenario", "grpo-7b-16gpu", "--zero", "--engine", "verl", "--method", "mcmc",
+                       "--time-budget", 1)
+    assert code == 2 and err.count("\n") == 1 and "--zero" in err, err
+
+
 def test_reallocation_from_zero3_weights_gathers_them_first():
     """FSDP / ZeRO-3 weights (zero 3) are sharded over dp: a layout that needs whole tp shards
     (verl's rollout beside its FSDP actor) waits for the data-parallel group's all-gather of

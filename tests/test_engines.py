@@ -635,6 +635,12 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
     # own best beside it is of that job (a reward model's forward less: no slower than the scenario's)
     assert [r["reward"] for r in rows] == ["as the scenario", "as the scenario", "function"]
     assert rows[2]["realbench_s"] <= rows[0]["realbench_s"] + 1e-9
+    # realbench's own with the engines' sharding offered (search --zero): the same job, a plan that
+    # shards, the gain the ratio reported
+    for r in rows:
+        assert r["reallocation_gain"] == pytest.approx(r["best_s"] / r["realbench_zero_s"])
+    assert rows[0]["realbench_zero_s"] == rows[1]["realbench_zero_s"]
+    assert any("z" in label.rsplit("/", 1)[1] for label in rows[0]["realbench_zero_plan"].values())
 
 
 def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):

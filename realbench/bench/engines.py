@@ -2,7 +2,10 @@
 (`realbench bench engines --json`). A row per engine and built-in GPU scenario: the estimate of
 the engine's example configuration for the scenario's job (named), of its default
 configuration, the best plan inside the engine (`search --engine`), and realbench's own best
-(`search`, its whole space), each searched with MCMC for the same budget and seed; the presets'
+(`search`, its whole space: every call its own placement, each replica whole, as realbench's
+runtime runs it) and realbench's best with the engines' data-parallel sharding offered too
+(`search --zero`: reallocation beside what the engines shard, a plan to price, not one
+realbench's runtime runs), each searched with MCMC for the same budget and seed; the presets'
 analytic model prices them all. A configuration that does not fit in memory has no time (null).
 An engine that cannot run the scenario's job as it is (AReaL runs no reward model: its rollout
 workflow scores with a function) gets the job as it runs it (`job_of`, `reward: function` in its
@@ -30,6 +33,7 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
         est = Estimator(scenario)
         G = scenario.cluster.gpus_per_node
         own = run_search(est, "mcmc", budget_s, seed=seed)
+        zero = {}  # realbench's own best with zero offered, of each job (the scenario's: True; AReaL's)
         for engine, module in ENGINES.items():
             # the job as the engine can run it (AReaL scores with its workflow's reward function, not
             # a reward model), beside realbench's own best of that same job
@@ -37,6 +41,10 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
             est_job, own_job = (est, own) if job is scenario else (Estimator(job), None)
             if own_job is None:
                 own_job = run_search(est_job, "mcmc", budget_s, seed=seed)
+            if (job is scenario) not in zero:
+                est_zero = Estimator(job.with_zero())
+                zero[job is scenario] = (est_zero, run_search(est_zero, "mcmc", budget_s, seed=seed))
+            est_zero, own_zero = zero[job is scenario]
             best = engine_search(job, engine, "mcmc", budget_s, seed=seed)
             as_run = Estimator(priced_as(job, engine))  # what the engine runs, priced as it runs it
             example, default = plan_time(as_run, module.default_plan(scenario, module.EXAMPLE["settings"])), \
@@ -53,5 +61,9 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
                 # what a user of the engine gains by searching (null: neither configuration fits)
                 "search_gain": finite(min(example, default) / best.best_time_s),
                 "realbench_gain": best.best_time_s / own_job.best_time_s,  # > 1: realbench's own space is faster
+                "realbench_zero_s": own_zero.best_time_s,
+                "realbench_zero_plan": {n: o.label(G) for n, o in est_zero.options_of(own_zero.best_choice).items()},
+                # > 1: reallocation across calls beats the engine's best, both with the engines' sharding
+                "reallocation_gain": best.best_time_s / own_zero.best_time_s,
                 "not_priced": list(module.PRICING_GAPS)})
     return {"budget_s": budget_s, "seed": seed, "method": "mcmc", "rows": rows}

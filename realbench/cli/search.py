@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
                    help="search only the plans this engine runs (its space: realbench.engines) and report the best "
                         "beside the engine's default configuration, or beside --plan")
     p.add_argument("--plan", help="with --engine: the plan to compare with (e.g. an imported configuration's)")
+    p.add_argument("--zero", action="store_true",
+                   help="also offer data-parallel sharding (zero 1-3), as the engines train: plans to price and to "
+                        "compare with theirs, which realbench's own runtime does not run")
     add_staleness_arg(p)
     add_profile_args(p)
     p.add_argument("--json", action="store_true")
@@ -57,6 +60,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     scenario = with_staleness(args, load_scenario(args.scenario))
+    if args.zero:
+        if args.engine:
+            raise ConfigError("an engine's space has its own sharding (--engine searches what the engine runs)",
+                              "--zero")
+        scenario = scenario.with_zero()
     if args.out and not args.force:
         from pathlib import Path
 

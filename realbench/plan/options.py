@@ -165,19 +165,25 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def strategies_for(call: CallDef, model: ModelSpec, cluster: ClusterSpec, mesh: Mesh) -> list[Strategy]:
-    """All strategies valid for `call` on `mesh` (they do not depend on the mesh's position)."""
-    return list(_strategies(call, model, cluster, mesh.size))
+def strategies_for(call: CallDef, model: ModelSpec, cluster: ClusterSpec, mesh: Mesh, zero: bool = False
+                   ) -> list[Strategy]:
+    """All strategies valid for `call` on `mesh` (they do not depend on the mesh's position);
+    with `zero`, the data-parallel sharding stages too (enumerate_options)."""
+    return list(_strategies(call, model, cluster, mesh.size, zero))
 
 
 @lru_cache(maxsize=4096)
-def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int) -> tuple[Strategy, ...]:
+def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int, zero: bool = False
+                ) -> tuple[Strategy, ...]:
     out = []
     probe = Mesh(0, 1, 0, size)  # only the size matters to strategy_problem
     layers = getattr(model, "n_layers", 1)
     batch = call.seqs // call.optimizer_steps
     # a LoRA model's generation and inference: the adapters alone to a kept base copy, or merged
     merges = (False, True) if isinstance(model, ModelSpec) and merge_problem(call, model) is None else (False,)
+    # the sharding stages a call may take (zero_problem keeps those its dp and pp allow)
+    stages = (0,) if not zero else (0, 1, 2, 3) if call.kind == CallKind.TRAIN else \
+        (0, 3) if call.kind == CallKind.INFERENCE else (0,)
     for tp in divisors(math.gcd(size, cluster.gpus_per_node)):
         for pp in divisors(size // tp):
             dp = size // tp // pp
@@ -188,9 +194,10 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
                 for checkpointing in ((False, True) if train else (False,)):
                     for v in virtual_stage_counts(layers, pp, m) if train else (1,):
                         for merge in merges:
-                            s = Strategy(dp, tp, pp, m, checkpointing, v, merge_lora=merge)
-                            if strategy_problem(call, model, cluster, probe, s) is None:
-                                out.append(s)
+                            for stage in stages if dp > 1 else (0,):
+                                s = Strategy(dp, tp, pp, m, checkpointing, v, zero=stage, merge_lora=merge)
+                                if strategy_problem(call, model, cluster, probe, s) is None:
+                                    out.append(s)
     return tuple(out)
 
 
@@ -247,14 +254,14 @@ class OptionSet(Sequence):
     (`index`); the numbers a cost model needs are computed per `Block` and spread over
     positions with numpy."""
 
-    def __init__(self, call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec):
+    def __init__(self, call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, zero: bool = False):
         self.cluster = cluster
         G, N = cluster.gpus_per_node, cluster.nodes
         shapes = [(1, g) for g in (1 << e for e in range(G.bit_length())) if g <= G]
         shapes += [(k, G) for k in range(2, N + 1)]
         blocks, base = [], 0
         for nodes, gpus in shapes:
-            strategies = _strategies(call, model, cluster, nodes * gpus)
+            strategies = _strategies(call, model, cluster, nodes * gpus, zero)
             positions = _positions(cluster, nodes, gpus)
             if strategies:
                 blocks.append(Block(nodes, gpus, positions, strategies, base))
@@ -356,6 +363,9 @@ class OptionSet(Sequence):
         return range(first, first + len(b.strategies))
 
 
-def enumerate_options(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec) -> OptionSet:
-    """Every feasible option of a call, ordered by mesh (small first) then strategy."""
-    return OptionSet(call, model, cluster)
+def enumerate_options(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, zero: bool = False
+                      ) -> OptionSet:
+    """Every feasible option of a call, ordered by mesh (small first) then strategy. With `zero`,
+    also the data-parallel sharding the engines train with (a train call's zero 1, 2 and 3, a
+    forward-only call's zero 3: realbench.cost.sharding), which realbench's runtime does not run."""
+    return OptionSet(call, model, cluster, zero)

@@ -70,6 +70,11 @@ class Scenario(DerivedValues):
     # from the imported configuration, priced by nothing, written back into the exported one
     # (realbench.engines.carried_settings)
     engine_settings: dict[str, Any] = {}
+    # the search also offers data-parallel sharding (zero 1-3: realbench.cost.sharding), as the
+    # engines train: plans to price and to compare with theirs, which realbench's runtime does not
+    # run (`run` refuses them by name). `realbench search --zero`; realbench's own plans in
+    # `bench engines`
+    offer_zero: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -276,7 +281,8 @@ class Scenario(DerivedValues):
     @cached_property
     def options(self) -> dict[str, list[Option]]:
         """Feasible options per call (shape rules only; memory is the cost model's business)."""
-        return {c.name: enumerate_options(c, self.models[c.model], self.cluster) for c in self.dataflow.calls}
+        return {c.name: enumerate_options(c, self.models[c.model], self.cluster, self.offer_zero)
+                for c in self.dataflow.calls}
 
     @property
     def plan_space_size(self) -> int:
@@ -289,6 +295,12 @@ class Scenario(DerivedValues):
         for name, dist in lengths.items():
             flow = flow.with_lengths(name, dist)
         return self.model_copy(update={"dataflow": flow})
+
+    def with_zero(self, offer: bool = True) -> "Scenario":
+        """The scenario whose search offers data-parallel sharding (`offer_zero`)."""
+        copy = self.model_copy(update={"offer_zero": offer})
+        copy.__dict__.pop("options", None)  # (the cached option sets are the search's space)
+        return copy
 
     def with_staleness(self, max_staleness: int) -> "Scenario":
         """The scenario planned for asynchronous RL with this bound (0: synchronous)."""
