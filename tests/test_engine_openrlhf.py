@@ -132,7 +132,8 @@ def test_separate_groups_are_placed_largest_first(cli, job):
 LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
 
 
-@pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA)])
+@pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA),
+                                               ("grpo.args", ("ds.packing_samples=true",))])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -144,13 +145,15 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     assert os.access(out, os.X_OK) and "openrlhf.cli.train_ppo_ray" in out.read_text()
     checked = openrlhf_check("validate", out)
     assert checked["ok"], checked
-    lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]} if overrides else \
+    lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]} if overrides == LORA else \
         {"rank": 0, "alpha": 16, "target_modules": "all-linear"}
     assert checked["lora"] == lora
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
+    packed = overrides == ("ds.packing_samples=true",)  # rows packed without padding, as OpenRLHF parsed it
+    assert checked["packing_samples"] is packed and scenario_again["training"]["padding_free"] is packed
     assert plan_again["calls"] == plan["calls"]
     assert scenario_again["models"] == scenario["models"]
-    if overrides:
+    if overrides == LORA:
         assert scenario["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         assert "ref" in scenario["models"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)

@@ -204,6 +204,10 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("grpo_qwen_fsdp.yaml", LORA),
                                                # the old log-probabilities: the rollout's (bypass_mode)
                                                ("grpo_qwen_fsdp.yaml", BYPASS),
+                                               # rows padded (verl packs them by default)
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
+                                                                      "actor_rollout_ref.model.use_remove_padding=false",
+                                                                      "critic.model.use_remove_padding=false")),
                                                # an SGLang rollout and reward model, written back as SGLang
                                                ("ppo-rm.yaml", SGLANG)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
@@ -235,6 +239,9 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["rollout_name"] == ("sglang" if overrides == SGLANG else "vllm")
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     assert scenario_again["training"]["old_logprobs"] == ("rollout" if bypass else "whole_batch")
+    packed = "actor_rollout_ref.model.use_remove_padding=false" not in overrides
+    assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
+    assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
     if LORA[0] in overrides:
         assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
@@ -332,6 +339,15 @@ def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overri
     code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
     assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
     assert not (job / "refused").exists()
+
+
+def test_a_critic_padded_beside_a_packed_actor_is_refused(cli, job):
+    """verl's critic and actor each pack their rows or not (use_remove_padding); realbench prices
+    one setting for every call (training.padding_free)."""
+    os.chdir(job)
+    code, _, err = cli("import", "verl", "ppo-rm.yaml", "critic.model.use_remove_padding=false", "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and "critic.model.use_remove_padding" in err, err
+    assert "realbench prices one setting" in err and not (job / "refused").exists()
 
 
 def test_a_megatron_critic_with_its_own_layout_and_a_typo_in_the_file_are_refused(cli, job):

@@ -124,6 +124,60 @@ def test_later_calls_process_the_prompt_and_the_longest_response_of_a_micro_batc
             assert trimmed.time_s < padded.time_s / 2 and trimmed.working_bytes < padded.working_bytes / 2
 
 
+def test_packed_rows_are_as_wide_as_the_mean_response():
+    """With rows packed end to end (training.padding_free: an engine's remove-padding), a micro-batch
+    of any number of rows is as wide per row as the prompt and the mean response: TWO_POINT's
+    16 + 2.5 for two rows (padded: 16 + 3.25); its cost, in time and in memory, that of rows of that
+    fixed width (lengths 10 and 30 of at most 30 tokens: mean 20, rows of 16 + 20)."""
+    assert _scoring_call("inference", TWO_POINT).model_copy(update={"padding_free": True}).width(2) == \
+        pytest.approx(16 + 2.5)
+    assert _scoring_call("train", TWO_POINT).model_copy(update={"padding_free": True}).width(8, memory=True) == \
+        pytest.approx(16 + 2.5)
+    even = LengthDistribution(dist="empirical", max=30, lengths=(10, 30), counts=(1, 1))
+    s = load_scenario("ppo-7b-7b-16gpu")
+    model, cluster = s.models["actor"], s.cluster
+    for kind in ("inference", "train"):
+        option = Option(Mesh(0, 1, 0, 8), Strategy(2, 2, 2, 2))
+        packed = call_cost(_scoring_call(kind, even).model_copy(update={"padding_free": True}), model, cluster, option)
+        assert packed == call_cost(_scoring_call(kind, None, width=16 + 20), model, cluster, option), kind
+        assert packed.time_s < call_cost(_scoring_call(kind, even), model, cluster, option).time_s
+
+
+def test_rows_packed_without_padding_are_an_engines(cli, tmp_path):
+    """training.padding_free reaches every scoring and training call of an engine's scenario; a
+    scenario of realbench's own runtime (which pads) is refused it by name. Priced as an engine,
+    a scenario packs as the engine does by default (verl and AReaL: yes, OpenRLHF: --ds.packing_samples
+    off); one read from that engine's configuration keeps its own setting."""
+    from realbench.dataflow import CallKind
+    from realbench.engines import priced_as
+    from realbench.plan import get_builtin
+
+    doc = get_builtin("ppo-8b-16gpu-longtail").to_document()
+    path = tmp_path / "my long tail.yaml"
+    path.write_text(yaml.safe_dump({**doc, "training": {**doc.get("training", {}), "padding_free": True}}))
+    code, _, err = cli("validate", path)
+    assert code == 2 and err.count("\n") == 1 and "training.padding_free" in err and "engine" in err, err
+    path.write_text(yaml.safe_dump({**doc, "engine": "verl", "training": {**doc.get("training", {}), "padding_free": True}}))
+    scenario = load_scenario(str(path))
+    assert {c.name: c.padding_free for c in scenario.dataflow.calls} == \
+        {c.name: c.kind in (CallKind.TRAIN, CallKind.INFERENCE) for c in scenario.dataflow.calls}
+    builtin = get_builtin("ppo-8b-16gpu-longtail")
+    assert [priced_as(builtin, e).training.padding_free for e in ("verl", "openrlhf", "areal")] == [True, False, True]
+    unpacked = scenario.with_padding_free(False)
+    assert priced_as(unpacked, "verl").training.padding_free is False  # its own configuration's
+    assert not any(c.padding_free for c in priced_as(unpacked, "verl").dataflow.calls)
+    from realbench.engines import verl
+
+    plan = verl.default_plan(builtin)  # (micro-batches of many rows: a padded one waits for its longest)
+
+    def step(sc):
+        est = Estimator(sc)
+        return est.estimate(est.choice_of(plan)).time_per_iter_s
+
+    as_verl = priced_as(builtin, "verl")
+    assert step(as_verl) < step(as_verl.with_padding_free(False))
+
+
 def test_memory_at_the_mean_survives_the_scenario_document(tmp_path):
     from realbench.plan.scenario import scenario_from_document
 

@@ -68,6 +68,10 @@ class CallDef(FileModel):
     # `lengths.max` positions each row pads to the cap (the runtime trims a micro-batch to its
     # longest row; see `width`)
     lengths: Optional[LengthDistribution] = None
+    # inference or train on generated sequences: rows packed end to end without padding (the
+    # scenario's training.padding_free: the engines' remove-padding), each as long as its own
+    # response; else a micro-batch is as wide as its longest row (`width`)
+    padding_free: bool = False
     # generate, continuous batching (realbench.runtime.rollout): decode steps between the host's
     # reads of which rows ended, and between refills of the freed slots (each waits for the next);
     # None: SYNC_EVERY (`sync_steps`)
@@ -132,6 +136,8 @@ class CallDef(FileModel):
         (`memory`) as memory is planned for it, at the distribution's `memory_at`."""
         if self.lengths is None or self.kind == CallKind.GENERATE:
             return float(self.seq_len)
+        if self.padding_free:  # packed rows: the mean row (attention per row at the mean length too)
+            return self.seq_len - self.lengths.max + self.lengths.expected
         longest = self.lengths.memory_longest(rows) if memory else self.lengths.expected_max(rows)
         return self.seq_len - self.lengths.max + longest
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from realbench.engines import areal, openrlhf, verl
+from realbench.engines.documents import packs
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
@@ -106,10 +107,19 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
 def priced_as(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as `engine` runs it: the cost model prices what the engine does differently
     (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine,
-    and the old log-probabilities as the engine takes them (`old_logprobs`)."""
+    the old log-probabilities as the engine takes them (`old_logprobs`), and rows packed as it
+    packs them (`padding_free`)."""
+    packed = padding_free(scenario, engine)
     scenario = scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})
     mode = old_logprobs(scenario, engine)
-    return scenario if mode == scenario.training.old_logprobs else scenario.with_old_logprobs(mode)
+    scenario = scenario if mode == scenario.training.old_logprobs else scenario.with_old_logprobs(mode)
+    return scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
+
+
+def padding_free(scenario: Scenario, engine: str) -> bool:
+    """documents.packs with the engine's default (the module's PADDING_FREE)."""
+    module = engine_module(engine)
+    return packs(scenario, engine, module.PADDING_FREE, getattr(module, "PADDING_SETTABLE", True))
 
 
 def old_logprobs(scenario: Scenario, engine: str) -> str:

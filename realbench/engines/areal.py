@@ -90,10 +90,14 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
-PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench prices each at "
-                "its cap (prompt + response)",
+PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench counts the "
+                "micro-batches with each at its cap (prompt + response)",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
+# rows packed end to end by their real lengths, always (utils/data.py:696-760, pack_tensor_dict):
+# realbench's training.padding_free
+PADDING_FREE = True
+PADDING_SETTABLE = False
 # the old log-probabilities (realbench.dataflow.core.OldLogprobs): the rollout's unless the actor
 # recomputes them (actor.recompute_logprob), or, under the decoupled loss, its proximal ones
 # (actor.use_decoupled_loss), with a forward over the whole batch (api/cli_args.py:1599-1609,
@@ -420,7 +424,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
         epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref,
-        old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"])
+        old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"], padding_free=PADDING_FREE)
     return scenario, plan
 
 
@@ -449,7 +453,11 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
                                  "its trainer runs no reward model")
     if scenario.training.num_iterations != 1:
         return "training.num_iterations", "AReaL passes over a batch once (actor.ppo_n_minibatches optimizer steps)"
-    return lora_problem(scenario, "AReaL")
+    problem = lora_problem(scenario, "AReaL")
+    given = "padding_free" in scenario.training.model_fields_set  # (a job made for AReaL packs: priced_as)
+    if problem is None and scenario.engine == "areal" and given and not scenario.training.padding_free:
+        return "training.padding_free", "AReaL packs the rows by their real lengths, always (utils/data.py:696-760)"
+    return problem
 
 
 def _backend(name: str, s: Strategy, trained: bool) -> str:

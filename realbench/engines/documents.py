@@ -11,9 +11,10 @@ from realbench.errors import ConfigError
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
-                  max_staleness: int = 0, with_ref: bool = True) -> tuple[dict, dict]:
+                  padding_free: bool, max_staleness: int = 0, with_ref: bool = True) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
-    old log-probabilities from (realbench.dataflow.core.OldLogprobs); `rollout_server` its rollout's
+    old log-probabilities from (realbench.dataflow.core.OldLogprobs); `padding_free` whether it packs
+    the rows of its scoring and training calls without padding; `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -36,7 +37,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
                 "rollout_server": rollout_server,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
-                "training": {"num_iterations": epochs, "old_logprobs": old_logprobs}}
+                "training": {"num_iterations": epochs, "old_logprobs": old_logprobs, "padding_free": padding_free}}
     plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}
     if max_staleness:
         plan["max_staleness"] = max_staleness
@@ -75,3 +76,10 @@ def whole_alpha(lora, engine: str) -> int:
     if not float(lora.lora_alpha).is_integer():
         raise ConfigError(f"{lora.lora_alpha}: {engine} takes a whole number", "models.actor.lora.lora_alpha")
     return int(lora.lora_alpha)
+
+
+def packs(scenario, engine: str, default: bool, settable: bool = True) -> bool:
+    """Whether `engine` packs the rows of the scenario's scoring and training calls without padding:
+    as its configuration says where the scenario was read from one (training.padding_free), else
+    (or where the engine has no such setting) the engine's `default`."""
+    return scenario.training.padding_free if scenario.engine == engine and settable else default

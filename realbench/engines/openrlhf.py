@@ -69,7 +69,7 @@ from typing import Any, Iterator, Optional
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents, lora_problem, refuse_offload, whole_alpha
+from realbench.engines.documents import job_documents, lora_problem, packs, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _packed
 from realbench.errors import ConfigError
@@ -112,13 +112,17 @@ NEUTRAL = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.mode
            "algo.advantage.no_std_norm", "algo.advantage.is_correction", "reward.clip_range", "reward.normalize",
            "reward.overlong", "reward.stop_properly_penalty", "rollout.temperature", "rollout.top_p",
            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_backend",
-           "vllm.enable_sleep", "ds.enable_sleep", "ds.param_dtype", "ds.attn_implementation", "ds.packing_samples",
+           "vllm.enable_sleep", "ds.enable_sleep", "ds.param_dtype", "ds.attn_implementation",
            "ds.overlap_comm", "ds.grad_accum_dtype", "ds.disable_fast_tokenizer", "ds.zpg", "critic.save_value_network",
            "critic.freezing_steps", "actor.value_head_prefix", "critic.value_head_prefix", "reward.value_head_prefix",
            "ds.local_rank", "train.use_wandb")
 # the NEUTRAL flags realbench reads into the scenario and writes from it (engines.carried_problem)
 CAPTURED = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.model_name_or_path")
 REQUIRED: dict[str, str] = {}  # (carried flags no plan needs otherwise)
+# rows packed without padding (--ds.packing_samples, off by default: cli/train_ppo_ray.py; the
+# experience maker packs each micro-batch's sequences end to end); realbench's training.padding_free
+PADDING_FREE = False
+PACKING = "ds.packing_samples"
 # LoRA (models/actor.py:177-188: PEFT's LoraConfig of these; rank 0 is none), PEFT's name -> the
 # flag's dest. OpenRLHF wraps its critic in the same adapters (trainer/ray/ppo_critic.py:201-204),
 # loads its reference as a model of its own (cli/train_ppo_ray.py:93-103) and broadcasts every
@@ -131,7 +135,8 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "train.dynamic_batch_enable", "rollout.max_tokens_per_gpu", "train.max_tokens_per_gpu", "rollout.batch_size",
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
-        "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout"}
+        "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout",
+        PACKING}
 
 
 @lru_cache(maxsize=1)
@@ -446,7 +451,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch",
-                         rollout_server="vllm")
+                         rollout_server="vllm", padding_free=bool(s[PACKING]))
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -625,6 +630,7 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
 def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[str, str]) -> tuple[str, dict]:
     """("deepspeed", OpenRLHF's flags for the plan: dest -> value)."""
     out = _settings(scenario, options)
+    out[PACKING] = packs(scenario, "openrlhf", PADDING_FREE)
     for role in ("actor", "critic"):
         if role in scenario.models and role not in model_paths:
             raise ConfigError(f"OpenRLHF loads a checkpoint folder: give the {role}'s (--model-path {role}=DIR)",

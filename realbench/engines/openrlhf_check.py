@@ -128,7 +128,7 @@ def validate(script: str) -> dict:
             "lora": {"rank": a.ds.lora.rank, "alpha": a.ds.lora.alpha, "target_modules": a.ds.lora.target_modules},
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": a.actor.adam.lr,
-            "prompt_dataset": a.data.prompt_dataset}
+            "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples}
 
 
 def main(argv: list[str]) -> int:

@@ -69,7 +69,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
-from realbench.engines.documents import job_documents, lora_problem, whole_alpha
+from realbench.engines.documents import job_documents, lora_problem, packs, whole_alpha
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -120,6 +120,11 @@ ADAPTER_PATH = "actor_rollout_ref.model.lora_adapter_path"
 CAPTURED = (*sorted(set(MODEL_PATHS.values())), "reward.custom_reward_function.", ADAPTER_PATH)
 # carried settings the plan may need otherwise (engines.with_carried)
 REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probabilities"}
+# rows packed without padding (the models' flash-attention varlen path), verl's default for both
+# (trainer/config/model/hf_model.yaml, critic/dp_critic.yaml: use_remove_padding true);
+# realbench's training.padding_free, one setting for every call
+PADDING_FREE = True
+REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -132,7 +137,6 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            "actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path",
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
-           "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
            f"{A}.optim.", "critic.optim.", f"{A}.clip_ratio", f"{A}.entropy_coeff", f"{A}.loss_agg_mode",
            f"{A}.grad_clip", "critic.grad_clip", "critic.cliprange_value", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
@@ -226,7 +230,8 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     overrides = list(overrides)
     engine = _engine_of(doc, overrides, source)
     table = defaults(engine)
-    given = _flatten({k: v for k, v in doc.items() if k not in ("defaults", "hydra", "model_engine")})
+    settings = {k: v for k, v in doc.items() if k not in ("defaults", "hydra", "model_engine")}
+    given = _flatten(settings) if settings else {}  # (a config of defaults alone, the overrides giving the rest)
     for o in overrides:
         key, eq, raw = o.partition("=")
         if not eq or not key or key.startswith("~"):
@@ -340,7 +345,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", f"{R}.n", f"{R}.tensor_model_parallel_size",
         f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
-        f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
+        *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
@@ -495,8 +500,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     elif s[ADAPTER_PATH] is not None:
         raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
                           "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
+    packed = bool(s[REMOVE_PADDING[0]])
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
+        if bool(s[REMOVE_PADDING[1]]) != packed:
+            raise ConfigError(f"{s[REMOVE_PADDING[1]]!r} beside the actor's {packed!r}: realbench prices one "
+                              "setting for every call (training.padding_free)", REMOVE_PADDING[1], source)
     reward_fn = s["reward.custom_reward_function.path"]
     if reward_model and reward_fn:
         raise ConfigError("realbench plans one scorer: a reward model or a reward function", f"{RM}.enable", source)
@@ -515,7 +524,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
-                         rollout_server=server)
+                         rollout_server=server, padding_free=packed)
 
 
 def _same_rank(adapter: str, rank: int, source: str) -> None:
@@ -647,6 +656,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
                     f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
                     f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
+    out[REMOVE_PADDING[0]] = packs(scenario, "verl", PADDING_FREE)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
         out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
     if "ref_inf" not in options:  # no KL term: verl then builds no reference
@@ -673,6 +683,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if "critic_train" in options:
         per_gpu = _per_micro_batch(scenario, "critic_train", options["critic_train"])
         out.update({"critic.enable": True, "critic.model.path": model_paths["critic"],
+                    REMOVE_PADDING[1]: out[REMOVE_PADDING[0]],
                     "critic.ppo_micro_batch_size_per_gpu": per_gpu,
                     "critic.ppo_infer_max_token_len_per_gpu": critic_budget(scenario, options)})
         roles.append(("critic", "critic_train", "critic", "critic.model"))

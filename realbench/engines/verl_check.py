@@ -105,7 +105,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": arr.actor.optim.lr, "train_files": OmegaConf.to_container(cfg.data.train_files)
             if OmegaConf.is_config(cfg.data.train_files) else cfg.data.train_files,
-            "experiment_name": cfg.trainer.experiment_name}
+            "experiment_name": cfg.trainer.experiment_name,
+            # rows packed without padding (realbench's training.padding_free)
+            "use_remove_padding": arr.model.use_remove_padding,
+            "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None}
 
 
 def main(argv: list[str]) -> int:

@@ -188,7 +188,8 @@ class Scenario(DerivedValues):
         own = data.tokenizers if isinstance(data, DataSpec) else {}
         iterations = training.num_iterations if isinstance(training, TrainingSpec) else 1
         old_logprobs = training.old_logprobs if isinstance(training, TrainingSpec) else "later_steps"
-        if functions or own or iterations > 1 or old_logprobs != "later_steps":
+        padding_free = isinstance(training, TrainingSpec) and training.padding_free
+        if functions or own or iterations > 1 or old_logprobs != "later_steps" or padding_free:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             calls = []
             for c in v.calls:
@@ -197,6 +198,8 @@ class Scenario(DerivedValues):
                     c = c.model_copy(update={"iterations": iterations})
                 if _takes_old_logprobs(c) and old_logprobs != "later_steps":  # (as iterations: the section's wins)
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
+                if padding_free and c.kind in (CallKind.TRAIN, CallKind.INFERENCE):
+                    c = c.model_copy(update={"padding_free": True})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
                     calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
@@ -213,6 +216,9 @@ class Scenario(DerivedValues):
         if self.rollout_server and not self.engine:
             raise ConfigError("the serving engine of an engine's rollout: a scenario of realbench's own runtime "
                               "generates with its own engine (leave it out, or give engine:)", "rollout_server")
+        if self.training.padding_free and not self.engine:
+            raise ConfigError("realbench's runtime pads a micro-batch to its longest row: rows packed without "
+                              "padding are an engine's (give engine:, or leave it out)", "training.padding_free")
         if self.engine_settings and not self.engine:
             raise ConfigError("an engine's own settings: a scenario of realbench's own runtime has none (leave "
                               "them out, or give engine:)", "engine_settings")
@@ -314,6 +320,17 @@ class Scenario(DerivedValues):
         flow = self.dataflow.with_calls([c.model_copy(update={"old_logprobs": mode}) if _takes_old_logprobs(c) else c
                                          for c in self.dataflow.calls])
         return self.model_copy(update={"training": training, "dataflow": flow})
+
+    def with_padding_free(self, packed: bool) -> "Scenario":
+        """The scenario whose scoring and training calls pack their rows without padding, or not
+        (training.padding_free)."""
+        training = self.training.model_copy(update={"padding_free": packed})
+        flow = self.dataflow.with_calls([c.model_copy(update={"padding_free": packed})
+                                         if c.kind in (CallKind.TRAIN, CallKind.INFERENCE) else c
+                                         for c in self.dataflow.calls])
+        copy = self.model_copy(update={"training": training, "dataflow": flow})
+        copy.__dict__.pop("options", None)  # (option sets hold the calls)
+        return copy
 
     def to_document(self) -> dict:
         return {"schema": SCENARIO_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}

@@ -109,6 +109,10 @@ class TrainingSpec(OptimizerSettings):
     num_iterations: int = Field(default=1, ge=1)
     # where the ratio's old (behaviour) log-probabilities come from (realbench.dataflow.core.OldLogprobs)
     old_logprobs: OldLogprobs = "later_steps"
+    # the scoring and training calls' rows packed end to end without padding (TRL's padding_free;
+    # verl's use_remove_padding, OpenRLHF's --ds.packing_samples, AReaL always): an engine's
+    # scenario only, realbench's runtime pads a micro-batch to its longest row
+    padding_free: bool = False
     loss_type: Optional[Literal["grpo", "dr_grpo", "dapo", "bnpo", "rloo"]] = None  # None: DEFAULTS
     normalize_advantages: bool = False  # RLOO's: whitened over the batch (TRL's RLOOConfig)
     scale_rewards: Literal["group", "batch", "none"] = "group"
