@@ -143,3 +143,42 @@ def test_every_sc21_row_runs_through_realbench_estimate_as_a_user_writes_it(benc
         assert row["fits"], row
         assert 1 + row["error"] == pytest.approx(1 + internal[row["model"]], rel=1e-3), row
     assert through["median_error"] == pytest.approx(statistics.median(abs(e) for e in internal.values()), abs=1e-3)
+
+
+def test_an_engines_published_step_is_compared_call_by_call(bench, data, tmp_path, monkeypatch):
+    """play-verl's verl run: each compared call's published time is the sum of verl's timers it
+    covers (the actor's update and its old-log-probability forward), its prediction the estimate
+    of the row's scenario and plan (recomputed here through the API), the error their ratio; the
+    calls not compared are named with a reason, and every call of the plan is one or the other.
+    The README's errors are the bench's."""
+    import re
+    from pathlib import Path
+
+    from realbench.cost import Estimator
+    from realbench.plan.plan import plan_from_document, resolve_plan
+    from realbench.plan.scenario import scenario_from_document
+
+    (row,) = bench["engine_steps"]
+    (step,) = data.engine_steps
+    assert (row["source"], row["engine"], row["fits"]) == ("play-verl", "verl", True)
+    by_call = {c["call"]: c for c in row["calls"]}
+    assert by_call["actor_train"]["published_s"] == pytest.approx(33.696 + 6.505)
+    assert set(by_call) | set(row["not_compared"]) == set(step.plan["calls"])
+    assert not set(by_call) & set(row["not_compared"]) and all(row["not_compared"].values())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gsm8k.py").write_text("def compute_score(*args, **kwargs):\n    return 0.0\n")
+    scenario = scenario_from_document({"schema": "realbench.scenario/1", **step.scenario})
+    options = resolve_plan(plan_from_document({"schema": "realbench.plan/1", "scenario": "job.yaml", **step.plan}),
+                           scenario)
+    est = Estimator(scenario)
+    result = est.estimate(est.choice_of(options))
+    assert result.time_per_iter_s == pytest.approx(row["predicted_step_s"], rel=1e-9)
+    for call, c in by_call.items():
+        assert c["predicted_s"] == pytest.approx(result.to_json()["calls"][call]["time_s"], rel=1e-9)
+        assert c["error"] == pytest.approx(c["predicted_s"] / c["published_s"] - 1)
+    assert row["median_error"] == pytest.approx(statistics.median(abs(c["error"]) for c in row["calls"]))
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    said = re.search(r"Errors: generation ([-+][\d.]+)%, the reference's forward ([-+][\d.]+)%, the\s+actor's "
+                     r"training with its old-log-probability forward ([-+][\d.]+)%", text)
+    assert [float(x) for x in said.groups()] == \
+        [round(by_call[c]["error"] * 100, 1) for c in ("actor_gen", "ref_inf", "actor_train")]

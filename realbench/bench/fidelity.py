@@ -18,6 +18,11 @@ the datasheets and a set of free parameters (realbench.hardware.FITTED):
 5, ...), on the fit rows, on the reserved rows (Megatron-LM SC21 Table 1, the independent
 check), and on the rows of sources marked `excluded` (a network the presets do not describe,
 with the reason in the data file). Target: a held-out median of at most 20% per kind.
+
+`engine_steps`: published per-call times of an RLHF engine's step (its own timers) beside
+`realbench estimate` of the run's job and plan as realbench writes them (`engine_step_documents`):
+per realbench call, the engine's timers it covers, published and predicted; calls realbench
+cannot price as the run ran them are listed with the reason, not compared. Never fitted.
 """
 
 from __future__ import annotations
@@ -133,6 +138,26 @@ class GptShape(BaseModel):
     vocab: int
 
 
+class EngineStep(_Row):
+    """One engine's published step: the run's job and plan as realbench documents (its reward
+    function named by file, written as a stub: the engine's, not called), the engine's timers
+    (seconds), which timers each realbench call covers, and the calls not compared (why)."""
+    engine: Literal["verl", "openrlhf", "areal"]
+    scenario: dict
+    plan: dict
+    published_s: dict[str, float]
+    compared: dict[str, list[str]]
+    not_compared: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineStep":
+        for call, timers in self.compared.items():
+            missing = [t for t in timers if t not in self.published_s]
+            if missing:
+                raise ValueError(f"compared.{call}: no published timer {missing[0]!r}")
+        return self
+
+
 class Published(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     sources: dict[str, Source]
@@ -140,10 +165,11 @@ class Published(BaseModel):
     train: list[TrainRow]
     decode: list[DecodeRow]
     collective: list[CollectiveRow]
+    engine_steps: list[EngineStep] = []
 
     @model_validator(mode="after")
     def _check(self) -> "Published":
-        for kind in KINDS:
+        for kind in (*KINDS, "engine_steps"):
             for i, row in enumerate(getattr(self, kind)):
                 if row.source not in self.sources:
                     raise ValueError(f"{kind}[{i}]: unknown source {row.source!r}")
@@ -345,6 +371,44 @@ def sc21_through_estimate(data: Published) -> dict:
     return {"rows": rows, "median_error": statistics.median(errors), "worst_error": max(errors)}
 
 
+def engine_steps_through_estimate(data: Published) -> list[dict]:
+    """Every published engine step: its job and plan written as files (and a stub of its reward
+    function) and estimated by `realbench estimate --json`, per call against the engine's timers."""
+    import contextlib
+    import io
+    import json
+    import tempfile
+
+    from realbench.cli import main
+
+    out = []
+    for row in data.engine_steps:
+        with tempfile.TemporaryDirectory() as folder:
+            for role, model in row.scenario["models"].items():
+                for f in model.get("functions", [model["function"]] if "function" in model else []):
+                    (Path(folder) / f.rpartition(":")[0]).write_text(f"def {f.rpartition(':')[2]}(*args, **kwargs):\n"
+                                                                     "    return 0.0\n")
+            scenario_path, plan_path = Path(folder) / "job.yaml", Path(folder) / "job-plan.yaml"
+            scenario_path.write_text(yaml.safe_dump({"schema": "realbench.scenario/1", **row.scenario}))
+            plan_path.write_text(yaml.safe_dump({"schema": "realbench.plan/1", "scenario": "job.yaml", **row.plan}))
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                code = main(["estimate", "--scenario", str(scenario_path), "--plan", str(plan_path), "--json"])
+            if code != 0:
+                raise RuntimeError(f"realbench estimate refused the {row.source} step (exit {code})")
+            estimate = json.loads(text.getvalue())
+        calls = []
+        for call, timers in row.compared.items():
+            published = sum(row.published_s[t] for t in timers)
+            predicted = estimate["calls"][call]["time_s"]
+            calls.append({"call": call, "timers": timers, "published_s": published, "predicted_s": predicted,
+                          "error": predicted / published - 1})
+        out.append({"source": row.source, "engine": row.engine, "calls": calls, "not_compared": row.not_compared,
+                    "predicted_step_s": estimate["time_per_iter_s"], "fits": not estimate["oom"],
+                    "median_error": statistics.median(abs(c["error"]) for c in calls)})
+    return out
+
+
 def run(path: Optional[str] = None, refit: bool = True) -> dict:
     data = load_published(path or DATA)
     params = fit(data) if refit else dict(FITTED)
@@ -361,4 +425,5 @@ def run(path: Optional[str] = None, refit: bool = True) -> dict:
         "meets_target": all(v <= TARGET_MEDIAN_ERROR for v in held.values()),
         "predictions": result["rows"],
         "sc21_through_estimate": sc21_through_estimate(data),
+        "engine_steps": engine_steps_through_estimate(data),
     }
