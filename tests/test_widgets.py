@@ -40,6 +40,21 @@ def test_search_dashboard_without_a_profile_costs_with_the_analytic_model():
     assert dash._profile is None and set(est.estimate(results["mcmc"].best_choice).cost_source.values()) == {"analytic"}
 
 
+def test_the_zero_box_offers_the_engines_sharding_to_the_search():
+    """Ticked, the dashboard searches the scenario with zero offered (search --zero): its option
+    sets hold sharded strategies; unticked, none."""
+    dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("mcmc",), budget_s=0.5, profile=None)
+    dash.zero_box.value = True
+    assert dash.start()
+    dash.wait(60)
+    assert dash.scenario.offer_zero
+    assert any(o.strategy.zero for opts in dash._estimators["mcmc"].options for o in opts)
+    dash.zero_box.value = False
+    assert dash.start()
+    dash.wait(60)
+    assert not any(o.strategy.zero for opts in dash._estimators["mcmc"].options for o in opts)
+
+
 def test_stop_button_ends_the_searches_early_with_the_best_plan_so_far():
     dash = SearchDashboard(scenario="ppo-tiny-2cpu", methods=("tpe",), budget_s=120)
     assert dash.start()

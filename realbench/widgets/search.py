@@ -61,6 +61,8 @@ class SearchDashboard:
         self.startup_box = w.IntText(value=10, description="start-up trials",
                                      tooltip="TPE and GP: random trials before the sampler models the results")
         self.multivariate_box = w.Checkbox(value=True, description="TPE multivariate", indent=False)
+        # `search --zero`: the engines' data-parallel sharding too (plans to price, not to run here)
+        self.zero_box = w.Checkbox(value=False, description="offer zero (engines' sharding)", indent=False)
         self.rates = w.HTML()  # evaluations/s per method, beside the curves
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
@@ -83,7 +85,7 @@ class SearchDashboard:
         self.plot = BokehModel(curves_figure({}, {}))
         self.widget = w.VBox([
             w.HBox([w.VBox([self.scenario_box, self.budget_box, self.seed_box]), self.methods_box,
-                    w.VBox([self.startup_box, self.multivariate_box])]),
+                    w.VBox([self.startup_box, self.multivariate_box, self.zero_box])]),
             w.HBox([self.run_button, self.stop_button]), self.status, w.HBox([self.plot, self.rates]), self.table])
 
     # -- control ------------------------------------------------------------------------------------------
@@ -102,6 +104,8 @@ class SearchDashboard:
             raise ConfigError("must not be negative", "start-up trials")
         settings = SamplerSettings(int(self.startup_box.value), bool(self.multivariate_box.value))
         scenario = self.scenario_override or load_scenario(self.scenario_box.value.strip())
+        if self.zero_box.value:
+            scenario = scenario.with_zero()
         return scenario, methods, float(budget), int(self.seed_box.value), settings
 
     def start(self) -> bool:
