@@ -3,8 +3,9 @@
 the engine's example configuration for the scenario's job (named), of its default
 configuration, the best plan inside the engine (`search --engine`), and realbench's own best
 (`search`, its whole space: every call its own placement, each replica whole, as realbench's
-runtime runs it) and realbench's best with the engines' data-parallel sharding offered too
-(`search --zero`: reallocation beside what the engines shard, a plan to price, not one
+runtime runs it) and realbench's best as an engine with reallocation would run it: the
+engines' data-parallel sharding offered too (`search --zero`) and the rows packed without
+padding as verl and AReaL pack them (`training.padding_free`; a plan to price, not one
 realbench's runtime runs), each searched with MCMC for the same budget and seed; the presets'
 analytic model prices them all. A configuration that does not fit in memory has no time (null).
 An engine that cannot run the scenario's job as it is (AReaL runs no reward model: its rollout
@@ -42,7 +43,7 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
             if own_job is None:
                 own_job = run_search(est_job, "mcmc", budget_s, seed=seed)
             if (job is scenario) not in zero:
-                est_zero = Estimator(job.with_zero())
+                est_zero = Estimator(job.with_zero().with_padding_free(True))
                 zero[job is scenario] = (est_zero, run_search(est_zero, "mcmc", budget_s, seed=seed))
             est_zero, own_zero = zero[job is scenario]
             best = engine_search(job, engine, "mcmc", budget_s, seed=seed)
