@@ -156,7 +156,7 @@ def carried_problem(engine: str, key: str) -> Optional[str]:
 def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """The settings of an engine's configuration that the user set and that realbench carries
     unpriced to the configurations it writes (carried_problem): the learning rate, the data files,
-    the logger, the checkpoint folder. Flat dotted keys (OpenRLHF: the flags' dests), as the
+    the logger, where checkpoints are saved. Flat dotted keys (OpenRLHF: the flags' dests), as the
     engine resolves them; a section given whole (AReaL's `critic.optimizer: ${actor.optimizer}`)
     is carried key by key."""
     out: dict[str, Any] = {}
@@ -173,9 +173,9 @@ def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> 
 def with_carried(scenario: Scenario, engine: str, settings_engine: str, settings: dict) -> dict:
     """The settings a writer made of a plan (flat, or AReaL's nested document) with the scenario's
     `engine_settings` over them: the user's names, paths and learning settings replace the
-    writer's placeholders. Refused by name (and settings of another engine by export_config): a setting the written
-    configuration does not have (verl's FSDP keys in a Megatron plan, a critic's where the plan
-    has none), and one the plan needs otherwise (its REQUIRED)."""
+    writer's placeholders. Refused by name: a setting the written configuration does not have
+    (verl's FSDP keys in a Megatron plan, a critic's where the plan has none) and one the plan
+    needs otherwise (its REQUIRED); another engine's settings are refused by export_config."""
     carried = scenario.engine_settings
     if not carried:
         return settings
