@@ -19,10 +19,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from realbench.engines import refuse_uncarried
+
     doc = read_document(args.file)
     if doc["schema"] == PLAN_SCHEMA:
         scenario = load_scenario(args.scenario) if args.scenario else None
         plan, scenario, _ = load_plan(args.file, scenario)
+        refuse_uncarried(scenario)
         result = {"file": args.file, "valid": True, "kind": "plan", "scenario": scenario.name,
                   "calls": len(plan.calls)}
         text = f"{args.file}: valid plan for scenario {scenario.name} ({len(plan.calls)} calls)"
@@ -35,6 +38,7 @@ def run(args) -> int:
         text = f"{args.file}: valid profile of {prof.device.name} ({', '.join(prof.models)}), made {prof.date}"
     else:
         s = scenario_from_document(doc, args.file)
+        refuse_uncarried(s)
         result = {"file": args.file, "valid": True, "kind": "scenario", "scenario": s.name,
                   "calls": len(s.dataflow.calls), "plan_space": s.plan_space_size}
         text = (f"{args.file}: valid scenario {s.name} ({len(s.dataflow.calls)} calls, "

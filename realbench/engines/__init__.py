@@ -95,6 +95,7 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
         raise ConfigError(f"they are {scenario.engine}'s settings, which {engine} does not read: remove "
                           f"engine_settings from the scenario to write {engine}'s configuration without them",
                           "engine_settings")
+    refuse_uncarried(scenario)
     paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
     paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
     settings_engine, settings = module.to_config(scenario, options, paths)
@@ -151,6 +152,15 @@ def carried_problem(engine: str, key: str) -> Optional[str]:
     if key.startswith(module.CAPTURED):
         return "realbench reads it into the scenario's models and writes it from there"
     return None
+
+
+def refuse_uncarried(scenario: Scenario) -> None:
+    """Refuse by name a key of the scenario's `engine_settings` that realbench does not carry
+    (carried_problem): one that would change the run, or one read into the scenario."""
+    for key in scenario.engine_settings:
+        problem = carried_problem(scenario.engine, key)
+        if problem:
+            raise ConfigError(problem, f"engine_settings.{key}")
 
 
 def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from realbench.cost import Estimator
-from realbench.engines import engine_module, priced_as
+from realbench.engines import engine_module, priced_as, refuse_uncarried
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
@@ -49,6 +49,7 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
                   profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
                   max_evaluations: Optional[int] = None) -> EngineSearchResult:
     module = engine_module(engine)
+    refuse_uncarried(scenario)  # (settings that would change the run are not searched past)
     scenario = priced_as(scenario, engine)
     if hasattr(module, "plan_table"):
         return _listed(scenario, engine, module, method, time_budget, seed, profile, on_event, stop, max_evaluations)
