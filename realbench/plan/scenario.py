@@ -198,7 +198,7 @@ class Scenario(DerivedValues):
                     c = c.model_copy(update={"iterations": iterations})
                 if _takes_old_logprobs(c) and old_logprobs != "later_steps":  # (as iterations: the section's wins)
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
-                if padding_free and c.kind in (CallKind.TRAIN, CallKind.INFERENCE):
+                if padding_free and _packs_rows(c):
                     c = c.model_copy(update={"padding_free": True})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
@@ -320,8 +320,7 @@ class Scenario(DerivedValues):
         """The scenario whose scoring and training calls pack their rows without padding, or not
         (training.padding_free)."""
         training = self.training.model_copy(update={"padding_free": packed})
-        flow = self.dataflow.with_calls([c.model_copy(update={"padding_free": packed})
-                                         if c.kind in (CallKind.TRAIN, CallKind.INFERENCE) else c
+        flow = self.dataflow.with_calls([c.model_copy(update={"padding_free": packed}) if _packs_rows(c) else c
                                          for c in self.dataflow.calls])
         copy = self.model_copy(update={"training": training, "dataflow": flow})
         copy.__dict__.pop("options", None)  # (option sets hold the calls)
@@ -563,6 +562,12 @@ def read_data_section(raw: Any, base: Path, models: Any, algorithm: Any) -> Data
     return spec.model_copy(update=dict(rows=len(ds.train), prompt_len=prompt, completion_len=completion,
                                        truncated=truncated, vocab=len(ds.tokenizer), tokenizers=tokenizers,
                                        rescored_len=rescored, columns=tuple(dict.fromkeys(k for r in ds.rows for k in r))))
+
+
+def _packs_rows(c: CallDef) -> bool:
+    """A call whose rows training.padding_free packs: a scoring or training call (generation
+    decodes its rows; a function scores text)."""
+    return c.kind in (CallKind.TRAIN, CallKind.INFERENCE)
 
 
 def _takes_old_logprobs(c: CallDef) -> bool:
