@@ -219,11 +219,16 @@ def test_a_job_on_checkpoint_folders_and_data_files_runs_on_two_nodes(cli, tmp_p
         code, _, err = cli("export", "--plan", "job/plan.yaml", "--scenario", "job/grpo-arithmetic.yaml", "--format",
                            "torchrun", "--out", "launch.sh", "--steps", 2, "--port", port, "--save-hf", "trained",
                            "--dtype", "fp32")
+        code2, _, err2 = cli("export", "--plan", "job/plan.yaml", "--scenario", "job/grpo-arithmetic.yaml", "--format",
+                             "torchrun", "--out", "launch-compiled.sh", "--steps", 2, "--compile-decode")
     finally:
         os.chdir(cwd)
     assert code == 0, err
     text = (tmp_path / "launch.sh").read_text()
     assert "--scenario job/grpo-arithmetic.yaml" in text and "--save-hf trained" in text and "--dtype fp32" in text
+    assert "--compile-decode" not in text
+    assert code2 == 0, err2
+    assert " --compile-decode" in (tmp_path / "launch-compiled.sh").read_text()  # the workers' flag
     env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"], "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "RUN_DIR": str(tmp_path / "run")}
     results = _run_nodes([(["bash", "launch.sh"], {**env, "NODE_RANK": str(k)}) for k in (0, 1)], tmp_path)
@@ -275,3 +280,14 @@ def test_html_report_renders_in_chromium(cli, searched_70b, tmp_path):
     pixels = {c for _, c in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 24)}
     for color in ("#1f77b4", "#d62728", "#ff7f0e"):
         assert tuple(int(color[i:i + 2], 16) for i in (1, 3, 5)) in pixels, color
+
+
+@pytest.mark.parametrize("fmt,flag", [("html", ("--compile-decode",)), ("html", ("--dtype", "bf16")),
+                                      ("verl", ("--save-hf", "trained")), ("openrlhf", ("--eval-every", 5))])
+def test_worker_flags_are_refused_where_no_worker_is_launched(cli, searched_70b, tmp_path, fmt, flag):
+    """A report or an engine's configuration starts none of realbench's workers: their settings
+    would be dropped, so they are refused by name and nothing is written."""
+    out = tmp_path / f"out.{fmt}"
+    code, _, err = cli("export", "--plan", searched_70b, "--format", fmt, "--out", out, *flag)
+    assert code == 2 and flag[0] in err and f"the {fmt} format does not launch" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

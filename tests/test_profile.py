@@ -422,3 +422,63 @@ def test_a_profile_with_the_runtimes_exchange_prices_every_data_transfer_by_it()
         assert len(moves) == (5 if gap else 0)  # every call but the generation reads another's outputs
         assert all(t.devices == ((0, 2),) and t.end_s - t.start_s == pytest.approx(gap) for t in moves)
         assert e.time_per_iter_s == pytest.approx(sum(c.time_s for c in calls.values()) + 5 * gap)
+
+
+def _compiled_in_a_profile(rank, world, compile_decode):
+    """What a profile's measurements pass through torch.compile (the layers' grid and the whole
+    calls), on one process."""
+    import torch
+
+    from realbench.runtime import profiler
+    from realbench.runtime.profiler import ProfileRequest
+
+    seen, real = [], torch.compile
+    torch.compile = lambda module, **kw: seen.append(type(module).__name__) or real(module, **kw)
+    req = ProfileRequest(batches=(2,), lengths=(4,), repeats=3, warmup=1, passes=1, call_passes=1, nproc=1,
+                         compile_decode=compile_decode)
+    clock = lambda fn: (fn(), {"median_s": 0.0, "p10_s": 0.0, "p90_s": 0.0, "repeats": 1})[1]  # noqa: E731
+    ops = profiler._layer_ops(get_model("llama-tiny"), 1, 0, None, req, clock, lambda: None, torch.device("cpu"))
+    layers = list(seen)
+    profiler._whole_calls(get_model("llama-tiny"), 0, 1, req, lambda: None, torch.device("cpu"))
+    return layers, seen[len(layers):], sorted(ops)
+
+
+def test_a_compiled_profile_times_decode_steps_as_compiled_runs_take_them(cli, tmp_path, monkeypatch):
+    """`profile --compile-decode`: the decode operation of the grid is the block's step through
+    torch.compile, and the whole generation calls run the engine compiled (as `run
+    --compile-decode`); nothing else compiles, and without the flag nothing does. The file says
+    so; a run whose decode steps differ from its profile's is told; the cached profile (which
+    prices plain runs) is not written compiled."""
+    from realbench.runtime.local import spawn
+
+    compiled = spawn(_compiled_in_a_profile, 1, True, timeout_s=300)[0]
+    assert compiled[0] == ["Block"] and compiled[1] and set(compiled[1]) == {"LlamaStage"}
+    assert "block.decode" in compiled[2]
+    import torch
+
+    from realbench.runtime import profiler
+    from realbench.runtime.profiler import ProfileRequest
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: seen.append(module))
+    clock = lambda fn: (fn(), {"median_s": 0.0, "p10_s": 0.0, "p90_s": 0.0, "repeats": 1})[1]  # noqa: E731
+    plain = profiler._layer_ops(get_model("llama-tiny"), 1, 0, None, ProfileRequest(batches=(2,), lengths=(4,)), clock,
+                                lambda: None, torch.device("cpu"))
+    assert seen == [] and sorted(plain) == compiled[2]
+    code, _, err = cli("profile", "--compile-decode", "--nproc", 1)
+    assert code == 2 and "--compile-decode" in err and "--out" in err and len(err.strip().splitlines()) == 1
+    path = tmp_path / "compiled profile.json"
+    code, _, err = cli("profile", "--nproc", 1, "--batches", "1", "--lengths", "4", "--repeats", 3, "--warmup", 1,
+                       "--passes", 1, "--call-passes", 1, "--compile-decode", "--out", path)
+    assert code == 0, err
+    assert load_profile(str(path)).compile_decode and not Profile.model_validate(
+        {k: v for k, v in json.loads(path.read_text()).items() if k not in ("schema", "compile_decode")}).compile_decode
+    est = Estimator(load_scenario("ppo-tiny-2cpu"))
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan import plan_from_options
+
+    plan_from_options(est.scenario, est.options_of(symmetric_plan(est))).save(tmp_path / "plan.yaml")
+    code, _, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", tmp_path / "plan.yaml", "--nproc", 2, "--steps", 1,
+                       "--profile", path, "--force-profile")
+    assert code == 0, err
+    assert "profile measured decode steps compiled and the run's are not" in err

@@ -173,6 +173,58 @@ def test_graph_steps_have_one_shape_per_slot_count_and_the_same_rows(model, samp
     assert rollout.RolloutEngine(model, _prompts(), GEN, 4, key=KEY, **sampling).graphs is None  # on the CPU
 
 
+def test_compiled_decode_steps_make_the_same_rows_and_compile_once(model):
+    """`compiled`: the model's forward in the steps of every slot through torch.compile (inductor,
+    as on a GPU), the tail's fewer slots and the prefills eager. The rows are the full-length
+    loop's; a second engine with another sampling key (every step of a run has its own) reuses
+    the compiled code (sampling stays outside it)."""
+    from torch._dynamo.utils import counters
+
+    from realbench.runtime import rollout
+
+    before = counters["stats"]["unique_graphs"]
+    for key in (KEY, KEY + 1):
+        ref_seqs, ref_lps = _reference_key(model, key)
+        engine = rollout.RolloutEngine(model, _prompts(), GEN, 4, key=key, sync_every=2, temperature=0.7, eos=EOS,
+                                       compiled=True)
+        seqs, lps = engine.run()
+        assert torch.equal(seqs, ref_seqs), key
+        assert torch.allclose(lps, ref_lps, atol=1e-5)
+        assert isinstance(engine.graphs, rollout.EagerSteps)  # fixed shapes without a GPU
+        assert 4 in engine.timeline.computed and min(engine.timeline.computed) < 4  # compiled steps, then the tail
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def _reference_key(model, key):
+    from realbench.runtime.engine import generate
+
+    return generate(model, _prompts(), GEN, key=key, drop_finished=False, temperature=0.7, eos=EOS)
+
+
+def test_a_run_with_compiled_decode_steps_samples_what_the_eager_one_does(cli, tmp_path):
+    """`realbench run --compile-decode` reaches every worker (launch, the worker command, the
+    engine): the same samples, rewards and losses as the run without it, and the summary says
+    how generation decoded (on the CPU: eager steps with a growing window, compiled fixed-shape
+    steps)."""
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan import load_scenario, plan_from_options
+
+    est = Estimator(load_scenario("ppo-tiny-2cpu"))
+    plan_from_options(est.scenario, est.options_of(symmetric_plan(est))).save(tmp_path / "plan.yaml")
+    runs = []
+    for extra in ((), ("--compile-decode",)):
+        code, out, err = cli("run", "--scenario", "ppo-tiny-2cpu", "--plan", tmp_path / "plan.yaml", "--nproc", 2,
+                             "--steps", 2, "--json", *extra)
+        assert code == 0, err
+        runs.append(json.loads(out))
+    plain, compiled = runs
+    assert (plain["compile_decode"], compiled["compile_decode"]) == (False, True)
+    assert compiled["samples"] == plain["samples"] and compiled["metrics"] == plain["metrics"]
+    assert plain["calls"]["actor_gen"]["decode"] == "eager"
+    assert compiled["calls"]["actor_gen"]["decode"] == "compiled fixed-shape"
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
 def test_decode_attention_is_sdpas_grouped_query_attention(heads, kv_heads):
     """A decode step's grouped attention (query head h reads key head h // (heads / kv_heads))
@@ -209,6 +261,11 @@ def test_bench_rollout_measures_every_loop_on_the_same_rows(cli):
         assert result["tokens_per_s"][name] == pytest.approx(result["tokens"] / seconds)
     assert result["same_rows"] == {k: result["rows"] for k in ("micro_batched", "continuous", "continuous_sync")}
     assert result["errors"] == {} and "graphs_over_micro_batched" not in result
+    from realbench.bench.rollout import run
+
+    chosen = run("grpo-tiny-cpu", rounds=1, only=("continuous",))  # the reference loop and the ones named
+    assert set(chosen["tokens_per_s"]) == {"micro_batched", "continuous"}
+    assert chosen["same_rows"] == {"micro_batched": chosen["rows"], "continuous": chosen["rows"]}
 
 
 def test_a_pipeline_is_refused_by_the_engine_and_runs_the_micro_batched_loop():

@@ -217,6 +217,7 @@ def test_run_monitor_shows_live_steps():
     assert all(m > 0 for m in mon.calls.data["measured"]) and "done" in mon.status.value
     assert mon.stop_button.disabled
     assert "samples at step 2" in mon.samples.value  # the latest decoded (here: token id) samples
+    assert result["calls"]["actor_gen"]["decode"] == "eager"  # compile_box unticked
     # the training form: a bad value is refused inline, a good one is the run's setting
     assert mon.training.boxes["learning_rate"].value == 1e-3  # the scenario's
     mon.training.boxes["epsilon"].value = -0.5
@@ -298,3 +299,24 @@ def test_run_monitor_shows_the_staleness_of_asynchronous_plans():
                "calls": {}, "samples": [], "timings": [{"step": k, "seconds": 0.1} for k in range(3)]}
     mon._show(summary)
     assert mon.staleness.data == {"step": [0, 1, 2], "staleness": [0.0, 1.0, 1.0]}
+
+
+def test_run_monitor_compiles_the_decode_steps_when_asked(monkeypatch):
+    """The compile box is `realbench run --compile-decode`: it reaches run_plan."""
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import BASELINES
+    from realbench.plan import load_scenario
+    from realbench.runtime import launch
+    from realbench.widgets import RunMonitor
+
+    seen = []
+    monkeypatch.setattr(launch, "run_plan", lambda *a, **kw: seen.append(kw["compile_decode"]) or {"steps": 0})
+    scenario = load_scenario("ppo-tiny-2cpu")
+    est = Estimator(scenario)
+    mon = RunMonitor(steps=1, profile=None)
+    mon.set_plan(scenario, est.options_of(BASELINES["symmetric"](est)), "symmetric")
+    for ticked in (False, True):
+        mon.compile_box.value = ticked
+        assert mon.start()
+        mon.wait(60)
+    assert seen == [False, True]

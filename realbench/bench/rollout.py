@@ -7,6 +7,8 @@ can run it on this machine's device (`grpo-500m-1gpu` on a GPU when there is one
   * `continuous`: the rollout engine stepping eagerly, reading the device every step;
   * `continuous_sync`: the same reading it every `sync_every` steps;
   * `graphs`: the same with each decode step a CUDA graph (GPU only; `rollout.DecodeGraphs`);
+  * `graphs_compiled`: the same with the step compiled by torch.compile (inductor) before its
+    capture: a layer's element-wise kernels fused (GPU only; the compilation in `first_call_s`);
   * `transformers_static`: transformers' `generate` with its static cache, eager;
   * `transformers_compiled`: the same compiled, as transformers compiles a static cache's
     forward on a GPU by itself (GPU only; the first call's compilation reported apart).
@@ -20,8 +22,8 @@ start, the graphs' capture, compilation) is timed apart as `first_call_s`. `same
 many rows each loop made as the micro-batched loop did (eager and graph steps compute the same
 kernels: on the CPU all of them; a GPU's bf16 kernels at other batch shapes round apart, and a
 near-uniform random model's draws follow the rounding: `fp32_same_rows` checks a few rows in fp32).
-Target on a GPU (issue: at least ten times what the runtime generated at before): `graphs`
-against `micro_batched`.
+Target on a GPU (issue: at least ten times what the runtime generated at before): the faster of
+`graphs` and `graphs_compiled` against `micro_batched`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ CHECK_ROWS, CHECK_TOKENS = 16, 64  # the fp32 check of the rows on a GPU
 
 
 def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = "auto",
-        compiled: bool = True) -> dict:
+        compiled: bool = True, only: tuple[str, ...] = ()) -> dict:
+    """`only`: the loops to time beside `micro_batched` (empty: every loop the device runs)."""
     import torch
 
     from realbench.bench.runtime import _model
@@ -69,8 +72,9 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
     on_device = prompts.to(device)
     key = 7
 
-    def engine(sync: int, graphs: bool):
-        return lambda: RolloutEngine(ours, prompts, new, rows, key=key, sync_every=sync, graphs=graphs).run()[0]
+    def engine(sync: int, graphs: bool, compile_step: bool = False):
+        return lambda: RolloutEngine(ours, prompts, new, rows, key=key, sync_every=sync, graphs=graphs,
+                                     compiled=compile_step).run()[0]
 
     def hf_generate(**kw):
         return lambda: hf.generate(on_device, attention_mask=torch.ones_like(on_device), max_new_tokens=new,
@@ -81,9 +85,13 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
              "continuous": engine(1, False), "continuous_sync": engine(sync_every, False)}
     if gpu:
         loops["graphs"] = engine(sync_every, True)
+        if compiled:
+            loops["graphs_compiled"] = engine(sync_every, True, True)
     loops["transformers_static"] = hf_generate(disable_compile=True)
     if gpu and compiled:
         loops["transformers_compiled"] = hf_generate()
+    if only:
+        loops = {k: fn for k, fn in loops.items() if k == "micro_batched" or k in only}
 
     def timed(fn):
         if gpu:
@@ -125,14 +133,20 @@ def run(scenario: str = "", rounds: int = 3, sync_every: int = 8, device: str = 
         few = prompts[:CHECK_ROWS]
         with torch.no_grad():
             want = generate(exact, few, CHECK_TOKENS, key=key)[0]
-            got = RolloutEngine(exact, few, CHECK_TOKENS, CHECK_ROWS, key=key, sync_every=sync_every, graphs=True).run()[0]
+            checked = {name: RolloutEngine(exact, few, CHECK_TOKENS, CHECK_ROWS, key=key, sync_every=sync_every,
+                                           graphs=True, compiled=name == "graphs_compiled").run()[0]
+                       for name in ("graphs", "graphs_compiled") if name in med}
         result["fp32_same_rows"] = {"rows": CHECK_ROWS, "new_tokens": CHECK_TOKENS,
-                                    "graphs": int((got == want).all(1).sum())}
+                                    **{name: int((got == want).all(1).sum()) for name, got in checked.items()}}
+    for name in ("graphs", "graphs_compiled"):
+        if name in med:
+            result[f"{name}_over_micro_batched"] = med["micro_batched"] / med[name]
+            for hf_name in ("transformers_static", "transformers_compiled"):
+                if hf_name in med:
+                    result[f"{name}_over_{hf_name}"] = med[hf_name] / med[name]
     if "graphs" in med:
-        result["graphs_over_micro_batched"] = med["micro_batched"] / med["graphs"]
-        result["meets_target"] = result["graphs_over_micro_batched"] >= TARGET
+        best = min((n for n in ("graphs", "graphs_compiled") if n in med), key=med.get)
+        result["best_loop"] = best
+        result["meets_target"] = result[f"{best}_over_micro_batched"] >= TARGET
         result["target"] = TARGET
-        for hf_name in ("transformers_static", "transformers_compiled"):
-            if hf_name in med:
-                result[f"graphs_over_{hf_name}"] = med[hf_name] / med["graphs"]
     return result

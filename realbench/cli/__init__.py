@@ -72,6 +72,9 @@ def add_device_args(p, cuda_help: str) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"),
                    help="what the models compute in (trained models keep fp32 master weights and Adam "
                         "state; losses and log-probabilities are fp32); auto: bf16 on CUDA, fp32 on the CPU")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="generation's decode step through torch.compile (fuses each layer's element-wise "
+                        "kernels; a CUDA graph of it on a GPU); the first step of a run pays the compilation")
 
 
 def add_output_args(p) -> None:

@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--master-addr", default="", help="accelerate: node 0's address to write into the config")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"), help="what the workers compute in")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="the workers' decode steps through torch.compile (realbench run --compile-decode)")
     p.add_argument("--save-hf", default="", metavar="DIR", help="node 0 writes the trained models there at the end")
     p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                    help="evaluate on the held-out rows every N steps")
@@ -57,7 +59,7 @@ def _model_paths(pairs: list[str]) -> dict[str, str]:
 def run(args) -> int:
     written = export_plan(args.format, args.plan, args.out, args.scenario, args.nodes, args.gpus_per_node,
                           args.steps, args.port, args.master_addr, args.force, dtype=args.dtype,
-                          save_hf=args.save_hf, eval_every=args.eval_every, model_paths=_model_paths(args.model_path),
+                          compile_decode=args.compile_decode, save_hf=args.save_hf, eval_every=args.eval_every, model_paths=_model_paths(args.model_path),
                           profile_for=lambda scenario: profile_for(args, scenario))
     for path in written:
         log(f"wrote {path}")

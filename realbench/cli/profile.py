@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help=f"measure the grid this many times and keep the median (default {d.passes})")
     p.add_argument("--call-passes", type=non_negative_int, default=d.call_passes,
                    help=f"measure the runtime's whole calls this many times and keep the median (default {d.call_passes})")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="measure generation's decode steps compiled, as `realbench run --compile-decode` runs "
+                        "them (each shape compiles once; needs --out: the cached profile prices plain runs)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(handler=run)
 
@@ -64,8 +67,11 @@ def run(args) -> int:
     req = ProfileRequest(models=tuple(models or ("llama-tiny",)), batches=args.batches, lengths=args.lengths,
                          repeats=args.repeats, warmup=args.warmup, passes=args.passes, call_passes=args.call_passes,
                          nproc=ProfileRequest().nproc if nproc is None else nproc, device=args.device,
-                         dtype=args.dtype)
+                         dtype=args.dtype, compile_decode=args.compile_decode)
     check_request(req)
+    if args.compile_decode and not args.out:
+        raise ConfigError("needs --out: this machine's cached profile prices runs without compiled decode steps",
+                          "--compile-decode")
     if not args.out:
         path = cache_path(*machine_identity(req.nproc, req.device))
         with progress_bar("profiling") as on_progress:

@@ -125,13 +125,17 @@ def run(args) -> int:
     if profile is not None and profile.dtype != DTYPE_NAMES[dtype]:
         log(f"note: the profile was measured in {profile.dtype} and the run computes in {dtype}: "
             "its estimates price the other dtype (realbench profile --dtype)")
+    if profile is not None and profile.compile_decode != args.compile_decode:
+        log("note: the profile measured decode steps " + ("compiled" if profile.compile_decode else "uncompiled")
+            + " and the run's are " + ("compiled" if args.compile_decode else "not") + ": its generation estimates "
+            "price the other (realbench profile --compile-decode)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     progress = Progress(args.steps, args.out)
     trackers = Trackers(report_to, args.out, scenario.name, {
         "scenario": scenario.to_document(), "plan": plan_from_options(scenario, options).to_document()["calls"],
         "settings": {"nproc": args.nproc, "steps": args.steps, "seed": args.seed, "dtype": args.dtype,
-                     "device": args.device}}) if report_to else None
+                     "device": args.device, "compile_decode": args.compile_decode}}) if report_to else None
 
     def on_step(summary: dict) -> None:
         progress(summary)
@@ -140,7 +144,7 @@ def run(args) -> int:
     try:
         result = run_plan(scenario, options, args.nproc, args.steps, args.seed, args.save_every,
                           args.checkpoint_dir, args.resume, profile=profile, device=args.device,
-                          dtype=args.dtype, save_hf=args.save_hf, eval_every=args.eval_every, on_step=on_step,
+                          dtype=args.dtype, compile_decode=args.compile_decode, save_hf=args.save_hf, eval_every=args.eval_every, on_step=on_step,
                           replan=replan)
         on_step(result)  # the steps the watcher had not shown (or logged) yet
     except RunError as e:

@@ -64,7 +64,7 @@ def run(args) -> int:
     try:
         worker_process(scenario.to_document(), plan_from_options(scenario, options).to_document(), args.steps,
                        args.seed, str(out), args.save_every, args.checkpoint_dir, resume_step, device_type, dtype,
-                       args.save_hf, args.eval_every, replan)
+                       args.save_hf, args.eval_every, replan, args.compile_decode)
     except BaseException:
         first = (out / f"error.{rank}").read_text().splitlines()[0] if (out / f"error.{rank}").exists() else ""
         print(f"realbench: run failed: {first or f'rank {rank} failed'}", file=sys.stderr)
@@ -72,7 +72,8 @@ def run(args) -> int:
     if rank != 0:
         return 0
     result = {**RunSummary(scenario, options, resume_step)(json.loads((out / "records.json").read_text())),
-              "device": device_type, "dtype": dtype, **read_switches(out)}
+              "device": device_type, "dtype": dtype,
+              "compile_decode": args.compile_decode, **read_switches(out)}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     if args.json:
         emit_json(result)

@@ -45,6 +45,10 @@ def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optio
                       max_staleness=scenario.dataflow.max_staleness, **worker)
 
 
+# the settings of the workers a launcher starts (LaunchSpec's), at their defaults
+WORKER_DEFAULTS = {"dtype": "auto", "compile_decode": False, "save_hf": "", "eval_every": 0}
+
+
 def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,
                 nodes: Optional[int] = None, gpus_per_node: Optional[int] = None, steps: int = 100,
                 port: int = DEFAULT_PORT, master_addr: str = "", overwrite: bool = False, profile_for=None,
@@ -55,6 +59,11 @@ def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] 
     analytic model); `model_paths`: an engine's checkpoint folders by role, over the scenario's."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", "--format")
+    if fmt == "html" or fmt in ENGINES:  # the runtime workers' settings: nothing here would carry them
+        for key, default in WORKER_DEFAULTS.items():
+            if worker.get(key, default) != default:
+                raise ConfigError(f"sets realbench's workers, which the {fmt} format does not launch (accelerate, "
+                                  "torchrun or slurm do)", "--" + key.replace("_", "-"))
     if fmt in ENGINES:
         _, scenario, options = load_plan(plan_path, load_scenario(scenario_arg) if scenario_arg else None)
         return export_config(fmt, scenario, options, out, model_paths or {}, overwrite)

@@ -28,6 +28,7 @@ class LaunchSpec:
     port: int = DEFAULT_PORT
     run_dir: str = "realbench-run"
     dtype: str = "auto"
+    compile_decode: bool = False
     save_hf: str = ""  # where node 0 writes the trained models, relative to the launch folder
     eval_every: int = 0
     max_staleness: int = 0  # asynchronous RL: the plan's
@@ -42,6 +43,7 @@ class LaunchSpec:
         it names, relative to the scenario file (a shared file system, at the same path)."""
         q = shlex.quote
         extra = f" --dtype {self.dtype}" if self.dtype != "auto" else ""
+        extra += " --compile-decode" if self.compile_decode else ""
         extra += f" --save-hf {q(self.save_hf)}" if self.save_hf else ""
         extra += f" --eval-every {self.eval_every}" if self.eval_every else ""
         extra += f" --max-staleness {self.max_staleness}" if self.max_staleness else ""

@@ -175,6 +175,9 @@ class Profile(FileModel):
     date: str
     dtype: str = "float32"
     bytes_per_value: int = Field(default=4, ge=1)
+    # generation's decode steps measured compiled (realbench profile --compile-decode): the runs
+    # this prices are `realbench run --compile-decode`'s
+    compile_decode: bool = False
     models: dict[str, ModelProfile]
     collectives: dict[str, dict[str, list[CollectivePoint]]] = {}  # kind -> group size -> points
 

@@ -54,7 +54,7 @@ class ReplanSettings:
 def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, out_dir: str,
                    save_every: int = 0, checkpoint_dir: str = "", resume_step: int = 0,
                    device_type: str = "cpu", dtype: str = "fp32", save_hf: str = "", eval_every: int = 0,
-                   replan: ReplanSettings = ReplanSettings()) -> None:
+                   replan: ReplanSettings = ReplanSettings(), compile_decode: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -74,6 +74,7 @@ def worker_process(scenario_doc: dict, plan_doc: dict, steps: int, seed: int, ou
         options = resolve_plan(plan_from_document(plan_doc), scenario)
         # a resumed run's weights come from the checkpoint, under whatever plan it was written
         worker = Worker(rank, scenario, options, seed, total_steps=steps, device=device, dtype=torch_dtype(dtype),
+                        compile_decode=compile_decode,
                         weights=not resume_step)
         if resume_step:
             load_resharded(worker, os.path.join(checkpoint_dir, f"step{resume_step}"))
@@ -203,7 +204,8 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     so that waiting for a rank still busy elsewhere is not counted, as the estimate of the call
     alone does not; median over the steps after the first: robust to a step slowed by the
     machine; with plan switches, the steps of the first plan) beside the estimate, and
-    generated tokens per second;
+    generated tokens per second, and how generation decoded (`decode`: rollout.SlotTimeline's, each
+    way some rank ran it);
     reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
     averaged over the ranks that report them; token counts summed), which a seeded run
     reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
@@ -257,6 +259,9 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         rates = [timings[s][f"{name}/tokens_per_s"] for s in warm if f"{name}/tokens_per_s" in timings[s]]
         if rates:
             calls[name]["tokens_per_s"] = statistics.median(rates)
+        ways = {r[s]["decode"][name] for r in records for s in range(steps) if name in r[s].get("decode", {})}
+        if ways:
+            calls[name]["decode"] = ", ".join(sorted(ways))
     realloc = [sum(r[s]["realloc_bytes"] for r in records) for s in range(steps)]
     # per step: the last step's (a LoRA run's first step also fills the frozen base of each layout),
     # and every step's
@@ -419,7 +424,7 @@ def _wait(proc, stop) -> None:
 def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, save_every: int = 0,
              checkpoint_dir: str = "", resume: bool = False, profile=None, on_step=None,
              device: str = "auto", stop=None, dtype: str = "auto", save_hf: str = "", eval_every: int = 0,
-             replan: ReplanSettings = ReplanSettings()) -> dict:
+             replan: ReplanSettings = ReplanSettings(), compile_decode: bool = False) -> dict:
     """Run RLHF steps of a plan on `nproc` local processes (up to step `steps`, from the latest
     checkpoint when `resume`) on `device` (auto: a GPU per process when there are enough, else
     the CPU); returns the summary. `on_step(summary so far)` is called from a watcher thread as
@@ -442,6 +447,8 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
         plan_file.write_text(json.dumps(plan_from_options(scenario, options).to_document()))
         args = ["--scenario", str(scenario_file), "--plan", str(plan_file), "--steps", str(steps), "--seed", str(seed),
                 "--out", out_dir, "--device", device_type, "--dtype", dtype]
+        if compile_decode:
+            args.append("--compile-decode")
         if save_every:
             args += ["--save-every", str(save_every)]
         if save_every or resume:
@@ -483,7 +490,7 @@ def run_plan(scenario, options: dict, nproc: int, steps: int, seed: int = 0, sav
                            + launcher_cause(log_path.read_text(errors="replace")))
         records = json.loads(Path(out_dir, "records.json").read_text())
         switches = read_switches(out_dir)
-    return {**summary(records), "device": device_type, "dtype": dtype, **switches}
+    return {**summary(records), "device": device_type, "dtype": dtype, "compile_decode": compile_decode, **switches}
 
 
 def launcher_cause(log: str) -> str:

@@ -57,6 +57,9 @@ class ProfileRequest:
     # the CPU), since a GPU's bf16 matmuls run an order of magnitude faster than its fp32 ones
     dtype: str = "auto"
     collectives: bool = True  # False: layers only (adding a model to a profile that has them)
+    # decode steps as `realbench run --compile-decode` runs them: the block's step and the whole
+    # generation calls through torch.compile (each shape of the grid compiles once)
+    compile_decode: bool = False
 
     def specs(self) -> list[tuple[str, ModelSpec]]:
         """(name in the profile, spec) of each requested architecture, once per shape (what a
@@ -229,7 +232,8 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
                 slots.positions.fill_(s)
                 slots.decoding(s + 1, b)
                 x1, pos1, layer = x[:, :1].contiguous(), slots.positions[:, None], slots.layer(next(iter(stage.layers)))
-                record("block.decode", b, s, _as_the_engine_decodes(lambda: block(x1, pos1, layer), dev, tp))
+                stepper = torch.compile(block, fullgraph=True, dynamic=False) if req.compile_decode else block
+                record("block.decode", b, s, _as_the_engine_decodes(lambda: stepper(x1, pos1, layer), dev, tp))
             record("embed.fwd_bwd", b, s, backward(lambda: stage.embed_tokens(tokens)))
             record("block.fwd_bwd", b, s, backward(lambda: block(xg, pos)))
             record("head.fwd_bwd", b, s, backward(lambda: stage.output(xg)))
@@ -340,7 +344,7 @@ def _whole_calls(spec, rank: int, world: int, req: ProfileRequest, tick, dev) ->
                     for y, part in zip(outs, parts):
                         losses.token_logprobs(y, part, G)
 
-            calls = {"generate": lambda m=m: rollout(model, prompts, G, m, key=0),
+            calls = {"generate": lambda m=m: rollout(model, prompts, G, m, key=0, compiled=req.compile_decode),
                      "inference": inference, "train": train}
             for kind, fn in calls.items():
                 timing = clock(fn if model is not None else (lambda: None))
@@ -543,7 +547,7 @@ def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, in
     dtype = profile_dtype(req)
     return Profile.model_validate({
         "device": this_machine(req.device, req.nproc, 1).model_dump(),
-        "versions": versions, "dtype": DTYPE_NAMES[dtype],
+        "versions": versions, "dtype": DTYPE_NAMES[dtype], "compile_decode": req.compile_decode,
         "bytes_per_value": DTYPE_BYTES[dtype],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "models": data["models"], "collectives": data["collectives"]})

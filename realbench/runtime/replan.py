@@ -53,7 +53,7 @@ def switch_plan(old, options: dict):
     from realbench.runtime.worker import Worker
 
     new = Worker(old.rank, old.scenario, options, old.seed, total_steps=old.total_steps, device=old.device, dtype=old.dtype,
-                 groups=old.groups, dataset=old.dataset, weights=False)
+                 compile_decode=old.compile_decode, groups=old.groups, dataset=old.dataset, weights=False)
     masters = sorted(set(old.master_of) - set(old.functions))
     # Adam's step count, known on the ranks of each trained model's old layout
     trained = [m for m in masters if old.calls[m].kind == CallKind.TRAIN]

@@ -38,6 +38,10 @@ a step's shapes depend on the number of slots computed alone, and each such numb
 once and replayed: one launch per decode step instead of one per kernel (hundreds per step for
 a 16-layer model, which left the GPU waiting on Python). Graphs need one device per replica
 (tensor parallelism's collectives inside a capture are not run here): other layouts decode eagerly.
+With `compiled` (`realbench run --compile-decode`), the model's forward in the steps of every slot
+goes through torch.compile before its capture: inductor fuses each layer's element-wise kernels
+(norms, rotary, SiLU and products, residual adds, cache writes), which inside a graph still cost
+a few microseconds each.
 """
 
 from __future__ import annotations
@@ -163,6 +167,9 @@ class SlotTimeline:
     computed: list[int] = field(default_factory=list)  # slots the step computed (a power of two)
     moves: int = 0  # rows moved to lower slots in the tail
     prefills: list[tuple[int, int]] = field(default_factory=list)  # (decode step, rows prefilled)
+    # how the decode steps ran: "eager" (the window grows), "fixed-shape" or "cuda graphs", each
+    # possibly "compiled ..." (the steps of every slot)
+    decode: str = ""
 
 
 class RolloutEngine:
@@ -174,10 +181,14 @@ class RolloutEngine:
                  rows: Optional[torch.Tensor] = None, greedy: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, eos: Optional[int | Sequence[int]] = None,
                  limits: Optional[Sequence[int]] = None, sync_every: int = 1,
-                 graphs: Optional[DecodeGraphs | EagerSteps | bool] = None):
+                 graphs: Optional[DecodeGraphs | EagerSteps | bool] = None, compiled: bool | str = False):
         """`graphs`: how decode steps run: None picks CUDA graphs on a GPU replica of one device
         and plain eager steps elsewhere; False eager steps with the growing window; a
-        `DecodeGraphs` or `EagerSteps` (the tests') runs fixed-shape steps through it."""
+        `DecodeGraphs` or `EagerSteps` (the tests') runs fixed-shape steps through it.
+        `compiled`: the model's forward in the step of every slot (the steps before the tail)
+        through torch.compile (True: inductor; a string names another backend), which fuses a
+        layer's element-wise kernels; fixed-shape steps then (`EagerSteps` where there are no
+        graphs). Sampling stays eager (inductor's scan of the float64 cumulative sum fails on a GPU)."""
         if model.layout.dims.pp != 1:
             raise ValueError("continuous batching runs generation layouts without pipeline parallelism")
         if slots < 1 or sync_every < 1:
@@ -190,6 +201,8 @@ class RolloutEngine:
         if graphs is None:
             graphs = model.device.type == "cuda" and model.layout.dims.tp == 1
         self.graphs = DecodeGraphs() if graphs is True else graphs or None
+        if compiled and self.graphs is None:
+            self.graphs = EagerSteps()
         self.slots = min(slots, B) if B else 1
         self.cache = SlotCache(model.stage, self.slots, P + gen_len)
         self.stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=dev)
@@ -217,6 +230,11 @@ class RolloutEngine:
         self.count_host, self.pos_host = [0] * S, [0] * S
         self.steps, self.host_reads = 0, 0
         self.timeline = SlotTimeline()
+        # one shape compiled: the tail's fewer slots would each compile again, for a few steps
+        self.full_forward = model.stage if not compiled else torch.compile(
+            model.stage, fullgraph=True, dynamic=False, backend="inductor" if compiled is True else compiled)
+        how = "cuda graphs" if isinstance(self.graphs, DecodeGraphs) else "fixed-shape" if self.graphs else "eager"
+        self.timeline.decode = f"compiled {how}" if compiled else how
 
     # -- host <-> device ------------------------------------------------------------------------------
     def _read(self, t: torch.Tensor) -> list:
@@ -348,7 +366,8 @@ class RolloutEngine:
         c = self.cache
         c.decoding(window, n)
         last, count, dest, ended = self.last[:n], self.count[:n], self.dest[:n], self.ended[:n]
-        logits = self.model.stage(last[:, None], c.positions[:n, None], c, last_only=True)
+        forward = self.full_forward if n == self.slots else self.model.stage
+        logits = forward(last[:, None], c.positions[:n, None], c, last_only=True)
         token, chosen = sample_tokens(logits[:, -1], self.slot_rows[:n], count, self.key, *self.sampling)
         column = count.clamp(max=self.gen_len - 1)  # the scratch row takes any count
         self.seqs[dest, self.P + column] = token
@@ -370,16 +389,19 @@ def generate_continuous(model: PlacedModel, prompts: torch.Tensor, gen_len: int,
 
 
 def rollout(model: PlacedModel, prompts: torch.Tensor, gen_len: int, micro_batches: int = 1, sync_every: int = 1,
-            timeline: Optional[SlotTimeline] = None, **sampling) -> tuple[torch.Tensor, torch.Tensor]:
+            timeline: Optional[SlotTimeline] = None, compiled: bool = False, **sampling
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """A generation call's rows as the runtime makes them: continuous batching in
     ceil(rows / micro_batches) slots without pipeline parallelism, the micro-batched pipeline
     loop (`engine.generate`) with it. `sampling`: key, rows, greedy, temperature, top_k, top_p,
-    eos. `timeline`, where given, receives the slots' (continuous batching)."""
+    eos. `timeline`, where given, receives the slots' (continuous batching); `compiled`: the
+    engine's decode steps through torch.compile (pipelines decode eagerly whatever it says)."""
     if model.layout.dims.pp > 1:
         return generate(model, prompts, gen_len, micro_batches=micro_batches, **sampling)
     engine = RolloutEngine(model, prompts, gen_len, max(1, math.ceil(len(prompts) / micro_batches)),
-                           sync_every=sync_every, **sampling)
+                           sync_every=sync_every, compiled=compiled, **sampling)
     out = engine.run()
     if timeline is not None:
-        timeline.busy, timeline.prefills = engine.timeline.busy, engine.timeline.prefills
+        timeline.busy, timeline.prefills, timeline.decode = (engine.timeline.busy, engine.timeline.prefills,
+                                                             engine.timeline.decode)
     return out

@@ -203,16 +203,21 @@ class StepRecord:
     lengths: dict[str, list[list[int]]] = field(default_factory=dict)
     # per generation call and replica under continuous batching: the slots busy at each decode step
     slots: dict[str, list[int]] = field(default_factory=dict)
+    # per generation call: how its decode steps ran on this rank (rollout.SlotTimeline.decode; a
+    # pipeline's "micro-batched")
+    decode: dict[str, str] = field(default_factory=dict)
 
 
 class Worker:
     def __init__(self, rank: int, scenario: Scenario, options: dict[str, Option], seed: int = 0,
                  total_steps: Optional[int] = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, groups: Optional[Groups] = None,
-                 dataset: Optional[Dataset] = None, weights: bool = True):
+                 dataset: Optional[Dataset] = None, weights: bool = True, compile_decode: bool = False):
         """`groups`, `dataset`: an earlier worker's of the same run (a plan switch keeps the
         process groups it can and the tokenized data); `weights`: fill the models with their
-        initial weights (false when they are about to be moved in, see runtime.replan)."""
+        initial weights (false when they are about to be moved in, see runtime.replan);
+        `compile_decode`: generation's decode steps through torch.compile (rollout.RolloutEngine)."""
+        self.compile_decode = compile_decode
         self.rank, self.scenario, self.seed = rank, scenario, seed
         # the run's length: the learning-rate schedules decay over it
         self.total_steps = total_steps
@@ -532,10 +537,11 @@ class Worker:
             greedy = "greedy" in c.name or self.evaluating
             slots = SlotTimeline()
             with model.stage.adapters(self._adapters_on(i)):
-                seqs, lps = rollout(model, prompts, c.gen_len, m, c.sync_steps, slots,
+                seqs, lps = rollout(model, prompts, c.gen_len, m, c.sync_steps, slots, self.compile_decode,
                                     key=self.seed * 1_000_003 + step * 131 + i * 17, greedy=greedy,
                                     temperature=self.algorithm.temperature, top_k=self.scenario.training.top_k,
                                     top_p=self.scenario.training.top_p, eos=self.eos, rows=rows)
+            rec.decode[c.name] = slots.decode or "micro-batched"
             if slots.busy and coord.tp == 0:  # the replica's slots filling and draining
                 rec.slots[f"{c.name}/dp{coord.dp}"] = slots.busy
             if model.is_last:

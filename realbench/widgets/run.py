@@ -3,7 +3,8 @@ thread) with live reward and loss curves, measured beside estimated time per cal
 step with a marker at each plan switch (re-planning, `replan_box`), for asynchronous plans the
 staleness of each step's trained batch (train steps behind the weights that generated it), the latest
 decoded samples, a stop button (the processes end; checkpoints already written stay) and,
-optionally, the trained models saved as Hugging Face folders at the end."""
+optionally, the trained models saved as Hugging Face folders at the end, and generation's decode
+steps compiled (`compile_box`, `realbench run --compile-decode`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class RunMonitor:
         # re-planning (realbench.runtime.replan): 0 steps = keep the plan
         self.replan_box = w.BoundedIntText(value=0, min=0, max=10_000, description="re-plan every")
         self.replan_budget_box = w.BoundedFloatText(value=5.0, min=0.1, max=600, description="search s")
+        # realbench run --compile-decode: generation's decode steps through torch.compile
+        self.compile_box = w.Checkbox(value=False, description="compile decode steps", indent=False)
         self.training = TrainingForm()
         self.status = w.HTML("<i>no plan yet</i>")
         self.samples = w.HTML()
@@ -47,7 +50,8 @@ class RunMonitor:
         self._new_sources()
         self.plot = BokehModel(self._figures([]))
         self.widget = w.VBox([w.HBox([self.nproc_box, self.steps_box, self.seed_box, self.run_button,
-                                      self.stop_button]), w.HBox([self.save_box, self.replan_box, self.replan_budget_box]),
+                                      self.stop_button]), w.HBox([self.save_box, self.replan_box, self.replan_budget_box,
+                                                           self.compile_box]),
                               self.training.widget, self.status, self.plot, self.samples])
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
@@ -160,7 +164,7 @@ class RunMonitor:
             result = run_plan(self.scenario, self.options, nproc, self.steps_box.value,
                               self.seed_box.value, on_step=lambda summary: send(self._show, summary),
                               stop=self._stop.is_set, save_hf=self.save_box.value.strip(), profile=profile,
-                              replan=self._replan())
+                              replan=self._replan(), compile_decode=self.compile_box.value)
             self.result = result  # at once: wait() returns it even while the kernel's loop is busy
             send(self._finish, result, None)
         except Exception as e:
