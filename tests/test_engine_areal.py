@@ -2,6 +2,7 @@
 realbench writes checked by AReaL's own loader, config classes and allocation parser in its own
 environment (`make engines`: .venv-areal)."""
 
+import math
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from realbench.engines import areal
+from realbench.plan import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = Path(os.environ.get("REALBENCH_AREAL_PYTHON", ROOT / ".venv-areal" / "bin" / "python"))
@@ -323,6 +325,7 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["critic.use_lora=true"], "critic.use_lora", "does not price"),
     (["actor.path=Qwen/Qwen2.5-1.5B-Instruct"], "actor.path", "not a checkpoint folder"),
     (["train_dataset.batch_size=6"], "train_dataset.batch_size", "evenly"),
+    (["actor.mb_spec.max_tokens_per_mb=600"], "actor.mb_spec.max_tokens_per_mb", "600 tokens hold no whole row"),
     (["rollout.backend=sglang:d1t16"], "rollout.backend", "spans nodes"),
     (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
     (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
@@ -405,3 +408,50 @@ def test_the_workbench_opens_an_areal_experiment_and_writes_the_plan_shown(job):
     assert checked["ok"], checked
     e.overrides_box.value, e.overwrite_box.value = "rollout.max_head_offpolicynes=1", True
     assert not e.open() and "did you mean &#x27;rollout.max_head_offpolicyness&#x27;" in e.status.value
+
+
+def test_token_budgets_hold_a_priced_micro_batch_when_responses_run_long():
+    """AReaL packs each step's rows by their real lengths (first fit decreasing to max_tokens_per_mb,
+    at least n_mbs). On ppo-8b-16gpu-longtail (responses log-normal, mean 971 of a 4,096 cap,
+    prompts 512) AReaL's example plan gives a trainer GPU 16 rows a step in 4 micro-batches, priced
+    at the mean row (512 + 971.16 tokens). The budget written is one such micro-batch,
+    ceil(16 / 4 x 1,483.16) = 5,933 tokens, with n_mbs 4: AReaL's own packer, on 200 steps of
+    lengths drawn from the distribution, never fills a micro-batch past it, forms at least 4 and
+    on average at most one more. A budget of 4 rows at the cap (18,432 tokens, what was written
+    before) lets it pack micro-batches three times the priced memory. Where rows are longer than
+    the example's 10,240 tokens, its budget is raised to one row (AReaL's packer refuses a longer row)."""
+    import numpy as np
+
+    from realbench.engines import priced_as
+    from realbench.engines.documents import budget_row
+
+    s = areal.job_of(priced_as(load_scenario("ppo-8b-16gpu-longtail"), "areal"))
+    gen = s.dataflow.call("actor_gen")
+    row = 512 + gen.lengths.expected
+    assert budget_row(s, "actor_train") == pytest.approx(row) and 971 < gen.lengths.expected < 972
+    options = areal.default_plan(s)
+    train = options["actor_train"].strategy
+    assert (train.dp, train.micro_batches, 512 // 4 // train.dp) == (8, 4, 16)
+    settings = areal._settings(s, options)
+    assert settings["actor.mb_spec.max_tokens_per_mb"] == math.ceil(16 / 4 * row) == 5933
+    assert settings["actor.mb_spec.n_mbs"] == 4
+    rng = np.random.default_rng(0)
+    steps = [(512 + np.searchsorted(gen.lengths.cdf(), rng.random(16), side="left")).tolist() for _ in range(200)]
+
+    def packed(capacity: int, n_mbs: int) -> list[list[int]]:
+        done = subprocess.run([str(PYTHON), str(CHECK), "pack", str(capacity), str(n_mbs)], input=json.dumps(steps),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    ours = packed(5933, 4)
+    assert max(max(step) for step in ours) <= 5933 and min(len(step) for step in ours) == 4
+    assert np.mean([len(step) for step in ours]) == pytest.approx(4.66)  # one more in most steps
+    before = packed(4 * (512 + 4096), 1)
+    assert np.mean([max(step) for step in before]) > 3 * 5933
+    # rows of 512 + 16,384 tokens: the example's 10,240-token micro-batches raised to one row
+    long = areal.job_of(priced_as(load_scenario("grpo-8b-32gpu-longtail"), "areal"))
+    plan = areal.default_plan(long)
+    t = plan["actor_train"].strategy
+    per_gpu = long.dataflow.call("actor_gen").seqs // 4 // t.dp
+    assert t.micro_batches == areal._micro_batches(per_gpu, budget_row(long, "actor_train"), None, 512 + 16384, 1)

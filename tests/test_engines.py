@@ -333,6 +333,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
      "models.actor.lora.target_modules", "no module 'qkv'"),
+    # a token budget that holds no whole row (64 + 128 tokens): verl's own assert, at run time
+    (("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"),
+     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "100 tokens hold no whole row of 192"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)
@@ -677,3 +680,28 @@ def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):
     written = yaml.safe_load((job / "lab" / "written.yaml").read_text())
     assert written["trainer"]["experiment_name"] == "from-the-lab"
     assert written["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 1
+
+
+def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row():
+    """verl splits a GPU's rows into ceil(their attention masks' sum / budget) micro-batches
+    (verl/utils/seqlen_balancing.py): with long-tailed responses, by the tokens the rows ran, not
+    their cap. ppo-8b-16gpu-longtail under verl's defaults (512 samples, 4 optimizer steps, 16
+    GPUs; prompts 512, responses of mean 971.16 and cap 4,096; budgets 16,384 for the actor and
+    its reference, 32,768 for the critic): a GPU's 8 training rows hold 8 x 1,483.16 = 11,865
+    tokens, one micro-batch (at the cap, 36,864: 3, split evenly 4); the reference's 32 rows
+    47,461 tokens, 3 budgets, split evenly 4; the critic's values 2. grpo-8b-32gpu-longtail's rows
+    reach 512 + 16,384 tokens, past verl's default budget, which verl asserts holds a row: its
+    default configuration is priced with the budget raised to one row."""
+    from realbench.engines import priced_as
+    from realbench.engines.documents import budget_row
+    from realbench.plan import load_scenario
+
+    s = priced_as(load_scenario("ppo-8b-16gpu-longtail"), "verl")
+    assert budget_row(s, "actor_train") == pytest.approx(512 + s.dataflow.call("actor_gen").lengths.expected)
+    plan = verl.default_plan(s)
+    assert (plan["actor_train"].strategy.dp, plan["actor_train"].strategy.micro_batches) == (16, 1)
+    assert plan["ref_inf"].strategy.micro_batches == 4 and plan["critic_inf"].strategy.micro_batches == 2
+    long = priced_as(load_scenario("grpo-8b-32gpu-longtail"), "verl")
+    rows = 512 // 4 // 32  # a GPU's rows an optimizer step
+    assert verl.default_plan(long)["actor_train"].strategy.micro_batches == \
+        verl._packed(rows, budget_row(long, "actor_train"), 512 + 16384) < rows

@@ -24,7 +24,8 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
 * **Batches**: `train_dataset.batch_size` prompts x `gconfig.n_samples` samples a step, split over
   the data-parallel ranks (utils/seqpack.py:558-562: the prompt groups divide evenly), in
   `actor.ppo_n_minibatches` optimizer steps (trainer/ppo/actor.py:336-366); each call's micro-batches
-  from its engine's `mb_spec` (at least `n_mbs`, packed to `max_tokens_per_mb` tokens; a Megatron
+  from its engine's `mb_spec` (at least `n_mbs`, packed to `max_tokens_per_mb` tokens by the rows'
+  real lengths, first fit decreasing: utils/data.py:696-760, utils/seqpack.py:234-260; a Megatron
   pipeline at least 2 x pp, a multiple of pp: megatron_engine.py:2054-2070); prompts of
   `train_dataset.max_length` tokens at most and responses of `gconfig.max_new_tokens`, both inside
   `gconfig.max_tokens` (infra/remote_inf_engine.py:810-821).
@@ -68,7 +69,7 @@ import yaml
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import job_documents, lora_problem, refuse_offload, whole_alpha
+from realbench.engines.documents import budget_row, job_documents, lora_problem, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _packed
@@ -90,8 +91,8 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
-PRICING_GAPS = ("AReaL packs sequences to max_tokens_per_mb by their real lengths; realbench counts the "
-                "micro-batches with each at its cap (prompt + response)",
+PRICING_GAPS = ("AReaL packs each step's sequences by their real lengths (first fit decreasing to max_tokens_per_mb); "
+                "realbench prices the micro-batches of a step whose responses run their mean length",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
 # rows packed end to end by their real lengths, always (utils/data.py:696-760, pack_tensor_dict):
@@ -289,10 +290,10 @@ def allocation_string(backend: str, dp: int, tp: int, pp: int) -> str:
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------
-def _micro_batches(rows: int, L: int, n_mbs: Optional[int], budget: Optional[int], pp: int) -> int:
-    """A GPU's micro-batches for `rows` of L tokens under an mb_spec: at least n_mbs, packed
-    to max_tokens_per_mb (split_padded_tensor_dict_into_mb_list, utils/data.py:696-760; unset: no
-    budget), a Megatron pipeline at least 2 pp and a multiple
+def _micro_batches(rows: int, L: float, n_mbs: Optional[int], budget: Optional[int], pp: int) -> int:
+    """A GPU's micro-batches for `rows` of L tokens each as AReaL counts them (documents.budget_row)
+    under an mb_spec: at least n_mbs, packed to max_tokens_per_mb (split_padded_tensor_dict_into_mb_list,
+    utils/data.py:696-760; unset: no budget), a Megatron pipeline at least 2 pp and a multiple
     of pp (megatron_engine.py:2054-2070); the fewest even splits of the rows at least as many."""
     m = max(int(n_mbs or 1), _packed(rows, L, int(budget)) if budget else 1)
     if pp > 1:
@@ -301,9 +302,20 @@ def _micro_batches(rows: int, L: int, n_mbs: Optional[int], budget: Optional[int
     return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (pp == 1 or k % pp == 0)), rows)
 
 
+def _whole_row(budget: Optional[int], L: int, key: str, source: str) -> Optional[int]:
+    """A token budget a micro-batch that holds a whole row of L tokens, or ConfigError (AReaL's
+    packer refuses a sequence longer than it, utils/seqpack.py:234-242)."""
+    if budget is not None and int(budget) < L:
+        raise ConfigError(f"{budget} tokens hold no whole row of {L} (prompt and response): AReaL's packer refuses "
+                          "a longer sequence (utils/seqpack.py:234-242)", key, source)
+    return budget
+
+
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
-    """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed."""
+            gpus_per_node: Optional[int] = None, row: Optional[float] = None) -> tuple[dict, dict]:
+    """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed.
+    `row`: the tokens a row counts toward max_tokens_per_mb (documents.budget_row: the prompt and
+    the mean response, for a job with response lengths); default the whole row."""
     refuse_unpriced(s, given, source)
     for key in ("actor.backend", "rollout.backend"):
         if s.get(key) in (None, "???"):
@@ -361,6 +373,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{max_tokens} leaves no room for responses after prompts of train_dataset.max_length "
                           f"{prompt_len}", "gconfig.max_tokens", source)
     L = prompt_len + gen_len
+    row = row or L
     prompts = int(s["train_dataset.batch_size"])
     rows = prompts * n
     steps = int(s["actor.ppo_n_minibatches"])
@@ -375,8 +388,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         per_gpu = _even(rows_per_call, dp, "samples", f"{role}.backend", source)
         megatron = a["backend"] == "megatron"
         out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
-               "micro_batches": _micro_batches(per_gpu, L, s.get(f"{role}.mb_spec.n_mbs"),
-                                               s.get(f"{role}.mb_spec.max_tokens_per_mb"), a["p"]),
+               "micro_batches": _micro_batches(per_gpu, row, s.get(f"{role}.mb_spec.n_mbs"),
+                                               _whole_row(s.get(f"{role}.mb_spec.max_tokens_per_mb"), L,
+                                                          f"{role}.mb_spec.max_tokens_per_mb", source), a["p"]),
                # (a forward keeps no activations for a backward: nothing to checkpoint)
                "activation_checkpointing": trained and bool(s.get(f"{role}.gradient_checkpointing")),
                "virtual_stages": int(s.get(f"{role}.megatron.virtual_pipeline_parallel_size") or 1) if megatron else 1}
@@ -471,9 +485,13 @@ def _backend(name: str, s: Strategy, trained: bool) -> str:
                       "optimizer states (zero 1); its forward-only Megatron models shard nothing", f"calls.{name}.zero")
 
 
-def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, L: int) -> dict[str, Any]:
+def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, L: int, row: float
+                     ) -> dict[str, Any]:
     """An engine's settings for a call of `rows` samples a GPU (an optimizer step's, or the whole
-    batch's) of L tokens: its allocation and micro-batches packed to the tokens of one."""
+    batch's) of up to L tokens, `row` on average (documents.budget_row): its allocation and its
+    micro-batches, at least the plan's count (n_mbs), packed to the tokens of one on average (the
+    memory the plan prices for one) and at least a whole row (AReaL's packer refuses a longer
+    sequence, utils/seqpack.py:234-242)."""
     backend = _backend(name, s, trained)
     if backend == "megatron" and s.pp > 1 and (s.micro_batches < 2 * s.pp or s.micro_batches % s.pp):
         raise ConfigError(f"{s.micro_batches}: AReaL's Megatron pipeline runs at least 2 x pp micro-batches, a multiple "
@@ -481,8 +499,8 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     if s.virtual_stages > 1 and backend != "megatron":
         raise ConfigError("virtual stages are Megatron's (megatron.virtual_pipeline_parallel_size)",
                           f"calls.{name}.virtual_stages")
-    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": 1,
-           f"{role}.mb_spec.max_tokens_per_mb": rows // s.micro_batches * L,
+    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": s.micro_batches,
+           f"{role}.mb_spec.max_tokens_per_mb": max(math.ceil(rows // s.micro_batches * row), L),
            f"{role}.gradient_checkpointing": s.checkpointing}
     if backend == "megatron":
         out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
@@ -528,7 +546,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                            "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
                            "rollout.max_head_offpolicyness": df.max_staleness,
                            "rollout.backend": allocation_string(server, gen.dp, gen.tp, gen.pp)}
-    L = g.prompt_len + g.gen_len
+    L, row = g.prompt_len + g.gen_len, budget_row(scenario, "actor_train")
     for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
                                 ("critic_train", "critic", True)):
         if name in options:
@@ -536,13 +554,14 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             if prompts % s.dp:
                 raise ConfigError(f"{prompts} prompt groups do not split evenly over {s.dp} data-parallel ranks "
                                   "(utils/seqpack.py:558-562)", f"calls.{name}.dp")
-            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, L))
+            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, L, row))
     if "critic_train" in options:
         out["critic.ppo_n_minibatches"] = steps
     if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
         t, i = options["critic_train"].strategy, options["critic_inf"].strategy
-        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, L, 1, out["critic.mb_spec.max_tokens_per_mb"],
-                                                         t.pp), False, t.virtual_stages,
+        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, row, out["critic.mb_spec.n_mbs"],
+                                                         out["critic.mb_spec.max_tokens_per_mb"], t.pp),
+                        False, t.virtual_stages,
                         3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0)
         if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
@@ -737,7 +756,8 @@ EXAMPLE = {"source": "AReaL examples/math/gsm8k_grpo.yaml (v1.0.4)", "settings":
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
     """The plan of AReaL's GSM8K example layout for the scenario's job on its whole cluster: the
     rollout's share of the GPUs (`settings` {"rollout_share": x}; default three quarters, the
-    paper's split), at the scenario's own staleness."""
+    paper's split), at the scenario's own staleness. Its micro-batches of 10,240 tokens hold at least a
+    whole row (AReaL's packer refuses a longer one: a job of longer rows raises the budget to one)."""
     c, df = scenario.cluster, scenario.dataflow
     N, G = c.n_devices, c.gpus_per_node
     gen, train = df.call("actor_gen"), df.call("actor_train")
@@ -761,10 +781,11 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         raise ConfigError(f"no rollout of AReaL's example layout splits this job's {gen.seqs} samples evenly")
     R, t = fits[0]
     critic, ref = "critic" in scenario.models, "ref_inf" in df.call_names
+    budget = max(10240, gen.prompt_len + gen.gen_len)
     given: dict[str, Any] = {
         "cluster.n_nodes": c.nodes, "cluster.n_gpus_per_node": G, "actor.backend": f"fsdp:d{N - R}",
         "rollout.backend": f"sglang:d{R // t}t{t}", "actor.scheduling_spec": _SCHEDULING_SPEC, "actor.path": "actor",
-        "actor.gradient_checkpointing": True, "actor.mb_spec.max_tokens_per_mb": 10240,
+        "actor.gradient_checkpointing": True, "actor.mb_spec.max_tokens_per_mb": budget,
         "train_dataset.batch_size": gen.seqs // gen.group_size, "train_dataset.max_length": gen.prompt_len,
         "gconfig.n_samples": gen.group_size, "gconfig.max_new_tokens": gen.gen_len,
         "gconfig.max_tokens": gen.prompt_len + gen.gen_len, "actor.ppo_n_minibatches": train.optimizer_steps,
@@ -774,9 +795,9 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         if present:
             given.update({f"{role}.backend": f"fsdp:d{N - R}", f"{role}.path": role,
                           f"{role}.scheduling_strategy.type": "colocation", f"{role}.scheduling_strategy.target": "actor",
-                          f"{role}.mb_spec.max_tokens_per_mb": 10240, f"{role}.gradient_checkpointing": True})
+                          f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": True})
     settings_ = resolve(given)
-    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100")
+    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
 
 

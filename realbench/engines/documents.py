@@ -78,6 +78,17 @@ def whole_alpha(lora, engine: str) -> int:
     return int(lora.lora_alpha)
 
 
+def budget_row(scenario, call_name: str) -> float:
+    """The tokens a row of a call counts toward an engine's token budget per micro-batch (verl's
+    dynamic batching, AReaL's max_tokens_per_mb): its prompt and its response as long as it ran,
+    on average (both count the attention mask's sum, verl/utils/seqlen_balancing.py:378-382,
+    areal/utils/data.py:723-731, padded rows or not). Without response lengths: the whole row."""
+    call = scenario.dataflow.call(call_name)
+    if call.lengths is None:
+        return float(call.seq_len)
+    return call.seq_len - call.lengths.max + call.lengths.expected
+
+
 def packs(scenario, engine: str, default: bool, settable: bool = True) -> bool:
     """Whether `engine` packs the rows of the scenario's scoring and training calls without padding:
     as its configuration says where the scenario was read from one (training.padding_free), else

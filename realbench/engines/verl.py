@@ -32,9 +32,10 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   `ppo_mini_batch_size` prompts (times n trajectories), `ppo_epochs` passes
   (workers/engine_workers.py:261-314); a replica's rows split into micro-batches of
   `*_micro_batch_size_per_gpu` rows that must divide them (workers/engine/utils.py:122-128), or
-  with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens (priced as the fewest equal
-  micro-batches at least as many as the packed ones, `_packed`: realbench's plans split a GPU's rows
-  evenly). The V1 critic always packs,
+  with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens, counted by the rows' real
+  lengths (the attention mask's sum, utils/seqlen_balancing.py:378-382: documents.budget_row; a budget
+  holds at least a whole row, :384-386) and priced as the fewest equal micro-batches at least as
+  many as the packed ones (`_packed`: realbench's plans split a GPU's rows evenly). The V1 critic always packs,
   both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
   (trainer/ppo/v1/trainer_base.py:266-268).
 
@@ -69,7 +70,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
-from realbench.engines.documents import job_documents, lora_problem, packs, whole_alpha
+from realbench.engines.documents import budget_row, job_documents, lora_problem, packs, whole_alpha
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -355,9 +356,11 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
                   "override_transformer_config.recompute_method", "override_transformer_config.recompute_num_layers")}
 
 
-def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = ""
-            ) -> tuple[dict, dict]:
-    """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config)."""
+def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
+            row: Optional[float] = None) -> tuple[dict, dict]:
+    """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config).
+    `row`: the tokens a row counts toward a token budget (documents.budget_row: the prompt and the
+    mean response, for a job with response lengths); default the whole row."""
     refuse_unpriced(engine, s, given, source)
     if not s["trainer.use_v1"] or s["trainer.v1.trainer_mode"] != "sync":
         raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync)",
@@ -403,6 +406,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           f"rollout's ({server!r})", f"{RM}.rollout.name", source)
     prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
     L = prompt_len + gen_len
+    row = row or L
     rows = prompts * n
 
     if engine == "dp":
@@ -434,17 +438,26 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         ref_zero = 0
     dp = N // (tp * pp)
 
+    def budget(key: str) -> int:
+        """A token budget a GPU, which verl asserts holds a whole row (verl/utils/seqlen_balancing.py:384-386)."""
+        if int(s[key]) < L:
+            raise ConfigError(f"{s[key]} tokens hold no whole row of {L} (prompt and response): verl asserts a "
+                              "budget at least that (verl/utils/seqlen_balancing.py:384-386)", key, source)
+        return int(s[key])
+
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return _packed(per_gpu, L, int(s["critic.ppo_infer_max_token_len_per_gpu"]))
+            return _packed(per_gpu, row, budget("critic.ppo_infer_max_token_len_per_gpu"))
         if s[f"{A}.use_dynamic_bsz"]:
-            return _packed(per_gpu, L, int(s[f"{A}.ppo_max_token_len_per_gpu"]))
+            return _packed(per_gpu, row, budget(f"{A}.ppo_max_token_len_per_gpu"))
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
+    if s[f"{A}.use_dynamic_bsz"]:  # the actor's budget first: the reference's follows it unless set
+        budget(f"{A}.ppo_max_token_len_per_gpu")
     ref = "actor_rollout_ref.ref"
     ref_m = (0 if not with_ref else
-             _packed(rows // dp, L, int(s[f"{ref}.log_prob_max_token_len_per_gpu"])) if s[f"{ref}.log_prob_use_dynamic_bsz"]
+             _packed(rows // dp, row, budget(f"{ref}.log_prob_max_token_len_per_gpu")) if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
@@ -476,7 +489,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
                                  "zero": zeros["critic"]}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": _packed(rows // dp, L, int(s["critic.ppo_infer_max_token_len_per_gpu"])),
+                               "micro_batches": _packed(rows // dp, row, budget("critic.ppo_infer_max_token_len_per_gpu")),
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
@@ -601,18 +614,21 @@ def _per_micro_batch(scenario: Scenario, name: str, o: Option) -> int:
 def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     """The V1 critic's token budget a GPU (critic.ppo_infer_max_token_len_per_gpu) under which
     verl packs the critic's train and inference calls into the plan's micro-batch counts: one
-    budget B gives ceil(rows x seq_len / B) of each (module doc), so both counts must agree with
-    some B; the largest such B (the fewest packed micro-batches) is written."""
+    budget B gives ceil(rows x row / B) of each (module doc; a row's tokens as verl counts them,
+    documents.budget_row), so both counts must agree with some B, at least a whole row (verl
+    asserts it, verl/utils/seqlen_balancing.py:384-386); the largest such B (the fewest packed
+    micro-batches) is written."""
     ct, ci = options["critic_train"].strategy, options["critic_inf"].strategy
     seq_len = scenario.dataflow.call("critic_train").seq_len
+    row = budget_row(scenario, "critic_train")
     train_rows = _rows_per_step(scenario, "critic_train", options["critic_train"])
     inf_rows = _rows_per_step(scenario, "critic_inf", options["critic_inf"])
-    train_tokens, inf_tokens = train_rows * seq_len, inf_rows * seq_len
-    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches))
-    if (_packed(train_rows, seq_len, budget), _packed(inf_rows, seq_len, budget)) != (ct.micro_batches, ci.micro_batches):
-        raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU "
+    train_tokens, inf_tokens = train_rows * row, inf_rows * row
+    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches), seq_len)
+    if (_packed(train_rows, row, budget), _packed(inf_rows, row, budget)) != (ct.micro_batches, ci.micro_batches):
+        raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU of at least a row "
                           f"(verl/trainer/ppo/v1/trainer_base.py:266-268): no budget gives {ct.micro_batches} "
-                          f"micro-batches of {train_tokens} tokens and {ci.micro_batches} of {inf_tokens}",
+                          f"micro-batches of {train_tokens:.0f} tokens and {ci.micro_batches} of {inf_tokens:.0f}",
                           "calls.critic_inf.micro_batches")
     return budget
 
@@ -793,10 +809,12 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
             if all(group.values()):
                 yield group
             continue
-        seq_len = df.call("critic_train").seq_len
+        seq_len, row = df.call("critic_train").seq_len, budget_row(scenario, "critic_train")
         for m in divisors(rows // steps // dp):
-            budget = math.ceil(rows // steps // dp * seq_len / m)
-            inf_m = _packed(rows // dp, seq_len, budget)
+            budget = max(math.ceil(rows // steps // dp * row / m), seq_len)
+            if _packed(rows // steps // dp, row, budget) != m:  # fewer rows than a budget of one holds
+                continue
+            inf_m = _packed(rows // dp, row, budget)
             with_critic = {**group, "critic_train": [o for o in trained("critic_train") if o.strategy.micro_batches == m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero))])}
             if all(with_critic.values()):
@@ -828,7 +846,9 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     """The plan of verl's default configuration for the scenario's job: its YAML's settings
     (FSDP fully sharded, gradient checkpointing, rollout tp 2 with max_num_seqs 256, a reward
     model's tp 2), with dynamic batching at its default token budgets, since its per-GPU
-    micro-batch sizes have no default; `settings` over those (EXAMPLE's, say)."""
+    micro-batch sizes have no default (the actor's raised to a whole row where the job's rows are
+    longer: verl asserts a budget holds one, verl/utils/seqlen_balancing.py:384-386); `settings`
+    over those (EXAMPLE's, say)."""
     df, c = scenario.dataflow, scenario.cluster
     gen, train = df.call("actor_gen"), df.call("actor_train")
     n = gen.group_size
@@ -842,9 +862,11 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
              "algorithm.use_kl_in_reward": ref and scenario.algorithm == "ppo",
              f"{A}.use_kl_loss": ref and scenario.algorithm != "ppo",
              **(settings or {})}
+    budget = f"{A}.ppo_max_token_len_per_gpu"  # the reference's and rollout's follow it (interpolation)
+    given.setdefault(budget, max(int(defaults("dp")[budget]), gen.prompt_len + gen.gen_len))
     if isinstance(scenario.models["reward"], FunctionSpec):
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
         given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
-    _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100")
+    _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
