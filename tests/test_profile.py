@@ -482,3 +482,15 @@ def test_a_compiled_profile_times_decode_steps_as_compiled_runs_take_them(cli, t
                        "--profile", path, "--force-profile")
     assert code == 0, err
     assert "profile measured decode steps compiled and the run's are not" in err
+
+
+def test_a_failed_measuring_process_is_one_line_and_writes_nothing(cli, tmp_path, monkeypatch):
+    from realbench.runtime import profiler
+    from realbench.runtime.local import WorkerError
+
+    def fails(*a, **kw):
+        raise WorkerError("rank 0 failed: FailOnRecompileLimitHit: Hard failure\nTraceback ...")
+    monkeypatch.setattr(profiler, "profile_machine", fails)
+    code, _, err = cli("profile", "--nproc", 1, "--out", tmp_path / "p.json")
+    assert code == 1 and err.strip() == "realbench: profile failed: rank 0 failed: FailOnRecompileLimitHit: Hard failure"
+    assert not (tmp_path / "p.json").exists()

@@ -195,6 +195,19 @@ def test_compiled_decode_steps_make_the_same_rows_and_compile_once(model):
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_a_compiled_forward_takes_more_shapes_than_torchs_default_limit():
+    """torch.compile's fullgraph compile fails past 8 shapes of one function in a process (a run
+    that re-plans meets new slot counts, a profile's grid many): compile_static allows
+    COMPILED_SHAPES."""
+    from realbench.runtime.rollout import COMPILED_SHAPES, compile_static
+
+    layer = torch.nn.Linear(3, 2)
+    forward = compile_static(layer, "eager")
+    for rows in range(1, 13):
+        assert torch.allclose(forward(torch.ones(rows, 3)), layer(torch.ones(rows, 3)))
+    assert COMPILED_SHAPES >= 12
+
+
 def _reference_key(model, key):
     from realbench.runtime.engine import generate
 

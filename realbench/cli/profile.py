@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from realbench.cli import log, non_negative_int
 
 
@@ -72,10 +74,19 @@ def run(args) -> int:
     if args.compile_decode and not args.out:
         raise ConfigError("needs --out: this machine's cached profile prices runs without compiled decode steps",
                           "--compile-decode")
+    from realbench.runtime.local import WorkerError
+
+    def failed(e: WorkerError) -> int:  # a measuring process failed: its first line, nothing written
+        print(f"realbench: profile failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     if not args.out:
         path = cache_path(*machine_identity(req.nproc, req.device))
-        with progress_bar("profiling") as on_progress:
-            profile = machine_profile(req.nproc, device=req.device, refresh=True, request=req, on_progress=on_progress)
+        try:
+            with progress_bar("profiling") as on_progress:
+                profile = machine_profile(req.nproc, device=req.device, refresh=True, request=req,
+                                          on_progress=on_progress)
+        except WorkerError as e:
+            return failed(e)
         for line in profile_summary(profile):
             log(line)
         log(f"refreshed this machine's cached profile for {req.nproc} processes: {path}")
@@ -85,8 +96,11 @@ def run(args) -> int:
         raise ConfigError("exists; pass --force to overwrite it", source=str(out))
     if not out.parent.exists():
         raise ConfigError("its folder does not exist", source=str(out))
-    with progress_bar("profiling") as on_progress:
-        profile = profile_machine(req, on_progress)
+    try:
+        with progress_bar("profiling") as on_progress:
+            profile = profile_machine(req, on_progress)
+    except WorkerError as e:
+        return failed(e)
     profile.save(out, overwrite=args.force)
     for line in profile_summary(profile):
         log(line)

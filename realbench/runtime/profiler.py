@@ -191,7 +191,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
 
     from realbench.runtime import losses
     from realbench.runtime.engine import sample_tokens
-    from realbench.runtime.rollout import SlotCache
+    from realbench.runtime.rollout import SlotCache, compile_static
     from realbench.runtime.device import torch_dtype
     from realbench.runtime.model import LlamaStage
 
@@ -232,7 +232,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
                 slots.positions.fill_(s)
                 slots.decoding(s + 1, b)
                 x1, pos1, layer = x[:, :1].contiguous(), slots.positions[:, None], slots.layer(next(iter(stage.layers)))
-                stepper = torch.compile(block, fullgraph=True, dynamic=False) if req.compile_decode else block
+                stepper = compile_static(block) if req.compile_decode else block
                 record("block.decode", b, s, _as_the_engine_decodes(lambda: stepper(x1, pos1, layer), dev, tp))
             record("embed.fwd_bwd", b, s, backward(lambda: stage.embed_tokens(tokens)))
             record("block.fwd_bwd", b, s, backward(lambda: block(xg, pos)))

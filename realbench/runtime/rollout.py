@@ -55,6 +55,22 @@ import torch
 from realbench.runtime.engine import PlacedModel, generate, sample_tokens
 
 WINDOW = 32  # attention reads the cache up to the furthest slot's position, rounded up to this
+# shapes one module's forward may compile in a process (torch's default, 8, fails a fullgraph
+# compile past it: a run that re-plans, or a profile's grid, meets more slot counts than that)
+COMPILED_SHAPES = 64
+
+
+def compile_static(module, backend: str = "inductor"):
+    """`module` through torch.compile, whole (fullgraph) and specialised to each shape it meets,
+    allowed COMPILED_SHAPES of them (the limit raised for these calls only)."""
+    import torch._dynamo
+
+    fn = torch.compile(module, fullgraph=True, dynamic=False, backend=backend)
+
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(recompile_limit=COMPILED_SHAPES):
+            return fn(*args, **kwargs)
+    return call
 
 
 def warm_up(step) -> None:
@@ -231,8 +247,8 @@ class RolloutEngine:
         self.steps, self.host_reads = 0, 0
         self.timeline = SlotTimeline()
         # one shape compiled: the tail's fewer slots would each compile again, for a few steps
-        self.full_forward = model.stage if not compiled else torch.compile(
-            model.stage, fullgraph=True, dynamic=False, backend="inductor" if compiled is True else compiled)
+        self.full_forward = model.stage if not compiled else compile_static(
+            model.stage, "inductor" if compiled is True else compiled)
         how = "cuda graphs" if isinstance(self.graphs, DecodeGraphs) else "fixed-shape" if self.graphs else "eager"
         self.timeline.decode = f"compiled {how}" if compiled else how
 
