@@ -69,7 +69,8 @@ import yaml
 
 from realbench.dataflow import CallKind
 from realbench.engines import listing
-from realbench.engines.documents import budget_row, job_documents, lora_problem, refuse_offload, whole_alpha
+from realbench.engines.documents import (budget_row, job_documents, lora_problem, refuse_offload, whole_alpha,
+                                         whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _packed
@@ -302,15 +303,6 @@ def _micro_batches(rows: int, L: float, n_mbs: Optional[int], budget: Optional[i
     return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (pp == 1 or k % pp == 0)), rows)
 
 
-def _whole_row(budget: Optional[int], L: int, key: str, source: str) -> Optional[int]:
-    """A token budget a micro-batch that holds a whole row of L tokens, or ConfigError (AReaL's
-    packer refuses a sequence longer than it, utils/seqpack.py:234-242)."""
-    if budget is not None and int(budget) < L:
-        raise ConfigError(f"{budget} tokens hold no whole row of {L} (prompt and response): AReaL's packer refuses "
-                          "a longer sequence (utils/seqpack.py:234-242)", key, source)
-    return budget
-
-
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
             gpus_per_node: Optional[int] = None, row: Optional[float] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed.
@@ -389,8 +381,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         megatron = a["backend"] == "megatron"
         out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
                "micro_batches": _micro_batches(per_gpu, row, s.get(f"{role}.mb_spec.n_mbs"),
-                                               _whole_row(s.get(f"{role}.mb_spec.max_tokens_per_mb"), L,
-                                                          f"{role}.mb_spec.max_tokens_per_mb", source), a["p"]),
+                                               whole_row_budget(s.get(f"{role}.mb_spec.max_tokens_per_mb"), L,
+                                                                f"{role}.mb_spec.max_tokens_per_mb", source,
+                                                                "AReaL's packer refuses a longer sequence "
+                                                                "(utils/seqpack.py:234-242)"), a["p"]),
                # (a forward keeps no activations for a backward: nothing to checkpoint)
                "activation_checkpointing": trained and bool(s.get(f"{role}.gradient_checkpointing")),
                "virtual_stages": int(s.get(f"{role}.megatron.virtual_pipeline_parallel_size") or 1) if megatron else 1}

@@ -89,6 +89,14 @@ def budget_row(scenario, call_name: str) -> float:
     return call.seq_len - call.lengths.max + call.lengths.expected
 
 
+def whole_row_budget(budget, L: int, key: str, source: str, refused_by: str) -> Optional[int]:
+    """A token budget a micro-batch (None: unset), or ConfigError where it holds no whole row of L
+    tokens, which the engine refuses (`refused_by`: how, and where in its source)."""
+    if budget is not None and int(budget) < L:
+        raise ConfigError(f"{budget} tokens hold no whole row of {L} (prompt and response): {refused_by}", key, source)
+    return None if budget is None else int(budget)
+
+
 def packs(scenario, engine: str, default: bool, settable: bool = True) -> bool:
     """Whether `engine` packs the rows of the scenario's scoring and training calls without padding:
     as its configuration says where the scenario was read from one (training.padding_free), else

@@ -70,7 +70,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
-from realbench.engines.documents import budget_row, job_documents, lora_problem, packs, whole_alpha
+from realbench.engines.documents import budget_row, job_documents, lora_problem, packs, whole_alpha, whole_row_budget
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -439,11 +439,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     dp = N // (tp * pp)
 
     def budget(key: str) -> int:
-        """A token budget a GPU, which verl asserts holds a whole row (verl/utils/seqlen_balancing.py:384-386)."""
-        if int(s[key]) < L:
-            raise ConfigError(f"{s[key]} tokens hold no whole row of {L} (prompt and response): verl asserts a "
-                              "budget at least that (verl/utils/seqlen_balancing.py:384-386)", key, source)
-        return int(s[key])
+        return whole_row_budget(s[key], L, key, source,
+                                "verl asserts a budget at least that (verl/utils/seqlen_balancing.py:384-386)")
 
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp

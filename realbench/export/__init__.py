@@ -45,8 +45,9 @@ def launch_spec(plan_path: str, scenario_arg: Optional[str] = None, nodes: Optio
                       max_staleness=scenario.dataflow.max_staleness, **worker)
 
 
-# the settings of the workers a launcher starts (LaunchSpec's), at their defaults
-WORKER_DEFAULTS = {"dtype": "auto", "compile_decode": False, "save_hf": "", "eval_every": 0}
+# the settings of the workers a launcher starts, at LaunchSpec's defaults
+WORKER_DEFAULTS = {name: LaunchSpec.__dataclass_fields__[name].default
+                   for name in ("dtype", "compile_decode", "save_hf", "eval_every")}
 
 
 def export_plan(fmt: str, plan_path: str, out: str, scenario_arg: Optional[str] = None,

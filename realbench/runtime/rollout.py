@@ -117,8 +117,9 @@ class DecodeGraphs:
 
 
 class EagerSteps:
-    """`DecodeGraphs`' interface without a GPU: runs each step as it comes, and records each
-    step's shape key (what the tests check: a key fixes every shape a step computes)."""
+    """`DecodeGraphs`' interface without a GPU: runs each step as it comes (fixed shapes: compiled
+    steps use it there), and records each step's shape key (what the tests check: a key fixes
+    every shape a step computes)."""
 
     def __init__(self):
         self.keys: list = []
