@@ -120,6 +120,12 @@ def test_zero_is_refused_where_its_engines_cannot_run_it():
                            (train_call(), Strategy(8, 1, 1, 1, zero=3, offload_params=True))):
         field, message = strategy_problem(call, M7, H100, mesh, strategy)
         assert field == "offload_params" and "an inference call's, under zero 3" in message, message
+    # optimizer states in host memory between updates: verl's FSDP optimizer_offload, a train call's
+    assert strategy_problem(train_call(), M7, H100, mesh, Strategy(8, 1, 1, 1, zero=2, offload_optimizer=True)) is None
+    for call, strategy in ((ref, Strategy(8, 1, 1, 1, zero=3, offload_optimizer=True)),
+                           (train_call(), Strategy(8, 1, 1, 1, zero=1, offload_optimizer=True))):
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == "offload_optimizer" and "a train call's, under zero 2 or 3" in message, message
 
 
 def test_decode_is_bandwidth_bound_at_small_batch():

@@ -247,6 +247,25 @@ def test_worker_outside_a_launcher_is_a_clear_error(cli, two_node_plan, tmp_path
     assert code == 2 and "torchrun" in err and len(err.strip().splitlines()) == 1
 
 
+
+def test_a_worker_ends_its_process_with_its_status_skipping_the_teardown(monkeypatch, capsys):
+    """The worker's process ends by os._exit with the run's status once its work returns (the
+    interpreter's teardown can abort in gloo: a finished run reported failed); what it printed is
+    flushed first."""
+    import realbench.cli.worker as worker
+
+    class Ended(Exception):
+        pass
+
+    def _exit(code):
+        raise Ended(code)
+
+    monkeypatch.setattr(worker, "_work", lambda args: print("summary") or 3)
+    monkeypatch.setattr(worker.os, "_exit", _exit)
+    with pytest.raises(Ended) as ended:
+        worker.run(None)
+    assert ended.value.args == (3,) and capsys.readouterr().out == "summary\n"
+
 # -- the HTML report ------------------------------------------------------------------------------------
 def test_html_report_renders_in_chromium(cli, searched_70b, tmp_path):
     from PIL import Image

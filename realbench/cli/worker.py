@@ -42,6 +42,18 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    """Run this process's part of the plan, then end the process at once with its exit status.
+    The process groups were destroyed and every file written before; what would run after is the
+    interpreter's teardown, where torch can abort ("terminate called without an active exception":
+    gloo's threads freeing tensors that need the GIL): a finished run would be reported as failed.
+    Bad input raises before anything runs, as in every command."""
+    code = _work(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _work(args) -> int:
     from realbench.plan.plan import plan_from_options
     from realbench.runtime.device import resolve_device, resolve_dtype
     from realbench.runtime.launch import RunSummary, check_run, read_switches, worker_process

@@ -404,5 +404,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     master = (params * sharding.weight_bytes_per_param(s.zero, dp) + adapters * sharding.trained_bytes_per_param(s.zero, dp)
               if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
     weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
+    if s.offload_optimizer:  # the moments on the device during this call only, moved in and out once
+        moments = sharding.moment_bytes(trained, dp)
+        master, working = master - moments, working + moments
+        optimizer += sharding.optimizer_round_trip(cluster, trained, dp)
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

@@ -18,6 +18,11 @@ with its parameters offloaded (FSDP's CPU offload, `offload_params`: verl's refe
 none between calls: the shard lives in host memory in full precision (4 / d bytes, verl's fp32
 model_dtype) and each layer's share crosses the host link (PCIe) before its gather, in every
 micro-batch's forward (FSDP unshards per forward), beside one layer's fp32 share in flight.
+A train call with its optimizer offloaded (verl's FSDP `optimizer_offload`, `offload_optimizer`)
+keeps Adam's two fp32 moments of its shard (8 / d bytes a parameter; the fp32 weights are FSDP's
+own parameters and stay) in host memory between updates: they cross the host link in before the
+call's first update and out after its last (verl/workers/engine/base.py:314-333, moved tensor by
+tensor by verl/utils/fsdp_utils.py:241-261), on the device only while the call runs.
 
 Communication in the data-parallel group per optimizer step (ring collectives over d devices,
 realbench.cost.comm; a reduce-scatter moves what an all-gather does):
@@ -43,6 +48,7 @@ from realbench.hardware import ClusterSpec
 BF16 = 2
 FP32 = 4
 STATE_BYTES = 12  # fp32 master weights and Adam's two moments
+MOMENT_BYTES = 8  # Adam's two moments alone (an offloaded optimizer's)
 
 
 def trained_bytes_per_param(zero: int, dp: int) -> float:
@@ -67,6 +73,18 @@ def host_copy(cluster: ClusterSpec, dp: int, params: float) -> float:
     """Seconds to bring a device's share of `params` offloaded parameters from host memory: their
     fp32 shard over the host link (module doc)."""
     return params / dp * FP32 / cluster.host_bw
+
+
+def moment_bytes(trained: float, dp: int) -> float:
+    """Adam's two fp32 moments of a device's share of `trained` parameters under zero >= 1
+    (what an offloaded optimizer moves; module doc)."""
+    return trained / dp * MOMENT_BYTES
+
+
+def optimizer_round_trip(cluster: ClusterSpec, trained: float, dp: int) -> float:
+    """Seconds to bring an offloaded optimizer's moments in from host memory and send them back,
+    once a train call (module doc)."""
+    return 2 * moment_bytes(trained, dp) / cluster.host_bw
 
 
 def gathered_bytes(zero: int, layer_params: float, backward: bool, offloaded: bool = False, dp: int = 1) -> float:

@@ -16,14 +16,15 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     old log-probabilities from (realbench.dataflow.core.OldLogprobs); `padding_free` whether it packs
     the rows of its scoring and training calls without padding; `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
-    strategy's defaults (no checkpointing, one virtual stage, no sharding) left out as a plan file
+    strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
     for c in calls.values():
         if c["dp"] == 1:  # one replica: nothing to shard over (nor to offload a shard of)
             c.pop("zero", None)
             c.pop("offload_params", None)
+            c.pop("offload_optimizer", None)
         for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False),
-                         ("offload_params", False)):
+                         ("offload_params", False), ("offload_optimizer", False)):
             if c.get(key, off) == off:
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,

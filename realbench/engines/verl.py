@@ -44,7 +44,9 @@ Megatron's distributed optimizer as zero 1, the weight sync to the rollout as th
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
 max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
-workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call). What is not priced
+workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), an FSDP actor's or
+critic's `optimizer_offload` as Adam's moments in host memory between updates (`offload_optimizer`
+on its train call: OPTIMIZER_OFFLOAD). What is not priced
 is said wherever a verl plan is read or written (`PRICING_GAPS`: nothing known now). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
@@ -126,6 +128,11 @@ REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probab
 # realbench's training.padding_free, one setting for every call
 PADDING_FREE = True
 REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
+# FSDP's optimizer_offload per trained role: Adam's moments in host memory between updates
+# (workers/engine/base.py:314-333; realbench's offload_optimizer, priced by realbench.cost.sharding).
+# The trained roles' param_offload (weights and gradients moved around every call and the weight
+# sync) and Megatron's offloads are not priced: refused by name
+OPTIMIZER_OFFLOAD = {"actor": f"{A}.fsdp_config.optimizer_offload", "critic": "critic.fsdp.optimizer_offload"}
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -347,7 +354,8 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
-        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", f"{RM}.enable", f"{RM}.model_path",
+        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", *OPTIMIZER_OFFLOAD.values(), f"{RM}.enable",
+        f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
@@ -466,7 +474,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                       "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
-                        "zero": zeros["actor"]},
+                        "zero": zeros["actor"], "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["actor"]]},
     }
     if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD)
         calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
@@ -484,7 +492,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         train_m = train_micro_batches("critic")
         calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
-                                 "zero": zeros["critic"]}
+                                 "zero": zeros["critic"],
+                                 "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["critic"]]}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
                                "micro_batches": _packed(rows // dp, row, budget("critic.ppo_infer_max_token_len_per_gpu")),
                                "zero": 3 if engine == "dp" else 0}
@@ -581,6 +590,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
+        if s.offload_optimizer and not fsdp:
+            return f"calls.{name}.offload_optimizer", ("realbench writes verl's FSDP optimizer_offload; Megatron's "
+                                                       "offloads are not priced")
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
@@ -705,6 +717,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         if engine == "dp":
             fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
             out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
+            out[OPTIMIZER_OFFLOAD[role]] = s.offload_optimizer
             out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
         else:
             meg = f"{block}.megatron"
@@ -794,8 +807,9 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
         def trained(name: str, zero_options=zeros) -> list[Option]:
             per_gpu = rows // steps // dp
-            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z)) for m in divisors(per_gpu)
-                                for ckpt in (False, True) for z in zero_options])
+            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_optimizer=off))
+                                for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
+                                for off in ((False, True) if z >= 2 else (False,))])
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:

@@ -108,7 +108,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             "experiment_name": cfg.trainer.experiment_name,
             # rows packed without padding (realbench's training.padding_free)
             "use_remove_padding": arr.model.use_remove_padding,
-            "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None}
+            "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None,
+            # Adam's moments in host memory between updates (realbench's offload_optimizer), FSDP's
+            "optimizer_offload": getattr(getattr(actor, "fsdp_config", None), "optimizer_offload", None),
+            "critic_optimizer_offload": cfg.critic.get("fsdp", {}).get("optimizer_offload") if critic else None}
 
 
 def main(argv: list[str]) -> int:

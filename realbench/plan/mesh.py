@@ -145,6 +145,10 @@ class Strategy:
     # copied to the device for every micro-batch's forward (FSDP's CPU offload, which verl forces
     # on its reference); an engine's, which realbench's runtime does not run
     offload_params: bool = False
+    # train calls under zero 2 or 3: Adam's two moments kept in host memory between updates,
+    # brought in before the call's first update and sent back after its last (verl's FSDP
+    # optimizer_offload); an engine's, which realbench's runtime does not run
+    offload_optimizer: bool = False
 
     @property
     def size(self) -> int:
@@ -154,7 +158,7 @@ class Strategy:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
-                + ("off" if self.offload_params else ""))
+                + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,8 +73,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.size != mesh.size:
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
-        if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params) != \
-                (1, 1, 1, 1, 0, False, False):
+        if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
+                s.offload_optimizer) != (1, 1, 1, 1, 0, False, False, False):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -93,6 +93,9 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.offload_params and (call.kind != CallKind.INFERENCE or s.zero != 3):
         return "offload_params", ("parameters in host memory are FSDP's CPU offload of a forward-only model: an "
                                   "inference call's, under zero 3")
+    if s.offload_optimizer and (call.kind != CallKind.TRAIN or s.zero < 2):
+        return "offload_optimizer", ("optimizer states in host memory between updates are verl's FSDP "
+                                     "optimizer_offload: a train call's, under zero 2 or 3")
     if s.merge_lora:
         problem = merge_problem(call, model)
         if problem:
