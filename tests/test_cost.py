@@ -116,10 +116,14 @@ def test_zero_is_refused_where_its_engines_cannot_run_it():
     assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3)) is None
     # parameters in host memory: FSDP's CPU offload of a forward-only model, under zero 3
     assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3, offload_params=True)) is None
+    # and verl's param_offload of a trained model, under zero 3
+    assert strategy_problem(train_call(), M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3, offload_params=True)) is None
+    gen = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
     for call, strategy in ((ref, Strategy(8, 1, 1, 1, offload_params=True)),
-                           (train_call(), Strategy(8, 1, 1, 1, zero=3, offload_params=True))):
+                           (train_call(), Strategy(8, 1, 1, 1, zero=2, offload_params=True)),
+                           (gen, Strategy(8, 1, 1, 1, offload_params=True))):
         field, message = strategy_problem(call, M7, H100, mesh, strategy)
-        assert field == "offload_params" and "an inference call's, under zero 3" in message, message
+        assert field == "offload_params" and "an inference or train call's, under zero 3" in message, message
     # optimizer states in host memory between updates: verl's FSDP optimizer_offload, a train call's
     assert strategy_problem(train_call(), M7, H100, mesh, Strategy(8, 1, 1, 1, zero=2, offload_optimizer=True)) is None
     for call, strategy in ((ref, Strategy(8, 1, 1, 1, zero=3, offload_optimizer=True)),

@@ -85,6 +85,7 @@ reward:
 
 
 OPTIMIZER_OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "critic.fsdp.optimizer_offload=true")
+PARAM_OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "critic.fsdp.param_offload=true")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -212,7 +213,10 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # an SGLang rollout and reward model, written back as SGLang
                                                ("ppo-rm.yaml", SGLANG),
                                                # Adam's moments in host memory between updates
-                                               ("ppo-rm.yaml", OPTIMIZER_OFFLOAD)])
+                                               ("ppo-rm.yaml", OPTIMIZER_OFFLOAD),
+                                               # the parameters too, and both on a GRPO actor
+                                               ("ppo-rm.yaml", PARAM_OFFLOAD),
+                                               ("grpo_qwen_fsdp.yaml", OPTIMIZER_OFFLOAD[:1] + PARAM_OFFLOAD[:1])])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -246,13 +250,16 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
-    offloaded = overrides == OPTIMIZER_OFFLOAD  # verl's FSDP optimizer_offload, per trained role
-    fsdp = "megatron" not in config
-    assert (checked["optimizer_offload"], checked["critic_optimizer_offload"]) == \
-        ((offloaded, offloaded) if fsdp and "ppo" in config else (offloaded, None) if fsdp else (None, None))
-    for name in ("actor_train", "critic_train"):
-        if name in plan["calls"]:
-            assert plan["calls"][name].get("offload_optimizer", False) is offloaded
+    # verl's FSDP optimizer_offload and param_offload, per trained role
+    fsdp, critic = "megatron" not in config, "ppo" in config
+    for flags, key, field in ((OPTIMIZER_OFFLOAD, "optimizer_offload", "offload_optimizer"),
+                              (PARAM_OFFLOAD, "param_offload", "offload_params")):
+        offloaded = tuple(f in overrides for f in flags)
+        assert (checked[key], checked[f"critic_{key}"]) == \
+            ((offloaded[0], offloaded[1] if critic else None) if fsdp else (None, None))
+        for name, off in zip(("actor_train", "critic_train"), offloaded):
+            if name in plan["calls"]:
+                assert plan["calls"][name].get(field, False) is off
     if LORA[0] in overrides:
         assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
@@ -319,8 +326,13 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     (("actor_rollout_ref.actor.ppo_mini_batch_sise=8",), "actor_rollout_ref.actor.ppo_mini_batch_sise",
      "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'"),
     (("+trainer.my_setting=1",), "trainer.my_setting", "verl 0.9.1 has no such setting"),
-    (("actor_rollout_ref.actor.fsdp_config.param_offload=true",), "actor_rollout_ref.actor.fsdp_config.param_offload",
-     "realbench does not price it"),
+    # a trained model's parameter offload: priced fully sharded, without LoRA
+    (("actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"),
+     "actor_rollout_ref.actor.fsdp_config.param_offload", "realbench prices a trained model's parameter offload fully sharded"),
+    (LORA + ("actor_rollout_ref.actor.fsdp_config.param_offload=true",), "actor_rollout_ref.actor.fsdp_config.param_offload",
+     "a LoRA model's parameter offload is not priced"),
+    (("model_engine=megatron", "actor_rollout_ref.actor.megatron.param_offload=true"),
+     "actor_rollout_ref.actor.megatron.param_offload", "realbench does not price it"),
     # Megatron's optimizer offload (its distributed optimizer's states; FSDP's is read)
     (("model_engine=megatron", "actor_rollout_ref.actor.megatron.optimizer_offload=true"),
      "actor_rollout_ref.actor.megatron.optimizer_offload", "realbench does not price it"),
@@ -529,6 +541,14 @@ def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl
         plan["ref_inf"] = replace(ref, strategy=replace(ref.strategy, zero=3, offload_params=True))
         key, why = module.space_problem(scenario, plan)
         assert key == "calls.ref_inf.offload_params" and flag in why, why
+        # nor do they write verl's optimizer offload, nor its parameter offload of a trained model
+        plan["ref_inf"] = ref
+        actor = plan["actor_train"]
+        assert actor.strategy.zero == 3, actor
+        for field in ("offload_optimizer", "offload_params"):
+            plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, **{field: True}))
+            key, why = module.space_problem(scenario, plan)
+            assert key == f"calls.actor_train.{field}" and "realbench does not write" in why, why
 
 
 def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_path):
@@ -753,3 +773,59 @@ def test_an_offloaded_optimizer_leaves_the_gpus_between_updates_for_two_trips_ov
     assert a.peak_mem_bytes - b.peak_mem_bytes == moments
     # the search inside verl sees it: the same plan with the offload is one of verl's
     assert verl.space_problem(scenario, off) is None
+
+
+def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_once_for_the_sync():
+    """verl's FSDP param_offload of a trained model: its fp32 shard (6,738,415,616 / 16 x 4 =
+    1,684,603,904 bytes for LLaMA-7B on 16 GPUs; 26.32 ms over a 64 GB/s host link) lives in host
+    memory between calls. PPO on `ppo-7b-7b-16gpu`: the actor's update and its old
+    log-probabilities' forward (priced in actor_train) are two engine calls, 4 crossings; the
+    critic's update one call (2 crossings of its own shard), its values on the same layout 2 more
+    before them; the rollout's weights are read from the host once (1 crossing); the reference and
+    reward are other models. Every GPU then holds both shards less between calls."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import Option, get_builtin
+
+    scenario = get_builtin("ppo-7b-7b-16gpu")
+    est = Estimator(priced_as(scenario, "verl"))
+    plain = verl.default_plan(scenario)
+    settings = {verl.PARAM_OFFLOAD["actor"]: True, verl.PARAM_OFFLOAD["critic"]: True}
+    off = verl.default_plan(scenario, settings)
+    assert off == {n: Option(o.mesh, replace(o.strategy, offload_params=True)) if n.endswith("_train") else o
+                   for n, o in plain.items()}
+    assert verl.space_problem(scenario, off) is None
+    a, b = (est.estimate(est.choice_of(p)) for p in (plain, off))
+    actor, critic = (scenario.models[r].n_params / 16 * 4 for r in ("actor", "critic"))
+    assert actor == 1_684_603_904
+    crossing = {"actor": actor / 64e9, "critic": critic / 64e9}
+    assert b.calls["actor_train"].time_s - a.calls["actor_train"].time_s == pytest.approx(4 * crossing["actor"])
+    assert b.calls["critic_train"].time_s - a.calls["critic_train"].time_s == pytest.approx(2 * crossing["critic"])
+    assert b.calls["critic_inf"].realloc_s - a.calls["critic_inf"].realloc_s == pytest.approx(2 * crossing["critic"])
+    assert b.calls["actor_gen"].realloc_s - a.calls["actor_gen"].realloc_s == pytest.approx(crossing["actor"])
+    for name in ("actor_gen", "ref_inf", "reward_inf", "critic_inf"):
+        assert b.calls[name].time_s == pytest.approx(a.calls[name].time_s, rel=1e-12)
+    assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(actor + critic, abs=2)
+    # the critic's values run on its layout with its shard brought back: where they hold the most
+    # (the long-tailed job's 32 rows a GPU in one micro-batch, beside an update of single rows with
+    # checkpointing), the critic's calls alone peak as high offloaded as not
+    import numpy as np
+
+    long = priced_as(get_builtin("ppo-8b-16gpu-longtail"), "verl")
+    est = Estimator(long)
+    base = verl.default_plan(long)
+    critic = {"critic_train": replace(base["critic_train"].strategy, micro_batches=8, checkpointing=True),
+              "critic_inf": replace(base["critic_inf"].strategy, micro_batches=1)}
+    peaks = []
+    for offloaded in (False, True):
+        plan = {**base, **{n: Option(base[n].mesh, replace(s, offload_params=offloaded and n == "critic_train"))
+                           for n, s in critic.items()}}
+        choice = np.array(est.choice_of(plan))
+        i_inf, i_train = est.call_names.index("critic_inf"), est.call_names.index("critic_train")
+        if not offloaded:  # the values' call is where the critic's calls peak
+            assert est.working[i_inf][choice[i_inf]] > est.working[i_train][choice[i_train]]
+        only = np.where(np.isin(np.arange(len(choice)), [i_inf, i_train]), choice, -1)
+        peaks.append(est.peak_memory_batch(only[None, :])[0])
+    assert peaks[0] == pytest.approx(peaks[1], abs=2)

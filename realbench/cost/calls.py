@@ -404,6 +404,10 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     master = (params * sharding.weight_bytes_per_param(s.zero, dp) + adapters * sharding.trained_bytes_per_param(s.zero, dp)
               if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
     weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
+    if s.offload_params:  # the fp32 shard on the device during the call only: in and out per engine call
+        shard = sharding.offloaded_shard_bytes(params, dp)
+        master, working = master - shard, working + shard
+        optimizer += (1 + (behaviour > 0)) * 2 * sharding.host_copy(cluster, dp, params)
     if s.offload_optimizer:  # the moments on the device during this call only, moved in and out once
         moments = sharding.moment_bytes(trained, dp)
         master, working = master - moments, working + moments

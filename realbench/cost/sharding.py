@@ -18,6 +18,12 @@ with its parameters offloaded (FSDP's CPU offload, `offload_params`: verl's refe
 none between calls: the shard lives in host memory in full precision (4 / d bytes, verl's fp32
 model_dtype) and each layer's share crosses the host link (PCIe) before its gather, in every
 micro-batch's forward (FSDP unshards per forward), beside one layer's fp32 share in flight.
+A trained model with its parameters offloaded (verl's FSDP `param_offload`, `offload_params` on its
+train call) keeps its fp32 shard (4 / d bytes a parameter, which realbench counts as the bf16 weights
+and gradients of the 16) in host memory between calls: every call on its layout brings the shard in
+and sends it back (verl's engine contexts, workers/engine/base.py:314-333: the old log-probabilities'
+forward and the update of a policy are two such calls, a critic's values and update two more), and
+the weight sync to another layout reads it from the host once (realbench.cost.simulate).
 A train call with its optimizer offloaded (verl's FSDP `optimizer_offload`, `offload_optimizer`)
 keeps Adam's two fp32 moments of its shard (8 / d bytes a parameter; the fp32 weights are FSDP's
 own parameters and stay) in host memory between updates: they cross the host link in before the
@@ -79,6 +85,11 @@ def moment_bytes(trained: float, dp: int) -> float:
     """Adam's two fp32 moments of a device's share of `trained` parameters under zero >= 1
     (what an offloaded optimizer moves; module doc)."""
     return trained / dp * MOMENT_BYTES
+
+
+def offloaded_shard_bytes(params: float, dp: int) -> float:
+    """A trained model's fp32 parameter shard in host memory between calls (module doc)."""
+    return params / dp * FP32
 
 
 def optimizer_round_trip(cluster: ClusterSpec, trained: float, dp: int) -> float:

@@ -54,8 +54,8 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "node", "mesh_id", "layout_id",
-           "working", "weights", "master_bytes")
+COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params", "node",
+           "mesh_id", "layout_id", "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
@@ -310,7 +310,8 @@ class Estimator:
         layout_id = (((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
                       + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
-                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "merge_lora": strategy[:, 4], "node": node,
+                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "merge_lora": strategy[:, 4],
+                "offload_params": strategy[:, 5], "node": node,
                 "mesh_id": mesh_id,
                 "layout_id": layout_id}
 
@@ -444,7 +445,20 @@ class Estimator:
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)
             copy[:, i] = ~holds_same_shards(src, dst)
+            if self.calls[m].kind == CallKind.TRAIN:
+                # a trained model's parameters in host memory between calls (verl's param_offload,
+                # realbench.cost.sharding): a call on its layout brings them in and sends them back;
+                # another layout's weights are read from the host once
+                off = self.offload_params[m][C[:, m]].astype(bool)
+                if off.any():
+                    crossing = self._offloaded_shard(m, C[:, m]) / self.cluster.host_bw
+                    R[:, i] += np.where(off, np.where(copy[:, i], 1.0, 2.0) * crossing, 0.0)
         return R, copy
+
+    def _offloaded_shard(self, m: int, k: np.ndarray) -> np.ndarray:
+        """The fp32 parameter shard a trained model's option k keeps in host memory when it
+        offloads them: twice its bf16 weights (zero 3: the shard; no adapters, see options)."""
+        return 2.0 * self.weights[m][k]
 
     # -- memory -----------------------------------------------------------------------------------
     def _memory(self, C: np.ndarray, copy: np.ndarray, per_device: bool = False):
@@ -484,6 +498,10 @@ class Estimator:
             if i in kept:  # held between steps (above) unless merged
                 own_copy = own_copy & merged[i]
             t = self.working[i][k] + np.where(own_copy, self.weights[i][k], 0.0)
+            m = self.master_of[i]
+            if m != i and chosen[m] and self.calls[m].kind == CallKind.TRAIN:  # brought in from the host
+                off = self.offload_params[m][C[:, m]].astype(bool) & ~copy[:, i]
+                t = t + np.where(off, self._offloaded_shard(m, C[:, m]), 0.0)
             if per_device:
                 inside = (devices[:, :, 0] >= lo[:, None]) & (devices[:, :, 0] < hi[:, None])
                 np.maximum(working, inside * t[:, None], out=working)

@@ -64,12 +64,16 @@ def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Option
 
 def refuse_offload(options, engine: str, flag: str) -> None:
     """Refuse a call with its parameters in host memory (`offload_params`, verl's FSDP reference as
-    realbench prices it: the fp32 shard copied in every forward), which realbench does not write in
-    `engine`'s settings (`flag`: the engine's own offload, refused on import, offloads otherwise)."""
+    realbench prices it: the fp32 shard copied in every forward; or verl's param_offload of a trained
+    model) or its optimizer's (`offload_optimizer`), which realbench does not write in `engine`'s
+    settings (`flag`: the engine's own offload, refused on import, offloads otherwise)."""
     for name, o in options.items():
         if o.strategy.offload_params:
             raise ConfigError(f"realbench does not write {engine}'s parameter offload ({flag}), which keeps and "
                               "moves them otherwise than the fp32 shards priced here", f"calls.{name}.offload_params")
+        if o.strategy.offload_optimizer:  # (verl's FSDP optimizer_offload: Adam's moments moved around each update)
+            raise ConfigError(f"realbench does not write {engine}'s optimizer offload, which keeps and updates the "
+                              "states otherwise than verl's priced here", f"calls.{name}.offload_optimizer")
 
 
 def whole_alpha(lora, engine: str) -> int:

@@ -45,8 +45,9 @@ all-gather of the model (realbench.cost.realloc), the rollout by continuous batc
 max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
 workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), an FSDP actor's or
-critic's `optimizer_offload` as Adam's moments in host memory between updates (`offload_optimizer`
-on its train call: OPTIMIZER_OFFLOAD). What is not priced
+critic's `optimizer_offload` as Adam's moments in host memory between updates and `param_offload`
+as its fp32 shard there between calls (`offload_optimizer`, `offload_params` on its train call:
+OPTIMIZER_OFFLOAD, PARAM_OFFLOAD). What is not priced
 is said wherever a verl plan is read or written (`PRICING_GAPS`: nothing known now). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
@@ -128,11 +129,13 @@ REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probab
 # realbench's training.padding_free, one setting for every call
 PADDING_FREE = True
 REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
-# FSDP's optimizer_offload per trained role: Adam's moments in host memory between updates
-# (workers/engine/base.py:314-333; realbench's offload_optimizer, priced by realbench.cost.sharding).
-# The trained roles' param_offload (weights and gradients moved around every call and the weight
-# sync) and Megatron's offloads are not priced: refused by name
+# FSDP's offloads per trained role (workers/engine/base.py:314-333, priced by realbench.cost.sharding):
+# optimizer_offload, Adam's moments in host memory between updates (realbench's offload_optimizer);
+# param_offload, the fp32 parameter shard in host memory between calls, brought in for each (the
+# old log-probabilities, the values, the update) and read from the host by the weight sync
+# (realbench's offload_params on the train call). Megatron's offloads are not priced: refused by name
 OPTIMIZER_OFFLOAD = {"actor": f"{A}.fsdp_config.optimizer_offload", "critic": "critic.fsdp.optimizer_offload"}
+PARAM_OFFLOAD = {"actor": f"{A}.fsdp_config.param_offload", "critic": "critic.fsdp.param_offload"}
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -354,7 +357,8 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
-        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", *OPTIMIZER_OFFLOAD.values(), f"{RM}.enable",
+        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", *OPTIMIZER_OFFLOAD.values(), *PARAM_OFFLOAD.values(),
+        f"{RM}.enable",
         f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
@@ -423,6 +427,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         for role, key in (("actor", f"{A}.fsdp_config.reshard_after_forward"),
                           ("critic", "critic.fsdp.reshard_after_forward")):
             zeros[role] = 3 if s[key] else 2
+            if s[PARAM_OFFLOAD[role]] and not s[key]:
+                raise ConfigError(f"True with {key} false: realbench prices a trained model's parameter offload "
+                                  "fully sharded (zero 3)", PARAM_OFFLOAD[role], source)
         if not s["actor_rollout_ref.ref.fsdp_config.reshard_after_forward"]:
             raise ConfigError("False: a forward-only FSDP model is priced fully sharded (zero 3)",
                               "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", source)
@@ -474,7 +481,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                       "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
-                        "zero": zeros["actor"], "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["actor"]]},
+                        "zero": zeros["actor"], "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["actor"]],
+                        "offload_params": engine == "dp" and s[PARAM_OFFLOAD["actor"]]},
     }
     if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD)
         calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
@@ -493,7 +501,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
                                  "zero": zeros["critic"],
-                                 "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["critic"]]}
+                                 "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["critic"]],
+                                 "offload_params": engine == "dp" and s[PARAM_OFFLOAD["critic"]]}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
                                "micro_batches": _packed(rows // dp, row, budget("critic.ppo_infer_max_token_len_per_gpu")),
                                "zero": 3 if engine == "dp" else 0}
@@ -516,6 +525,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         models.pop("ref", None)
         if s[LORA_MERGE]:
             calls["actor_gen"]["merge_lora"] = True
+        if s[PARAM_OFFLOAD["actor"]]:
+            raise ConfigError("True with lora_rank: a LoRA model's parameter offload is not priced",
+                              PARAM_OFFLOAD["actor"], source)
     elif s[ADAPTER_PATH] is not None:
         raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
                           "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
@@ -588,8 +600,11 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                         "tp, pp and virtual stages (verl/workers/engine/megatron/transformer_impl.py)")
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
-        if s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
+        if name in ("ref_inf", "critic_inf") and s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
+        if s.offload_params and not fsdp:
+            return f"calls.{name}.offload_params", ("realbench writes verl's FSDP param_offload; Megatron's "
+                                                    "offloads are not priced")
         if s.offload_optimizer and not fsdp:
             return f"calls.{name}.offload_optimizer", ("realbench writes verl's FSDP optimizer_offload; Megatron's "
                                                        "offloads are not priced")
@@ -718,6 +733,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
             out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
             out[OPTIMIZER_OFFLOAD[role]] = s.offload_optimizer
+            out[PARAM_OFFLOAD[role]] = s.offload_params
             out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
         else:
             meg = f"{block}.megatron"
@@ -807,9 +823,13 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
         def trained(name: str, zero_options=zeros) -> list[Option]:
             per_gpu = rows // steps // dp
-            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_optimizer=off))
+            lora = scenario.models[df.call(name).model].lora is not None  # (its parameter offload: not priced)
+            offloads = [(False, False), (False, True)] + ([] if lora else [(True, False), (True, True)])
+            return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
+                                                   offload_optimizer=moments))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
-                                for off in ((False, True) if z >= 2 else (False,))])
+                                for params, moments in (offloads if z >= 2 else [(False, False)])
+                                if not params or z == 3])
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:

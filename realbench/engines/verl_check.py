@@ -111,7 +111,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None,
             # Adam's moments in host memory between updates (realbench's offload_optimizer), FSDP's
             "optimizer_offload": getattr(getattr(actor, "fsdp_config", None), "optimizer_offload", None),
-            "critic_optimizer_offload": cfg.critic.get("fsdp", {}).get("optimizer_offload") if critic else None}
+            "critic_optimizer_offload": cfg.critic.get("fsdp", {}).get("optimizer_offload") if critic else None,
+            # the fp32 parameter shard in host memory between calls (realbench's offload_params), FSDP's
+            "param_offload": getattr(getattr(actor, "fsdp_config", None), "param_offload", None),
+            "critic_param_offload": cfg.critic.get("fsdp", {}).get("param_offload") if critic else None}
 
 
 def main(argv: list[str]) -> int:

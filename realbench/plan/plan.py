@@ -8,7 +8,8 @@
       # optional on train calls: activation_checkpointing: true, virtual_stages: 2 (interleaved 1F1B);
       # on train and inference calls: zero: 1-3 (ZeRO / FSDP, the engines' sharding; priced, not run here)
       # on a LoRA model's generation and inference: merge_lora: true (merged weights every step)
-      # on inference calls under zero 3: offload_params: true (FSDP's CPU offload; priced, not run here)
+      # on inference and train calls under zero 3: offload_params: true (FSDP's CPU offload of a
+      #   forward-only model, verl's param_offload of a trained one; priced, not run here)
       # on train calls under zero 2 or 3: offload_optimizer: true (verl's; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
@@ -45,8 +46,9 @@ class Placement(FileModel):
     # a LoRA model's generation or inference: the adapters arrive merged into the base every
     # step, and no base copy is kept (absent: a kept base copy receives the adapters alone)
     merge_lora: Optional[bool] = None
-    # an inference call under zero 3: its parameters in host memory, copied in for every forward
-    # (FSDP's CPU offload, the engines'); absent: on the devices
+    # an inference or train call under zero 3: its parameters in host memory, copied in for every
+    # forward (FSDP's CPU offload) or for every call on the layout (verl's param_offload of a
+    # trained model), the engines'; absent: on the devices
     offload_params: Optional[bool] = None
     # a train call under zero 2 or 3: Adam's moments in host memory between updates (verl's FSDP
     # optimizer_offload); absent: on the devices
