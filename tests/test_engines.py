@@ -86,6 +86,9 @@ reward:
 
 OPTIMIZER_OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "critic.fsdp.optimizer_offload=true")
 PARAM_OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "critic.fsdp.param_offload=true")
+# Megatron's, the reference's kept on the GPUs (it follows the actor's unless set)
+MEGATRON_OFFLOAD = ("actor_rollout_ref.actor.megatron.param_offload=true", "critic.megatron.optimizer_offload=true",
+                    "actor_rollout_ref.ref.megatron.param_offload=false")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -216,7 +219,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo-rm.yaml", OPTIMIZER_OFFLOAD),
                                                # the parameters too, and both on a GRPO actor
                                                ("ppo-rm.yaml", PARAM_OFFLOAD),
-                                               ("grpo_qwen_fsdp.yaml", OPTIMIZER_OFFLOAD[:1] + PARAM_OFFLOAD[:1])])
+                                               ("grpo_qwen_fsdp.yaml", OPTIMIZER_OFFLOAD[:1] + PARAM_OFFLOAD[:1]),
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
+                                                                      *MEGATRON_OFFLOAD))])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -250,16 +255,17 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
-    # verl's FSDP optimizer_offload and param_offload, per trained role
-    fsdp, critic = "megatron" not in config, "ppo" in config
-    for flags, key, field in ((OPTIMIZER_OFFLOAD, "optimizer_offload", "offload_optimizer"),
-                              (PARAM_OFFLOAD, "param_offload", "offload_params")):
-        offloaded = tuple(f in overrides for f in flags)
-        assert (checked[key], checked[f"critic_{key}"]) == \
-            ((offloaded[0], offloaded[1] if critic else None) if fsdp else (None, None))
+    # verl's optimizer_offload and param_offload, per trained role, as its engines read them
+    critic = "ppo" in config
+    for key, field in (("optimizer_offload", "offload_optimizer"), ("param_offload", "offload_params")):
+        offloaded = tuple(any(o.startswith(block) and o.endswith(f".{key}=true") for o in overrides)
+                          for block in ("actor_rollout_ref.actor.", "critic."))
+        assert (checked[key], checked[f"critic_{key}"]) == (offloaded[0], offloaded[1] if critic else None)
         for name, off in zip(("actor_train", "critic_train"), offloaded):
             if name in plan["calls"]:
                 assert plan["calls"][name].get(field, False) is off
+    # a Megatron reference stays on the GPUs as realbench prices it, written so
+    assert checked["ref_megatron_param_offload"] is (False if "megatron" in config and checked["ref"] else None)
     if LORA[0] in overrides:
         assert scenario_again["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
@@ -331,11 +337,12 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "actor_rollout_ref.actor.fsdp_config.param_offload", "realbench prices a trained model's parameter offload fully sharded"),
     (LORA + ("actor_rollout_ref.actor.fsdp_config.param_offload=true",), "actor_rollout_ref.actor.fsdp_config.param_offload",
      "a LoRA model's parameter offload is not priced"),
+    (("actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.strategy=fsdp2"),
+     "actor_rollout_ref.actor.fsdp_config.param_offload", "realbench prices FSDP1's parameter offload"),
+
+    # a Megatron reference's offload, which follows the actor's unless set
     (("model_engine=megatron", "actor_rollout_ref.actor.megatron.param_offload=true"),
-     "actor_rollout_ref.actor.megatron.param_offload", "realbench does not price it"),
-    # Megatron's optimizer offload (its distributed optimizer's states; FSDP's is read)
-    (("model_engine=megatron", "actor_rollout_ref.actor.megatron.optimizer_offload=true"),
-     "actor_rollout_ref.actor.megatron.optimizer_offload", "realbench does not price it"),
+     "actor_rollout_ref.ref.megatron.param_offload", "does not price a Megatron reference's offload"),
     (("trainer.v1.trainer_mode=separate_async",), "trainer.v1.trainer_mode", "synchronous V1 trainer"),
     (("algorithm.adv_estimator=reinforce_plus_plus",), "algorithm.adv_estimator", "realbench plans gae, grpo, rloo"),
     (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
@@ -454,14 +461,17 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
                 engines.add(verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
                                                                "reward": "r"})[0])
         assert engines == {"dp", "megatron"}, engines  # both training engines are searched
-        # FSDP's optimizer offload is searched, and written as verl's setting
-        offloaded = [g for g in groups if g["actor_train"][-1].strategy.offload_optimizer]
-        assert offloaded and all(o.strategy.zero >= 2 for g in offloaded for o in g["actor_train"]
-                                 if o.strategy.offload_optimizer)
-        options = {name: opts[-1] for name, opts in offloaded[0].items()}
-        assert verl.space_problem(scenario, options) is None
-        written = verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c", "reward": "r"})[1]
-        assert written[verl.OPTIMIZER_OFFLOAD["actor"]] is True
+        # both engines' offloads are searched, and written as verl's settings
+        for group in groups:
+            options = {name: opts[-1] for name, opts in group.items()}
+            actor = options["actor_train"].strategy
+            assert (actor.offload_params, actor.offload_optimizer) == (actor.zero != 2, True), actor
+            assert verl.space_problem(scenario, options) is None
+            engine, written = verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
+                                                                  "reward": "r"})
+            block = verl.OFFLOAD_BLOCK[engine]["actor"]
+            assert (written[f"{block}.param_offload"], written[f"{block}.optimizer_offload"]) == \
+                (actor.offload_params, True)
 
 
 def test_search_inside_an_engine_refuses_what_it_cannot_do(cli, job, tmp_path):
@@ -775,13 +785,13 @@ def test_an_offloaded_optimizer_leaves_the_gpus_between_updates_for_two_trips_ov
     assert verl.space_problem(scenario, off) is None
 
 
-def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_once_for_the_sync():
+def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_the_sync():
     """verl's FSDP param_offload of a trained model: its fp32 shard (6,738,415,616 / 16 x 4 =
     1,684,603,904 bytes for LLaMA-7B on 16 GPUs; 26.32 ms over a 64 GB/s host link) lives in host
     memory between calls. PPO on `ppo-7b-7b-16gpu`: the actor's update and its old
     log-probabilities' forward (priced in actor_train) are two engine calls, 4 crossings; the
     critic's update one call (2 crossings of its own shard), its values on the same layout 2 more
-    before them; the rollout's weights are read from the host once (1 crossing); the reference and
+    before them; the weight sync to the rollout too (FSDP1 unshards on the device: 2); the reference and
     reward are other models. Every GPU then holds both shards less between calls."""
     from dataclasses import replace
 
@@ -804,7 +814,7 @@ def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_o
     assert b.calls["actor_train"].time_s - a.calls["actor_train"].time_s == pytest.approx(4 * crossing["actor"])
     assert b.calls["critic_train"].time_s - a.calls["critic_train"].time_s == pytest.approx(2 * crossing["critic"])
     assert b.calls["critic_inf"].realloc_s - a.calls["critic_inf"].realloc_s == pytest.approx(2 * crossing["critic"])
-    assert b.calls["actor_gen"].realloc_s - a.calls["actor_gen"].realloc_s == pytest.approx(crossing["actor"])
+    assert b.calls["actor_gen"].realloc_s - a.calls["actor_gen"].realloc_s == pytest.approx(2 * crossing["actor"])
     for name in ("actor_gen", "ref_inf", "reward_inf", "critic_inf"):
         assert b.calls[name].time_s == pytest.approx(a.calls[name].time_s, rel=1e-12)
     assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(actor + critic, abs=2)
@@ -829,3 +839,18 @@ def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_o
         only = np.where(np.isin(np.arange(len(choice)), [i_inf, i_train]), choice, -1)
         peaks.append(est.peak_memory_batch(only[None, :])[0])
     assert peaks[0] == pytest.approx(peaks[1], abs=2)
+    # Megatron (zero 0 or 1): the bf16 buffer of the tp x pp shard crosses (2 bytes a parameter),
+    # so the critic's values on its layout pay 2 x P' x 2 / 64 GB/s more
+    from realbench.cost.calls import shard_params
+
+    job = priced_as(scenario, "verl")
+    megatron = next(g for g in verl.plan_groups(job) if g["actor_train"][0].strategy.zero < 2)
+    plan = {n: opts[0] for n, opts in megatron.items()}
+    critic_train = plan["critic_train"].strategy
+    offloaded = {**plan, "critic_train": Option(plan["critic_train"].mesh, replace(critic_train, offload_params=True))}
+    assert verl.space_problem(job, offloaded) is None
+    est = Estimator(job)
+    a, b = (est.estimate(est.choice_of(p)) for p in (plan, offloaded))
+    moved = shard_params(job.models["critic"], critic_train.tp, critic_train.pp) * 2
+    assert b.calls["critic_inf"].realloc_s - a.calls["critic_inf"].realloc_s == pytest.approx(2 * moved / 64e9)
+    assert b.calls["actor_train"].time_s == pytest.approx(a.calls["actor_train"].time_s, rel=1e-12)

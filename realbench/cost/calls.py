@@ -404,13 +404,13 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     master = (params * sharding.weight_bytes_per_param(s.zero, dp) + adapters * sharding.trained_bytes_per_param(s.zero, dp)
               if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
     weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
-    if s.offload_params:  # the fp32 shard on the device during the call only: in and out per engine call
-        shard = sharding.offloaded_shard_bytes(params, dp)
-        master, working = master - shard, working + shard
-        optimizer += (1 + (behaviour > 0)) * 2 * sharding.host_copy(cluster, dp, params)
-    if s.offload_optimizer:  # the moments on the device during this call only, moved in and out once
-        moments = sharding.moment_bytes(trained, dp)
-        master, working = master - moments, working + moments
-        optimizer += sharding.optimizer_round_trip(cluster, trained, dp)
+    if s.offload_params:  # on the device during the call only: in and out around each engine call
+        held = sharding.offloaded_train_bytes(s.zero, params, dp)
+        master, working = master - held, working + held
+        optimizer += (1 + (behaviour > 0)) * 2 * sharding.offloaded_param_bytes(s.zero, params, dp) / cluster.host_bw
+    if s.offload_optimizer:  # the states on the device during this call only, moved in and out once
+        states = sharding.offloaded_state_bytes(s.zero, trained, dp)
+        master, working = master - states, working + states
+        optimizer += 2 * states / cluster.host_bw
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
                     optimizer, int(weights), int(master), int(working))

@@ -18,17 +18,25 @@ with its parameters offloaded (FSDP's CPU offload, `offload_params`: verl's refe
 none between calls: the shard lives in host memory in full precision (4 / d bytes, verl's fp32
 model_dtype) and each layer's share crosses the host link (PCIe) before its gather, in every
 micro-batch's forward (FSDP unshards per forward), beside one layer's fp32 share in flight.
-A trained model with its parameters offloaded (verl's FSDP `param_offload`, `offload_params` on its
-train call) keeps its fp32 shard (4 / d bytes a parameter, which realbench counts as the bf16 weights
-and gradients of the 16) in host memory between calls: every call on its layout brings the shard in
-and sends it back (verl's engine contexts, workers/engine/base.py:314-333: the old log-probabilities'
+A trained model with its parameters offloaded (verl's `param_offload`, `offload_params` on its train
+call) keeps them in host memory between calls: every call on its layout brings them in and sends
+them back (verl's engine contexts, workers/engine/base.py:314-333: the old log-probabilities'
 forward and the update of a policy are two such calls, a critic's values and update two more), and
-the weight sync to another layout reads it from the host once (realbench.cost.simulate).
-A train call with its optimizer offloaded (verl's FSDP `optimizer_offload`, `offload_optimizer`)
-keeps Adam's two fp32 moments of its shard (8 / d bytes a parameter; the fp32 weights are FSDP's
-own parameters and stay) in host memory between updates: they cross the host link in before the
-call's first update and out after its last (verl/workers/engine/base.py:314-333, moved tensor by
-tensor by verl/utils/fsdp_utils.py:241-261), on the device only while the call runs.
+so does the weight sync to another layout (FSDP1, verl's default `strategy: fsdp`, unshards the
+module on the device, workers/engine/fsdp/transformer_impl.py:977-1022; Megatron loads the model
+for it, workers/engine/megatron/transformer_impl.py:1090; realbench.cost.simulate). What moves:
+    zero 3 (FSDP)       the fp32 shard, 4 / d bytes a parameter (which realbench counts as the bf16
+                        weights and gradients of the 16), on the device during each call
+    zero 0 or 1         Megatron's bf16 parameter buffer, 2 bytes a parameter of the tp x pp shard;
+    (Megatron)          its gradient buffer is freed and allocated again, not moved
+                        (verl/utils/megatron_utils.py:713-847): 4 bytes a parameter off the device
+                        between calls, back for the update, 2 for a forward-only call
+A train call with its optimizer offloaded (verl's `optimizer_offload`, `offload_optimizer`) keeps
+its states in host memory between updates: they cross the host link in before the call's first
+update and out after its last, on the device only while the call runs. FSDP moves Adam's two fp32
+moments (8 / d bytes a parameter; the fp32 weights are FSDP's parameters, verl/utils/fsdp_utils.py:
+241-261); Megatron its optimizer's fp32 main weights and moments (12 / d with the distributed
+optimizer, 12 without; verl/utils/megatron_utils.py:849-960).
 
 Communication in the data-parallel group per optimizer step (ring collectives over d devices,
 realbench.cost.comm; a reduce-scatter moves what an all-gather does):
@@ -81,21 +89,25 @@ def host_copy(cluster: ClusterSpec, dp: int, params: float) -> float:
     return params / dp * FP32 / cluster.host_bw
 
 
-def moment_bytes(trained: float, dp: int) -> float:
-    """Adam's two fp32 moments of a device's share of `trained` parameters under zero >= 1
-    (what an offloaded optimizer moves; module doc)."""
-    return trained / dp * MOMENT_BYTES
+def offloaded_state_bytes(zero: int, trained: float, dp: int) -> float:
+    """The optimizer states of a device's share of `trained` parameters that an offloaded
+    optimizer keeps in host memory between updates (module doc): FSDP's moments, Megatron's fp32
+    main weights and moments."""
+    if zero >= 2:
+        return trained / dp * MOMENT_BYTES
+    return trained / (dp if zero == 1 else 1) * STATE_BYTES
 
 
-def offloaded_shard_bytes(params: float, dp: int) -> float:
-    """A trained model's fp32 parameter shard in host memory between calls (module doc)."""
-    return params / dp * FP32
+def offloaded_param_bytes(zero: int, params: float, dp: int) -> float:
+    """What crosses the host link each way when a trained model's offloaded parameters come to
+    the device for a call (module doc): FSDP's fp32 shard, Megatron's bf16 buffer."""
+    return params / dp * FP32 if zero == 3 else params * BF16
 
 
-def optimizer_round_trip(cluster: ClusterSpec, trained: float, dp: int) -> float:
-    """Seconds to bring an offloaded optimizer's moments in from host memory and send them back,
-    once a train call (module doc)."""
-    return 2 * moment_bytes(trained, dp) / cluster.host_bw
+def offloaded_train_bytes(zero: int, params: float, dp: int) -> float:
+    """What an offloaded trained model keeps off the device between calls, back for its update
+    (module doc): FSDP's fp32 shard, Megatron's weights and gradients."""
+    return params / dp * FP32 if zero == 3 else params * 2 * BF16
 
 
 def gathered_bytes(zero: int, layer_params: float, backward: bool, offloaded: bool = False, dp: int = 1) -> float:

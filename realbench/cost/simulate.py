@@ -447,18 +447,20 @@ class Estimator:
             copy[:, i] = ~holds_same_shards(src, dst)
             if self.calls[m].kind == CallKind.TRAIN:
                 # a trained model's parameters in host memory between calls (verl's param_offload,
-                # realbench.cost.sharding): a call on its layout brings them in and sends them back;
-                # another layout's weights are read from the host once
+                # realbench.cost.sharding): a call on its layout brings them in and sends them back,
+                # and so does the weight sync to another layout (FSDP1 unshards on the device)
                 off = self.offload_params[m][C[:, m]].astype(bool)
                 if off.any():
                     crossing = self._offloaded_shard(m, C[:, m]) / self.cluster.host_bw
-                    R[:, i] += np.where(off, np.where(copy[:, i], 1.0, 2.0) * crossing, 0.0)
+                    R[:, i] += np.where(off, 2.0 * crossing, 0.0)
         return R, copy
 
     def _offloaded_shard(self, m: int, k: np.ndarray) -> np.ndarray:
-        """The fp32 parameter shard a trained model's option k keeps in host memory when it
-        offloads them: twice its bf16 weights (zero 3: the shard; no adapters, see options)."""
-        return 2.0 * self.weights[m][k]
+        """What of a trained model's option k crosses the host link each way when its offloaded
+        parameters come to a device for a call (realbench.cost.sharding.offloaded_param_bytes;
+        no adapters, see options): twice its bf16 weights under zero 3 (FSDP's fp32 shard), the
+        bf16 weights under zero 0 or 1 (Megatron's buffer)."""
+        return np.where(self.zero[m][k] == 3, 2.0, 1.0) * self.weights[m][k]
 
     # -- memory -----------------------------------------------------------------------------------
     def _memory(self, C: np.ndarray, copy: np.ndarray, per_device: bool = False):

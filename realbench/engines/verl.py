@@ -44,10 +44,10 @@ Megatron's distributed optimizer as zero 1, the weight sync to the rollout as th
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
 max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
-workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), an FSDP actor's or
-critic's `optimizer_offload` as Adam's moments in host memory between updates and `param_offload`
-as its fp32 shard there between calls (`offload_optimizer`, `offload_params` on its train call:
-OPTIMIZER_OFFLOAD, PARAM_OFFLOAD). What is not priced
+workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), the actor's or
+critic's `optimizer_offload` as its optimizer's states in host memory between updates and
+`param_offload` as its parameters there between calls, under FSDP or Megatron (`offload_optimizer`,
+`offload_params` on its train call: OFFLOAD_BLOCK). What is not priced
 is said wherever a verl plan is read or written (`PRICING_GAPS`: nothing known now). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
@@ -129,13 +129,20 @@ REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probab
 # realbench's training.padding_free, one setting for every call
 PADDING_FREE = True
 REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
-# FSDP's offloads per trained role (workers/engine/base.py:314-333, priced by realbench.cost.sharding):
-# optimizer_offload, Adam's moments in host memory between updates (realbench's offload_optimizer);
-# param_offload, the fp32 parameter shard in host memory between calls, brought in for each (the
-# old log-probabilities, the values, the update) and read from the host by the weight sync
-# (realbench's offload_params on the train call). Megatron's offloads are not priced: refused by name
-OPTIMIZER_OFFLOAD = {"actor": f"{A}.fsdp_config.optimizer_offload", "critic": "critic.fsdp.optimizer_offload"}
-PARAM_OFFLOAD = {"actor": f"{A}.fsdp_config.param_offload", "critic": "critic.fsdp.param_offload"}
+# The offloads of each trained role's engine (workers/engine/base.py:314-333, priced by
+# realbench.cost.sharding): optimizer_offload, the optimizer's states in host memory between updates
+# (realbench's offload_optimizer); param_offload, the parameters in host memory between calls,
+# brought in for each (the old log-probabilities, the values, the update, and the weight sync:
+# FSDP1, `strategy: fsdp`, unshards on the device, workers/engine/fsdp/transformer_impl.py:977-1022;
+# Megatron loads the model, workers/engine/megatron/transformer_impl.py:1090) and sent back after it
+# (realbench's offload_params on the train call). FSDP2 stages the sync's shards one way: its
+# parameter offload is refused by name. A Megatron reference's offload (its param_offload follows
+# the actor's by interpolation) is not priced: refused by name, and written off
+OFFLOAD_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "critic": "critic.fsdp"},
+                 "megatron": {"actor": f"{A}.megatron", "critic": "critic.megatron"}}
+OPTIMIZER_OFFLOAD = {role: f"{block}.optimizer_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
+PARAM_OFFLOAD = {role: f"{block}.param_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
+REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
@@ -357,7 +364,9 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
-        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", *OPTIMIZER_OFFLOAD.values(), *PARAM_OFFLOAD.values(),
+        "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", REF_MEGATRON_OFFLOAD, *(
+            f"{block}.{k}" for blocks in OFFLOAD_BLOCK.values() for block in blocks.values()
+            for k in ("param_offload", "optimizer_offload")),
         f"{RM}.enable",
         f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
@@ -430,6 +439,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             if s[PARAM_OFFLOAD[role]] and not s[key]:
                 raise ConfigError(f"True with {key} false: realbench prices a trained model's parameter offload "
                                   "fully sharded (zero 3)", PARAM_OFFLOAD[role], source)
+            if s[PARAM_OFFLOAD[role]] and s[f"{A}.strategy" if role == "actor" else "critic.strategy"] != "fsdp":
+                raise ConfigError("True with strategy fsdp2: realbench prices FSDP1's parameter offload (the weight "
+                                  "sync brings the shard in and sends it back; FSDP2 stages it one way)",
+                                  PARAM_OFFLOAD[role], source)
         if not s["actor_rollout_ref.ref.fsdp_config.reshard_after_forward"]:
             raise ConfigError("False: a forward-only FSDP model is priced fully sharded (zero 3)",
                               "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", source)
@@ -451,6 +464,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
                  "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
         ref_zero = 0
+        if with_ref and s[REF_MEGATRON_OFFLOAD]:
+            raise ConfigError("True (it follows the actor's param_offload unless set): realbench does not price a "
+                              "Megatron reference's offload; set it false", REF_MEGATRON_OFFLOAD, source)
     dp = N // (tp * pp)
 
     def budget(key: str) -> int:
@@ -464,6 +480,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         if s[f"{A}.use_dynamic_bsz"]:
             return _packed(per_gpu, row, budget(f"{A}.ppo_max_token_len_per_gpu"))
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
+
+    def offloads(role: str) -> dict[str, bool]:
+        block = OFFLOAD_BLOCK[engine][role]
+        return {"offload_params": bool(s[f"{block}.param_offload"]),
+                "offload_optimizer": bool(s[f"{block}.optimizer_offload"])}
 
     if s[f"{A}.use_dynamic_bsz"]:  # the actor's budget first: the reference's follows it unless set
         budget(f"{A}.ppo_max_token_len_per_gpu")
@@ -481,8 +502,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                       "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
-                        "zero": zeros["actor"], "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["actor"]],
-                        "offload_params": engine == "dp" and s[PARAM_OFFLOAD["actor"]]},
+                        "zero": zeros["actor"], **offloads("actor")},
     }
     if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD)
         calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
@@ -501,8 +521,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
                                  "zero": zeros["critic"],
-                                 "offload_optimizer": engine == "dp" and s[OPTIMIZER_OFFLOAD["critic"]],
-                                 "offload_params": engine == "dp" and s[PARAM_OFFLOAD["critic"]]}
+                                 **offloads("critic")}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
                                "micro_batches": _packed(rows // dp, row, budget("critic.ppo_infer_max_token_len_per_gpu")),
                                "zero": 3 if engine == "dp" else 0}
@@ -602,12 +621,7 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if name in ("ref_inf", "critic_inf") and s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
-        if s.offload_params and not fsdp:
-            return f"calls.{name}.offload_params", ("realbench writes verl's FSDP param_offload; Megatron's "
-                                                    "offloads are not priced")
-        if s.offload_optimizer and not fsdp:
-            return f"calls.{name}.offload_optimizer", ("realbench writes verl's FSDP optimizer_offload; Megatron's "
-                                                       "offloads are not priced")
+
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
@@ -729,17 +743,19 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         roles.append(("critic", "critic_train", "critic", "critic.model"))
     for role, call, block, model_block in roles:
         s = options[call].strategy
+        out.update({f"{OFFLOAD_BLOCK[engine][role]}.param_offload": s.offload_params,
+                    f"{OFFLOAD_BLOCK[engine][role]}.optimizer_offload": s.offload_optimizer})
         if engine == "dp":
             fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
             out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
-            out[OPTIMIZER_OFFLOAD[role]] = s.offload_optimizer
-            out[PARAM_OFFLOAD[role]] = s.offload_params
             out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
         else:
             meg = f"{block}.megatron"
             out.update({f"{meg}.tensor_model_parallel_size": s.tp, f"{meg}.pipeline_model_parallel_size": s.pp,
                         f"{meg}.virtual_pipeline_model_parallel_size": s.virtual_stages if s.virtual_stages > 1 else None,
                         f"{meg}.use_distributed_optimizer": s.zero == 1})
+            if role == "actor" and "ref_inf" in options:  # (it would follow the actor's: not priced)
+                out[REF_MEGATRON_OFFLOAD] = False
             o = f"{meg}.override_transformer_config"
             out.update({f"{o}.recompute_granularity": "full" if s.checkpointing else None,
                         f"{o}.recompute_method": "uniform" if s.checkpointing else None,
@@ -828,8 +844,7 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
                                                    offload_optimizer=moments))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
-                                for params, moments in (offloads if z >= 2 else [(False, False)])
-                                if not params or z == 3])
+                                for params, moments in offloads if not params or z != 2])
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:

@@ -109,12 +109,21 @@ def validate(config: str, overrides: list[str]) -> dict:
             # rows packed without padding (realbench's training.padding_free)
             "use_remove_padding": arr.model.use_remove_padding,
             "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None,
-            # Adam's moments in host memory between updates (realbench's offload_optimizer), FSDP's
-            "optimizer_offload": getattr(getattr(actor, "fsdp_config", None), "optimizer_offload", None),
-            "critic_optimizer_offload": cfg.critic.get("fsdp", {}).get("optimizer_offload") if critic else None,
-            # the fp32 parameter shard in host memory between calls (realbench's offload_params), FSDP's
-            "param_offload": getattr(getattr(actor, "fsdp_config", None), "param_offload", None),
-            "critic_param_offload": cfg.critic.get("fsdp", {}).get("param_offload") if critic else None}
+            # the offloads as the engines read them (realbench's offload_optimizer and offload_params):
+            # the actor's engine config, the critic's block, and a Megatron reference's (which follows
+            # the actor's unless set)
+            **_offloads(actor, cfg, critic, ref)}
+
+
+def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
+    megatron = actor.strategy == "megatron"
+    engine = actor.megatron if megatron else actor.fsdp_config
+    block = cfg.critic.get("megatron" if megatron else "fsdp", {}) if critic else {}
+    return {"param_offload": engine.param_offload, "optimizer_offload": engine.optimizer_offload,
+            "critic_param_offload": block.get("param_offload") if critic else None,
+            "critic_optimizer_offload": block.get("optimizer_offload") if critic else None,
+            "ref_megatron_param_offload": cfg.actor_rollout_ref.ref.megatron.param_offload
+            if megatron and ref else None}
 
 
 def main(argv: list[str]) -> int:

@@ -141,15 +141,16 @@ class Strategy:
     # copy between steps; off, it keeps its own copy of the frozen base and receives only the
     # adapters (realbench.cost.realloc)
     merge_lora: bool = False
-    # calls under zero 3, the parameters' shards kept in host memory (fp32): a forward-only call
-    # copies them to the device for every micro-batch's forward (FSDP's CPU offload, which verl
-    # forces on its reference); a train call's model brings them in for each call on its layout
-    # and sends them back after it, and its weight sync reads them from the host (verl's FSDP
+    # the parameters kept in host memory: a forward-only call under zero 3 copies its fp32 shards
+    # to the device for every micro-batch's forward (FSDP's CPU offload, which verl forces on its
+    # reference); a train call's model (under zero 3, FSDP; or 0 and 1, Megatron) brings them in
+    # for each call on its layout and sends them back after it, as its weight sync does (verl's
     # param_offload); an engine's, which realbench's runtime does not run
     offload_params: bool = False
-    # train calls under zero 2 or 3: Adam's two moments kept in host memory between updates,
-    # brought in before the call's first update and sent back after its last (verl's FSDP
-    # optimizer_offload); an engine's, which realbench's runtime does not run
+    # train calls: the optimizer's states kept in host memory between updates, brought in before
+    # the call's first update and sent back after its last (verl's optimizer_offload: FSDP's
+    # moments, Megatron's main weights and moments); an engine's, which realbench's runtime does
+    # not run
     offload_optimizer: bool = False
 
     @property

@@ -90,14 +90,16 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
-    if s.offload_params and (call.kind == CallKind.GENERATE or s.zero != 3):
-        return "offload_params", ("parameters in host memory are FSDP's (its CPU offload of a forward-only model, "
-                                  "verl's param_offload of a trained one): an inference or train call's, under zero 3")
+    if s.offload_params and (call.kind == CallKind.GENERATE or s.zero == 2 or (call.kind == CallKind.INFERENCE
+                                                                              and s.zero != 3)):
+        return "offload_params", ("parameters in host memory are FSDP's CPU offload of a forward-only model (an "
+                                  "inference call's, under zero 3) or verl's param_offload of a trained one (a train "
+                                  "call's, under zero 3, or Megatron's 0 or 1)")
     if s.offload_params and call.kind == CallKind.TRAIN and model.lora is not None:
         return "offload_params", "a LoRA model's parameters in host memory between calls are not priced"
-    if s.offload_optimizer and (call.kind != CallKind.TRAIN or s.zero < 2):
-        return "offload_optimizer", ("optimizer states in host memory between updates are verl's FSDP "
-                                     "optimizer_offload: a train call's, under zero 2 or 3")
+    if s.offload_optimizer and call.kind != CallKind.TRAIN:
+        return "offload_optimizer", ("optimizer states in host memory between updates are verl's "
+                                     "optimizer_offload: a train call's")
     if s.merge_lora:
         problem = merge_problem(call, model)
         if problem:
