@@ -771,7 +771,7 @@ def test_an_offloaded_optimizer_leaves_the_gpus_between_updates_for_two_trips_ov
     scenario = get_builtin("grpo-7b-16gpu")
     est = Estimator(priced_as(scenario, "verl"))
     plain = verl.default_plan(scenario)
-    off = verl.default_plan(scenario, {verl.OPTIMIZER_OFFLOAD["actor"]: True})
+    off = verl.default_plan(scenario, {f"{verl.OFFLOAD_BLOCK['dp']['actor']}.optimizer_offload": True})
     assert (plain["actor_train"].strategy.offload_optimizer, off["actor_train"].strategy.offload_optimizer) == \
         (False, True)
     assert scenario.models["actor"].n_params == 6_738_415_616 and scenario.cluster.host_bw == 64e9

@@ -405,9 +405,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
               if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
     weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
     if s.offload_params:  # on the device during the call only: in and out around each engine call
-        held = sharding.offloaded_train_bytes(s.zero, params, dp)
+        held = sharding.offloaded_train_bytes(weights)  # (no adapters: realbench.plan.options)
         master, working = master - held, working + held
-        optimizer += (1 + (behaviour > 0)) * 2 * sharding.offloaded_param_bytes(s.zero, params, dp) / cluster.host_bw
+        optimizer += (1 + (behaviour > 0)) * 2 * float(sharding.offloaded_param_bytes(s.zero, weights)) / cluster.host_bw
     if s.offload_optimizer:  # the states on the device during this call only, moved in and out once
         states = sharding.offloaded_state_bytes(s.zero, trained, dp)
         master, working = master - states, working + states

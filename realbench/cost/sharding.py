@@ -56,6 +56,8 @@ cost model prices DDP's all-reduce. Adam updates P / d parameters with zero >= 1
 
 from __future__ import annotations
 
+import numpy as np
+
 from realbench.cost import comm
 from realbench.hardware import ClusterSpec
 
@@ -98,16 +100,19 @@ def offloaded_state_bytes(zero: int, trained: float, dp: int) -> float:
     return trained / (dp if zero == 1 else 1) * STATE_BYTES
 
 
-def offloaded_param_bytes(zero: int, params: float, dp: int) -> float:
+def offloaded_param_bytes(zero, weight_bytes):
     """What crosses the host link each way when a trained model's offloaded parameters come to
-    the device for a call (module doc): FSDP's fp32 shard, Megatron's bf16 buffer."""
-    return params / dp * FP32 if zero == 3 else params * BF16
+    the device for a call (module doc), from the bf16 weights its layout holds
+    (`weight_bytes_per_param`): FSDP's fp32 shard is twice them (zero 3), Megatron's bf16 buffer
+    is them (0 or 1). Elementwise over arrays (the simulator's options)."""
+    return weight_bytes * np.where(np.asarray(zero) == 3, FP32 / BF16, 1.0)
 
 
-def offloaded_train_bytes(zero: int, params: float, dp: int) -> float:
+def offloaded_train_bytes(weight_bytes: float) -> float:
     """What an offloaded trained model keeps off the device between calls, back for its update
-    (module doc): FSDP's fp32 shard, Megatron's weights and gradients."""
-    return params / dp * FP32 if zero == 3 else params * 2 * BF16
+    (module doc): its weights and gradients as realbench counts them, twice the bf16 weights its
+    layout holds (FSDP's fp32 shard is as large; Megatron frees its gradients)."""
+    return 2 * weight_bytes
 
 
 def gathered_bytes(zero: int, layer_params: float, backward: bool, offloaded: bool = False, dp: int = 1) -> float:

@@ -48,6 +48,7 @@ import numpy as np
 from realbench.cost.calls import call_cost
 from realbench.cost.profiled import profiled_call_times, profiled_exchange, profiled_links
 from realbench.cost.realloc import Layouts, broadcast_times, holds_same_shards, realloc_times, transfer_bytes
+from realbench.cost.sharding import offloaded_param_bytes
 from realbench.dataflow import CallKind
 from realbench.hardware.profile import shares_cores
 from realbench.plan.mesh import Option
@@ -451,16 +452,9 @@ class Estimator:
                 # and so does the weight sync to another layout (FSDP1 unshards on the device)
                 off = self.offload_params[m][C[:, m]].astype(bool)
                 if off.any():
-                    crossing = self._offloaded_shard(m, C[:, m]) / self.cluster.host_bw
-                    R[:, i] += np.where(off, 2.0 * crossing, 0.0)
+                    moved = offloaded_param_bytes(self.zero[m][C[:, m]], self.weights[m][C[:, m]])
+                    R[:, i] += np.where(off, 2.0 * moved / self.cluster.host_bw, 0.0)
         return R, copy
-
-    def _offloaded_shard(self, m: int, k: np.ndarray) -> np.ndarray:
-        """What of a trained model's option k crosses the host link each way when its offloaded
-        parameters come to a device for a call (realbench.cost.sharding.offloaded_param_bytes;
-        no adapters, see options): twice its bf16 weights under zero 3 (FSDP's fp32 shard), the
-        bf16 weights under zero 0 or 1 (Megatron's buffer)."""
-        return np.where(self.zero[m][k] == 3, 2.0, 1.0) * self.weights[m][k]
 
     # -- memory -----------------------------------------------------------------------------------
     def _memory(self, C: np.ndarray, copy: np.ndarray, per_device: bool = False):
@@ -503,7 +497,7 @@ class Estimator:
             m = self.master_of[i]
             if m != i and chosen[m] and self.calls[m].kind == CallKind.TRAIN:  # brought in from the host
                 off = self.offload_params[m][C[:, m]].astype(bool) & ~copy[:, i]
-                t = t + np.where(off, self._offloaded_shard(m, C[:, m]), 0.0)
+                t = t + np.where(off, offloaded_param_bytes(self.zero[m][C[:, m]], self.weights[m][C[:, m]]), 0.0)
             if per_device:
                 inside = (devices[:, :, 0] >= lo[:, None]) & (devices[:, :, 0] < hi[:, None])
                 np.maximum(working, inside * t[:, None], out=working)

@@ -140,7 +140,6 @@ REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.us
 # the actor's by interpolation) is not priced: refused by name, and written off
 OFFLOAD_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "critic": "critic.fsdp"},
                  "megatron": {"actor": f"{A}.megatron", "critic": "critic.megatron"}}
-OPTIMIZER_OFFLOAD = {role: f"{block}.optimizer_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
 PARAM_OFFLOAD = {role: f"{block}.param_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
 REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
@@ -366,9 +365,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", REF_MEGATRON_OFFLOAD, *(
             f"{block}.{k}" for blocks in OFFLOAD_BLOCK.values() for block in blocks.values()
-            for k in ("param_offload", "optimizer_offload")),
-        f"{RM}.enable",
-        f"{RM}.model_path",
+            for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
@@ -621,7 +618,6 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if name in ("ref_inf", "critic_inf") and s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
-
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
