@@ -89,6 +89,8 @@ PARAM_OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "crit
 # Megatron's, the reference's kept on the GPUs (it follows the actor's unless set)
 MEGATRON_OFFLOAD = ("actor_rollout_ref.actor.megatron.param_offload=true", "critic.megatron.optimizer_offload=true",
                     "actor_rollout_ref.ref.megatron.param_offload=false")
+# FSDP2 for both trained roles (the reference's follows the actor's), carried as set
+FSDP2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -221,7 +223,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo-rm.yaml", PARAM_OFFLOAD),
                                                ("grpo_qwen_fsdp.yaml", OPTIMIZER_OFFLOAD[:1] + PARAM_OFFLOAD[:1]),
                                                ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
-                                                                      *MEGATRON_OFFLOAD))])
+                                                                      *MEGATRON_OFFLOAD)),
+                                               ("ppo-rm.yaml", FSDP2 + OPTIMIZER_OFFLOAD)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -264,6 +267,12 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
         for name, off in zip(("actor_train", "critic_train"), offloaded):
             if name in plan["calls"]:
                 assert plan["calls"][name].get(field, False) is off
+    # the FSDP version each engine is built with: the user's, carried (verl's default FSDP1 else)
+    fsdp = "megatron" if "megatron" in config else "fsdp2" if FSDP2[0] in overrides else "fsdp"
+    assert (checked["engine_strategy"], checked["critic_engine_strategy"], checked["ref_strategy"]) == \
+        (fsdp, fsdp if critic else None, fsdp if checked["ref"] else None)
+    assert scenario_again.get("engine_settings", {}).get("actor_rollout_ref.actor.strategy") == \
+        ("fsdp2" if fsdp == "fsdp2" else None)
     # a Megatron reference stays on the GPUs as realbench prices it, written so
     assert checked["ref_megatron_param_offload"] is (False if "megatron" in config and checked["ref"] else None)
     if LORA[0] in overrides:
@@ -339,6 +348,11 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "a LoRA model's parameter offload is not priced"),
     (("actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.strategy=fsdp2"),
      "actor_rollout_ref.actor.fsdp_config.param_offload", "realbench prices FSDP1's parameter offload"),
+    # FSDP versions: another package's engine; an FSDP strategy under model_engine megatron
+    (("actor_rollout_ref.actor.strategy=fsdp_turbo",), "actor_rollout_ref.actor.strategy",
+     "'fsdp_turbo': realbench prices verl's FSDP1 and FSDP2 (fsdp, fsdp2)"),
+    (("model_engine=megatron", "actor_rollout_ref.actor.strategy=fsdp2"), "actor_rollout_ref.actor.strategy",
+     "verl's Megatron engine is strategy megatron"),
 
     # a Megatron reference's offload, which follows the actor's unless set
     (("model_engine=megatron", "actor_rollout_ref.actor.megatron.param_offload=true"),
@@ -472,6 +486,56 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
             block = verl.OFFLOAD_BLOCK[engine]["actor"]
             assert (written[f"{block}.param_offload"], written[f"{block}.optimizer_offload"]) == \
                 (actor.offload_params, True)
+
+
+def test_a_users_fsdp2_is_carried_searched_and_written_as_fsdp2_runs(cli, job):
+    """verl's `strategy: fsdp2`, priced as FSDP1 is, is carried from the configuration read to the one
+    written (the round trip checks verl builds its engines so). The search offers no FSDP2 parameter
+    offload, which realbench does not price (its sync stages the shards one way); a plan with one, a
+    Megatron plan beside the user's FSDP version, and a version verl's FSDP does not have are refused
+    by name, on the command line in one line."""
+    from dataclasses import replace
+
+    from realbench.engines import priced_as
+    from realbench.plan import Option, load_scenario
+
+    os.chdir(job)
+    first, plan, scenario_doc = imported(cli, job, "ppo-rm.yaml", *FSDP2, out="fsdp2", name="job")
+    assert {k: scenario_doc["engine_settings"][k] for k in verl.STRATEGY.values()} == \
+        {"actor_rollout_ref.actor.strategy": "fsdp2", "critic.strategy": "fsdp2"}
+    scenario = priced_as(load_scenario(first["scenario"]), "verl")
+    offered = {"fsdp": set(), "megatron": set()}
+    for group in verl.plan_groups(scenario):
+        engine = "fsdp" if group["actor_train"][0].strategy.zero >= 2 else "megatron"
+        for name in ("actor_train", "critic_train"):
+            offered[engine] |= {(o.strategy.offload_params, o.strategy.offload_optimizer) for o in group[name]}
+    assert offered == {"fsdp": {(False, False), (False, True)},
+                       "megatron": {(False, False), (False, True), (True, False), (True, True)}}, offered
+    fsdp_plan = next({n: opts[0] for n, opts in g.items()} for g in verl.plan_groups(scenario)
+                     if g["actor_train"][0].strategy.zero == 3)
+    assert verl.space_problem(scenario, fsdp_plan) is None
+    for role, call in (("actor", "actor_train"), ("critic", "critic_train")):
+        offloaded = {**fsdp_plan, call: Option(fsdp_plan[call].mesh, replace(fsdp_plan[call].strategy,
+                                                                             offload_params=True))}
+        key, why = verl.space_problem(scenario, offloaded)
+        assert key == f"calls.{call}.offload_params" and f"the {role}'s strategy fsdp2" in why
+        assert "FSDP2 stages it one way" in why
+    megatron = next({n: opts[0] for n, opts in g.items()} for g in verl.plan_groups(scenario)
+                    if g["actor_train"][0].strategy.zero < 2)
+    key, why = verl.space_problem(scenario, megatron)
+    assert key == "engine_settings.actor_rollout_ref.actor.strategy" and "this plan trains with Megatron" in why
+    edited = scenario.model_copy(update={"engine_settings": {**scenario.engine_settings,
+                                                             "critic.strategy": "fsdp_turbo"}})
+    assert verl.space_problem(edited, fsdp_plan) == ("engine_settings.critic.strategy",
+                                                     "'fsdp_turbo': realbench writes verl's FSDP1 and FSDP2 (fsdp, fsdp2)")
+    # the command line: the imported plan with the actor's parameters offloaded
+    doc = yaml.safe_load(Path(first["plan"]).read_text())
+    doc["calls"]["actor_train"]["offload_params"] = True
+    (job / "fsdp2" / "offloaded.yaml").write_text(yaml.safe_dump(doc))
+    code, _, err = cli("export", "--plan", job / "fsdp2" / "offloaded.yaml", "--format", "verl", "--out",
+                       job / "fsdp2" / "verl.yaml")
+    assert code == 2 and err.count("\n") == 1 and "calls.actor_train.offload_params" in err, err
+    assert not (job / "fsdp2" / "verl.yaml").exists()
 
 
 def test_search_inside_an_engine_refuses_what_it_cannot_do(cli, job, tmp_path):

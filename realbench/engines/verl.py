@@ -8,8 +8,8 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   (trainer/ppo/v1/trainer_base.py:805-820); in realbench terms every call's mesh is the whole
   cluster. (A reward model may get its own pool; realbench writes it on the global pool.)
 * **One training engine for actor, reference and critic**, chosen by `model_engine`
-  (trainer/config/ppo_trainer.yaml defaults list): `dp` (FSDP: `strategy: fsdp | fsdp2`) or
-  `megatron`. FSDP has no tensor or pipeline parallelism (workers/config/engine.py:239-306): all
+  (trainer/config/ppo_trainer.yaml defaults list): `dp` (FSDP: `strategy: fsdp | fsdp2`, priced
+  alike and carried as set: STRATEGY) or `megatron`. FSDP has no tensor or pipeline parallelism (workers/config/engine.py:239-306): all
   GPUs are data parallel, the weights, gradients and optimizer states fully sharded
   (`fsdp_size: -1`, FULL_SHARD, workers/engine/fsdp/utils.py:35-53) = zero 3, or with
   `reshard_after_forward: false` the weights kept whole between forward and backward
@@ -141,14 +141,26 @@ REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.us
 OFFLOAD_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "critic": "critic.fsdp"},
                  "megatron": {"actor": f"{A}.megatron", "critic": "critic.megatron"}}
 PARAM_OFFLOAD = {role: f"{block}.param_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
+FSDP2_OFFLOAD = ("realbench prices FSDP1's parameter offload (the weight sync brings the shard in and sends it "
+                 "back; FSDP2 stages it one way, workers/engine/fsdp/transformer_impl.py:987-1022)")
 REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
+# The FSDP version a trained role runs (`strategy`: fsdp, verl's default, is FSDP1; fsdp2 is
+# fully_shard, workers/engine/fsdp/transformer_impl.py:450-472; the engine config's strategy follows
+# the role's, workers/config/actor.py:322-325, critic.py:216-219, and the reference's the actor's by
+# interpolation). Priced alike: the same layer-by-layer gathers and reduce-scatters, the same shards
+# and states, the same host copies of a forward-only model, one gather of the weights for the sync.
+# So the user's choice is carried as they set it (engine_settings, written back) rather than read
+# into the plan; what differs, the sync of an offloaded model's parameters (above), is refused by
+# name where a plan is read, searched and written. fsdp_turbo (another package's engine) is refused
+STRATEGY = {"actor": f"{A}.strategy", "critic": "critic.strategy"}
+FSDP_VERSIONS = ("fsdp", "fsdp2")
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
            "trainer.save_freq", "trainer.test_freq", "trainer.total_epochs", "trainer.total_training_steps",
            "trainer.val_before_train", "trainer.resume_mode", "trainer.resume_from_path", "trainer.log_val_generations",
            "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.default_hdfs_dir",
-           "trainer.seed", "data.train_files", "data.val_files", "data.prompt_key", "data.reward_fn_key",
+           "trainer.seed", *STRATEGY.values(), "data.train_files", "data.val_files", "data.prompt_key", "data.reward_fn_key",
            "data.shuffle", "data.seed", "data.filter_overlong_prompts", "data.truncation", "data.return_raw_chat",
            "data.tokenizer", "data.dataloader_num_workers", "data.val_batch_size",
            "actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path",
@@ -353,9 +365,9 @@ def _checkpointing(engine: str, s: dict, role: str) -> bool:
 
 READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.v1.trainer_mode",
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
-        "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.strategy", f"{A}.ppo_mini_batch_size",
+        "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
-        f"{A}.ppo_epochs", "critic.ppo_epochs", "critic.strategy", "critic.enable", "critic.ppo_mini_batch_size",
+        f"{A}.ppo_epochs", "critic.ppo_epochs", "critic.enable", "critic.ppo_mini_batch_size",
         "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
         "critic.ppo_infer_max_token_len_per_gpu", "critic.use_dynamic_bsz",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
@@ -436,15 +448,20 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             if s[PARAM_OFFLOAD[role]] and not s[key]:
                 raise ConfigError(f"True with {key} false: realbench prices a trained model's parameter offload "
                                   "fully sharded (zero 3)", PARAM_OFFLOAD[role], source)
-            if s[PARAM_OFFLOAD[role]] and s[f"{A}.strategy" if role == "actor" else "critic.strategy"] != "fsdp":
-                raise ConfigError("True with strategy fsdp2: realbench prices FSDP1's parameter offload (the weight "
-                                  "sync brings the shard in and sends it back; FSDP2 stages it one way)",
-                                  PARAM_OFFLOAD[role], source)
+            if s[STRATEGY[role]] not in FSDP_VERSIONS:
+                raise ConfigError(f"{s[STRATEGY[role]]!r}: realbench prices verl's FSDP1 and FSDP2 (fsdp, fsdp2)",
+                                  STRATEGY[role], source)
+            if s[PARAM_OFFLOAD[role]] and s[STRATEGY[role]] != "fsdp":
+                raise ConfigError(f"True with strategy {s[STRATEGY[role]]}: {FSDP2_OFFLOAD}", PARAM_OFFLOAD[role], source)
         if not s["actor_rollout_ref.ref.fsdp_config.reshard_after_forward"]:
             raise ConfigError("False: a forward-only FSDP model is priced fully sharded (zero 3)",
                               "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", source)
         ref_zero = 3
     else:
+        for key in STRATEGY.values():
+            if s[key] != "megatron":
+                raise ConfigError(f"{s[key]!r} with model_engine megatron: verl's Megatron engine is strategy megatron",
+                                  key, source)
         meg = f"{A}.megatron"
         tp, pp = int(s[f"{meg}.tensor_model_parallel_size"]), int(s[f"{meg}.pipeline_model_parallel_size"])
         v = int(s[f"{meg}.virtual_pipeline_model_parallel_size"] or 1)
@@ -602,6 +619,18 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     if scenario.models["actor"].lora is not None and not fsdp:
         return "calls.actor_train.zero", ("realbench writes verl's FSDP LoRA (lora_rank): train the LoRA actor with "
                                           "FSDP (zero 2 or 3)")
+    for role, call in (("actor", "actor_train"), ("critic", "critic_train")):
+        version = fsdp_version(scenario, role)
+        if version is None or call not in options:
+            continue
+        key = f"engine_settings.{STRATEGY[role]}"
+        if version not in FSDP_VERSIONS:
+            return key, f"{version!r}: realbench writes verl's FSDP1 and FSDP2 (fsdp, fsdp2)"
+        if not fsdp:
+            return key, (f"{version!r}, the FSDP version of the configuration read: this plan trains with Megatron; "
+                         "remove it from the scenario's engine_settings to write it")
+        if version == "fsdp2" and options[call].strategy.offload_params:
+            return f"calls.{call}.offload_params", f"True with the {role}'s strategy fsdp2 ({key}): {FSDP2_OFFLOAD}"
     trained = [n for n in ("actor_train", "ref_inf", "critic_train", "critic_inf") if n in options]
     for name in trained:
         s = options[name].strategy
@@ -630,6 +659,12 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if c.gpus_per_node % reward.tp and reward.tp % c.gpus_per_node:
             return "calls.reward_inf.tp", "a verl reward model replica fits a node or spans whole nodes"
     return None
+
+
+def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
+    """The FSDP version (STRATEGY) the configuration a scenario was read from set for a trained
+    role, carried in its engine_settings; None where it set none (verl's default, FSDP1)."""
+    return scenario.engine_settings.get(STRATEGY[role]) if scenario.engine == "verl" else None
 
 
 def _rows_per_step(scenario: Scenario, name: str, o: Option) -> int:
@@ -836,7 +871,10 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         def trained(name: str, zero_options=zeros) -> list[Option]:
             per_gpu = rows // steps // dp
             lora = scenario.models[df.call(name).model].lora is not None  # (its parameter offload: not priced)
-            offloads = [(False, False), (False, True)] + ([] if lora else [(True, False), (True, True)])
+            fsdp2 = fsdp_version(scenario, "actor" if name == "actor_train" else "critic") == "fsdp2"
+            # (FSDP2's parameter offload: not priced, see space_problem)
+            unpriced = lora or (fsdp2 and 3 in zero_options)
+            offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
                                                    offload_optimizer=moments))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options

@@ -112,7 +112,13 @@ def validate(config: str, overrides: list[str]) -> dict:
             # the offloads as the engines read them (realbench's offload_optimizer and offload_params):
             # the actor's engine config, the critic's block, and a Megatron reference's (which follows
             # the actor's unless set)
-            **_offloads(actor, cfg, critic, ref)}
+            **_offloads(actor, cfg, critic, ref),
+            # the FSDP version each engine is built with (the engine config's strategy, which follows
+            # the role's: EngineRegistry's backend, workers/engine_workers.py:136-143); the
+            # reference's role strategy as composed (its engine's follows it the same way)
+            "engine_strategy": actor.engine.strategy,
+            "critic_engine_strategy": omega_conf_to_dataclass(cfg.critic).engine.strategy if critic else None,
+            "ref_strategy": arr.ref.strategy if ref else None}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
