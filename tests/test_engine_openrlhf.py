@@ -130,10 +130,13 @@ def test_separate_groups_are_placed_largest_first(cli, job):
 
 
 LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
+SLEEP = ("ds.enable_sleep=true",)
 
 
 @pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA),
-                                               ("grpo.args", ("ds.packing_samples=true",))])
+                                               ("grpo.args", ("ds.packing_samples=true",)),
+                                               # the README's quick-start as written: DeepSpeed's states asleep too
+                                               ("train ppo hybrid.sh", SLEEP)])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -151,6 +154,12 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     packed = overrides == ("ds.packing_samples=true",)  # rows packed without padding, as OpenRLHF parsed it
     assert checked["packing_samples"] is packed and scenario_again["training"]["padding_free"] is packed
+    # --ds.enable_sleep: the trained models' optimizers offloaded, as OpenRLHF parsed it
+    asleep = overrides == SLEEP
+    assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config)
+    for name in ("actor_train", "critic_train"):
+        if name in plan["calls"]:
+            assert plan["calls"][name].get("offload_optimizer", False) is asleep
     assert plan_again["calls"] == plan["calls"]
     assert scenario_again["models"] == scenario["models"]
     if overrides == LORA:
@@ -187,6 +196,10 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
     (("algo.advantage.estimator=reinforce",), "--algo.advantage.estimator", "realbench plans gae, group_norm, rloo"),
     # the PPO script: OpenRLHF's critic would take the same adapters
     (("ds.lora.rank=8",), "--ds.lora.rank", "wraps the critic in the same adapters"),
+    # DeepSpeed's offload_states belongs to its ZeRO optimizers
+    (("ds.enable_sleep=true", "ds.zero_stage=0"), "--ds.enable_sleep", "ZeRO optimizers only"),
+    # CPU Adam: not priced
+    (("ds.adam_offload=true",), "--ds.adam_offload", "does not price it"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, flag, says):
     os.chdir(job)
@@ -269,6 +282,66 @@ def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
     assert any(p["actor_gen"].mesh == p["actor_train"].mesh for p in plans)  # the hybrid engine is listed
 
 
+def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand(cli, job):
+    """--ds.enable_sleep: OpenRLHF reloads the actor's and critic's DeepSpeed states before each fit and
+    offloads them after it. Under ZeRO-3 they are the fp32 master weights, Adam's two moments and the
+    bf16 gradient partition, 14 / dp bytes a parameter (FSDP's offload moves its moments alone, 8 / dp;
+    ZeRO-2's, its gradients freed after each step, 12 / dp): each update takes two crossings of them
+    over the host link more, and the plan's peak falls by them. A plan offloading one model's
+    optimizer and not the other's, or offloading without a ZeRO stage, is refused on export."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.cost.calls import shard_params
+    from realbench.cost.sharding import offloaded_state_bytes
+    from realbench.plan import Option, load_plan
+
+    awake, _, _ = imported(cli, job, "train ppo hybrid.sh", out="awake", name="job")
+    asleep, plan, _ = imported(cli, job, "train ppo hybrid.sh", *SLEEP, out="asleep", name="job")
+    _, scenario, options = load_plan(asleep["plan"])
+    _, _, awake_options = load_plan(awake["plan"])
+    assert scenario.engine == "openrlhf"
+    est = Estimator(scenario)
+    a, b = est.estimate(est.choice_of(awake_options)), est.estimate(est.choice_of(options))
+    P = shard_params(scenario.models["actor"], 1, 1)
+    moved = P / 8 * (12 + 2)  # fp32 master and moments, bf16 gradients: 8 GPUs
+    host_bw = scenario.cluster.host_bw
+    off_gpu = 0.0
+    for name in ("actor_train", "critic_train"):
+        P_role = shard_params(scenario.models[scenario.dataflow.call(name).model], 1, 1)
+        assert b.calls[name].time_s - a.calls[name].time_s == pytest.approx(2 * P_role / 8 * 14 / host_bw, rel=1e-9)
+        off_gpu += P_role / 8 * 14
+    assert offloaded_state_bytes(3, P, 8, master_in_optimizer=True) == pytest.approx(moved)
+    assert offloaded_state_bytes(3, P, 8) == pytest.approx(P / 8 * 8)  # FSDP's moments
+    assert offloaded_state_bytes(2, P, 8, master_in_optimizer=True) == pytest.approx(P / 8 * 12)
+    assert offloaded_state_bytes(1, P, 8, master_in_optimizer=True) == pytest.approx(P / 8 * 12)
+    # both trained models (actor and critic: the same checkpoint) keep their states off the GPUs
+    # both trained models (the critic: the actor's checkpoint with a value head) keep their states
+    # off the GPUs while vLLM generates, where the plan peaks
+    assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(off_gpu, abs=8)
+    mixed = {**options, "critic_train": Option(options["critic_train"].mesh,
+                                               replace(options["critic_train"].strategy, offload_optimizer=False))}
+    key, why = openrlhf.space_problem(scenario, mixed)
+    assert key == "calls.critic_train.offload_optimizer" and "together (--ds.enable_sleep)" in why
+    unsharded = {n: Option(o.mesh, replace(o.strategy, zero=0, offload_params=False)) if n.endswith(("_train", "_inf"))
+                 else o for n, o in options.items()}
+    key, why = openrlhf.space_problem(scenario, unsharded)
+    assert key == "calls.actor_train.offload_optimizer" and "ZeRO optimizers only" in why
+    # a single replica's optimizer is offloaded whole (no ZeRO stage of its own): kept in the plan
+    from realbench.engines.documents import job_documents
+
+    _, one = job_documents("openrlhf", "job", "", "", algorithm="grpo", models={}, prompts=1, prompt_len=1, gen_len=1,
+                           steps=1, group_size=2, cluster={}, epochs=1, old_logprobs="whole_batch",
+                           rollout_server="vllm", padding_free=False,
+                           calls={"actor_train": {"dp": 1, "zero": 3, "offload_optimizer": True, "offload_params": True}})
+    assert one["calls"]["actor_train"] == {"dp": 1, "offload_optimizer": True}
+    # the search lists both, under every ZeRO stage
+    # (a single replica under the plan's stage has none of its own)
+    listed = {(o.strategy.zero, o.strategy.offload_optimizer, o.strategy.dp > 1)
+              for o in openrlhf.plan_table(scenario)[0]["actor_train"]}
+    assert {(z, True, True) for z in (1, 2, 3)} <= listed and (0, True, True) not in listed
+
+
 def test_the_weights_reach_vllm_as_openrlhf_broadcasts_them():
     """Hand-worked: ZeRO-3 on node 0 (dp 8) to vLLM on node 1: the data-parallel all-gather of
     the bf16 model, then the whole model once over the inter-node link; on the actor's own GPUs
@@ -300,7 +373,11 @@ def test_search_inside_openrlhf_lists_its_plans_and_beats_its_quick_start(cli, j
     assert result["method"] == "mcmc" and result["evaluations"] == result["groups"] > 1000  # all listed, all priced
     assert result["best_time_s"] <= result["compared"]["time_per_iter_s"]
     assert result["compared"]["name"] == "openrlhf's default configuration"
-    from realbench.plan import load_plan
+    from realbench.plan import get_builtin, load_plan
+
+    # the README's quick-start as written: the hybrid engine with vLLM and DeepSpeed asleep between phases
+    quick = openrlhf.default_plan(get_builtin("grpo-7b-16gpu"))
+    assert quick["actor_gen"].mesh == quick["actor_train"].mesh and quick["actor_train"].strategy.offload_optimizer
 
     _, scenario, options = load_plan(str(tmp_path / "best.yaml"))
     assert openrlhf.space_problem(scenario, options) is None

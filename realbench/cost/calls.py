@@ -292,7 +292,11 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights), int(working))
 
 
-def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option) -> CallCost:
+def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option,
+              master_in_optimizer: bool = False) -> CallCost:
+    """What one call costs on one option. `master_in_optimizer`: the trainer's ZeRO optimizer keeps
+    the fp32 master weights beside bf16 parameters (DeepSpeed's, OpenRLHF's), not FSDP's fp32
+    parameters; it decides what an offloaded optimizer moves (sharding.offloaded_state_bytes)."""
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
         t = call.seqs / option.strategy.dp * model.seconds_per_sample * len(model.functions)
         return CallCost(t, t, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
@@ -409,7 +413,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         master, working = master - held, working + held
         optimizer += (1 + (behaviour > 0)) * 2 * float(sharding.offloaded_param_bytes(s.zero, weights)) / cluster.host_bw
     if s.offload_optimizer:  # the states on the device during this call only, moved in and out once
-        states = sharding.offloaded_state_bytes(s.zero, trained, dp)
+        states = sharding.offloaded_state_bytes(s.zero, trained, dp, master_in_optimizer)
         master, working = master - states, working + states
         optimizer += 2 * states / cluster.host_bw
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,

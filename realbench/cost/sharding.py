@@ -36,7 +36,12 @@ its states in host memory between updates: they cross the host link in before th
 update and out after its last, on the device only while the call runs. FSDP moves Adam's two fp32
 moments (8 / d bytes a parameter; the fp32 weights are FSDP's parameters, verl/utils/fsdp_utils.py:
 241-261); Megatron its optimizer's fp32 main weights and moments (12 / d with the distributed
-optimizer, 12 without; verl/utils/megatron_utils.py:849-960).
+optimizer, 12 without; verl/utils/megatron_utils.py:849-960). DeepSpeed's ZeRO optimizers keep the
+fp32 master weights beside bf16 parameters, and its `offload_states` (OpenRLHF's --ds.enable_sleep,
+openrlhf/utils/deepspeed/deepspeed_utils.py:150-190) moves them with the moments, 12 / d, and under
+ZeRO-3 also its bf16 gradient partition, 14 / d (deepspeed 0.19.6 runtime/zero/stage3.py:3571-3655,
+stage_1_and_2.py:2921-3030: stage 1 and 2 free their partitioned gradients after each step; the
+gradient bucket is freed, not moved).
 
 Communication in the data-parallel group per optimizer step (ring collectives over d devices,
 realbench.cost.comm; a reduce-scatter moves what an all-gather does):
@@ -91,13 +96,16 @@ def host_copy(cluster: ClusterSpec, dp: int, params: float) -> float:
     return params / dp * FP32 / cluster.host_bw
 
 
-def offloaded_state_bytes(zero: int, trained: float, dp: int) -> float:
+def offloaded_state_bytes(zero: int, trained: float, dp: int, master_in_optimizer: bool = False) -> float:
     """The optimizer states of a device's share of `trained` parameters that an offloaded
-    optimizer keeps in host memory between updates (module doc): FSDP's moments, Megatron's fp32
-    main weights and moments."""
-    if zero >= 2:
+    optimizer keeps in host memory between updates (module doc): FSDP's moments (zero 2 or 3);
+    Megatron's fp32 main weights and moments (0 or 1); `master_in_optimizer`, DeepSpeed's fp32
+    master weights and moments, under ZeRO-3 with its bf16 gradient partition."""
+    if zero >= 2 and not master_in_optimizer:
         return trained / dp * MOMENT_BYTES
-    return trained / (dp if zero == 1 else 1) * STATE_BYTES
+    if zero == 3:
+        return trained / dp * (STATE_BYTES + BF16)
+    return trained / (dp if zero else 1) * STATE_BYTES
 
 
 def offloaded_param_bytes(zero, weight_bytes):

@@ -64,6 +64,9 @@ COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per opt
 BROADCAST_ENGINES = ("openrlhf", "areal")
 # of those, the ones that send a LoRA model's adapters alone (AReaL; OpenRLHF sends every parameter)
 ADAPTER_BROADCAST_ENGINES = ("areal",)
+# engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
+# OpenRLHF), not FSDP's fp32 parameters: what their optimizer offload moves (realbench.cost.sharding)
+MASTER_IN_OPTIMIZER_ENGINES = ("openrlhf",)
 
 
 class _Column:
@@ -271,7 +274,8 @@ class Estimator:
         """The cost columns of some options of call i, and how many came from the profile."""
         c = self.calls[i]
         model = self.scenario.models[c.model]
-        costs = [call_cost(c, model, self.cluster, o) for o in options]
+        master = self.scenario.engine in MASTER_IN_OPTIMIZER_ENGINES
+        costs = [call_cost(c, model, self.cluster, o, master_in_optimizer=master) for o in options]
         measured = 0
         alone = [x.time_s for x in costs]
         if self.profile is not None:

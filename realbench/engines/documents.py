@@ -19,10 +19,12 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
     for c in calls.values():
-        if c["dp"] == 1:  # one replica: nothing to shard over (nor to offload a shard of)
+        if c["dp"] == 1:  # one replica: nothing to shard over (nor to offload a shard of the parameters)
             c.pop("zero", None)
             c.pop("offload_params", None)
-            c.pop("offload_optimizer", None)
+            # (its optimizer is still offloaded, whole: priced as an unsharded optimizer's states, 12
+            # bytes a parameter, which FSDP's moments alone (8) and DeepSpeed ZeRO-3's with its
+            # gradients (14) are not exactly)
         for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False),
                          ("offload_params", False), ("offload_optimizer", False)):
             if c.get(key, off) == off:

@@ -17,7 +17,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   and reward model replicated unless the stage is 3 (:78-118); `--ds.tensor_parallel_size`
   (DeepSpeed AutoTP, every group's mesh dp x tp, utils/deepspeed/deepspeed.py:103-107; AutoTP
   trains under ZeRO 0 to 2, deepspeed.ai/tutorials/autotp-training); no pipeline parallelism;
-  gradient checkpointing for actor and critic together (`--actor.gradient_checkpointing_enable`).
+  gradient checkpointing for actor and critic together (`--actor.gradient_checkpointing_enable`);
+  `--ds.enable_sleep`, both trained models' DeepSpeed states in host memory between updates
+  (SLEEP: `offload_optimizer` on their train calls).
 * **Batches**: `--rollout.batch_size` prompts x `--rollout.n_samples_per_prompt` samples; each
   forward of the experience maker a chunk of `--rollout.micro_batch_size` samples
   (trainer/ppo_utils/experience_maker.py:70-76), handed to the data-parallel ranks in equal
@@ -45,7 +47,7 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention, partial rollouts, optimizer offload, agents and remote
+memory alone): ring attention, partial rollouts, CPU Adam (--ds.adam_offload), agents and remote
 reward servers, LoRA, a hybrid engine whose vLLM keeps its memory while DeepSpeed trains
 (without `--vllm.enable_sleep`).
 
@@ -92,7 +94,16 @@ VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF s
 PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the reference and critic score the batch "
                 "on their GPUs; realbench prices that forward in the actor's train call, after them",
                 "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
-                "--vllm.enable_sleep / --ds.enable_sleep: the offload and reload around each phase are not timed")
+                "--vllm.enable_sleep: vLLM's weights copied to the host after generation and back before the "
+                "weight sync (sleep level 1, trainer/ray/vllm_engine.py:136-150) are not timed")
+# --ds.enable_sleep: the actor's and critic's DeepSpeed states (fp32 master weights, Adam's moments,
+# under ZeRO-3 the gradient partition) in host memory between updates, reloaded before each fit and
+# offloaded after it (trainer/ppo_trainer.py:274-286, trainer/ray/ppo_actor.py:654-659,
+# ppo_critic.py:319-324; utils/deepspeed/deepspeed_utils.py:150-190): realbench's offload_optimizer
+# on both train calls, priced as DeepSpeed moves them (realbench.cost.sharding). DeepSpeed's
+# offload_states belongs to its ZeRO optimizers (runtime/zero/stage3.py:3571,
+# stage_1_and_2.py:2921): stage 0 has none
+SLEEP = "ds.enable_sleep"
 # the old log-probabilities (realbench.dataflow.core.OldLogprobs): always a forward of the actor's
 # DeepSpeed engine over the whole batch, dispatched with the reference's and critic's
 # (trainer/ppo_utils/experience_maker.py:153-158); the rollout's serve importance-sampling corrections only
@@ -112,7 +123,7 @@ NEUTRAL = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.mode
            "algo.advantage.no_std_norm", "algo.advantage.is_correction", "reward.clip_range", "reward.normalize",
            "reward.overlong", "reward.stop_properly_penalty", "rollout.temperature", "rollout.top_p",
            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_backend",
-           "vllm.enable_sleep", "ds.enable_sleep", "ds.param_dtype", "ds.attn_implementation",
+           "vllm.enable_sleep", "ds.param_dtype", "ds.attn_implementation",
            "ds.overlap_comm", "ds.grad_accum_dtype", "ds.disable_fast_tokenizer", "ds.zpg", "critic.save_value_network",
            "critic.freezing_steps", "actor.value_head_prefix", "critic.value_head_prefix", "reward.value_head_prefix",
            "ds.local_rank", "train.use_wandb")
@@ -136,7 +147,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
         "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout",
-        PACKING}
+        PACKING, SLEEP}
 
 
 @lru_cache(maxsize=1)
@@ -315,6 +326,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("3 with --ds.tensor_parallel_size > 1: DeepSpeed's AutoTP trains under ZeRO 0 to 2 "
                           "(deepspeed.ai/tutorials/autotp-training)", "--ds.zero_stage", source)
     forward_zero = 3 if zero == 3 else 0  # the eval config (deepspeed_utils.py:78-118)
+    sleep = bool(s[SLEEP])
+    if sleep and zero == 0:
+        raise ConfigError("with --ds.zero_stage 0: DeepSpeed offloads the states of its ZeRO optimizers only "
+                          "(runtime/zero/stage3.py:3571, stage_1_and_2.py:2921)", f"--{SLEEP}", source)
     critic = algorithm == "ppo"
     reward_fn = s["reward.remote_url"]
     if reward_fn and not str(reward_fn).endswith(".py"):
@@ -402,7 +417,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                   "--train.micro_batch_size", source)
             m = per_gpu // micro
         return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m,
-                "activation_checkpointing": bool(s["actor.gradient_checkpointing_enable"]), "zero": zero}
+                "activation_checkpointing": bool(s["actor.gradient_checkpointing_enable"]), "zero": zero,
+                "offload_optimizer": sleep}
 
     def forward(role: str, z: int) -> dict:
         dp = dp_of(role)
@@ -490,13 +506,25 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     reference = "ref_inf" in options
     ds_calls = ["actor_train"] + (["ref_inf"] if reference else []) + \
         (["critic_train", "critic_inf"] if critic else []) + ([] if fn_reward else ["reward_inf"])
-    refuse_offload(options, "OpenRLHF", "--ref.offload")
+    trained = ["actor_train"] + (["critic_train"] if critic else [])
+    # (an optimizer offloaded: --ds.enable_sleep, for actor and critic together; OpenRLHF's
+    # parameter offloads keep other copies)
+    refuse_offload({n: o for n, o in options.items() if n not in trained}, "OpenRLHF", "--ref.offload")
+    for name in trained:
+        if options[name].strategy.offload_params:
+            raise ConfigError("realbench does not write OpenRLHF's parameter offload of a trained model (DeepSpeed's "
+                              "offload_param), which keeps and moves them otherwise than priced here",
+                              f"calls.{name}.offload_params")
+    sleep = {options[n].strategy.offload_optimizer for n in trained}
+    if len(sleep) > 1:
+        raise ConfigError(f"OpenRLHF offloads the actor's and the critic's optimizer together (--{SLEEP})",
+                          "calls.critic_train.offload_optimizer")
+    sleep = sleep.pop()
     for name, o in options.items():
         if o.strategy.pp > 1:
             raise ConfigError("OpenRLHF runs no pipeline parallelism (utils/deepspeed/deepspeed.py:103-107: dp, sp, tp)",
                               f"calls.{name}.pp")
     actor = options["actor_train"].strategy
-    trained = ["actor_train"] + (["critic_train"] if critic else [])
     T = actor.tp
     zero = next((options[nm].strategy.zero for nm in trained if options[nm].strategy.dp > 1), 0)
     for name in ds_calls:
@@ -511,6 +539,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                               f"calls.{name}.zero")
     if T > 1 and zero == 3:
         raise ConfigError("DeepSpeed's AutoTP trains under ZeRO 0 to 2", "calls.actor_train.zero")
+    if sleep and zero == 0:
+        raise ConfigError("OpenRLHF offloads an optimizer's states with --ds.enable_sleep, which DeepSpeed runs for "
+                          "its ZeRO optimizers only (runtime/zero/stage3.py:3571, stage_1_and_2.py:2921): shard it "
+                          "(zero 1 to 3)", "calls.actor_train.offload_optimizer")
     if critic and options["critic_train"].strategy.checkpointing != actor.checkpointing:
         raise ConfigError("OpenRLHF checkpoints actor and critic together (--actor.gradient_checkpointing_enable)",
                           "calls.critic_train.activation_checkpointing")
@@ -565,7 +597,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 "ref.num_nodes": shape(R)[0], "ref.num_gpus_per_node": shape(R)[1],
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
-                "ds.zero_stage": zero, "ds.tensor_parallel_size": T,
+                "ds.zero_stage": zero, "ds.tensor_parallel_size": T, SLEEP: sleep,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
     if critic:
         out.update({"critic.num_nodes": shape(C)[0], "critic.num_gpus_per_node": shape(C)[1]})
@@ -740,7 +772,7 @@ def _products(sizes: list[int], k: int, budget: int) -> Iterator[tuple[int, ...]
 
 def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[int, ...]]]:
     """Every plan OpenRLHF can run of a scenario on its whole cluster (placements x DeepSpeed's
-    tensor parallel size, ZeRO stage and checkpointing x micro-batch and chunk sizes x vLLM's
+    tensor parallel size, ZeRO stage, checkpointing and sleep x micro-batch and chunk sizes x vLLM's
     tensor parallel size), as per call the options used and per plan a row of their indices (in
     the order of the dict). Each block of plans that share a placement, tp and batch sizes is
     checked by the rules that write it (`_settings`); the stages and switches varied inside a
@@ -784,16 +816,17 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 continue
             trained = [n for n in ("actor_train", "critic_train") if n in groups]
             sharded = any(dps[n] > 1 for n in trained)
-            variants = [(z, ckpt) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
-                        for ckpt in (False, True)]
+            # (--ds.enable_sleep under a ZeRO stage: the trained models' optimizers offloaded)
+            variants = [(z, ckpt, sleep) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
+                        for ckpt in (False, True) for sleep in ((False, True) if z else (False,))]
             scorer = Option(V, Strategy(V.size, 1, 1)) if fn_reward else None
             for micro in micros:
                 for chunk in chunks:
-                    def option(name: str, zero: int, ckpt: bool) -> Option:
+                    def option(name: str, zero: int, ckpt: bool, sleep: bool = False) -> Option:
                         dp = dps[name]
                         if name in trained:
                             return Option(groups[name], Strategy(dp, T, 1, batch // dp // micro, ckpt, 1,
-                                                                 zero if dp > 1 else 0))
+                                                                 zero if dp > 1 else 0, offload_optimizer=sleep))
                         return Option(groups[name], Strategy(dp, T, 1, _packed(rows // dp, 1, chunk),
                                                              zero=(3 if zero == 3 else 0) if dp > 1 else 0))
 
@@ -806,8 +839,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         continue
                     gen_k = [intern("actor_gen", g) for g in gens]
                     fixed = {"reward_inf": intern("reward_inf", scorer)} if scorer else {}
-                    for zero, ckpt in variants:
-                        ks = {**fixed, **{n: intern(n, option(n, zero, ckpt)) for n in groups}}
+                    for zero, ckpt, sleep in variants:
+                        ks = {**fixed, **{n: intern(n, option(n, zero, ckpt, sleep)) for n in groups}}
                         for g in gen_k:
                             ks["actor_gen"] = g
                             listed.add(ks)
@@ -859,7 +892,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             "--rollout.max_new_tokens", gen.gen_len,
             "--algo.advantage.estimator", {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
             "--actor.model_name_or_path", "actor"]
-    argv += ["--train.colocate_actor_ref"] if split else ["--train.colocate_all", "--vllm.enable_sleep"]
+    argv += ["--train.colocate_actor_ref"] if split else ["--train.colocate_all", "--vllm.enable_sleep",
+                                                           "--ds.enable_sleep"]
     argv += [] if "ref_inf" in df.call_names else ["--algo.kl.init_coef", 0]  # no KL term: no reference
     argv += ["--train.async_enable", "--train.async_queue_size", staleness] if staleness else []
     if critic:

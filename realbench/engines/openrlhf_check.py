@@ -128,7 +128,9 @@ def validate(script: str) -> dict:
             "lora": {"rank": a.ds.lora.rank, "alpha": a.ds.lora.alpha, "target_modules": a.ds.lora.target_modules},
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": a.actor.adam.lr,
-            "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples}
+            "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples,
+            # the DeepSpeed states offloaded between updates (realbench's offload_optimizer)
+            "ds_enable_sleep": a.ds.enable_sleep, "vllm_enable_sleep": a.vllm.enable_sleep}
 
 
 def main(argv: list[str]) -> int:
