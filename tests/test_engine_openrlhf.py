@@ -342,6 +342,34 @@ def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand
     assert {(z, True, True) for z in (1, 2, 3)} <= listed and (0, True, True) not in listed
 
 
+def test_a_sleeping_vllm_sends_its_weights_to_the_host_and_back_each_step_by_hand(cli, job, monkeypatch):
+    """The hybrid engine's --vllm.enable_sleep (vLLM's level 1): after generation its weights go to
+    host memory, before the weight sync they come back. Each GPU of a tp 2 engine holds a bf16 half
+    of the weights: two crossings of it over the host link a step, beside the broadcast. vLLM on
+    its own GPUs does not sleep."""
+    from realbench.cost import Estimator, simulate
+    from realbench.cost.calls import shard_params
+    from realbench.plan import load_plan
+
+    def realloc(config: str):
+        result, _, _ = imported(cli, job, config, out="sleep", name="job")
+        _, scenario, options = load_plan(result["plan"])
+        est = Estimator(scenario)
+        asleep = est.estimate(est.choice_of(options)).calls["actor_gen"].realloc_s
+        with monkeypatch.context() as m:
+            m.setattr(simulate, "ROLLOUT_SLEEP_ENGINES", ())
+            est = Estimator(scenario)
+            awake = est.estimate(est.choice_of(options)).calls["actor_gen"].realloc_s
+        return asleep, awake, scenario, options
+
+    asleep, awake, scenario, options = realloc("train ppo hybrid.sh")
+    assert options["actor_gen"].mesh == options["actor_train"].mesh and options["actor_gen"].strategy.tp == 2
+    half = shard_params(scenario.models["actor"], 2, 1) * 2
+    assert asleep - awake == pytest.approx(2 * half / scenario.cluster.host_bw, rel=1e-9)
+    asleep, awake, _, options = realloc("grpo.args")
+    assert options["actor_gen"].mesh != options["actor_train"].mesh and asleep == awake
+
+
 def test_the_weights_reach_vllm_as_openrlhf_broadcasts_them():
     """Hand-worked: ZeRO-3 on node 0 (dp 8) to vLLM on node 1: the data-parallel all-gather of
     the bf16 model, then the whole model once over the inter-node link; on the actor's own GPUs

@@ -67,6 +67,13 @@ ADAPTER_BROADCAST_ENGINES = ("areal",)
 # engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
 # OpenRLHF), not FSDP's fp32 parameters: what their optimizer offload moves (realbench.cost.sharding)
 MASTER_IN_OPTIMIZER_ENGINES = ("openrlhf",)
+# engines whose rollout, colocated with its trainer, sleeps at vLLM's level 1 between generations
+# (OpenRLHF's --vllm.enable_sleep under its hybrid engine: sleep() after generation, wake_up of the
+# weights before the weight sync, openrlhf/trainer/ppo_utils/samples_generator.py:104-120,
+# trainer/ppo_trainer.py:300-322): its weights cross the host link to host memory and back each
+# step. (verl sleeps at level 2 with vLLM >= 0.18, dropping weights it receives again anyway,
+# verl/third_party/vllm/__init__.py:45-48)
+ROLLOUT_SLEEP_ENGINES = ("openrlhf",)
 
 
 class _Column:
@@ -450,6 +457,9 @@ class Estimator:
                 union = np.maximum(src.start + src.size, dst.start + dst.size) - np.minimum(src.start, dst.start)
                 R[:, i] += np.where(R[:, i] > 0, self.exchange(union, 0.0, rounds=1), 0.0)
             copy[:, i] = ~holds_same_shards(src, dst)
+            if self.scenario.engine in ROLLOUT_SLEEP_ENGINES and self.calls[i].kind == CallKind.GENERATE:
+                asleep = (src.start == dst.start) & (src.size == dst.size)  # on its trainer's GPUs
+                R[:, i] += np.where(asleep, 2.0 * self.weights[i][C[:, i]] / self.cluster.host_bw, 0.0)
             if self.calls[m].kind == CallKind.TRAIN:
                 # a trained model's parameters in host memory between calls (verl's param_offload,
                 # realbench.cost.sharding): a call on its layout brings them in and sends them back,

@@ -93,9 +93,10 @@ ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
 PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the reference and critic score the batch "
                 "on their GPUs; realbench prices that forward in the actor's train call, after them",
-                "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
-                "--vllm.enable_sleep: vLLM's weights copied to the host after generation and back before the "
-                "weight sync (sleep level 1, trainer/ray/vllm_engine.py:136-150) are not timed")
+                "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls")
+# --vllm.enable_sleep (the hybrid engine's, refused without it): vLLM's weights to host memory after
+# generation and back before the weight sync, each step (sleep level 1, trainer/ray/vllm_engine.py:136-150),
+# and its cache released: priced by the simulator (realbench.cost.simulate.ROLLOUT_SLEEP_ENGINES)
 # --ds.enable_sleep: the actor's and critic's DeepSpeed states (fp32 master weights, Adam's moments,
 # under ZeRO-3 the gradient partition) in host memory between updates, reloaded before each fit and
 # offloaded after it (trainer/ppo_trainer.py:274-286, trainer/ray/ppo_actor.py:654-659,
