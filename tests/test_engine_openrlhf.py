@@ -131,12 +131,15 @@ def test_separate_groups_are_placed_largest_first(cli, job):
 
 LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
 SLEEP = ("ds.enable_sleep=true",)
+ADAM = ("ds.adam_offload=true",)
 
 
 @pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA),
                                                ("grpo.args", ("ds.packing_samples=true",)),
                                                # the README's quick-start as written: DeepSpeed's states asleep too
-                                               ("train ppo hybrid.sh", SLEEP)])
+                                               ("train ppo hybrid.sh", SLEEP),
+                                               # CPU Adam (ZeRO-Offload) for actor and critic
+                                               ("train ppo hybrid.sh", ADAM)])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -157,9 +160,13 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     # --ds.enable_sleep: the trained models' optimizers offloaded, as OpenRLHF parsed it
     asleep = overrides == SLEEP
     assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config)
+    # --ds.adam_offload: Adam on the host, where OpenRLHF's own DeepSpeed config puts the optimizer
+    host = overrides == ADAM
+    assert checked["ds_adam_offload"] is host and checked["offload_optimizer_device"] == ("cpu" if host else "none")
     for name in ("actor_train", "critic_train"):
         if name in plan["calls"]:
             assert plan["calls"][name].get("offload_optimizer", False) is asleep
+            assert plan["calls"][name].get("host_adam", False) is host
     assert plan_again["calls"] == plan["calls"]
     assert scenario_again["models"] == scenario["models"]
     if overrides == LORA:
@@ -198,8 +205,8 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
     (("ds.lora.rank=8",), "--ds.lora.rank", "wraps the critic in the same adapters"),
     # DeepSpeed's offload_states belongs to its ZeRO optimizers
     (("ds.enable_sleep=true", "ds.zero_stage=0"), "--ds.enable_sleep", "ZeRO optimizers only"),
-    # CPU Adam: not priced
-    (("ds.adam_offload=true",), "--ds.adam_offload", "does not price it"),
+    # CPU Adam runs under DeepSpeed's ZeRO optimizers (stage 0 keeps fp32 copies on the GPU)
+    (("ds.adam_offload=true", "ds.zero_stage=0"), "--ds.adam_offload", "runs under its ZeRO optimizers"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, flag, says):
     os.chdir(job)
@@ -289,12 +296,10 @@ def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand
     ZeRO-2's, its gradients freed after each step, 12 / dp): each update takes two crossings of them
     over the host link more, and the plan's peak falls by them. A plan offloading one model's
     optimizer and not the other's, or offloading without a ZeRO stage, is refused on export."""
-    from dataclasses import replace
-
     from realbench.cost import Estimator
     from realbench.cost.calls import shard_params
     from realbench.cost.sharding import offloaded_state_bytes
-    from realbench.plan import Option, load_plan
+    from realbench.plan import load_plan
 
     awake, _, _ = imported(cli, job, "train ppo hybrid.sh", out="awake", name="job")
     asleep, plan, _ = imported(cli, job, "train ppo hybrid.sh", *SLEEP, out="asleep", name="job")
@@ -315,18 +320,12 @@ def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand
     assert offloaded_state_bytes(3, P, 8) == pytest.approx(P / 8 * 8)  # FSDP's moments
     assert offloaded_state_bytes(2, P, 8, master_in_optimizer=True) == pytest.approx(P / 8 * 12)
     assert offloaded_state_bytes(1, P, 8, master_in_optimizer=True) == pytest.approx(P / 8 * 12)
-    # both trained models (actor and critic: the same checkpoint) keep their states off the GPUs
     # both trained models (the critic: the actor's checkpoint with a value head) keep their states
     # off the GPUs while vLLM generates, where the plan peaks
     assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(off_gpu, abs=8)
-    mixed = {**options, "critic_train": Option(options["critic_train"].mesh,
-                                               replace(options["critic_train"].strategy, offload_optimizer=False))}
-    key, why = openrlhf.space_problem(scenario, mixed)
+    (key, why), (key0, why0), listed = _written_and_listed(scenario, options, "offload_optimizer")
     assert key == "calls.critic_train.offload_optimizer" and "together (--ds.enable_sleep)" in why
-    unsharded = {n: Option(o.mesh, replace(o.strategy, zero=0, offload_params=False)) if n.endswith(("_train", "_inf"))
-                 else o for n, o in options.items()}
-    key, why = openrlhf.space_problem(scenario, unsharded)
-    assert key == "calls.actor_train.offload_optimizer" and "ZeRO optimizers only" in why
+    assert key0 == "calls.actor_train.offload_optimizer" and "ZeRO optimizers only" in why0
     # a single replica's optimizer is offloaded whole (no ZeRO stage of its own): kept in the plan
     from realbench.engines.documents import job_documents
 
@@ -337,9 +336,86 @@ def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand
     assert one["calls"]["actor_train"] == {"dp": 1, "offload_optimizer": True}
     # the search lists both, under every ZeRO stage
     # (a single replica under the plan's stage has none of its own)
-    listed = {(o.strategy.zero, o.strategy.offload_optimizer, o.strategy.dp > 1)
-              for o in openrlhf.plan_table(scenario)[0]["actor_train"]}
     assert {(z, True, True) for z in (1, 2, 3)} <= listed and (0, True, True) not in listed
+
+
+def _written_and_listed(scenario, options, switch: str):
+    """What OpenRLHF's writer says of the plan with the critic's `switch` off beside the actor's on,
+    and of it without a ZeRO stage; and the actor's (zero, switch, sharded) the search lists."""
+    from dataclasses import replace
+
+    from realbench.plan import Option
+
+    critic = options["critic_train"]
+    mixed = {**options, "critic_train": Option(critic.mesh, replace(critic.strategy, **{switch: False}))}
+    unsharded = {n: Option(o.mesh, replace(o.strategy, zero=0, offload_params=False)) if n.endswith(("_train", "_inf"))
+                 else o for n, o in options.items()}
+    listed = {(o.strategy.zero, getattr(o.strategy, switch), o.strategy.dp > 1)
+              for o in openrlhf.plan_table(scenario)[0]["actor_train"]}
+    return openrlhf.space_problem(scenario, mixed), openrlhf.space_problem(scenario, unsharded), listed
+
+
+def test_cpu_adam_updates_each_ranks_partition_on_one_host_core_by_hand(cli, job):
+    """--ds.adam_offload, DeepSpeed's ZeRO-Offload: each optimizer step the rank's gradient partition
+    crosses to the host in fp32 (4 / dp bytes a parameter), Adam updates it there on one core (Ray
+    gives OpenRLHF's workers OMP_NUM_THREADS=1) at the fitted rate, and the bf16 partition comes back
+    (2 / dp); under ZeRO-2 each micro-batch but the last also sends its gradients out and, from the
+    second on, the running sum in and out (4 (m - 1) / dp). The fp32 master weights and moments,
+    12 / dp, leave the GPUs for good. `--ds.enable_sleep` beside it moves nothing more. Refused on
+    export: one model's Adam on the host and not the other's, no ZeRO stage, and engines whose
+    Adam runs on the GPUs."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.cost.calls import call_cost, shard_params
+    from realbench.engines import areal, verl
+    from realbench.hardware import FITTED
+    from realbench.plan import Option, get_builtin, load_plan
+
+    on_gpu, _, _ = imported(cli, job, "train ppo hybrid.sh", out="gpu adam", name="job")
+    on_host, plan, _ = imported(cli, job, "train ppo hybrid.sh", *ADAM, out="cpu adam", name="job")
+    both, _, _ = imported(cli, job, "train ppo hybrid.sh", *ADAM, *SLEEP, out="cpu adam asleep", name="job")
+    _, scenario, options = load_plan(on_host["plan"])
+    _, _, gpu_options = load_plan(on_gpu["plan"])
+    c = scenario.cluster
+    r = c.host_adam_rate
+    assert r == FITTED["host_adam_rate"] and c.host_bw == 64e9
+    est = Estimator(scenario)
+    a, b = est.estimate(est.choice_of(gpu_options)), est.estimate(est.choice_of(options))
+    held = 0.0
+    for name in ("actor_train", "critic_train"):
+        call = scenario.dataflow.call(name)
+        model = scenario.models[call.model]
+        o = options[name]
+        assert o.strategy.host_adam and (o.strategy.zero, o.strategy.dp) == (3, 8)
+        P = shard_params(model, 1, 1)
+        steps = call.optimizer_steps * call.iterations
+        cost = call_cost(call, model, c, o)
+        assert cost.optimizer_s == pytest.approx(steps * (P / 8 * 6 / 64e9 + P / 8 / r), rel=1e-12)
+        gpu = call_cost(call, model, c, gpu_options[name])
+        assert gpu.master_bytes - cost.master_bytes == pytest.approx(P / 8 * 12, abs=2)
+        assert b.calls[name].time_s - a.calls[name].time_s == pytest.approx(cost.optimizer_s - gpu.optimizer_s,
+                                                                           rel=1e-9)
+        # ZeRO-2 over 4 micro-batches: the running sum's three trips more
+        two = Option(o.mesh, replace(o.strategy, zero=2, micro_batches=4))
+        assert call_cost(call, model, c, two).optimizer_s == pytest.approx(
+            steps * (P / 8 * 6 / 64e9 + P / 8 * 4 * 3 / 64e9 + P / 8 / r), rel=1e-12)
+        held += P / 8 * 12
+    assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(held, abs=8)
+    assert both["time_per_iter_s"] == on_host["time_per_iter_s"]  # (asleep beside CPU Adam: nothing moves)
+    # refused on export; the search lists it under every ZeRO stage, never without one
+    (key, why), (key0, why0), listed = _written_and_listed(scenario, options, "host_adam")
+    assert key == "calls.critic_train.host_adam" and "together (--ds.adam_offload)" in why
+    assert key0 == "calls.actor_train.host_adam" and "needs a ZeRO optimizer" in why0
+    assert {(z, True, True) for z in (1, 2, 3)} <= listed and (0, True, True) not in listed
+    # verl and AReaL run Adam on the GPUs
+    job7 = get_builtin("grpo-7b-16gpu")
+    for module, scenario7 in ((verl, job7), (areal, areal.job_of(job7.model_copy(update={"engine": None})))):
+        plan7 = module.default_plan(scenario7)
+        actor = plan7["actor_train"]
+        plan7["actor_train"] = replace(actor, strategy=replace(actor.strategy, host_adam=True, offload_optimizer=False))
+        key, why = module.space_problem(scenario7, plan7)
+        assert key == "calls.actor_train.host_adam" and "Adam on the GPUs" in why, (module, why)
 
 
 def test_a_sleeping_vllm_sends_its_weights_to_the_host_and_back_each_step_by_hand(cli, job, monkeypatch):
@@ -406,6 +482,9 @@ def test_search_inside_openrlhf_lists_its_plans_and_beats_its_quick_start(cli, j
     # the README's quick-start as written: the hybrid engine with vLLM and DeepSpeed asleep between phases
     quick = openrlhf.default_plan(get_builtin("grpo-7b-16gpu"))
     assert quick["actor_gen"].mesh == quick["actor_train"].mesh and quick["actor_train"].strategy.offload_optimizer
+    # its multi-node example (train_ppo_ray_slurm.sh): separate groups, CPU Adam
+    example = openrlhf.default_plan(get_builtin("grpo-7b-16gpu"), openrlhf.EXAMPLE["settings"])
+    assert example["actor_gen"].mesh != example["actor_train"].mesh and example["actor_train"].strategy.host_adam
 
     _, scenario, options = load_plan(str(tmp_path / "best.yaml"))
     assert openrlhf.space_problem(scenario, options) is None

@@ -10,7 +10,8 @@ the datasheets and a set of free parameters (realbench.hardware.FITTED):
 
     matmul efficiency (one for both GPUs) and the rows at which a matmul reaches half of it,
     HBM efficiency, a kernel overhead per layer, NVLink efficiency (per GPU), NIC efficiency,
-    and the NVLink and NIC latencies.
+    and the NVLink and NIC latencies; and one host thread's CPU Adam rate (parameters a second:
+    DeepSpeed's ZeRO-Offload step, realbench.cost.sharding).
 
 `fit` finds them by least squares on log(predicted / published) over the fit rows (rows 0, 2,
 4, ... of each kind, never a `reserved` source's); the errors reported are predicted / published
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from realbench.hardware import FITTED, ClusterSpec, gpu_device, gpu_links
 
 DATA = Path(__file__).resolve().parent.parent / "hardware" / "published.yaml"
-KINDS = ("train", "decode", "collective")
+KINDS = ("train", "decode", "collective", "host_adam")
 TARGET_MEDIAN_ERROR = 0.20
 GPUS_PER_NODE = 8
 
@@ -56,6 +57,7 @@ PARAMETERS = (
     ("nic_efficiency", 0.3, 1.5),
     ("intra_latency_s", 1e-7, 2e-4),
     ("inter_latency_s", 1e-7, 5e-4),
+    ("host_adam_rate", 1e6, 1e10),
 )
 
 
@@ -121,6 +123,14 @@ class CollectiveRow(_Row):
     busbw_GBps: float = Field(gt=0)
 
 
+class HostAdamRow(_Row):
+    """One step of DeepSpeed's CPU Adam over `params` fp32 parameters on `threads` host threads, in
+    seconds."""
+    threads: int = Field(gt=0)
+    params: float = Field(gt=0)
+    seconds: float = Field(gt=0)
+
+
 class Source(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     cite: str
@@ -165,6 +175,7 @@ class Published(BaseModel):
     train: list[TrainRow]
     decode: list[DecodeRow]
     collective: list[CollectiveRow]
+    host_adam: list[HostAdamRow] = []
     engine_steps: list[EngineStep] = []
 
     @model_validator(mode="after")
@@ -237,12 +248,14 @@ def published_value(data: Published, kind: str, row) -> float:
         return row.tflops_per_gpu * 1e12 / per_token
     if kind == "decode":
         return row.out_tokens_per_s if row.out_tokens_per_s is not None else row.first_token_ms
+    if kind == "host_adam":
+        return row.seconds
     return row.busbw_GBps
 
 
 def predict(data: Published, kind: str, row, fit: dict = FITTED) -> float:
     """The cost model's prediction of a row, in the unit of published_value()."""
-    from realbench.cost import comm
+    from realbench.cost import comm, sharding
     from realbench.cost.calls import call_cost
     from realbench.dataflow import CallDef, CallKind
 
@@ -262,6 +275,8 @@ def predict(data: Published, kind: str, row, fit: dict = FITTED) -> float:
                        seq_len=row.input + out, gen_len=out)
         t = call_cost(call, spec, cluster, _option(row.tp, 1, row.tp, 1, 1)).time_s
         return row.batch * out / t if row.out_tokens_per_s is not None else t * 1e3
+    if kind == "host_adam":  # each thread at the fitted rate
+        return sharding.host_adam_seconds(row.params, fit["host_adam_rate"], threads=row.threads)
     cluster = _cluster(row.link, row.gpus, fit, row.gpus_per_node, row.nic_gbps)
     n, size, spans = row.gpus, row.bytes, row.gpus > row.gpus_per_node
     if row.op == "all_reduce":  # nccl-tests' bus bandwidth: algbw * 2 (n-1)/n

@@ -11,7 +11,7 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
               "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
               "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines",
-              "rollout": "realbench.bench.rollout"}
+              "rollout": "realbench.bench.rollout", "host-adam": "realbench.bench.host_adam"}
 
 
 def add_parser(sub) -> None:

@@ -412,6 +412,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         held = sharding.offloaded_train_bytes(weights)  # (no adapters: realbench.plan.options)
         master, working = master - held, working + held
         optimizer += (1 + (behaviour > 0)) * 2 * float(sharding.offloaded_param_bytes(s.zero, weights)) / cluster.host_bw
+    if s.host_adam:  # the states on the host for good, and Adam run there (sharding.host_adam_step)
+        master -= trained / (dp if s.zero else 1) * sharding.STATE_BYTES
+        optimizer = steps * sharding.host_adam_step(cluster, s.zero, trained, dp, m)
     if s.offload_optimizer:  # the states on the device during this call only, moved in and out once
         states = sharding.offloaded_state_bytes(s.zero, trained, dp, master_in_optimizer)
         master, working = master - states, working + states

@@ -43,6 +43,22 @@ ZeRO-3 also its bf16 gradient partition, 14 / d (deepspeed 0.19.6 runtime/zero/s
 stage_1_and_2.py:2921-3030: stage 1 and 2 free their partitioned gradients after each step; the
 gradient bucket is freed, not moved).
 
+A train call whose Adam runs on the host (`host_adam`: DeepSpeed's ZeRO-Offload, offload_optimizer
+device cpu, OpenRLHF's --ds.adam_offload) keeps the fp32 master weights and moments in host memory
+for good: the device holds the bf16 weights and gradients of its stage, none of the 12 / d. Each
+optimizer step (deepspeed 0.19.6, bf16):
+    the rank's gradient partition crosses to the host in fp32 after the last micro-batch's
+    backward (stage_1_and_2.py:1585-1615, stage3.py:1397-1411)                         4 / d
+    DeepSpeedCPUAdam updates the P / d fp32 partition on the host (ops/adam/cpu_adam.py; its
+    OpenMP threads: under Ray, OMP_NUM_THREADS = the actor's num_cpus, 1 in OpenRLHF,
+    ray/_private/utils.py:230-267, openrlhf/trainer/ray/launcher.py:255): P / d / rate seconds
+    the updated partition comes back in bf16 (stage_1_and_2.py:2350-2351, stage3.py:2594)  2 / d
+    stage 2 also moves each micro-batch's bf16 gradient partition out, and from the second one
+    on the running sum in and out again, on the compute stream (overlap_comm is off by default
+    for stages 1 and 2, runtime/zero/config.py:383-386; stage_1_and_2.py:1526-1570): 4 (m - 1) / d;
+    stage 3's per-micro-batch copies run on its reduction stream beside the backward (overlap_comm
+    on), hidden. Nothing overlaps the CPU step with the GPU (no ZenFlow, no super_offload).
+
 Communication in the data-parallel group per optimizer step (ring collectives over d devices,
 realbench.cost.comm; a reduce-scatter moves what an all-gather does):
     zero 0   all-reduce of the gradients once (DDP; realbench's runtime)        2 (d-1)/d V
@@ -106,6 +122,21 @@ def offloaded_state_bytes(zero: int, trained: float, dp: int, master_in_optimize
     if zero == 3:
         return trained / dp * (STATE_BYTES + BF16)
     return trained / (dp if zero else 1) * STATE_BYTES
+
+
+def host_adam_seconds(params: float, rate: float, threads: int = 1) -> float:
+    """Seconds of DeepSpeed's CPU Adam over `params` fp32 parameters on `threads` host threads of
+    `rate` parameters a second each (module doc)."""
+    return params / (rate * threads)
+
+
+def host_adam_step(cluster: ClusterSpec, zero: int, trained: float, dp: int, micro_batches: int) -> float:
+    """Seconds one optimizer step of ZeRO-Offload adds on a device (module doc): its gradient
+    partition to the host in fp32, CPU Adam on one thread, the bf16 partition back; under stage 2
+    the running gradient sum's trips of the micro-batches before the last."""
+    shard = trained / dp
+    moved = shard * (FP32 + BF16) + (shard * 2 * BF16 * (micro_batches - 1) if zero == 2 else 0.0)
+    return moved / cluster.host_bw + host_adam_seconds(shard, cluster.host_adam_rate)
 
 
 def offloaded_param_bytes(zero, weight_bytes):

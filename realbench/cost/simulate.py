@@ -311,16 +311,16 @@ class Estimator:
     def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
         """Where options run: first and end device, the node (-1 across nodes), and ids that are
         equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
-        micro-batches, zero, merge_lora, offload_params, offload_optimizer) per option, see
+        micro-batches, zero, merge_lora, offload_params, offload_optimizer, host_adam) per option, see
         `_strategy_fields`."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
-        # options of one layout (mesh, tp, pp, zero, merged LoRA or not, offloaded or not) hold the
-        # same weights and states between calls: they differ in time and working memory only (the
-        # search's dominance pruning, SearchSpace.pruned)
-        layout_id = (((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
-                      + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]
+        # options of one layout (mesh, tp, pp, zero, merged LoRA or not, offloaded or not, Adam on the
+        # host or not) hold the same weights and states between calls: they differ in time and
+        # working memory only (the search's dominance pruning, SearchSpace.pruned)
+        layout_id = ((((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
+                      + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
                 "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "merge_lora": strategy[:, 4],
                 "offload_params": strategy[:, 5], "node": node,
@@ -329,8 +329,8 @@ class Estimator:
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
-        return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora, s.offload_params, s.offload_optimizer)
-                         for s in strategies], dtype=np.int64).reshape(-1, 7)
+        return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora, s.offload_params, s.offload_optimizer,
+                          s.host_adam) for s in strategies], dtype=np.int64).reshape(-1, 8)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""

@@ -26,7 +26,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
             # bytes a parameter, which FSDP's moments alone (8) and DeepSpeed ZeRO-3's with its
             # gradients (14) are not exactly)
         for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False),
-                         ("offload_params", False), ("offload_optimizer", False)):
+                         ("offload_params", False), ("offload_optimizer", False), ("host_adam", False)):
             if c.get(key, off) == off:
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
@@ -67,7 +67,7 @@ def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Option
 def refuse_offload(options, engine: str, flag: str) -> None:
     """Refuse a call with its parameters in host memory (`offload_params`, verl's FSDP reference as
     realbench prices it: the fp32 shard copied in every forward; or verl's param_offload of a trained
-    model) or its optimizer's (`offload_optimizer`), which realbench does not write in `engine`'s
+    model) or its optimizer's (`offload_optimizer`, `host_adam`), which realbench does not write in `engine`'s
     settings (`flag`: the engine's own offload, refused on import, offloads otherwise)."""
     for name, o in options.items():
         if o.strategy.offload_params:
@@ -76,6 +76,9 @@ def refuse_offload(options, engine: str, flag: str) -> None:
         if o.strategy.offload_optimizer:  # (verl's FSDP optimizer_offload: Adam's moments moved around each update)
             raise ConfigError(f"realbench does not write {engine}'s optimizer offload, which keeps and updates the "
                               "states otherwise than verl's priced here", f"calls.{name}.offload_optimizer")
+        if o.strategy.host_adam:
+            raise ConfigError(f"{engine} runs Adam on the GPUs: Adam on the host is DeepSpeed's ZeRO-Offload "
+                              "(OpenRLHF's --ds.adam_offload)", f"calls.{name}.host_adam")
 
 
 def whole_alpha(lora, engine: str) -> int:

@@ -19,7 +19,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   trains under ZeRO 0 to 2, deepspeed.ai/tutorials/autotp-training); no pipeline parallelism;
   gradient checkpointing for actor and critic together (`--actor.gradient_checkpointing_enable`);
   `--ds.enable_sleep`, both trained models' DeepSpeed states in host memory between updates
-  (SLEEP: `offload_optimizer` on their train calls).
+  (SLEEP: `offload_optimizer` on their train calls); `--ds.adam_offload`, DeepSpeed's ZeRO-Offload:
+  both trained models' states in host memory for good and Adam run there on one thread a rank
+  (ADAM_OFFLOAD: `host_adam` on their train calls; `--ds.enable_sleep` beside it moves nothing).
 * **Batches**: `--rollout.batch_size` prompts x `--rollout.n_samples_per_prompt` samples; each
   forward of the experience maker a chunk of `--rollout.micro_batch_size` samples
   (trainer/ppo_utils/experience_maker.py:70-76), handed to the data-parallel ranks in equal
@@ -47,8 +49,7 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention, partial rollouts, CPU Adam (--ds.adam_offload), agents and remote
-reward servers, LoRA, a hybrid engine whose vLLM keeps its memory while DeepSpeed trains
+memory alone): ring attention, partial rollouts, agents and remote reward servers, LoRA, a hybrid engine whose vLLM keeps its memory while DeepSpeed trains
 (without `--vllm.enable_sleep`).
 
 Read: `read_config` takes a launch script (the words after `openrlhf.cli.train_ppo_ray`, up to
@@ -69,7 +70,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from realbench.dataflow import CallKind
 from realbench.engines import listing
 from realbench.engines.documents import job_documents, lora_problem, packs, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
@@ -105,6 +105,16 @@ PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the r
 # offload_states belongs to its ZeRO optimizers (runtime/zero/stage3.py:3571,
 # stage_1_and_2.py:2921): stage 0 has none
 SLEEP = "ds.enable_sleep"
+# --ds.adam_offload: DeepSpeed's ZeRO-Offload, offload_optimizer device cpu (utils/deepspeed/
+# deepspeed_utils.py:21-28, deepspeed.py:437-439) with DeepSpeedCPUAdam (deepspeed 0.19.6
+# runtime/engine.py:2178-2194): realbench's host_adam on both train calls (realbench.cost.sharding).
+# Its OpenMP threads: Ray sets OMP_NUM_THREADS to an actor's num_cpus, at least 1 (ray 2.55.0
+# ray/_private/utils.py:230-267), and OpenRLHF asks one CPU (0.2 colocated) a GPU worker
+# (trainer/ray/launcher.py:255-286, cli/train_ppo_ray.py:89-138): one thread a rank. Beside it
+# --ds.enable_sleep moves nothing (the optimizer already on the host, deepspeed_utils.py:153-157,
+# 194-198); under ZeRO stage 0 DeepSpeed's bf16 wrapper keeps fp32 copies on the GPU that CPU Adam
+# refuses (runtime/fp16/unfused_optimizer.py:77, ops/adam/cpu_adam.py:138)
+ADAM_OFFLOAD = "ds.adam_offload"
 # the old log-probabilities (realbench.dataflow.core.OldLogprobs): always a forward of the actor's
 # DeepSpeed engine over the whole batch, dispatched with the reference's and critic's
 # (trainer/ppo_utils/experience_maker.py:153-158); the rollout's serve importance-sampling corrections only
@@ -148,7 +158,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
         "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout",
-        PACKING, SLEEP}
+        PACKING, SLEEP, ADAM_OFFLOAD}
 
 
 @lru_cache(maxsize=1)
@@ -327,10 +337,15 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("3 with --ds.tensor_parallel_size > 1: DeepSpeed's AutoTP trains under ZeRO 0 to 2 "
                           "(deepspeed.ai/tutorials/autotp-training)", "--ds.zero_stage", source)
     forward_zero = 3 if zero == 3 else 0  # the eval config (deepspeed_utils.py:78-118)
-    sleep = bool(s[SLEEP])
+    host_adam = bool(s[ADAM_OFFLOAD])
+    sleep = bool(s[SLEEP]) and not host_adam  # (beside CPU Adam the sleep moves nothing)
     if sleep and zero == 0:
         raise ConfigError("with --ds.zero_stage 0: DeepSpeed offloads the states of its ZeRO optimizers only "
                           "(runtime/zero/stage3.py:3571, stage_1_and_2.py:2921)", f"--{SLEEP}", source)
+    if host_adam and zero == 0:
+        raise ConfigError("with --ds.zero_stage 0: DeepSpeed's CPU Adam runs under its ZeRO optimizers (stage 0's "
+                          "bf16 wrapper keeps fp32 copies on the GPU, runtime/fp16/unfused_optimizer.py:77)",
+                          f"--{ADAM_OFFLOAD}", source)
     critic = algorithm == "ppo"
     reward_fn = s["reward.remote_url"]
     if reward_fn and not str(reward_fn).endswith(".py"):
@@ -419,7 +434,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             m = per_gpu // micro
         return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m,
                 "activation_checkpointing": bool(s["actor.gradient_checkpointing_enable"]), "zero": zero,
-                "offload_optimizer": sleep}
+                "offload_optimizer": sleep, "host_adam": host_adam}
 
     def forward(role: str, z: int) -> dict:
         dp = dp_of(role)
@@ -521,6 +536,11 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError(f"OpenRLHF offloads the actor's and the critic's optimizer together (--{SLEEP})",
                           "calls.critic_train.offload_optimizer")
     sleep = sleep.pop()
+    host_adam = {options[n].strategy.host_adam for n in trained}
+    if len(host_adam) > 1:
+        raise ConfigError(f"OpenRLHF runs the actor's and the critic's Adam on the host together (--{ADAM_OFFLOAD})",
+                          "calls.critic_train.host_adam")
+    host_adam = host_adam.pop()
     for name, o in options.items():
         if o.strategy.pp > 1:
             raise ConfigError("OpenRLHF runs no pipeline parallelism (utils/deepspeed/deepspeed.py:103-107: dp, sp, tp)",
@@ -544,6 +564,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError("OpenRLHF offloads an optimizer's states with --ds.enable_sleep, which DeepSpeed runs for "
                           "its ZeRO optimizers only (runtime/zero/stage3.py:3571, stage_1_and_2.py:2921): shard it "
                           "(zero 1 to 3)", "calls.actor_train.offload_optimizer")
+    if host_adam and zero == 0:
+        raise ConfigError("OpenRLHF runs Adam on the host with --ds.adam_offload, DeepSpeed's ZeRO-Offload, which "
+                          "needs a ZeRO optimizer (stage 0's keeps fp32 copies on the GPU): shard it (zero 1 to 3)",
+                          "calls.actor_train.host_adam")
     if critic and options["critic_train"].strategy.checkpointing != actor.checkpointing:
         raise ConfigError("OpenRLHF checkpoints actor and critic together (--actor.gradient_checkpointing_enable)",
                           "calls.critic_train.activation_checkpointing")
@@ -599,6 +623,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
                 "ds.zero_stage": zero, "ds.tensor_parallel_size": T, SLEEP: sleep,
+                ADAM_OFFLOAD: host_adam,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
     if critic:
         out.update({"critic.num_nodes": shape(C)[0], "critic.num_gpus_per_node": shape(C)[1]})
@@ -773,7 +798,8 @@ def _products(sizes: list[int], k: int, budget: int) -> Iterator[tuple[int, ...]
 
 def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[int, ...]]]:
     """Every plan OpenRLHF can run of a scenario on its whole cluster (placements x DeepSpeed's
-    tensor parallel size, ZeRO stage, checkpointing and sleep x micro-batch and chunk sizes x vLLM's
+    tensor parallel size, ZeRO stage, checkpointing and the optimizer's states (on the GPUs, asleep
+    between updates, or on the host with CPU Adam) x micro-batch and chunk sizes x vLLM's
     tensor parallel size), as per call the options used and per plan a row of their indices (in
     the order of the dict). Each block of plans that share a placement, tp and batch sizes is
     checked by the rules that write it (`_settings`); the stages and switches varied inside a
@@ -817,17 +843,20 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 continue
             trained = [n for n in ("actor_train", "critic_train") if n in groups]
             sharded = any(dps[n] > 1 for n in trained)
-            # (--ds.enable_sleep under a ZeRO stage: the trained models' optimizers offloaded)
-            variants = [(z, ckpt, sleep) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
-                        for ckpt in (False, True) for sleep in ((False, True) if z else (False,))]
+            # (under a ZeRO stage the trained models' optimizers on the device, offloaded between updates
+            # by --ds.enable_sleep, or on the host with Adam run there by --ds.adam_offload)
+            variants = [(z, ckpt, states) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
+                        for ckpt in (False, True) for states in (("device", "sleep", "host") if z else ("device",))]
             scorer = Option(V, Strategy(V.size, 1, 1)) if fn_reward else None
             for micro in micros:
                 for chunk in chunks:
-                    def option(name: str, zero: int, ckpt: bool, sleep: bool = False) -> Option:
+                    def option(name: str, zero: int, ckpt: bool, states: str = "device") -> Option:
                         dp = dps[name]
                         if name in trained:
                             return Option(groups[name], Strategy(dp, T, 1, batch // dp // micro, ckpt, 1,
-                                                                 zero if dp > 1 else 0, offload_optimizer=sleep))
+                                                                 zero if dp > 1 else 0,
+                                                                 offload_optimizer=states == "sleep",
+                                                                 host_adam=states == "host"))
                         return Option(groups[name], Strategy(dp, T, 1, _packed(rows // dp, 1, chunk),
                                                              zero=(3 if zero == 3 else 0) if dp > 1 else 0))
 
@@ -840,8 +869,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         continue
                     gen_k = [intern("actor_gen", g) for g in gens]
                     fixed = {"reward_inf": intern("reward_inf", scorer)} if scorer else {}
-                    for zero, ckpt, sleep in variants:
-                        ks = {**fixed, **{n: intern(n, option(n, zero, ckpt, sleep)) for n in groups}}
+                    for zero, ckpt, states in variants:
+                        ks = {**fixed, **{n: intern(n, option(n, zero, ckpt, states)) for n in groups}}
                         for g in gen_k:
                             ks["actor_gen"] = g
                             listed.add(ks)
@@ -863,7 +892,7 @@ def _fit(value: int, total: int) -> int:
 # train_ppo_ray_slurm.sh (actor+ref a quarter of the GPUs, critic+reward a quarter, vLLM tp 2 the half;
 # without a critic, actor+ref the half) as the example; ZeRO-3, gradient checkpointing, micro-batches of 8
 # samples to train and 16 to infer (lowered to divide the job's where they do not); the slurm script's
-# --ds.adam_offload is left out (not priced)
+# --ds.adam_offload (CPU Adam) with it
 EXAMPLE = {"source": "OpenRLHF examples/scripts/train_ppo_ray_slurm.sh (v0.11.0)", "settings": {"layout": "split"}}
 
 
@@ -893,8 +922,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             "--rollout.max_new_tokens", gen.gen_len,
             "--algo.advantage.estimator", {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
             "--actor.model_name_or_path", "actor"]
-    argv += ["--train.colocate_actor_ref"] if split else ["--train.colocate_all", "--vllm.enable_sleep",
-                                                           "--ds.enable_sleep"]
+    argv += ["--train.colocate_actor_ref", "--ds.adam_offload"] if split else [
+        "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
     argv += [] if "ref_inf" in df.call_names else ["--algo.kl.init_coef", 0]  # no KL term: no reference
     argv += ["--train.async_enable", "--train.async_queue_size", staleness] if staleness else []
     if critic:

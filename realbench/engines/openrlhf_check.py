@@ -130,7 +130,29 @@ def validate(script: str) -> dict:
             "actor_lr": a.actor.adam.lr,
             "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples,
             # the DeepSpeed states offloaded between updates (realbench's offload_optimizer)
-            "ds_enable_sleep": a.ds.enable_sleep, "vllm_enable_sleep": a.vllm.enable_sleep}
+            "ds_enable_sleep": a.ds.enable_sleep, "vllm_enable_sleep": a.vllm.enable_sleep,
+            # CPU Adam (realbench's host_adam): the flag, and where OpenRLHF's own DeepSpeed config
+            # puts the optimizer for it
+            "ds_adam_offload": a.ds.adam_offload, "offload_optimizer_device": _ds_config(a)["offload_optimizer"]["device"]}
+
+
+def _ds_config(a) -> dict:
+    """The zero_optimization block of OpenRLHF's own DeepSpeed training config for the parsed
+    arguments (utils/deepspeed/deepspeed_utils.py get_train_ds_config, as deepspeed.py:437-439 calls
+    it), its module loaded with DeepSpeed and torch as mocks (the function builds a dict)."""
+    import importlib.util
+
+    import openrlhf
+
+    path = Path(openrlhf.__file__).parent / "utils" / "deepspeed" / "deepspeed_utils.py"
+    mocks = {n: mock.MagicMock() for n in ("deepspeed", "deepspeed.runtime", "deepspeed.runtime.zero",
+                                           "deepspeed.runtime.zero.partition_parameters", "torch", "packaging")}
+    with mock.patch.dict(sys.modules, mocks):
+        spec = importlib.util.spec_from_file_location("openrlhf_deepspeed_utils", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_train_ds_config(offload=False, adam_offload=a.ds.adam_offload,
+                                          stage=a.ds.zero_stage)["zero_optimization"]
 
 
 def main(argv: list[str]) -> int:

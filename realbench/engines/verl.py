@@ -634,6 +634,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     trained = [n for n in ("actor_train", "ref_inf", "critic_train", "critic_inf") if n in options]
     for name in trained:
         s = options[name].strategy
+        if s.host_adam:
+            return f"calls.{name}.host_adam", ("verl runs Adam on the GPUs (its optimizer_offload brings the states in "
+                                               "for each update): Adam on the host is DeepSpeed's ZeRO-Offload")
         if fsdp and (s.tp, s.pp) != (1, 1):
             return f"calls.{name}.tp", "verl's FSDP engine has no tensor or pipeline parallelism (verl/workers/config/engine.py)"
         if fsdp and s.zero != 3 and not (s.zero == 2 and "train" in name):

@@ -52,6 +52,10 @@ class ClusterSpec(FileModel):
     # bytes/s per device to its host's memory (PCIe, per direction): parameters kept in host memory
     # (an engine's CPU offload) cross it for every forward (realbench.cost.calls)
     host_bw: float = Field(default=32e9, gt=0)
+    # parameters a second that one host CPU thread's Adam updates (DeepSpeed's vectorized CPU Adam:
+    # the optimizer step of ZeRO-Offload, OpenRLHF's --ds.adam_offload, realbench.cost.sharding),
+    # fitted to published CPU Adam times by `realbench bench fidelity` (FITTED below)
+    host_adam_rate: float = Field(default_factory=lambda: FITTED["host_adam_rate"], gt=0)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)  # of each device's memory, for plans
     # how the engine that runs the plan computes attention: "flash" (one fused kernel, the scores
     # never in memory: FlashAttention, PyTorch's SDPA, realbench's runtime) or "materialized" (the
@@ -108,6 +112,9 @@ FITTED: dict[str, float] = {
     "nic_efficiency": 0.7317,
     "intra_latency_s": 2.957e-6,
     "inter_latency_s": 1.091e-4,
+    # one host thread's CPU Adam, parameters a second (DeepSpeed's kernel measured on a core of a
+    # Sapphire-Rapids-class Xeon, the DGX H100's host; A100 nodes' EPYC hosts get the same rate)
+    "host_adam_rate": 7.655e8,
 }
 
 
@@ -129,7 +136,8 @@ def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> di
     the datasheet's) at their fitted efficiencies."""
     d = DATASHEETS[name]
     return {"intra_bw": d["nvlink"] * fit[f"{SAME_NVLINK.get(name, name)}.nvlink_efficiency"], "inter_bw": (nic or d["nic"]) * fit["nic_efficiency"],
-            "intra_latency_s": fit["intra_latency_s"], "inter_latency_s": fit["inter_latency_s"], "host_bw": d["pcie"]}
+            "intra_latency_s": fit["intra_latency_s"], "inter_latency_s": fit["inter_latency_s"], "host_bw": d["pcie"],
+            "host_adam_rate": fit["host_adam_rate"]}
 
 
 DEVICES: dict[str, DeviceSpec] = {

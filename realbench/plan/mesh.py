@@ -152,6 +152,10 @@ class Strategy:
     # moments, Megatron's main weights and moments); an engine's, which realbench's runtime does
     # not run
     offload_optimizer: bool = False
+    # train calls: the optimizer's states in host memory for good and Adam run there, each step's
+    # gradients sent to the host and the updated weights back (DeepSpeed's ZeRO-Offload, OpenRLHF's
+    # --ds.adam_offload); an engine's, which realbench's runtime does not run
+    host_adam: bool = False
 
     @property
     def size(self) -> int:
@@ -161,7 +165,7 @@ class Strategy:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
-                + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else ""))
+                + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "") + ("cpuadam" if self.host_adam else ""))
 
 
 @dataclass(frozen=True, slots=True)

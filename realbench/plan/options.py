@@ -64,6 +64,19 @@ def micro_batch_counts(per_replica: int, pp: int) -> list[int]:
     return sorted(m for m in counts if m <= per_replica and per_replica % m == 0)
 
 
+def host_adam_problem(call: CallDef, s: Strategy) -> Optional[str]:
+    """Why Adam cannot run on the host for this call (DeepSpeed's ZeRO-Offload), or None."""
+    if call.kind != CallKind.TRAIN:
+        return "Adam on the host (DeepSpeed's ZeRO-Offload) is a train call's optimizer"
+    if s.zero == 0 and s.dp > 1:
+        # (stage 0 wraps bf16 in an optimizer whose fp32 copies stay on the device: CPU Adam's
+        # step refuses them, deepspeed 0.19.6 runtime/fp16/unfused_optimizer.py:77, ops/adam/cpu_adam.py:138)
+        return "Adam on the host is DeepSpeed's ZeRO-Offload: it needs a ZeRO optimizer (zero 1 to 3)"
+    if s.offload_optimizer or s.offload_params:
+        return "Adam on the host keeps its states there for good: no offload_optimizer or offload_params beside it"
+    return None
+
+
 def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, mesh: Mesh,
                      s: Strategy) -> Optional[tuple[str, str]]:
     """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
@@ -74,7 +87,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer) != (1, 1, 1, 1, 0, False, False, False):
+                s.offload_optimizer, s.host_adam) != (1, 1, 1, 1, 0, False, False, False, False):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -100,6 +113,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.offload_optimizer and call.kind != CallKind.TRAIN:
         return "offload_optimizer", ("optimizer states in host memory between updates are verl's "
                                      "optimizer_offload: a train call's")
+    if s.host_adam:
+        problem = host_adam_problem(call, s)
+        if problem:
+            return "host_adam", problem
     if s.merge_lora:
         problem = merge_problem(call, model)
         if problem:

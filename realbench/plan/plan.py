@@ -11,6 +11,7 @@
       # on inference and train calls under zero 3: offload_params: true (FSDP's CPU offload of a
       #   forward-only model, verl's param_offload of a trained one; priced, not run here)
       # on train calls under zero 2 or 3: offload_optimizer: true (verl's; priced, not run here)
+      # on train calls under zero 1 to 3 (or dp 1): host_adam: true (DeepSpeed's ZeRO-Offload; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -53,6 +54,9 @@ class Placement(FileModel):
     # a train call under zero 2 or 3: Adam's moments in host memory between updates (verl's FSDP
     # optimizer_offload); absent: on the devices
     offload_optimizer: Optional[bool] = None
+    # a train call under zero 1 to 3 (or dp 1): the optimizer's states in host memory for good and
+    # Adam run there (DeepSpeed's ZeRO-Offload, OpenRLHF's --ds.adam_offload); absent: on the devices
+    host_adam: Optional[bool] = None
     # generation without a pipeline: each replica's decode slots (continuous batching), its rows
     # over the micro-batches; either may be given, and the other follows
     slots: Optional[int] = Field(default=None, ge=1)
@@ -102,6 +106,7 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 zero=o.strategy.zero or None, merge_lora=True if o.strategy.merge_lora else None,
                                 offload_params=True if o.strategy.offload_params else None,
                                 offload_optimizer=True if o.strategy.offload_optimizer else None,
+                                host_adam=True if o.strategy.host_adam else None,
                                 slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -133,7 +138,7 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         micro_batches = _micro_batches_of(p, call, name)
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
-                                        bool(p.offload_params), bool(p.offload_optimizer)))
+                                        bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam)))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
