@@ -403,6 +403,20 @@ def test_cpu_adam_updates_each_ranks_partition_on_one_host_core_by_hand(cli, job
         held += P / 8 * 12
     assert a.peak_mem_bytes - b.peak_mem_bytes == pytest.approx(held, abs=8)
     assert both["time_per_iter_s"] == on_host["time_per_iter_s"]  # (asleep beside CPU Adam: nothing moves)
+    # a host of another kind: its own rate in the scenario's cluster (as `bench host-adam` measures it)
+    scenario_file = Path(on_host["scenario"])
+    document = yaml.safe_load(scenario_file.read_text())
+    document["cluster"]["host_adam_rate"] = r / 4
+    slower = scenario_file.with_name("slower host.yaml")
+    slower.write_text(yaml.safe_dump(document))
+    from realbench.plan import load_scenario
+
+    slow = load_scenario(str(slower))
+    assert slow.cluster.host_adam_rate == r / 4 and slow.cluster.host_bw == c.host_bw
+    call = slow.dataflow.call("actor_train")
+    P = shard_params(slow.models["actor"], 1, 1)
+    assert call_cost(call, slow.models["actor"], slow.cluster, options["actor_train"]).optimizer_s == pytest.approx(
+        call.optimizer_steps * call.iterations * (P / 8 * 6 / 64e9 + 4 * P / 8 / r), rel=1e-12)
     # refused on export; the search lists it under every ZeRO stage, never without one
     (key, why), (key0, why0), listed = _written_and_listed(scenario, options, "host_adam")
     assert key == "calls.critic_train.host_adam" and "together (--ds.adam_offload)" in why
