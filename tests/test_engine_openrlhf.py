@@ -432,6 +432,63 @@ def test_cpu_adam_updates_each_ranks_partition_on_one_host_core_by_hand(cli, job
         assert key == "calls.actor_train.host_adam" and "Adam on the GPUs" in why, (module, why)
 
 
+def test_the_actors_old_log_probabilities_run_beside_the_other_scorers_by_hand(monkeypatch):
+    """OpenRLHF's experience maker dispatches the actor's old-log-probability forward with the
+    reference's, critic's and reward model's: on the separate groups of its multi-node example
+    (actor and reference on a quarter of the GPUs, critic and reward model on another) it runs
+    while the critic's group scores, not after it. The train call starts once generation's rows
+    are there and its mesh is free, and ends at start + its time + whatever it waited for the
+    other inputs beyond its forward: max(0, ready - start - forward). The forward is what the call
+    costs beyond taking the rollout's log-probabilities. Where the actor's GPUs are the scorers'
+    (the hybrid engine), nothing changes."""
+    from realbench.cost import Estimator, simulate
+    from realbench.cost.calls import call_cost
+    from realbench.engines import priced_as
+    from realbench.plan import get_builtin
+
+    job = get_builtin("ppo-7b-7b-16gpu")
+    scenario = priced_as(job, "openrlhf")
+    example = openrlhf.default_plan(job, openrlhf.EXAMPLE["settings"])
+    hybrid = openrlhf.default_plan(job)
+
+    def timed(plan, **scale):
+        est = Estimator(scenario, call_scale=scale)
+        return est.estimate(est.choice_of(plan))
+
+    # (and with the critic's values three times as slow: a wait longer than the forward)
+    early, early_hybrid, early_slow = timed(example), timed(hybrid), timed(example, critic_inf=3.0)
+    monkeypatch.setattr(simulate, "EARLY_OLD_LOGPROBS_ENGINES", ())
+    after, after_hybrid, after_slow = timed(example), timed(hybrid), timed(example, critic_inf=3.0)
+    call = scenario.dataflow.call("actor_train")
+    actor = scenario.models["actor"]
+    o = example["actor_train"]
+    forward = call_cost(call, actor, scenario.cluster, o, True, early_old_logprobs=True).early_s
+    rollout = call_cost(call.model_copy(update={"old_logprobs": "rollout"}), actor, scenario.cluster, o, True)
+    assert forward > 0 and forward == pytest.approx(call_cost(call, actor, scenario.cluster, o, True).time_s
+                                                    - rollout.time_s, rel=1e-12)
+    dur = call_cost(call, actor, scenario.cluster, o, True).time_s  # the call's own time, its forward in it
+    a, b = early.calls["actor_train"], after.calls["actor_train"]
+    assert b.end_s - b.start_s == pytest.approx(dur, rel=1e-12)
+    # the critic's group scores longer than the reference on the actor's: the forward starts first
+    assert early.calls["critic_inf"].end_s > early.calls["ref_inf"].end_s and a.start_s < b.start_s
+    assert a.start_s == pytest.approx(early.calls["ref_inf"].end_s)  # (the actor's GPUs free again)
+    # (from generation's end in each schedule: the iterations start at different times)
+    start, ready = a.start_s - early.calls["actor_gen"].end_s, b.start_s - after.calls["actor_gen"].end_s
+    assert a.end_s - early.calls["actor_gen"].end_s == pytest.approx(
+        start + dur + max(0.0, ready - start - forward), rel=1e-12)
+    # the step gains the wait the forward hid (here all of it: the critic's group took less than it)
+    assert 0 < ready - start < forward
+    assert after.time_per_iter_s - early.time_per_iter_s == pytest.approx(ready - start, rel=1e-9)
+    # a longer wait: the forward hides under it whole, the rest waits for the critic's values
+    a, b = early_slow.calls["actor_train"], after_slow.calls["actor_train"]
+    start, ready = a.start_s - early_slow.calls["actor_gen"].end_s, b.start_s - after_slow.calls["actor_gen"].end_s
+    assert ready - start > forward
+    assert a.end_s - early_slow.calls["actor_gen"].end_s == pytest.approx(ready + dur - forward, rel=1e-12)
+    assert after_slow.time_per_iter_s - early_slow.time_per_iter_s == pytest.approx(forward, rel=1e-9)
+    assert early_hybrid.time_per_iter_s == after_hybrid.time_per_iter_s
+    assert not any("old log-probabilities" in gap for gap in openrlhf.PRICING_GAPS)
+
+
 def test_a_sleeping_vllm_sends_its_weights_to_the_host_and_back_each_step_by_hand(cli, job, monkeypatch):
     """The hybrid engine's --vllm.enable_sleep (vLLM's level 1): after generation its weights go to
     host memory, before the weight sync they come back. Each GPU of a tp 2 engine holds a bf16 half

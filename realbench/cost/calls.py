@@ -98,6 +98,9 @@ class CallCost:
     weights_bytes: int  # bf16 weights of the shard this option holds
     master_bytes: int  # what the model keeps on this layout when it is its master copy
     working_bytes: int  # activations / KV cache / logits during the call
+    # of time_s, what may run as soon as generation's rows are there, before the call's other
+    # inputs (`early_old_logprobs`: the policy's old-log-probability forward)
+    early_s: float = 0.0
 
 
 # -- the device ---------------------------------------------------------------------------------
@@ -293,10 +296,13 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
 
 
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option,
-              master_in_optimizer: bool = False) -> CallCost:
+              master_in_optimizer: bool = False, early_old_logprobs: bool = False) -> CallCost:
     """What one call costs on one option. `master_in_optimizer`: the trainer's ZeRO optimizer keeps
     the fp32 master weights beside bf16 parameters (DeepSpeed's, OpenRLHF's), not FSDP's fp32
-    parameters; it decides what an offloaded optimizer moves (sharding.offloaded_state_bytes)."""
+    parameters; it decides what an offloaded optimizer moves (sharding.offloaded_state_bytes).
+    `early_old_logprobs`: the engine runs a policy's old-log-probability forward as soon as the
+    rollout is there, beside the other scorers (OpenRLHF's experience maker): its seconds are the
+    call's `early_s`."""
     if call.kind == CallKind.FUNCTION:  # a reward function: its own CPU time per response, no weights
         t = call.seqs / option.strategy.dp * model.seconds_per_sample * len(model.functions)
         return CallCost(t, t, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
@@ -382,15 +388,21 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     lora = model.lora is not None
     fwd_bwd = ((3 if recompute else 2) * (1 + adapter_flops_share(model)) if lora else (4 if recompute else 3)) * fwd
     behaviour = behaviour_forwards(call, model)  # forwards for the old log-probabilities
-    compute = steps * train_slots * fwd_bwd + behaviour * slots * fwd
-    tp_comm = (steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4)
-               + behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2))
+    # the old-log-probability forwards, term by term (early_s where the engine runs them early)
+    behaviour_compute = behaviour * slots * fwd
+    behaviour_tp = behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
+    compute = steps * train_slots * fwd_bwd + behaviour_compute
+    tp_comm = steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4) \
+        + behaviour_tp
     pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour * slots * p2p_one
     # the data-parallel reduction of the gradients (a dp group that spans nodes has gpus_per_node /
     # tp members on each: ranks are tp apart), or ZeRO's collectives (realbench.cost.sharding)
+    behaviour_dp = behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node) \
+        if s.zero == 3 else 0.0
+    early = behaviour_compute + behaviour_tp + behaviour * slots * p2p_one + behaviour_dp if early_old_logprobs else 0.0
     if s.zero == 3:
-        dp_comm = (steps * sharding.overlapped_step(cluster, dp, params, layer, m, fwd_bwd, 3, dp_spans, per_node)
-                   + behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node))
+        dp_comm = steps * sharding.overlapped_step(cluster, dp, params, layer, m, fwd_bwd, 3, dp_spans, per_node) \
+            + behaviour_dp
     else:
         dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, params, m, dp_spans, per_node)
     trained = adapters if lora else params  # what has gradients and optimizer state
@@ -420,4 +432,4 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         master, working = master - states, working + states
         optimizer += 2 * states / cluster.host_bw
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,
-                    optimizer, int(weights), int(master), int(working))
+                    optimizer, int(weights), int(master), int(working), early)

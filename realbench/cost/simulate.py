@@ -55,9 +55,9 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params", "node",
+COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params", "node",
            "mesh_id", "layout_id", "working", "weights", "master_bytes")
-COST_COLUMNS = ("dur", "alone", "working", "weights", "master_bytes")  # per option (the others: per placement)
+COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
 # engines, AReaL's xccl update to its servers), not a reshard between layouts as verl's and realbench's
@@ -74,6 +74,13 @@ MASTER_IN_OPTIMIZER_ENGINES = ("openrlhf",)
 # step. (verl sleeps at level 2 with vLLM >= 0.18, dropping weights it receives again anyway,
 # verl/third_party/vllm/__init__.py:45-48)
 ROLLOUT_SLEEP_ENGINES = ("openrlhf",)
+# engines that run a policy's old-log-probability forward as soon as the rollout is there, beside
+# the other scorers' forwards (OpenRLHF's experience maker dispatches the actor's with the
+# reference's, critic's and reward model's, openrlhf/trainer/ppo_utils/experience_maker.py:153-158),
+# not after them: the train call's `early` seconds start with generation's rows alone, its rest
+# once every input is there (Estimator._list_schedule). verl and AReaL run their calls one after
+# another on the trainer's GPUs.
+EARLY_OLD_LOGPROBS_ENGINES = ("openrlhf",)
 
 
 class _Column:
@@ -282,7 +289,9 @@ class Estimator:
         c = self.calls[i]
         model = self.scenario.models[c.model]
         master = self.scenario.engine in MASTER_IN_OPTIMIZER_ENGINES
-        costs = [call_cost(c, model, self.cluster, o, master_in_optimizer=master) for o in options]
+        early = self.scenario.engine in EARLY_OLD_LOGPROBS_ENGINES
+        costs = [call_cost(c, model, self.cluster, o, master_in_optimizer=master, early_old_logprobs=early)
+                 for o in options]
         measured = 0
         alone = [x.time_s for x in costs]
         if self.profile is not None:
@@ -295,6 +304,7 @@ class Estimator:
         scale = self.call_scale.get(c.name, 1.0)
         return {"dur": np.array([x.time_s * scale for x in costs], dtype=np.float64),
                 "alone": np.array(alone, dtype=np.float64) * scale,
+                "early": np.array([x.early_s * scale for x in costs], dtype=np.float64),
                 "working": np.array([x.working_bytes for x in costs], dtype=np.float64),
                 "weights": np.array([x.weights_bytes for x in costs], dtype=np.float64),
                 "master_bytes": np.array(own, dtype=np.float64)}, measured
@@ -533,6 +543,10 @@ class Estimator:
         lat_in, lat_out = self.cluster.intra_latency_s, self.cluster.inter_latency_s
         # per task: the tasks of its iteration it waits for, each with a delay after their end
         deps: list[list[tuple[int, np.ndarray | float]]] = [[] for _ in range(T)]
+        # a train call's early seconds and the generation it waits for alone before them (its
+        # producers of kind generate; EARLY_OLD_LOGPROBS_ENGINES)
+        early = np.zeros((B, T))
+        early_deps: list[list[tuple[int, np.ndarray | float]]] = [[] for _ in range(T)]
         for u, (i, kind) in enumerate(zip(self.task_call, self.task_kind)):
             k = C[:, i]
             if kind == "realloc":
@@ -567,6 +581,10 @@ class Estimator:
                         dt = np.where(self.mesh_id[i][k] == self.mesh_id[j][kj], 0.0,
                                       np.where(same_node, nbytes / intra + lat_in, nbytes / inter + lat_out))
                         row.append((self.task_of[(j, "call")], dt))
+                        if self.calls[j].kind == CallKind.GENERATE and self.calls[i].kind == CallKind.TRAIN:
+                            early_deps[u].append((self.task_of[(j, "call")], dt))
+                    if early_deps[u]:
+                        early[:, u] = np.minimum(self.early[i][k], dur[:, u])
                 if (i, "realloc") in self.task_of and i not in self.ahead:
                     row.append((self.task_of[(i, "realloc")], 0.0))
                 deps[u] = row
@@ -576,8 +594,9 @@ class Estimator:
 
         overlap = cross(lo1, hi1, lo1, hi1) | cross(lo1, hi1, lo2, hi2) | cross(lo2, hi2, lo1, hi1) \
             | cross(lo2, hi2, lo2, hi2)
+        head = (early, early_deps)
         if not self.contended:
-            return self._list_schedule(dur, overlap, deps, R, record)
+            return self._list_schedule(dur, overlap, deps, R, record, head)
         # processes a task keeps computing (a move: its two meshes; a transfer waits on messages)
         size = np.where(dur > 0, np.maximum(hi1, np.where(hi2 > lo2, hi2, hi1)) - np.minimum(lo1, np.where(
             hi2 > lo2, lo2, lo1)), 0)
@@ -586,9 +605,9 @@ class Estimator:
         crowded = dur[:, calls].copy()
         for u in calls:  # first, each call as if alone
             dur[:, u] = self.alone[self.task_call[u]][C[:, self.task_call[u]]]
-        first = self._list_schedule(dur, overlap, deps, R, record=True)
+        first = self._list_schedule(dur, overlap, deps, R, True, head)
         dur[:, calls] = self._crowded(first, size, dur[:, calls], crowded, calls)
-        return self._list_schedule(dur, overlap, deps, R, record)
+        return self._list_schedule(dur, overlap, deps, R, record, head)
 
     def _crowded(self, first: _Schedule, size: np.ndarray, alone: np.ndarray, crowded: np.ndarray,
                  calls: list[int]) -> np.ndarray:
@@ -613,8 +632,13 @@ class Estimator:
             out[:, c] = alone[:, c] + f * (crowded[:, c] - alone[:, c])
         return out
 
-    def _list_schedule(self, dur: np.ndarray, overlap: np.ndarray, deps, R: np.ndarray, record: bool) -> _Schedule:
-        """The list schedule of `iterations` iterations (see the module's docstring)."""
+    def _list_schedule(self, dur: np.ndarray, overlap: np.ndarray, deps, R: np.ndarray, record: bool,
+                       head: tuple[np.ndarray, list] = None) -> _Schedule:
+        """The list schedule of `iterations` iterations (see the module's docstring). `head`: per
+        task, the seconds it may start with (B, T), once its mesh is free and the tasks of its
+        second list are done, before its other dependencies: it then ends at
+        max(start + early, ready) + (dur - early), that is start + dur + max(0, ready - start - early)."""
+        early, early_deps = head if head is not None else (None, None)
         B, T = dur.shape
         K = self.iterations
         starts = np.zeros((K, B, T)) if record else None
@@ -633,8 +657,20 @@ class Estimator:
                         ready = np.maximum(ready, ends[it - lag][:, v])
                 for v, dt in deps[u]:
                     ready = np.maximum(ready, cur_end[:, v] + dt)
-                start = np.maximum(ready, (last_end * overlap[:, u, :]).max(axis=1))
+                free = (last_end * overlap[:, u, :]).max(axis=1)
+                start = np.maximum(ready, free)
                 end = start + dur[:, u]
+                if early_deps is not None and early_deps[u]:
+                    e = early[:, u]
+                    ready_early = zeros
+                    for v, dt in early_deps[u]:
+                        ready_early = np.maximum(ready_early, cur_end[:, v] + dt)
+                    start_early = np.maximum(ready_early, free)
+                    has = e > 0
+                    start = np.where(has, start_early, start)
+                    # (written so that a call whose inputs are all there when its mesh frees ends at
+                    # start + dur exactly, as without a head)
+                    end = np.where(has, start_early + dur[:, u] + np.maximum(0.0, ready - (start_early + e)), end)
                 last_end[:, u] = cur_end[:, u] = end
                 np.maximum(iter_end[it], end, out=iter_end[it])
                 if record:

@@ -40,7 +40,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   gathered (ZeRO-3) and broadcast whole, tensor by tensor, from the actor's rank 0 to every vLLM
   GPU over NCCL (trainer/ray/ppo_actor.py:409-490), or under the hybrid engine handed over in
   place (CUDA IPC). realbench's simulator runs calls on disjoint meshes at the same time and
-  calls sharing GPUs one after another, which is this order; the broadcast is priced as OpenRLHF
+  calls sharing GPUs one after another, which is this order, the actor's old-log-probability
+  forward (in its train call) starting with the rollout's rows alone
+  (realbench.cost.simulate.EARLY_OLD_LOGPROBS_ENGINES); the broadcast is priced as OpenRLHF
   sends it (scenario `engine: openrlhf`, realbench.cost.realloc).
 * **Asynchronous** (`--train.async_enable`, trainer/ppo_trainer_async.py): generation runs up to
   `--train.async_queue_size` batches ahead of training (a Ray queue of that size between the
@@ -49,8 +51,8 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention, partial rollouts, agents and remote reward servers, LoRA, a hybrid engine whose vLLM keeps its memory while DeepSpeed trains
-(without `--vllm.enable_sleep`).
+memory alone): ring attention, partial rollouts, agents and remote reward servers, LoRA, a hybrid
+engine whose vLLM keeps its memory while DeepSpeed trains (without `--vllm.enable_sleep`).
 
 Read: `read_config` takes a launch script (the words after `openrlhf.cli.train_ppo_ray`, up to
 the shell's next command) or a file of flags, and overrides `flag=value`, through an argument
@@ -91,9 +93,9 @@ MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
-PRICING_GAPS = ("OpenRLHF's actor computes the old log-probabilities while the reference and critic score the batch "
-                "on their GPUs; realbench prices that forward in the actor's train call, after them",
-                "the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls")
+# (the actor's old-log-probability forward runs beside the reference's and critic's: priced so,
+# realbench.cost.simulate.EARLY_OLD_LOGPROBS_ENGINES)
+PRICING_GAPS = ("the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",)
 # --vllm.enable_sleep (the hybrid engine's, refused without it): vLLM's weights to host memory after
 # generation and back before the weight sync, each step (sleep level 1, trainer/ray/vllm_engine.py:136-150),
 # and its cache released: priced by the simulator (realbench.cost.simulate.ROLLOUT_SLEEP_ENGINES)
@@ -819,7 +821,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     rollout_tps = [t for t in divisors(G) if heads("actor", t)]
     names = list(df.call_names)
     listed = PlanTable(names)
-    intern, options = listed.intern, listed.options
+    intern = listed.intern
 
     for meshes in _placements(scenario):
         A, V = meshes["actor"], meshes["vllm"]
