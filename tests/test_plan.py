@@ -228,3 +228,26 @@ def test_a_scenario_copied_with_other_models_works_out_its_options_again():
     copy = base.model_copy(update={"models": {r: small.with_value_head(s.value_head) for r, s in base.models.items()}})
     assert any(o.strategy.pp == 4 and o.strategy.virtual_stages == 2 for o in copy.options["actor_train"])
     assert copy.dataflow.order == base.dataflow.order and copy.plan_space_size > base.plan_space_size
+
+
+@pytest.mark.parametrize("field", ["zero", "offload_params", "offload_optimizer", "host_adam"])
+def test_the_runtime_refuses_by_name_what_only_the_engines_run(field):
+    """Sharding and the host-memory modes are priced for the engines; a plan carrying one (a
+    hand-edited plan file: a single replica's offloaded optimizer or Adam on the host needs no
+    ZeRO stage) is refused by `realbench run`, naming the key, never run without it."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan.plan import refuse_unrunnable
+
+    scenario = get_builtin("ppo-tiny-cpu")
+    est = Estimator(scenario)
+    options = est.options_of(symmetric_plan(est))
+    refuse_unrunnable(scenario, options)  # (the plain plan runs)
+    actor = options["actor_train"]
+    changed = {**options, "actor_train": replace(actor, strategy=replace(actor.strategy, **{field: 1 if field == "zero"
+                                                                                          else True}))}
+    with pytest.raises(ConfigError) as e:
+        refuse_unrunnable(scenario, changed)
+    assert e.value.field == f"calls.actor_train.{field}"

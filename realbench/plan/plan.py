@@ -228,7 +228,8 @@ def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Sce
 
 def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
     """Refuse by name what realbench's runtime does not run: a scenario an engine runs (`engine`),
-    and data-parallel sharding (ZeRO / FSDP), which the cost model prices for the engines."""
+    data-parallel sharding (ZeRO / FSDP) and the engines' host-memory modes (offloaded parameters or
+    optimizer states, Adam on the host), which the cost model prices for the engines."""
     if scenario.engine:
         raise ConfigError(f"the scenario is {scenario.engine}'s: realbench plans it, {scenario.engine} runs it "
                           f"(realbench export --format {scenario.engine})", "engine")
@@ -237,3 +238,8 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
             raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
                               "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
                               "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")
+        for field in ("offload_params", "offload_optimizer", "host_adam"):
+            if getattr(o.strategy, field):
+                raise ConfigError("realbench's runtime keeps a model's weights and optimizer states on its devices and "
+                                  "runs Adam there; host memory is priced for the engines that use it (verl, OpenRLHF)",
+                                  f"calls.{name}.{field}")
