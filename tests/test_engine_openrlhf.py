@@ -373,7 +373,7 @@ def test_cpu_adam_updates_each_ranks_partition_on_one_host_core_by_hand(cli, job
     from realbench.plan import Option, get_builtin, load_plan
 
     on_gpu, _, _ = imported(cli, job, "train ppo hybrid.sh", out="gpu adam", name="job")
-    on_host, plan, _ = imported(cli, job, "train ppo hybrid.sh", *ADAM, out="cpu adam", name="job")
+    on_host, _, _ = imported(cli, job, "train ppo hybrid.sh", *ADAM, out="cpu adam", name="job")
     both, _, _ = imported(cli, job, "train ppo hybrid.sh", *ADAM, *SLEEP, out="cpu adam asleep", name="job")
     _, scenario, options = load_plan(on_host["plan"])
     _, _, gpu_options = load_plan(on_gpu["plan"])

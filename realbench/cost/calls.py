@@ -394,12 +394,13 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     compute = steps * train_slots * fwd_bwd + behaviour_compute
     tp_comm = steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4) \
         + behaviour_tp
-    pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour * slots * p2p_one
+    behaviour_pp = behaviour * slots * p2p_one
+    pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour_pp
     # the data-parallel reduction of the gradients (a dp group that spans nodes has gpus_per_node /
     # tp members on each: ranks are tp apart), or ZeRO's collectives (realbench.cost.sharding)
     behaviour_dp = behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node) \
         if s.zero == 3 else 0.0
-    early = behaviour_compute + behaviour_tp + behaviour * slots * p2p_one + behaviour_dp if early_old_logprobs else 0.0
+    early = behaviour_compute + behaviour_tp + behaviour_pp + behaviour_dp if early_old_logprobs else 0.0
     if s.zero == 3:
         dp_comm = steps * sharding.overlapped_step(cluster, dp, params, layer, m, fwd_bwd, 3, dp_spans, per_node) \
             + behaviour_dp

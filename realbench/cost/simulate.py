@@ -55,8 +55,8 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params", "node",
-           "mesh_id", "layout_id", "working", "weights", "master_bytes")
+COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params",
+           "node", "mesh_id", "layout_id", "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
@@ -594,9 +594,8 @@ class Estimator:
 
         overlap = cross(lo1, hi1, lo1, hi1) | cross(lo1, hi1, lo2, hi2) | cross(lo2, hi2, lo1, hi1) \
             | cross(lo2, hi2, lo2, hi2)
-        head = (early, early_deps)
         if not self.contended:
-            return self._list_schedule(dur, overlap, deps, R, record, head)
+            return self._list_schedule(dur, overlap, deps, early, early_deps, R, record)
         # processes a task keeps computing (a move: its two meshes; a transfer waits on messages)
         size = np.where(dur > 0, np.maximum(hi1, np.where(hi2 > lo2, hi2, hi1)) - np.minimum(lo1, np.where(
             hi2 > lo2, lo2, lo1)), 0)
@@ -605,9 +604,9 @@ class Estimator:
         crowded = dur[:, calls].copy()
         for u in calls:  # first, each call as if alone
             dur[:, u] = self.alone[self.task_call[u]][C[:, self.task_call[u]]]
-        first = self._list_schedule(dur, overlap, deps, R, True, head)
+        first = self._list_schedule(dur, overlap, deps, early, early_deps, R, record=True)
         dur[:, calls] = self._crowded(first, size, dur[:, calls], crowded, calls)
-        return self._list_schedule(dur, overlap, deps, R, record, head)
+        return self._list_schedule(dur, overlap, deps, early, early_deps, R, record)
 
     def _crowded(self, first: _Schedule, size: np.ndarray, alone: np.ndarray, crowded: np.ndarray,
                  calls: list[int]) -> np.ndarray:
@@ -632,13 +631,12 @@ class Estimator:
             out[:, c] = alone[:, c] + f * (crowded[:, c] - alone[:, c])
         return out
 
-    def _list_schedule(self, dur: np.ndarray, overlap: np.ndarray, deps, R: np.ndarray, record: bool,
-                       head: tuple[np.ndarray, list] = None) -> _Schedule:
-        """The list schedule of `iterations` iterations (see the module's docstring). `head`: per
-        task, the seconds it may start with (B, T), once its mesh is free and the tasks of its
-        second list are done, before its other dependencies: it then ends at
+    def _list_schedule(self, dur: np.ndarray, overlap: np.ndarray, deps, early: np.ndarray, early_deps,
+                       R: np.ndarray, record: bool) -> _Schedule:
+        """The list schedule of `iterations` iterations (see the module's docstring). `early`: per
+        task, the seconds (B, T) it may start with once its mesh is free and the tasks of
+        `early_deps[u]` are done, before its other dependencies: it then ends at
         max(start + early, ready) + (dur - early), that is start + dur + max(0, ready - start - early)."""
-        early, early_deps = head if head is not None else (None, None)
         B, T = dur.shape
         K = self.iterations
         starts = np.zeros((K, B, T)) if record else None
@@ -660,7 +658,7 @@ class Estimator:
                 free = (last_end * overlap[:, u, :]).max(axis=1)
                 start = np.maximum(ready, free)
                 end = start + dur[:, u]
-                if early_deps is not None and early_deps[u]:
+                if early_deps[u]:
                     e = early[:, u]
                     ready_early = zeros
                     for v, dt in early_deps[u]:

@@ -511,6 +511,15 @@ def _disjoint(meshes: list[Mesh], G: int) -> bool:
     return all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
 
 
+def _together(options: dict[str, Option], trained: list[str], switch: str, how: str) -> bool:
+    """The one value of a strategy switch that OpenRLHF sets for both trained models with one flag,
+    or ConfigError where the plan sets it for one only (`how`: what OpenRLHF does together)."""
+    values = {getattr(options[n].strategy, switch) for n in trained}
+    if len(values) > 1:
+        raise ConfigError(f"OpenRLHF {how}", f"calls.critic_train.{switch}")
+    return values.pop()
+
+
 def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     """OpenRLHF's flags (dest -> value) for a plan, or ConfigError naming the first part of it
     OpenRLHF cannot run."""
@@ -533,16 +542,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             raise ConfigError("realbench does not write OpenRLHF's parameter offload of a trained model (DeepSpeed's "
                               "offload_param), which keeps and moves them otherwise than priced here",
                               f"calls.{name}.offload_params")
-    sleep = {options[n].strategy.offload_optimizer for n in trained}
-    if len(sleep) > 1:
-        raise ConfigError(f"OpenRLHF offloads the actor's and the critic's optimizer together (--{SLEEP})",
-                          "calls.critic_train.offload_optimizer")
-    sleep = sleep.pop()
-    host_adam = {options[n].strategy.host_adam for n in trained}
-    if len(host_adam) > 1:
-        raise ConfigError(f"OpenRLHF runs the actor's and the critic's Adam on the host together (--{ADAM_OFFLOAD})",
-                          "calls.critic_train.host_adam")
-    host_adam = host_adam.pop()
+    sleep = _together(options, trained, "offload_optimizer", f"offloads the actor's and the critic's optimizer "
+                      f"together (--{SLEEP})")
+    host_adam = _together(options, trained, "host_adam", f"runs the actor's and the critic's Adam on the host "
+                          f"together (--{ADAM_OFFLOAD})")
     for name, o in options.items():
         if o.strategy.pp > 1:
             raise ConfigError("OpenRLHF runs no pipeline parallelism (utils/deepspeed/deepspeed.py:103-107: dp, sp, tp)",

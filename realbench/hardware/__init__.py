@@ -54,7 +54,7 @@ class ClusterSpec(FileModel):
     host_bw: float = Field(default=32e9, gt=0)
     # parameters a second that one host CPU thread's Adam updates (DeepSpeed's vectorized CPU Adam:
     # the optimizer step of ZeRO-Offload, OpenRLHF's --ds.adam_offload, realbench.cost.sharding),
-    # fitted to published CPU Adam times by `realbench bench fidelity` (FITTED below)
+    # fitted by `realbench bench fidelity` to CPU Adam times measured with `bench host-adam` (FITTED below)
     host_adam_rate: float = Field(default_factory=lambda: FITTED["host_adam_rate"], gt=0)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)  # of each device's memory, for plans
     # how the engine that runs the plan computes attention: "flash" (one fused kernel, the scores

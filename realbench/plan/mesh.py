@@ -165,7 +165,8 @@ class Strategy:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
-                + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "") + ("cpuadam" if self.host_adam else ""))
+                + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
+                + ("cpuadam" if self.host_adam else ""))
 
 
 @dataclass(frozen=True, slots=True)
