@@ -326,6 +326,8 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["actor.path=Qwen/Qwen2.5-1.5B-Instruct"], "actor.path", "not a checkpoint folder"),
     (["train_dataset.batch_size=6"], "train_dataset.batch_size", "evenly"),
     (["actor.mb_spec.max_tokens_per_mb=600"], "actor.mb_spec.max_tokens_per_mb", "600 tokens hold no whole row"),
+    (["actor.mb_spec.packing_algorithm=kk"], "actor.mb_spec.packing_algorithm", "does not price"),
+    (["actor.mb_spec.granularity=2"], "actor.mb_spec.granularity", "does not price"),
     (["rollout.backend=sglang:d1t16"], "rollout.backend", "spans nodes"),
     (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
     (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
@@ -410,48 +412,85 @@ def test_the_workbench_opens_an_areal_experiment_and_writes_the_plan_shown(job):
     assert not e.open() and "did you mean &#x27;rollout.max_head_offpolicyness&#x27;" in e.status.value
 
 
-def test_token_budgets_hold_a_priced_micro_batch_when_responses_run_long():
-    """AReaL packs each step's rows by their real lengths (first fit decreasing to max_tokens_per_mb,
-    at least n_mbs). On ppo-8b-16gpu-longtail (responses log-normal, mean 971 of a 4,096 cap,
-    prompts 512) AReaL's example plan gives a trainer GPU 16 rows a step in 4 micro-batches, priced
-    at the mean row (512 + 971.16 tokens). The budget written is one such micro-batch,
-    ceil(16 / 4 x 1,483.16) = 5,933 tokens, with n_mbs 4: AReaL's own packer, on 200 steps of
-    lengths drawn from the distribution, never fills a micro-batch past it, forms at least 4 and
-    on average at most one more. A budget of 4 rows at the cap (18,432 tokens, what was written
-    before) lets it pack micro-batches three times the priced memory. Where rows are longer than
-    the example's 10,240 tokens, its budget is raised to one row (AReaL's packer refuses a longer row)."""
+def test_areals_packer_as_realbench_prices_it_by_hand_and_against_areals_own():
+    """AReaL's first fit decreasing, worked by hand: rows [5, 4, 3, 3, 2, 1] within 8 tokens, at
+    least 2 groups. 5 and 4 open the two; 3 joins the smaller-sum of the two single-row groups (4:
+    7); 3 joins 5 (8: the only one it fits); 2 fits neither (7 + 2 > 8) and opens a third; 1 joins
+    the one holding the fewest rows (2: 3). Three groups, the largest 8. Unbounded the two groups
+    take 3 rows each (9 and 9), and within 9 tokens the packer forms exactly those two. Ranks that
+    disagree pack again at the largest count. And on random steps the count and the largest group
+    are AReaL's own (areal_check.py pack: seqpack.ffd_allocate), a Megatron pipeline's divisor too."""
     import numpy as np
 
-    from realbench.engines import priced_as
-    from realbench.engines.documents import budget_row
+    from realbench.engines import areal_packer
+
+    rows = np.array([[5, 4, 3, 3, 2, 1]])
+    assert [x.tolist() for x in areal_packer.pack(rows, 8, 2)] == [[3], [8]]
+    assert [x.tolist() for x in areal_packer.pack(rows, math.inf, 2)] == [[2], [9]]
+    assert areal_packer.budget_for(rows[None], 2, row=6) == 9 and areal_packer.budget_for(rows[None], 2, row=12) == 12
+    assert [x.tolist() for x in areal_packer.pack(rows, 9, 2)] == [[2], [9]]
+    # rank 1 forms 3, rank 2 (six rows of 1) 2: both pack again with at least 3
+    assert areal_packer.micro_batches(np.array([[[5, 4, 3, 3, 2, 1], [1] * 6]]), 8, 2) == 3
+    rng = np.random.default_rng(3)
+    for capacity, n_mbs, divisor in ((6000, 1, 1), (9000, 4, 1), (20000, 3, 1), (7000, 4, 2), (12000, 8, 4)):
+        steps = (300 + rng.lognormal(6.5, 1.0, size=(20, 32)).clip(1, 3000)).astype(int)
+        done = subprocess.run([str(PYTHON), str(CHECK), "pack", str(capacity), str(n_mbs), str(divisor)],
+                              input=json.dumps(steps.tolist()), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        theirs = json.loads(done.stdout)
+        if divisor == 1:
+            groups, largest = areal_packer.pack(steps, capacity, n_mbs)
+            assert groups.tolist() == [len(t) for t in theirs] and largest.tolist() == [max(t) for t in theirs]
+        # (a pipeline of pp = divisor stages asks at least 2 pp groups: each n_mbs here is that already)
+        assert [areal_packer.micro_batches(step[None, None], capacity, n_mbs, divisor) for step in steps] == \
+            [float(len(t)) for t in theirs]
+
+
+def test_token_budgets_make_areal_run_the_micro_batches_priced_when_responses_run_long():
+    """AReaL packs each step's rows by their real lengths (first fit decreasing within
+    max_tokens_per_mb, at least n_mbs). On ppo-8b-16gpu-longtail (responses log-normal, mean 971
+    of a 4,096 cap, prompts 512) AReaL's example plan gives each of 8 trainer GPUs 16 rows a step in
+    4 micro-batches. The budget written is the largest micro-batch of 4 rows that 64 drawn steps
+    reach (areal_packer.budget_for): on 200 fresh steps, AReaL's own packer forms exactly the 4
+    priced on all 8 ranks in nearly every step. The budget of one mean micro-batch written before,
+    ceil(16 / 4 x 1,483.16) = 5,933 tokens, made it form 4.65 on a GPU on average, and 5.5 once the
+    ranks agree on their largest count: micro-batches the plan did not price. Where rows are longer
+    than the example's 10,240 tokens, its budget is raised to one row (AReaL's packer refuses a
+    longer row), and the micro-batches are what the packer forms within it."""
+    import numpy as np
+
+    from realbench.engines import areal_packer, priced_as
 
     s = areal.job_of(priced_as(load_scenario("ppo-8b-16gpu-longtail"), "areal"))
     gen = s.dataflow.call("actor_gen")
-    row = 512 + gen.lengths.expected
-    assert budget_row(s, "actor_train") == pytest.approx(row) and 971 < gen.lengths.expected < 972
+    assert 971 < gen.lengths.expected < 972
     options = areal.default_plan(s)
     train = options["actor_train"].strategy
     assert (train.dp, train.micro_batches, 512 // 4 // train.dp) == (8, 4, 16)
     settings = areal._settings(s, options)
-    assert settings["actor.mb_spec.max_tokens_per_mb"] == math.ceil(16 / 4 * row) == 5933
+    step = areal_packer.StepRows(512, 4096, gen.lengths)
+    budget = settings["actor.mb_spec.max_tokens_per_mb"]
+    assert budget == areal_packer.budget_for(step.tokens(16, 8), 4, 512 + 4096) == 8809
     assert settings["actor.mb_spec.n_mbs"] == 4
-    rng = np.random.default_rng(0)
-    steps = [(512 + np.searchsorted(gen.lengths.cdf(), rng.random(16), side="left")).tolist() for _ in range(200)]
+    rng = np.random.default_rng(1)  # (not the seed the budget was drawn with)
+    steps = (512 + np.searchsorted(gen.lengths.cdf(), rng.random((200, 8, 16)), side="left")).reshape(-1, 16)
 
-    def packed(capacity: int, n_mbs: int) -> list[list[int]]:
-        done = subprocess.run([str(PYTHON), str(CHECK), "pack", str(capacity), str(n_mbs)], input=json.dumps(steps),
-                              capture_output=True, text=True, timeout=120)
+    def packed(capacity: int, n_mbs: int) -> np.ndarray:
+        done = subprocess.run([str(PYTHON), str(CHECK), "pack", str(capacity), str(n_mbs)],
+                              input=json.dumps(steps.tolist()), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)
+        return np.array([len(g) for g in json.loads(done.stdout)]).reshape(200, 8)
 
-    ours = packed(5933, 4)
-    assert max(max(step) for step in ours) <= 5933 and min(len(step) for step in ours) == 4
-    assert np.mean([len(step) for step in ours]) == pytest.approx(4.66)  # one more in most steps
-    before = packed(4 * (512 + 4096), 1)
-    assert np.mean([max(step) for step in before]) > 3 * 5933
+    ours = packed(budget, 4)
+    assert ours.min() == 4 and (ours.max(axis=1) == 4).mean() == pytest.approx(0.99)  # the ranks agree on 4
+    assert ours.max(axis=1).mean() == pytest.approx(4.01)
+    before = packed(5933, 4)
+    assert before.mean() == pytest.approx(4.65, abs=0.05) and before.max(axis=1).mean() == pytest.approx(5.5, abs=0.1)
     # rows of 512 + 16,384 tokens: the example's 10,240-token micro-batches raised to one row
     long = areal.job_of(priced_as(load_scenario("grpo-8b-32gpu-longtail"), "areal"))
     plan = areal.default_plan(long)
     t = plan["actor_train"].strategy
     per_gpu = long.dataflow.call("actor_gen").seqs // 4 // t.dp
-    assert t.micro_batches == areal._micro_batches(per_gpu, budget_row(long, "actor_train"), None, 512 + 16384, 1)
+    rows = areal_packer.StepRows(512, 16384, long.dataflow.call("actor_gen").lengths)
+    assert t.micro_batches == areal._micro_batches(rows, per_gpu, t.dp, None, 512 + 16384, 1)
+    assert round(rows.micro_batches(per_gpu, t.dp, 1, 512 + 16384)) <= t.micro_batches

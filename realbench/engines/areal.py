@@ -25,7 +25,8 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
   the data-parallel ranks (utils/seqpack.py:558-562: the prompt groups divide evenly), in
   `actor.ppo_n_minibatches` optimizer steps (trainer/ppo/actor.py:336-366); each call's micro-batches
   from its engine's `mb_spec` (at least `n_mbs`, packed to `max_tokens_per_mb` tokens by the rows'
-  real lengths, first fit decreasing: utils/data.py:696-760, utils/seqpack.py:234-260; a Megatron
+  real lengths, first fit decreasing: utils/data.py:696-760, utils/seqpack.py:234-260, priced as
+  realbench.engines.areal_packer forms them; a Megatron
   pipeline at least 2 x pp, a multiple of pp: megatron_engine.py:2054-2070); prompts of
   `train_dataset.max_length` tokens at most and responses of `gconfig.max_new_tokens`, both inside
   `gconfig.max_tokens` (infra/remote_inf_engine.py:810-821).
@@ -68,8 +69,10 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
+from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
-from realbench.engines.documents import (budget_row, job_documents, lora_problem, refuse_offload, whole_alpha,
+from realbench.engines.areal_packer import StepRows
+from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, whole_alpha,
                                          whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
@@ -92,8 +95,8 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
-PRICING_GAPS = ("AReaL packs each step's sequences by their real lengths (first fit decreasing to max_tokens_per_mb); "
-                "realbench prices the micro-batches of a step whose responses run their mean length",
+PRICING_GAPS = ("a packed micro-batch's activations are priced at its rows' mean tokens; AReaL's largest of a step "
+                "holds up to max_tokens_per_mb",
                 "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
 # rows packed end to end by their real lengths, always (utils/data.py:696-760, pack_tensor_dict):
@@ -115,7 +118,7 @@ _ENGINE_NEUTRAL = ("experiment_name", "trial_name", "path", "init_from_scratch",
                    "reward_bias", "reward_clip", "kl_estimator", "rejection_sampling", "reward_norm", "adv_norm",
                    "discount", "gae_lambda",
                    "mask_no_eos_with_zero", "overlong_reward_penalty", "overlong_tokens", "overlong_penalty_factor",
-                   "max_new_tokens", "group_size", "mb_spec.packing_algorithm", "mb_spec.granularity",
+                   "max_new_tokens", "group_size",
                    "attn_impl", "value_eps_clip", "ppo_n_minibatches", "scheduling_spec", "tokenizer_path",
                    "weight_update_mode", "behave_imp_weight", "dynamic_sampling", "log_agent_stats", "m2_threshold",
                    "importance_sampling_level", "use_sapo_loss", "sapo_", "pad_to_maximum", "is_critic",
@@ -291,23 +294,21 @@ def allocation_string(backend: str, dp: int, tp: int, pp: int) -> str:
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------
-def _micro_batches(rows: int, L: float, n_mbs: Optional[int], budget: Optional[int], pp: int) -> int:
-    """A GPU's micro-batches for `rows` of L tokens each as AReaL counts them (documents.budget_row)
-    under an mb_spec: at least n_mbs, packed to max_tokens_per_mb (split_padded_tensor_dict_into_mb_list,
-    utils/data.py:696-760; unset: no budget), a Megatron pipeline at least 2 pp and a multiple
-    of pp (megatron_engine.py:2054-2070); the fewest even splits of the rows at least as many."""
-    m = max(int(n_mbs or 1), _packed(rows, L, int(budget)) if budget else 1)
-    if pp > 1:
-        m = max(m, 2 * pp)
-        m = math.ceil(m / pp) * pp
+def _micro_batches(step: StepRows, rows: int, ranks: int, n_mbs: Optional[int], budget: Optional[int],
+                   pp: int) -> int:
+    """A GPU's micro-batches of a call of `rows` a GPU on `ranks` data-parallel ranks as AReaL's
+    packer forms them (realbench.engines.areal_packer) under an mb_spec: at least n_mbs, within
+    max_tokens_per_mb (unset: no budget, utils/data.py:711-714), a Megatron pipeline at least 2 pp
+    and a multiple of pp; on average over the steps drawn, the nearest whole count, as the fewest
+    even splits of the rows at least as many (realbench's plans split a GPU's rows evenly)."""
+    m = max(1, round(step.micro_batches(rows, ranks, int(n_mbs or 1), None if budget is None else int(budget), pp)))
     return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (pp == 1 or k % pp == 0)), rows)
 
 
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            gpus_per_node: Optional[int] = None, row: Optional[float] = None) -> tuple[dict, dict]:
+            gpus_per_node: Optional[int] = None, lengths: Optional[LengthDistribution] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed.
-    `row`: the tokens a row counts toward max_tokens_per_mb (documents.budget_row: the prompt and
-    the mean response, for a job with response lengths); default the whole row."""
+    `lengths`: the responses' lengths AReaL's packer sees (default: every response at its cap)."""
     refuse_unpriced(s, given, source)
     for key in ("actor.backend", "rollout.backend"):
         if s.get(key) in (None, "???"):
@@ -365,7 +366,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{max_tokens} leaves no room for responses after prompts of train_dataset.max_length "
                           f"{prompt_len}", "gconfig.max_tokens", source)
     L = prompt_len + gen_len
-    row = row or L
+    step = StepRows(prompt_len, gen_len, lengths)
     prompts = int(s["train_dataset.batch_size"])
     rows = prompts * n
     steps = int(s["actor.ppo_n_minibatches"])
@@ -380,7 +381,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         per_gpu = _even(rows_per_call, dp, "samples", f"{role}.backend", source)
         megatron = a["backend"] == "megatron"
         out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
-               "micro_batches": _micro_batches(per_gpu, row, s.get(f"{role}.mb_spec.n_mbs"),
+               "micro_batches": _micro_batches(step, per_gpu, dp, s.get(f"{role}.mb_spec.n_mbs"),
                                                whole_row_budget(s.get(f"{role}.mb_spec.max_tokens_per_mb"), L,
                                                                 f"{role}.mb_spec.max_tokens_per_mb", source,
                                                                 "AReaL's packer refuses a longer sequence "
@@ -479,12 +480,12 @@ def _backend(name: str, s: Strategy, trained: bool) -> str:
                       "optimizer states (zero 1); its forward-only Megatron models shard nothing", f"calls.{name}.zero")
 
 
-def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, L: int, row: float
+def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, step: StepRows
                      ) -> dict[str, Any]:
     """An engine's settings for a call of `rows` samples a GPU (an optimizer step's, or the whole
-    batch's) of up to L tokens, `row` on average (documents.budget_row): its allocation and its
-    micro-batches, at least the plan's count (n_mbs), packed to the tokens of one on average (the
-    memory the plan prices for one) and at least a whole row (AReaL's packer refuses a longer
+    batch's) as AReaL's packer sees them (`step`): its allocation and its micro-batches,
+    the plan's count (n_mbs) within a budget under which AReaL's packer forms that many on every
+    step drawn (areal_packer.budget_for), at least a whole row (AReaL's packer refuses a longer
     sequence, utils/seqpack.py:234-242)."""
     backend = _backend(name, s, trained)
     if backend == "megatron" and s.pp > 1 and (s.micro_batches < 2 * s.pp or s.micro_batches % s.pp):
@@ -494,7 +495,7 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
         raise ConfigError("virtual stages are Megatron's (megatron.virtual_pipeline_parallel_size)",
                           f"calls.{name}.virtual_stages")
     out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": s.micro_batches,
-           f"{role}.mb_spec.max_tokens_per_mb": max(math.ceil(rows // s.micro_batches * row), L),
+           f"{role}.mb_spec.max_tokens_per_mb": step.budget(rows, s.dp, s.micro_batches),
            f"{role}.gradient_checkpointing": s.checkpointing}
     if backend == "megatron":
         out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
@@ -540,7 +541,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                            "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
                            "rollout.max_head_offpolicyness": df.max_staleness,
                            "rollout.backend": allocation_string(server, gen.dp, gen.tp, gen.pp)}
-    L, row = g.prompt_len + g.gen_len, budget_row(scenario, "actor_train")
+    step = StepRows(g.prompt_len, g.gen_len, df.call("actor_train").lengths)
     for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
                                 ("critic_train", "critic", True)):
         if name in options:
@@ -548,12 +549,12 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             if prompts % s.dp:
                 raise ConfigError(f"{prompts} prompt groups do not split evenly over {s.dp} data-parallel ranks "
                                   "(utils/seqpack.py:558-562)", f"calls.{name}.dp")
-            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, L, row))
+            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, step))
     if "critic_train" in options:
         out["critic.ppo_n_minibatches"] = steps
     if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
         t, i = options["critic_train"].strategy, options["critic_inf"].strategy
-        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(rows // t.dp, row, out["critic.mb_spec.n_mbs"],
+        want = Strategy(t.dp, t.tp, t.pp, _micro_batches(step, rows // t.dp, t.dp, out["critic.mb_spec.n_mbs"],
                                                          out["critic.mb_spec.max_tokens_per_mb"], t.pp),
                         False, t.virtual_stages,
                         3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0)
@@ -684,6 +685,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     intern, options = listed.intern, listed.options
 
     actor_model = scenario.models["actor"]
+    step = StepRows(gen.prompt_len, gen.gen_len, df.call("actor_train").lengths)
     for R in group_sizes(c):
         if R >= N:
             continue
@@ -714,13 +716,19 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                       and (pp == 1 or (m >= 2 * pp and m % pp == 0))]
             zero = 3 if backend == "fsdp" and dp > 1 else 0
             trained_zero = 1 if backend == "megatron" and dp > 1 else zero
+            # a forward-only call: micro-batches of the training's size over the whole batch; the
+            # critic's values, what AReaL's packer forms under the critic's training budget
+            counts = {m: {name: m if df.call(name).kind.value == "train" else m * steps for name in trainer_calls}
+                      for m in micros}
+            if "critic_inf" in trainer_calls:
+                for m in micros:
+                    counts[m]["critic_inf"] = _micro_batches(step, rows // dp, dp, m, step.budget(per_step, dp, m), pp)
             for ckpt in (False, True):
                 for m in micros:
                     row = {"reward_inf": scorer}
                     for name in trainer_calls:
                         trained = df.call(name).kind.value == "train"
-                        # a forward-only call: micro-batches of the training's size over the whole batch
-                        count = m if trained else m * steps
+                        count = counts[m][name]
                         row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
                                                                     trained_zero if trained else zero)))
                     first = {n: options[n][row[n]] for n in row}
@@ -791,7 +799,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
                           f"{role}.scheduling_strategy.type": "colocation", f"{role}.scheduling_strategy.target": "actor",
                           f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": True})
     settings_ = resolve(given)
-    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
+    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", lengths=train.lengths)
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
 
 

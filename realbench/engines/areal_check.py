@@ -16,11 +16,11 @@ the standard library and the areal package only, never realbench.
         (areal/trainer/rl_trainer.py:132-194); prints a JSON line a file: {"ok": true, "allocations":
         {role: {backend, dp, tp, pp, cp, ep, world}}, ...} or {"ok": false, "error": "..."} (exit 1
         if any is refused); the overrides apply to every file
-    .venv-areal/bin/python realbench/engines/areal_check.py pack MAX_TOKENS_PER_MB N_MBS < LENGTHS.json
+    .venv-areal/bin/python realbench/engines/areal_check.py pack MAX_TOKENS_PER_MB N_MBS [DIVISOR] < LENGTHS.json
         each list of sequence lengths (a JSON list of lists on stdin: one GPU's rows of a step) packed
         into micro-batches by AReaL's own allocator (areal/utils/seqpack.py ffd_allocate, what
-        split_padded_tensor_dict_into_mb_list calls with the mb_spec); prints a JSON list, per list
-        the tokens of each micro-batch
+        split_padded_tensor_dict_into_mb_list calls with the mb_spec; DIVISOR its n_mbs_divisor, a
+        Megatron pipeline's pp); prints a JSON list, per list the tokens of each micro-batch
 
 The package `areal` and `areal.engine` import the whole GPU stack in their __init__; they are
 replaced by bare packages over the same folders, so that `areal.api.cli_args` and
@@ -141,20 +141,21 @@ def validate(config: str, overrides: list[str]) -> dict:
             "experiment_name": cfg.experiment_name}
 
 
-def pack(capacity: int, min_groups: int, batches: list[list[int]]) -> list[list[int]]:
+def pack(capacity: int, min_groups: int, batches: list[list[int]], divisor: int = 1) -> list[list[int]]:
     """(Inside `_stubs()`.) AReaL's first fit decreasing over each batch of lengths."""
     from areal.utils import seqpack
 
-    return [[int(sum(lengths[i] for i in group)) for group in seqpack.ffd_allocate(lengths, capacity, min_groups)]
+    return [[int(sum(lengths[i] for i in group))
+             for group in seqpack.ffd_allocate(lengths, capacity, min_groups, n_groups_divisor=divisor)]
             for lengths in batches]
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["pack"] and len(argv) == 3:
+    if argv[:1] == ["pack"] and len(argv) in (3, 4):
         stubs = {**_stubs(), "areal.utils": types.ModuleType("areal.utils")}
         stubs["areal.utils"].__path__ = [str(Path(stubs["areal"].__path__[0]) / "utils")]
         with mock.patch.dict(sys.modules, stubs):
-            print(json.dumps(pack(int(argv[1]), int(argv[2]), json.load(sys.stdin))))
+            print(json.dumps(pack(int(argv[1]), int(argv[2]), json.load(sys.stdin), *map(int, argv[3:]))))
         return 0
     if argv[:1] == ["defaults"]:
         print(json.dumps(defaults(), sort_keys=True, default=str))
