@@ -2,8 +2,10 @@
 
 AReaL splits each GPU's rows of a call into micro-batches by their tokens (the attention mask's
 sum: the prompt and the response as long as it ran), never by a fixed count
-(split_padded_tensor_dict_into_mb_list, areal/utils/data.py:696-760), with first fit decreasing
-(`_ffd_allocate`, utils/seqpack.py:198-260):
+(split_padded_tensor_dict_into_mb_list, areal/utils/data.py:696-760), so how many a step runs
+depends on that step's lengths. realbench counts them on `DRAWS` steps drawn from the scenario's
+response lengths (one seed: the same numbers on every run; `StepRows`) and writes budgets from the
+same draws. The packer is first fit decreasing (`_ffd_allocate`, utils/seqpack.py:198-260):
 
     rows in decreasing order; a row opens a new group while there are fewer than `n_mbs`
     groups, or where even the smallest group cannot take it within `max_tokens_per_mb`;
@@ -15,20 +17,21 @@ A Megatron pipeline asks for at least 2 pp groups and a count that pp divides, r
 data-parallel ranks then agree: where their counts differ each packs again with `n_mbs` the
 largest (allocate_balanced_mbs_synced, data.py:475-490; FSDP over the trainer's whole group,
 Megatron over its data-parallel group: either way the largest over the data-parallel ranks, the
-tensor-parallel ones holding the same rows).
-
-Two consequences that realbench plans with (realbench.engines.areal):
+tensor-parallel ones holding the same rows). So:
 
 * the count is the largest over the ranks, of lengths that differ step by step: priced at its
-  mean over `DRAWS` steps drawn from the scenario's response lengths (one seed: the same
-  numbers on every run);
+  mean over the drawn steps;
 * with a budget at least the largest group that `n_mbs` groups reach unbounded, the packer
   forms exactly `n_mbs` groups of equal row counts: a row joins the same group as it would
   unbounded, since that group holds it within the budget and no group left out was the one
   chosen. That is the budget realbench writes (`budget_for`): AReaL then runs the plan's
-  micro-batches, as many as the plan priced and as many rows each.
+  micro-batches on every drawn step, as many rows each.
 
-The packer here is checked against AReaL's own (`areal_check.py pack`) in the tests.
+(verl's dynamic batching is priced from the rows' mean tokens, realbench.engines.verl: its count
+is at least ceil(T / budget) on the rank with the most tokens T, raised until its
+workload-balanced partition keeps every micro-batch within the budget, verl/utils/
+seqlen_balancing.py:395-455; not modelled here yet.) The packer here is checked against AReaL's
+own (`areal_check.py pack`) in the tests.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ SEED = 0
 
 @dataclass(frozen=True)
 class StepRows:
-    """A call's rows as AReaL's packer sees them: a prompt of `prompt_len` tokens (at its cap) and
-    a response drawn from `lengths`, or of `gen_len` tokens each without one."""
+    """A call's rows as AReaL's packer sees them: a prompt of `prompt_len` tokens (at its cap) and a
+    response drawn from `lengths`, or of `gen_len` tokens each without one."""
 
     prompt_len: int
     gen_len: int
@@ -71,7 +74,7 @@ class StepRows:
         return _budget(self, rows, ranks, n_mbs)
 
 
-# (the listing of a search asks for the same few again and again)
+# (the listing of a search asks for the same few counts and budgets again and again: remembered)
 @lru_cache(maxsize=4096)
 def _micro_batches(step: StepRows, rows: int, ranks: int, n_mbs: int, budget: Optional[int], pp: int) -> float:
     return micro_batches(step.tokens(rows, ranks), math.inf if budget is None else budget, n_mbs, pp)

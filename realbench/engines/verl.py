@@ -48,7 +48,7 @@ workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), 
 critic's `optimizer_offload` as its optimizer's states in host memory between updates and
 `param_offload` as its parameters there between calls, under FSDP or Megatron (`offload_optimizer`,
 `offload_params` on its train call: OFFLOAD_BLOCK). What is not priced
-is said wherever a verl plan is read or written (`PRICING_GAPS`: nothing known now). The actor's
+is said wherever a verl plan is read or written (`PRICING_GAPS`). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
 
@@ -94,7 +94,9 @@ ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
-PRICING_GAPS = ()
+PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the rows' mean tokens; verl takes the "
+                "largest count over the data-parallel ranks and adds micro-batches until its workload-balanced "
+                "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455)",)
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
