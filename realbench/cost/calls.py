@@ -371,7 +371,15 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
         working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
                    + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=dp))
-        return CallCost(compute + tp_comm + pp_comm + dp_comm, compute, tp_comm, pp_comm, dp_comm, 0.0,
+        # unsharded and offloaded (a Megatron forward-only model's param_offload): the whole bf16
+        # shard loaded for the call and sent back after it (sharding's module doc); its seconds
+        # are host-link time, counted where a trained model's offload counts them
+        host = 0.0
+        if off and s.zero != 3:
+            loaded = (params + adapters) * BF16
+            working += loaded
+            host = 2 * loaded / cluster.host_bw
+        return CallCost(compute + tp_comm + pp_comm + dp_comm + host, compute, tp_comm, pp_comm, dp_comm, host,
                         int(weights), int(weights), int(working))
 
     # train: forward + backward (2x forward flops; weights read again in each); with activation

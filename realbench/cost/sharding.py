@@ -18,6 +18,11 @@ with its parameters offloaded (FSDP's CPU offload, `offload_params`: verl's refe
 none between calls: the shard lives in host memory in full precision (4 / d bytes, verl's fp32
 model_dtype) and each layer's share crosses the host link (PCIe) before its gather, in every
 micro-batch's forward (FSDP unshards per forward), beside one layer's fp32 share in flight.
+Unsharded (zero 0: verl's Megatron reference with `param_offload`), a forward-only model's bf16
+shard waits in host memory between calls and is loaded whole onto the device before each call and
+sent back after it (the engine's eval context, verl/workers/engine/base.py:314-333, moves the model
+only: workers/engine/megatron/transformer_impl.py:722-744, utils/megatron_utils.py): 2 bytes a
+parameter of the tp x pp shard each way, on the device during the call only.
 A trained model with its parameters offloaded (verl's `param_offload`, `offload_params` on its train
 call) keeps them in host memory between calls: every call on its layout brings them in and sends
 them back (verl's engine contexts, workers/engine/base.py:314-333: the old log-probabilities'

@@ -44,7 +44,8 @@ Megatron's distributed optimizer as zero 1, the weight sync to the rollout as th
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
 max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
-workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call), the actor's or
+workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call) and under Megatron
+where its `param_offload` says so (loaded whole for its call and sent back after it), the actor's or
 critic's `optimizer_offload` as its optimizer's states in host memory between updates and
 `param_offload` as its parameters there between calls, under FSDP or Megatron (`offload_optimizer`,
 `offload_params` on its train call: OFFLOAD_BLOCK). What is not priced
@@ -139,7 +140,9 @@ REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.us
 # Megatron loads the model, workers/engine/megatron/transformer_impl.py:1090) and sent back after it
 # (realbench's offload_params on the train call). FSDP2 stages the sync's shards one way: its
 # parameter offload is refused by name. A Megatron reference's offload (its param_offload follows
-# the actor's by interpolation) is not priced: refused by name, and written off
+# the actor's by interpolation): its bf16 shard loaded for each forward and sent back after it
+# (the eval context moves the model only, workers/engine/base.py:314-333, megatron/transformer_impl.py:
+# 722-744): offload_params on ref_inf under zero 0, priced by realbench.cost.sharding
 OFFLOAD_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "critic": "critic.fsdp"},
                  "megatron": {"actor": f"{A}.megatron", "critic": "critic.megatron"}}
 PARAM_OFFLOAD = {role: f"{block}.param_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
@@ -480,9 +483,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
                  "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
         ref_zero = 0
-        if with_ref and s[REF_MEGATRON_OFFLOAD]:
-            raise ConfigError("True (it follows the actor's param_offload unless set): realbench does not price a "
-                              "Megatron reference's offload; set it false", REF_MEGATRON_OFFLOAD, source)
     dp = N // (tp * pp)
 
     def budget(key: str) -> int:
@@ -520,9 +520,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"], **offloads("actor")},
     }
-    if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD)
+    if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD; Megatron as set)
         calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
-                            "offload_params": engine == "dp"}
+                            "offload_params": engine == "dp" or bool(s[REF_MEGATRON_OFFLOAD])}
     reward_model = bool(s[f"{RM}.enable"])
     if reward_model:  # vLLM / SGLang replicas of the reward model on the same GPUs, after generation
         rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
@@ -650,7 +650,8 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                         "tp, pp and virtual stages (verl/workers/engine/megatron/transformer_impl.py)")
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
-        if name in ("ref_inf", "critic_inf") and s.offload_params != (fsdp and name == "ref_inf" and s.dp > 1):
+        if (name == "critic_inf" and s.offload_params) or (name == "ref_inf" and fsdp
+                                                           and s.offload_params != (s.dp > 1)):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
@@ -790,8 +791,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             out.update({f"{meg}.tensor_model_parallel_size": s.tp, f"{meg}.pipeline_model_parallel_size": s.pp,
                         f"{meg}.virtual_pipeline_model_parallel_size": s.virtual_stages if s.virtual_stages > 1 else None,
                         f"{meg}.use_distributed_optimizer": s.zero == 1})
-            if role == "actor" and "ref_inf" in options:  # (it would follow the actor's: not priced)
-                out[REF_MEGATRON_OFFLOAD] = False
+            if role == "actor" and "ref_inf" in options:  # (it would follow the actor's: written as planned)
+                out[REF_MEGATRON_OFFLOAD] = options["ref_inf"].strategy.offload_params
             o = f"{meg}.override_transformer_config"
             out.update({f"{o}.recompute_granularity": "full" if s.checkpointing else None,
                         f"{o}.recompute_method": "uniform" if s.checkpointing else None,
@@ -887,9 +888,10 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:
-            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero,
-                                                                    offload_params=forward_zero == 3 and dp > 1))
-                                                 for m in divisors(rows // dp)])
+            # (FSDP offloads its reference always; a Megatron one as its param_offload says)
+            offloaded = (forward_zero == 3 and dp > 1,) if forward_zero == 3 else (False, True)
+            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off))
+                                                 for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
                 yield group

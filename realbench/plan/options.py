@@ -104,10 +104,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         if problem:
             return "zero", problem
     if s.offload_params and (call.kind == CallKind.GENERATE or s.zero == 2 or (call.kind == CallKind.INFERENCE
-                                                                              and s.zero != 3)):
-        return "offload_params", ("parameters in host memory are FSDP's CPU offload of a forward-only model (an "
-                                  "inference call's, under zero 3) or verl's param_offload of a trained one (a train "
-                                  "call's, under zero 3, or Megatron's 0 or 1)")
+                                                                              and s.zero not in (0, 3))):
+        return "offload_params", ("parameters in host memory are a forward-only model's (an inference call's: FSDP's "
+                                  "CPU offload under zero 3, verl's Megatron param_offload under zero 0) or verl's "
+                                  "param_offload of a trained one (a train call's, under zero 3, or Megatron's 0 or 1)")
     if s.offload_params and call.kind == CallKind.TRAIN and model.lora is not None:
         return "offload_params", "a LoRA model's parameters in host memory between calls are not priced"
     if s.offload_optimizer and call.kind != CallKind.TRAIN:
