@@ -114,6 +114,28 @@ def test_the_hybrid_engine_reads_into_every_call_on_the_actors_gpus(cli, job):
     assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(openrlhf.PRICING_GAPS)
 
 
+def test_dynamic_batching_counts_micro_batches_by_first_fit_as_openrlhf_does(cli, job):
+    """--train.dynamic_batch_enable: OpenRLHF counts micro-batches by first fit in arrival order
+    (get_minimum_num_micro_batch_size), rows of 64 + 128 = 192 tokens here. Training: a GPU's 2 rows
+    of an optimizer step within 300 tokens hold one each: 2 micro-batches. The experience maker's
+    forwards: the step's 64 rows within 700 tokens hold 3 each, 22 micro-batches, counted down to a
+    multiple of the actor's 8 ranks, 16, dispatched over each role's 8 GPUs: 2 a GPU, where the
+    tokens' mean (8 x 192 / 700 = 2.2) would have priced 3, split evenly 4. OpenRLHF's own function
+    gives the same first-fit counts."""
+    _, plan, _ = imported(cli, job, "train ppo hybrid.sh", "train.dynamic_batch_enable=true",
+                          "train.max_tokens_per_gpu=300", "rollout.max_tokens_per_gpu=700", name="dynamic")
+    calls = plan["calls"]
+    assert calls["actor_train"]["micro_batches"] == calls["critic_train"]["micro_batches"] == 2
+    for name in ("ref_inf", "reward_inf", "critic_inf"):
+        assert calls[name]["micro_batches"] == 2, name
+    done = subprocess.run([str(PYTHON), str(CHECK), "pack", "300"], input=json.dumps([[192, 192]]),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout) == [2], done.stderr[-2000:]
+    done = subprocess.run([str(PYTHON), str(CHECK), "pack", "700"], input=json.dumps([[192] * 64, [192] * 8]),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout) == [22, 3], done.stderr[-2000:]
+
+
 def test_separate_groups_are_placed_largest_first(cli, job):
     """The actor's 8 GPUs, the reference's 4, vLLM's 4: a whole node, then blocks of the next one
     (largest first, in OpenRLHF's order of creation)."""

@@ -27,9 +27,13 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   (trainer/ppo_utils/experience_maker.py:70-76), handed to the data-parallel ranks in equal
   blocks; optimizer steps of `--train.batch_size` samples in micro-batches of
   `--train.micro_batch_size` a GPU (DeepSpeed's train_batch_size = micro x accumulation x dp,
-  deepspeed.py:455-456), `--train.max_epochs` passes; `--train.dynamic_batch_enable` packs them
-  to `--train.max_tokens_per_gpu` / `--rollout.max_tokens_per_gpu` tokens (priced as the fewest
-  equal micro-batches at least as many, as verl's packed ones).
+  deepspeed.py:455-456), `--train.max_epochs` passes; `--train.dynamic_batch_enable` counts them
+  by first fit in arrival order (utils/seqlen_balancing.py:234-246): a GPU's rows of an optimizer
+  step within `--train.max_tokens_per_gpu`, the ranks taking the largest count (ppo_utils/
+  replay_buffer.py:116-127); the step's rows within `--rollout.max_tokens_per_gpu` for the
+  experience maker, counted down to a multiple of the actor's ranks (at least one each) and
+  dispatched over each role's (experience_maker.py:44-66); priced as the fewest equal
+  micro-batches at least as many (realbench's plans split a GPU's rows evenly).
 * **The rollout is vLLM** (no other generation, trainer/ppo_utils/samples_generator.py:195-241),
   max_num_seqs not set: vLLM's default for an engine built from AsyncEngineArgs
   (SchedulerConfig.DEFAULT_MAX_NUM_SEQS, 128) sequences decode together per engine.
@@ -304,6 +308,21 @@ def _even(total: int, parts: int, what: str, flag: str, source: str) -> int:
     return total // parts
 
 
+def _rows_within(L: int, budget: int) -> int:
+    """Rows a micro-batch of OpenRLHF's dynamic batching holds: first fit in arrival order
+    (get_minimum_num_micro_batch_size, utils/seqlen_balancing.py:234-246) of rows of L tokens
+    each (realbench reads an OpenRLHF job's rows at their cap) within `budget` tokens (already
+    times ring attention and DeepSpeed's tp, :237): floor(budget / L), one where a row alone is
+    longer (first fit opens a micro-batch for it all the same)."""
+    return max(1, budget // L)
+
+
+def _splits(rows: int, count: int) -> int:
+    """The fewest equal splits of a GPU's `rows` at least `count` (realbench's plans split a GPU's
+    rows evenly)."""
+    return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
+
+
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
             gpus_per_node: int = 8) -> tuple[dict, dict]:
     """(scenario document, plan document) of OpenRLHF's parsed flags `s` and the dests changed,
@@ -426,8 +445,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def trained(role: str) -> dict:
         dp = dp_of(role)
         per_gpu = _even(batch, dp, "samples of an optimizer step", "--train.batch_size", source)
-        if dynamic:
-            m = _packed(per_gpu, L, int(s["train.max_tokens_per_gpu"]) * T)
+        if dynamic:  # first fit of a GPU's rows, the largest count over the ranks (replay_buffer.py:116-127)
+            m = _splits(per_gpu, -(-per_gpu // _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T)))
         else:
             if per_gpu % micro:
                 raise ConfigError(f"{micro} does not divide a GPU's {per_gpu} samples of an optimizer step: DeepSpeed "
@@ -441,7 +460,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def forward(role: str, z: int) -> dict:
         dp = dp_of(role)
         per_gpu = _even(rows, dp, "samples", "--rollout.batch_size", source)
-        m = _packed(per_gpu, L, infer_tokens * T) if dynamic else _packed(per_gpu, 1, infer_micro)
+        if dynamic:  # the step's rows by first fit, in whole multiples of the actor's ranks, dispatched over the role's
+            actor_dp = dp_of("actor")
+            chunks = max(actor_dp, -(-rows // _rows_within(L, infer_tokens * T)) // actor_dp * actor_dp)
+            m = _splits(per_gpu, -(-chunks // dp))
+        else:
+            m = _packed(per_gpu, 1, infer_micro)
         return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m, "zero": z}
 
     calls: dict[str, dict] = {

@@ -13,6 +13,10 @@ realbench.
         after parsing, and its `train()` up to where it would start Ray actors (its assertions on
         colocated groups and the hybrid engine's GPUs), with Ray and the GPU workers stubbed;
         prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
+    .venv-openrlhf/bin/python realbench/engines/openrlhf_check.py pack MAX_TOKENS_PER_GPU < LENGTHS.json
+        the micro-batches OpenRLHF's dynamic batching counts for each list of sequence lengths (a
+        JSON list of lists on stdin), by its get_minimum_num_micro_batch_size
+        (utils/seqlen_balancing.py, ring attention and DeepSpeed's tp 1); prints a JSON list of counts
 """
 
 from __future__ import annotations
@@ -155,7 +159,24 @@ def _ds_config(a) -> dict:
                                           stage=a.ds.zero_stage)["zero_optimization"]
 
 
+def pack(max_tokens: int, batches: list[list[int]]) -> list[int]:
+    """OpenRLHF's count of dynamic micro-batches for each batch of lengths (its module loaded alone:
+    the package's __init__ imports the GPU stack)."""
+    import importlib.util
+
+    import openrlhf
+
+    path = Path(openrlhf.__path__[0]) / "utils" / "seqlen_balancing.py"
+    spec = importlib.util.spec_from_file_location("openrlhf_seqlen_balancing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [module.get_minimum_num_micro_batch_size(lengths, max_tokens, 1, 1) for lengths in batches]
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["pack"] and len(argv) == 2:
+        print(json.dumps(pack(int(argv[1]), json.load(sys.stdin))))
+        return 0
     if argv[:1] == ["defaults"]:
         print(json.dumps(defaults(), sort_keys=True, default=list))
         return 0
