@@ -121,11 +121,12 @@ def test_zero_is_refused_where_its_engines_cannot_run_it():
     gen = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
     # (Megatron's: zero 0 or 1)
     assert strategy_problem(train_call(), M7, H100, mesh, Strategy(4, 2, 1, 1, zero=1, offload_params=True)) is None
-    for call, strategy in ((ref, Strategy(8, 1, 1, 1, offload_params=True)),
-                           (train_call(), Strategy(8, 1, 1, 1, zero=2, offload_params=True)),
+    # and verl's Megatron reference's param_offload: a forward-only model unsharded (zero 0)
+    assert strategy_problem(ref, M7, H100, mesh, Strategy(8, 1, 1, 1, offload_params=True)) is None
+    for call, strategy in ((train_call(), Strategy(8, 1, 1, 1, zero=2, offload_params=True)),
                            (gen, Strategy(8, 1, 1, 1, offload_params=True))):
         field, message = strategy_problem(call, M7, H100, mesh, strategy)
-        assert field == "offload_params" and "(an inference call's, under zero 3)" in message, message
+        assert field == "offload_params" and "an inference call's: FSDP's CPU offload under zero 3" in message, message
     # optimizer states in host memory between updates: verl's optimizer_offload, a train call's
     for zero in (0, 1, 2, 3):
         strategy = Strategy(8, 1, 1, 1, zero=zero, offload_optimizer=True)
