@@ -79,7 +79,7 @@ from typing import Any, Iterator, Optional
 from realbench.engines import listing
 from realbench.engines.documents import job_documents, lora_problem, packs, refuse_offload, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
-from realbench.engines.verl import _packed
+from realbench.engines.verl import _packed, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
@@ -317,12 +317,6 @@ def _rows_within(L: int, budget: int) -> int:
     return max(1, budget // L)
 
 
-def _splits(rows: int, count: int) -> int:
-    """The fewest equal splits of a GPU's `rows` at least `count` (realbench's plans split a GPU's
-    rows evenly)."""
-    return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
-
-
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
             gpus_per_node: int = 8) -> tuple[dict, dict]:
     """(scenario document, plan document) of OpenRLHF's parsed flags `s` and the dests changed,
@@ -446,7 +440,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         dp = dp_of(role)
         per_gpu = _even(batch, dp, "samples of an optimizer step", "--train.batch_size", source)
         if dynamic:  # first fit of a GPU's rows, the largest count over the ranks (replay_buffer.py:116-127)
-            m = _splits(per_gpu, -(-per_gpu // _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T)))
+            m = _packed(per_gpu, 1, _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T))
         else:
             if per_gpu % micro:
                 raise ConfigError(f"{micro} does not divide a GPU's {per_gpu} samples of an optimizer step: DeepSpeed "

@@ -317,7 +317,12 @@ def _packed(rows: int, row_size: float, budget: int) -> int:
     max_num_seqs rounds): the ceil(rows x row_size / budget) unequal ones counted as the fewest
     equal splits of the rows that are at least as many (realbench's plans split a GPU's rows
     evenly; at most one micro-batch more than a divisor away)."""
-    count = _ceil(rows * row_size, budget)
+    return _splits(rows, _ceil(rows * row_size, budget))
+
+
+def _splits(rows: int, count: int) -> int:
+    """The fewest equal splits of a GPU's `rows` at least `count` (realbench's plans split a GPU's
+    rows evenly)."""
     return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
 
 
