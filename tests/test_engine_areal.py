@@ -2,6 +2,7 @@
 realbench writes checked by AReaL's own loader, config classes and allocation parser in its own
 environment (`make engines`: .venv-areal)."""
 
+import dataclasses
 import math
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from realbench.engines import areal
+from realbench.errors import ConfigError
 from realbench.plan import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,9 +175,10 @@ def test_the_gsm8k_example_reads_into_separate_rollout_and_trainer_gpus(cli, job
     # AReaL places the actor first, then the rollout: four GPUs each of one node
     assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 1}
     # 256 prompts x 4 samples over 4 GPUs, one optimizer step: 256 rows of 2048 tokens a GPU packed to
-    # 10,240 tokens: ceil(256 x 2048 / 10240) = 52 micro-batches, the fewest even splits at least as many: 64
+    # 10,240 tokens: ceil(256 x 2048 / 10240) = 52 micro-batches, the fewest even splits at least as many: 64;
+    # memory planned for the budget realbench writes for them, the largest group of 4 rows: 8,192 tokens
     assert calls["actor_train"] == {"mesh": "n0:0-3", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 64,
-                                    "activation_checkpointing": True, "zero": 3}
+                                    "activation_checkpointing": True, "zero": 3, "max_tokens": 8192}
     # the reward: the rollout workers' function, on the rollout's GPUs; kl_ctl 0: no reference at all
     assert calls["reward_inf"]["mesh"] == "n0:4-7" and "ref_inf" not in calls
     assert scenario["models"]["reward"] == {"function": areal.REWARD} and "ref" not in scenario["models"]
@@ -191,12 +194,16 @@ def test_a_megatron_ppo_with_critic_and_reference_reads_as_areal_runs_it(cli, jo
     calls = plan["calls"]
     # megatron:d2p2t1: the distributed optimizer (zero 1) on the trained models; 256 x 4 / 2 steps / 2 dp
     # = 256 rows a step a GPU: 64 micro-batches (as above, at least 2 pp and a multiple of pp)
+    # of 4 rows, memory planned for the budget realbench writes for them: 4 whole rows
+    row = scenario["dataflow"]["prompt_len"] + scenario["dataflow"]["gen_len"]
     assert calls["actor_train"] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 2, "micro_batches": 64,
-                                    "activation_checkpointing": True, "zero": 1}
+                                    "activation_checkpointing": True, "zero": 1, "max_tokens": 4 * row}
     assert calls["critic_train"]["zero"] == 1 and calls["critic_train"]["micro_batches"] == 64
     # the forwards over the whole batch (512 rows a GPU) with the same token budget: 128 micro-batches
+    # (the critic's values within its training's budget)
     for name in ("ref_inf", "critic_inf"):
-        assert calls[name] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 2, "micro_batches": 128}, name
+        assert calls[name] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 2, "micro_batches": 128,
+                               "max_tokens": 4 * row}, name
     assert scenario["dataflow"]["algorithm"] == "ppo" and scenario["dataflow"]["group_size"] == 4
     # without a token budget the reference runs n_mbs (1) micro-batches, which Megatron's pipeline
     # raises to 2 x pp
@@ -472,6 +479,24 @@ def test_token_budgets_make_areal_run_the_micro_batches_priced_when_responses_ru
     budget = settings["actor.mb_spec.max_tokens_per_mb"]
     assert budget == areal_packer.budget_for(step.tokens(16, 8), 4, 512 + 4096) == 8809
     assert settings["actor.mb_spec.n_mbs"] == 4
+    # the plan carries that budget, and memory is planned for a micro-batch that full (the 16 rows of a
+    # step hold far more at the 0.99 quantile), where rows of the mean response would hold 5,933 and 4
+    # fixed rows' heaviest of 4 more than 8,809: AReaL's packer balances them
+    assert train.max_tokens == 8809
+    call = s.dataflow.call("actor_train")
+    assert call.peak_tokens(4, 4, train.max_tokens) == 8809 < call.peak_tokens(4, 4)
+    assert 4 * (512 + gen.lengths.expected) < 5933
+    from realbench.cost.calls import call_cost
+    model = s.models["actor"]
+    at = lambda o: call_cost(call, model, s.cluster, o).working_bytes  # noqa: E731
+    fixed = options["actor_train"].__class__(options["actor_train"].mesh, dataclasses.replace(train, max_tokens=None))
+    assert at(options["actor_train"]) < at(fixed)
+    # a budget other than the one realbench writes for the plan's count is refused by name
+    other = {**options, "actor_train": options["actor_train"].__class__(options["actor_train"].mesh,
+                                                                        dataclasses.replace(train, max_tokens=8000))}
+    with pytest.raises(ConfigError) as refused:
+        areal._settings(s, other)
+    assert refused.value.field == "calls.actor_train.max_tokens" and "8809" in refused.value.message
     rng = np.random.default_rng(1)  # (not the seed the budget was drawn with)
     steps = (512 + np.searchsorted(gen.lengths.cdf(), rng.random((200, 8, 16)), side="left")).reshape(-1, 16)
 

@@ -121,9 +121,11 @@ def test_dynamic_batching_counts_micro_batches_by_first_fit_as_openrlhf_does(cli
     forwards: the step's 64 rows within 700 tokens hold 3 each, 22 micro-batches, counted down to a
     multiple of the actor's 8 ranks, 16, dispatched over each role's 8 GPUs: 2 a GPU, where the
     tokens' mean (8 x 192 / 700 = 2.2) would have priced 3, split evenly 4. OpenRLHF's own function
-    gives the same first-fit counts."""
-    _, plan, _ = imported(cli, job, "train ppo hybrid.sh", "train.dynamic_batch_enable=true",
-                          "train.max_tokens_per_gpu=300", "rollout.max_tokens_per_gpu=700", name="dynamic")
+    gives the same first-fit counts. Dynamic batching packs the rows without padding, as OpenRLHF
+    turns --ds.packing_samples on for it."""
+    _, plan, scenario = imported(cli, job, "train ppo hybrid.sh", "train.dynamic_batch_enable=true",
+                                 "train.max_tokens_per_gpu=300", "rollout.max_tokens_per_gpu=700", name="dynamic")
+    assert scenario["training"]["padding_free"] is True
     calls = plan["calls"]
     assert calls["actor_train"]["micro_batches"] == calls["critic_train"]["micro_batches"] == 2
     for name in ("ref_inf", "reward_inf", "critic_inf"):

@@ -124,23 +124,65 @@ def test_later_calls_process_the_prompt_and_the_longest_response_of_a_micro_batc
             assert trimmed.time_s < padded.time_s / 2 and trimmed.working_bytes < padded.working_bytes / 2
 
 
-def test_packed_rows_are_as_wide_as_the_mean_response():
+def test_packed_rows_are_as_wide_as_the_mean_response_and_memory_holds_the_heaviest_micro_batch():
     """With rows packed end to end (training.padding_free: an engine's remove-padding), a micro-batch
     of any number of rows is as wide per row as the prompt and the mean response: TWO_POINT's
-    16 + 2.5 for two rows (padded: 16 + 3.25); its cost, in time and in memory, that of rows of that
-    fixed width (lengths 10 and 30 of at most 30 tokens: mean 20, rows of 16 + 20)."""
+    16 + 2.5 for two rows (padded: 16 + 3.25); its time that of rows of that fixed width (lengths
+    10 and 30 of at most 30 tokens: mean 20, rows of 16 + 20). Its memory is the heaviest of the
+    device's micro-batches: 256 rows over dp 2 in 2 micro-batches of 64, a micro-batch's responses
+    640 + 20 K tokens with K ~ Binomial(64, 1/2) rows of 30; the heavier of two at 0.99 is the least
+    k with P(K <= k)^2 >= 0.99. Within a token budget (max_tokens) the engine fills a micro-batch up
+    to it: memory as one of that many tokens, at most the device's 128 rows."""
     assert _scoring_call("inference", TWO_POINT).model_copy(update={"padding_free": True}).width(2) == \
         pytest.approx(16 + 2.5)
-    assert _scoring_call("train", TWO_POINT).model_copy(update={"padding_free": True}).width(8, memory=True) == \
-        pytest.approx(16 + 2.5)
     even = LengthDistribution(dist="empirical", max=30, lengths=(10, 30), counts=(1, 1))
+    binomial = np.cumsum([math.comb(64, k) / 2 ** 64 for k in range(65)])
+    k = int(np.argmax(binomial ** 2 >= 0.99))
+    assert k == 42  # (mean 32, sd 4)
+    heaviest = 64 * 16 + 640 + 20 * k
+    every = int(np.argmax(np.cumsum([math.comb(128, k) / 2 ** 128 for k in range(129)]) >= 0.99))
+    assert every == 77  # (mean 64, sd 5.7)
     s = load_scenario("ppo-7b-7b-16gpu")
     model, cluster = s.models["actor"], s.cluster
     for kind in ("inference", "train"):
+        packed_call = _scoring_call(kind, even).model_copy(update={"padding_free": True})
+        assert packed_call.peak_tokens(64, 2) == heaviest
+        assert packed_call.peak_tokens(64, 2, max_tokens=2000) == 2000
+        # a budget above them: all 128 rows, 1,280 + 20 K' with K' ~ Binomial(128, 1/2) at 0.99
+        assert packed_call.peak_tokens(64, 2, max_tokens=10 ** 6) == 128 * 16 + 1280 + 20 * every
         option = Option(Mesh(0, 1, 0, 8), Strategy(2, 2, 2, 2))
-        packed = call_cost(_scoring_call(kind, even).model_copy(update={"padding_free": True}), model, cluster, option)
-        assert packed == call_cost(_scoring_call(kind, None, width=16 + 20), model, cluster, option), kind
+        packed = call_cost(packed_call, model, cluster, option)
+        fixed = call_cost(_scoring_call(kind, None, width=16 + 20), model, cluster, option)
+        assert packed.time_s == fixed.time_s and packed.compute_s == fixed.compute_s, kind
         assert packed.time_s < call_cost(_scoring_call(kind, even), model, cluster, option).time_s
+        # memory: the heaviest micro-batch's tokens, as a call of micro-batches that large (8 rows of 313)
+        assert heaviest == 8 * 313
+        wide = call_cost(_scoring_call(kind, None, seqs=32, width=313), model, cluster, option)
+        assert packed.working_bytes == wide.working_bytes > fixed.working_bytes, kind
+        budget = call_cost(packed_call, model, cluster, Option(Mesh(0, 1, 0, 8), Strategy(2, 2, 2, 2, max_tokens=3200)))
+        assert budget.working_bytes == call_cost(_scoring_call(kind, None, width=50), model, cluster, option).working_bytes
+
+
+def test_the_heaviest_of_packed_micro_batches_by_hand_and_against_a_simulation():
+    """TWO_POINT (1 or 4, one half each): two rows sum to 2, 5 or 8 (1/4, 1/2, 1/4). The heavier of
+    two such sums: at 0.99 8 (P(<= 5)^2 = 9/16); at 0.5 5; on average 2/16 + 5 8/16 + 8 7/16 = 6.125.
+    One row: the longest of the groups (memory_longest). Log-normal responses (mean 2,000, cv 1,
+    cap 16,384): the computed quantile lies within 2% of 20,000 simulated steps' for 4 micro-batches
+    of 4 rows and 2 of 16."""
+    assert TWO_POINT.memory_heaviest(2, 2) == 8
+    assert TWO_POINT.model_copy(update={"memory_at": 0.5}).memory_heaviest(2, 2) == 5
+    assert TWO_POINT.model_copy(update={"memory_at": "mean"}).memory_heaviest(2, 2) == pytest.approx(6.125)
+    tail = LengthDistribution(dist="lognormal", mean=2000, cv=1.0, max=16384)
+    assert [tail.memory_heaviest(1, g) for g in (1, 4, 64)] == [tail.memory_longest(g) for g in (1, 4, 64)]
+    rng = np.random.default_rng(0)
+    pmf = np.diff(tail.cdf(), prepend=0.0)
+    for rows, groups in ((4, 4), (16, 2)):
+        sums = rng.choice(len(pmf), size=(20000, groups, rows), p=pmf / pmf.sum()).sum(-1).max(-1)
+        assert tail.memory_heaviest(rows, groups) == pytest.approx(np.quantile(sums, 0.99), rel=0.02)
+    # a sum too wide for the grid (256 rows of up to 16,384 tokens) is computed on a coarser one, erring high
+    coarse = tail.memory_heaviest(256, 1)
+    sums = rng.choice(len(pmf), size=(4000, 256), p=pmf / pmf.sum()).sum(-1)
+    assert np.quantile(sums, 0.99) <= coarse * 1.01 and coarse == pytest.approx(np.quantile(sums, 0.99), rel=0.03)
 
 
 def test_rows_packed_without_padding_are_an_engines(cli, tmp_path):
@@ -459,3 +501,40 @@ def test_a_long_tailed_scenario_planned_again_with_another_staleness():
     for staleness in (1, 2):
         est = Estimator(base.with_staleness(staleness))
         assert math.isfinite(est.estimate(symmetric_plan(est)).time_per_iter_s)
+
+
+def test_a_plans_token_budget_is_read_priced_and_refused_where_nothing_packs_by_tokens(cli, tmp_path):
+    """`max_tokens` on a packed call of an engine's scenario (AReaL's max_tokens_per_mb): the plan
+    file reads, and the call's memory is planned for a micro-batch that full (more memory with a
+    larger budget, the time the same). Refused in one line naming the call's field: on generation,
+    below a whole row, and on a scenario whose rows are padded."""
+    from realbench.engines import areal, priced_as
+    from realbench.plan import get_builtin
+    from realbench.plan.plan import plan_from_options
+
+    scenario = areal.job_of(priced_as(get_builtin("ppo-8b-16gpu-longtail"), "areal"))
+    (tmp_path / "job scenario.yaml").write_text(yaml.safe_dump(scenario.to_document()))
+    options = areal.default_plan(scenario)
+    doc = plan_from_options(scenario, options, scenario_ref="job scenario.yaml").to_document()
+    budget = doc["calls"]["actor_train"]["max_tokens"]
+    seconds, memory = {}, {}
+    for tokens in (budget, 2 * budget):
+        doc["calls"]["actor_train"]["max_tokens"] = tokens
+        path = tmp_path / f"plan {tokens}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        code, out, err = cli("estimate", "--scenario", tmp_path / "job scenario.yaml", "--plan", path, "--json")
+        assert code == 0, err
+        result = json.loads(out)
+        seconds[tokens], memory[tokens] = result["time_per_iter_s"], result["calls"]["actor_train"]["mem_bytes"]
+    assert seconds[budget] == seconds[2 * budget] and memory[budget] < memory[2 * budget]
+    row = scenario.dataflow.call("actor_train").seq_len
+    for call, tokens, says in (("actor_gen", budget, "padding_free"), ("actor_train", row - 1, "whole row")):
+        bad = {**doc, "calls": {**doc["calls"], call: {**doc["calls"][call], "max_tokens": tokens}}}
+        path = tmp_path / "bad plan.yaml"
+        path.write_text(yaml.safe_dump(bad))
+        code, _, err = cli("estimate", "--scenario", tmp_path / "job scenario.yaml", "--plan", path)
+        assert code == 2 and err.count("\n") == 1 and f"calls.{call}.max_tokens" in err and says in err, err
+    padded = scenario.with_padding_free(False)
+    (tmp_path / "padded.yaml").write_text(yaml.safe_dump(padded.to_document()))
+    code, _, err = cli("estimate", "--scenario", tmp_path / "padded.yaml", "--plan", tmp_path / f"plan {budget}.yaml")
+    assert code == 2 and err.count("\n") == 1 and ".max_tokens: " in err and "padding_free" in err, err

@@ -31,7 +31,9 @@ the output gradient and the inputs, writes the input gradients), as it does twic
     generated sequences with response lengths (`call.lengths`), a micro-batch of b rows is as
     wide as the prompt plus the longest of its b responses (E[max], `CallDef.width`): the
     runtime trims the padding after it; memory takes the longest of the device's rows of a step
-    (at the distribution's `memory_at`).
+    (at the distribution's `memory_at`). Rows packed without padding (an engine's) are as wide as
+    the mean row in time; memory takes the heaviest micro-batch's rows (the sums' `memory_at`), or
+    one as full as the engine's token budget (`max_tokens`) lets it be (`CallDef.peak_tokens`).
   * train: per optimizer step, (m + pp - 1) slots of forward + backward (backward = 2x the
     forward flops), activations and gradients sent between stages, then the data-parallel
     all-reduce of the bf16 gradients over the dp group (hierarchical across nodes, see
@@ -351,9 +353,10 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     tokens = b * width
     fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens)
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
-    # memory: the widest micro-batch of the device's rows of a step (their longest row, at the
-    # distribution's memory quantile)
-    peak_tokens = b * call.width(call.seqs / call.optimizer_steps / dp, memory=True)
+    # memory: the largest micro-batch of the device's rows of a step (padded, as wide as their
+    # longest row; packed, the heaviest sum of rows, or as full as a token budget lets it be; at the
+    # distribution's memory quantile: CallDef.peak_tokens)
+    peak_tokens = call.peak_tokens(b, m, s.max_tokens)
 
     params = shard_params(model, tp, pp)
     dp_spans, per_node = dp_group_spans_nodes(cluster, option), max(1, cluster.gpus_per_node // tp)

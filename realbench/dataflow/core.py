@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from functools import cached_property
 from typing import Literal, Optional
@@ -140,6 +141,24 @@ class CallDef(FileModel):
             return self.seq_len - self.lengths.max + self.lengths.expected
         longest = self.lengths.memory_longest(rows) if memory else self.lengths.expected_max(rows)
         return self.seq_len - self.lengths.max + longest
+
+    def peak_tokens(self, rows: float, micro_batches: int, max_tokens: Optional[int] = None) -> float:
+        """The tokens of the largest of a device's `micro_batches` micro-batches of `rows` rows each
+        (an inference call's, or a train call's optimizer step's), that memory is planned for.
+        Padded rows: `rows` rows as wide as the longest of all of them (`width`). Rows packed without
+        padding (`padding_free`): the prompts and the heaviest of the micro-batches' response sums
+        (LengthDistribution.memory_heaviest: fixed rows in arrival order, verl's and OpenRLHF's
+        micro-batches of so many rows); or, where the engine packs by tokens within a budget
+        (`max_tokens`: AReaL's max_tokens_per_mb, verl's and OpenRLHF's dynamic batch size), a
+        micro-batch as full as the budget lets it be: min(budget, all the device's rows). Rows all
+        as long (no `lengths`): `rows` of them, whatever the packing."""
+        if not self.padding_free or self.lengths is None or self.kind == CallKind.GENERATE:
+            return rows * self.width(rows * micro_batches, memory=True)
+        prompts = self.seq_len - self.lengths.max
+        if max_tokens:
+            everything = rows * micro_batches
+            return min(max_tokens, everything * prompts + self.lengths.memory_heaviest(math.ceil(everything)))
+        return rows * prompts + self.lengths.memory_heaviest(math.ceil(rows), micro_batches)
 
 
 class Dataflow(DerivedValues):

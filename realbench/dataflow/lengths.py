@@ -29,6 +29,11 @@ the average one, not only the average step:
     rows of n alive at t:   min(n, n p + z_q sqrt(n p (1 - p))),  p = 1 - cdf[t]
                             (the binomial count's normal bound; z_q the standard normal quantile)
 
+    the heaviest of g micro-batches of b rows packed without padding (an engine's remove-padding,
+    fixed rows in arrival order): the least s with F_b(s)^g >= q, F_b the distribution of the sum of
+    b lengths (the b-fold convolution of the lengths' probabilities, by FFT on a grid of at most
+    SUM_GRID points: lengths rounded up to the grid, so s errs high, by under b x the grid's step)
+
 With `memory_at: mean` memory takes the expectations too: what one step's own lengths (an
 empirical distribution of that step) need.
 """
@@ -139,6 +144,33 @@ class LengthDistribution(FileModel):
             self._maxima[key] = float(np.searchsorted(self._cdf ** rows, q, side="left"))
         return self._maxima[key]
 
+    def memory_heaviest(self, rows: int, groups: int = 1) -> float:
+        """The tokens of the heaviest of `groups` sums of `rows` lengths each (packed micro-batches of
+        fixed rows) that memory is planned for: its `memory_at` (the least s with F(s)^groups >= q,
+        F the sum's distribution), or its expectation. One group of one row: `memory_longest`."""
+        key = ("sum", self.memory_at, rows, groups)
+        if key not in self._maxima:
+            step, cdf = self._sum_cdf(rows)
+            if self.memory_at == "mean":
+                self._maxima[key] = step * float((1.0 - cdf[:-1] ** groups).sum())
+            else:
+                self._maxima[key] = step * float(np.searchsorted(cdf ** groups, self.memory_at, side="left"))
+        return self._maxima[key]
+
+    def _sum_cdf(self, rows: int) -> tuple[int, np.ndarray]:
+        """(w, P(the sum of `rows` lengths <= k w) for k = 0..): each length rounded up to a multiple
+        of w, the least step that keeps the sum's support within SUM_GRID points."""
+        if rows < 1:
+            raise ValueError(f"a sum of {rows} lengths")
+        w = max(1, math.ceil(rows * self.max / (SUM_GRID - 1)))
+        bins = math.ceil(self.max / w)
+        pmf = np.zeros(bins + 1)
+        np.add.at(pmf, np.ceil(np.arange(self.max + 1) / w).astype(np.int64), np.diff(self._cdf, prepend=0.0))
+        size = 1 << (rows * bins).bit_length()  # > rows * bins: the sum's support, unwrapped
+        total = np.fft.irfft(np.fft.rfft(pmf, size) ** rows, size)[:rows * bins + 1]
+        cdf = np.cumsum(np.maximum(total, 0.0))
+        return w, np.minimum(cdf / cdf[-1], 1.0)
+
     def memory_alive(self, rows: float) -> np.ndarray:
         """The rows of `rows` alive at step t (t = 0..max-1) that memory is planned for: the
         binomial count's normal bound at `memory_at`, at most `rows`; or the expectation."""
@@ -159,6 +191,9 @@ class LengthDistribution(FileModel):
         if self.dist == "lognormal":
             return f"lognormal(mean {self.mean:g}, cv {self.cv:g}, max {self.max})"
         return f"empirical({sum(self.counts)} responses, mean {self.expected:.1f}, max {self.max})"
+
+
+SUM_GRID = 1 << 17  # the most points of a sum's distribution (LengthDistribution.memory_heaviest)
 
 
 def histogram(lengths, cap: int) -> dict[str, tuple[int, ...]]:

@@ -95,9 +95,7 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
-PRICING_GAPS = ("a packed micro-batch's activations are priced at its rows' mean tokens; AReaL's largest of a step "
-                "holds up to max_tokens_per_mb",
-                "generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
+PRICING_GAPS = ("generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill")
 # rows packed end to end by their real lengths, always (utils/data.py:696-760, pack_tensor_dict):
 # realbench's training.padding_free
@@ -396,6 +394,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             out["zero"] = int(bool(s.get(f"{role}.megatron.ddp.use_distributed_optimizer", True))) if trained else 0
         else:
             out["zero"] = 3
+        # memory: the largest micro-batch of the plan's count, the budget realbench writes (_engine_settings)
+        out["max_tokens"] = step.budget(per_gpu, dp, out["micro_batches"])
         return out
 
     calls: dict[str, dict] = {"actor_train": strategy("actor", rows // steps, True)}
@@ -403,7 +403,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["ref_inf"] = strategy("ref", rows, False)
     if critic:
         calls["critic_train"] = strategy("critic", rows // steps, True)
-        calls["critic_inf"] = strategy("critic", rows, False)
+        # (its values packed under the critic's one budget, the training's: _settings)
+        calls["critic_inf"] = {**strategy("critic", rows, False), "max_tokens": calls["critic_train"]["max_tokens"]}
     # each server decodes the sequences in flight on it at once, up to its own limit
     per_server = _even(rows, server["d"], "samples", "rollout.backend", source)
     in_flight = int(s["rollout.max_concurrent_rollouts"] or prompts) * n
@@ -480,6 +481,14 @@ def _backend(name: str, s: Strategy, trained: bool) -> str:
                       "optimizer states (zero 1); its forward-only Megatron models shard nothing", f"calls.{name}.zero")
 
 
+def _same_budget(name: str, s: Strategy, budget: int) -> None:
+    """A plan's token budget for a call is the one realbench writes for its count, or unset."""
+    if s.max_tokens not in (None, budget):
+        raise ConfigError(f"{s.max_tokens}: AReaL runs the plan's {s.micro_batches} micro-batches on every step drawn "
+                          f"under the budget realbench writes, the largest group its packer forms ({budget} tokens; "
+                          "realbench.engines.areal_packer)", f"calls.{name}.max_tokens")
+
+
 def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, step: StepRows
                      ) -> dict[str, Any]:
     """An engine's settings for a call of `rows` samples a GPU (an optimizer step's, or the whole
@@ -494,9 +503,10 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     if s.virtual_stages > 1 and backend != "megatron":
         raise ConfigError("virtual stages are Megatron's (megatron.virtual_pipeline_parallel_size)",
                           f"calls.{name}.virtual_stages")
+    budget = step.budget(rows, s.dp, s.micro_batches)
+    _same_budget(name, s, budget)
     out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": s.micro_batches,
-           f"{role}.mb_spec.max_tokens_per_mb": step.budget(rows, s.dp, s.micro_batches),
-           f"{role}.gradient_checkpointing": s.checkpointing}
+           f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": s.checkpointing}
     if backend == "megatron":
         out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
         if trained:
@@ -554,10 +564,12 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         out["critic.ppo_n_minibatches"] = steps
     if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
         t, i = options["critic_train"].strategy, options["critic_inf"].strategy
+        budget = out["critic.mb_spec.max_tokens_per_mb"]
+        _same_budget("critic_inf", i, budget)
         want = Strategy(t.dp, t.tp, t.pp, _micro_batches(step, rows // t.dp, t.dp, out["critic.mb_spec.n_mbs"],
-                                                         out["critic.mb_spec.max_tokens_per_mb"], t.pp),
+                                                         budget, t.pp),
                         False, t.virtual_stages,
-                        3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0)
+                        3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0, max_tokens=i.max_tokens)
         if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
                               f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
@@ -720,9 +732,13 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             # critic's values, what AReaL's packer forms under the critic's training budget
             counts = {m: {name: m if df.call(name).kind.value == "train" else m * steps for name in trainer_calls}
                       for m in micros}
+            # each call's budget, as _settings writes it: the training's for the critic's values
+            budgets = {m: {name: step.budget(per_step if df.call(name).kind.value == "train" else rows // dp, dp,
+                                             counts[m][name]) for name in trainer_calls} for m in micros}
             if "critic_inf" in trainer_calls:
                 for m in micros:
-                    counts[m]["critic_inf"] = _micro_batches(step, rows // dp, dp, m, step.budget(per_step, dp, m), pp)
+                    budgets[m]["critic_inf"] = budgets[m]["critic_train"]
+                    counts[m]["critic_inf"] = _micro_batches(step, rows // dp, dp, m, budgets[m]["critic_inf"], pp)
             for ckpt in (False, True):
                 for m in micros:
                     row = {"reward_inf": scorer}
@@ -730,7 +746,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         trained = df.call(name).kind.value == "train"
                         count = counts[m][name]
                         row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
-                                                                    trained_zero if trained else zero)))
+                                                                    trained_zero if trained else zero,
+                                                                    max_tokens=budgets[m][name])))
                     first = {n: options[n][row[n]] for n in row}
                     first["actor_gen"] = gens[0]
                     if space_problem(scenario, first) is not None:
@@ -800,7 +817,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
                           f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": True})
     settings_ = resolve(given)
     _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", lengths=train.lengths)
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
+    # (checked as AReaL runs the job, its rows packed: the plan's token budgets are its packer's)
+    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(True))
 
 
 def job_of(scenario: Scenario) -> Scenario:

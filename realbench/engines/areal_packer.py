@@ -25,7 +25,9 @@ tensor-parallel ones holding the same rows). So:
   forms exactly `n_mbs` groups of equal row counts: a row joins the same group as it would
   unbounded, since that group holds it within the budget and no group left out was the one
   chosen. That is the budget realbench writes (`budget_for`): AReaL then runs the plan's
-  micro-batches on every drawn step, as many rows each.
+  micro-batches on every drawn step, as many rows each. A plan carries it on each packed call
+  (`max_tokens`, on import too: the budget realbench would write for the count read), and memory
+  is planned for a micro-batch that full, the largest AReaL forms on the drawn steps.
 
 (verl's dynamic batching is priced from the rows' mean tokens, realbench.engines.verl: its count
 is at least ceil(T / budget) on the rank with the most tokens T, raised until its

@@ -503,7 +503,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch",
-                         rollout_server="vllm", padding_free=bool(s[PACKING]))
+                         # (dynamic batching turns packing on: cli/train_ppo_ray.py:691-694)
+                         rollout_server="vllm", padding_free=bool(s[PACKING]) or dynamic)
 
 
 # -- a plan as a command line -------------------------------------------------------------------------

@@ -97,7 +97,9 @@ CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/work
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the rows' mean tokens; verl takes the "
                 "largest count over the data-parallel ranks and adds micro-batches until its workload-balanced "
-                "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455)",)
+                "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455); its memory is "
+                "planned for the heaviest of so many micro-batches of fixed rows, above what the balanced "
+                "partition forms",)
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):

@@ -156,6 +156,11 @@ class Strategy:
     # gradients sent to the host and the updated weights back (DeepSpeed's ZeRO-Offload, OpenRLHF's
     # --ds.adam_offload); an engine's, which realbench's runtime does not run
     host_adam: bool = False
+    # inference and train calls whose rows an engine packs without padding: the engine forms the
+    # micro-batches by tokens, each within this many a device (AReaL's max_tokens_per_mb, verl's and
+    # OpenRLHF's dynamic batch size), and memory is planned for one that full (CallDef.peak_tokens);
+    # None: so many rows each. An engine's, which realbench's runtime does not run
+    max_tokens: Optional[int] = None
 
     @property
     def size(self) -> int:
@@ -166,7 +171,7 @@ class Strategy:
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
-                + ("cpuadam" if self.host_adam else ""))
+                + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else ""))
 
 
 @dataclass(frozen=True, slots=True)

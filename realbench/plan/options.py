@@ -77,6 +77,17 @@ def host_adam_problem(call: CallDef, s: Strategy) -> Optional[str]:
     return None
 
 
+def max_tokens_problem(call: CallDef, s: Strategy) -> Optional[str]:
+    """Why this call's micro-batches cannot be formed by tokens within s.max_tokens, or None."""
+    if call.kind == CallKind.GENERATE or not call.padding_free:
+        return ("micro-batches formed by tokens are an engine's packing of an inference or train call's rows "
+                "without padding (training.padding_free)")
+    if s.max_tokens < call.seq_len:
+        return (f"{s.max_tokens} tokens do not hold a whole row of {call.seq_len} (the engines refuse a budget "
+                "below the longest row)")
+    return None
+
+
 def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, mesh: Mesh,
                      s: Strategy) -> Optional[tuple[str, str]]:
     """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
@@ -87,7 +98,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam) != (1, 1, 1, 1, 0, False, False, False, False):
+                s.offload_optimizer, s.host_adam, s.max_tokens) != (1, 1, 1, 1, 0, False, False, False, False, None):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -117,6 +128,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = host_adam_problem(call, s)
         if problem:
             return "host_adam", problem
+    if s.max_tokens is not None:
+        problem = max_tokens_problem(call, s)
+        if problem:
+            return "max_tokens", problem
     if s.merge_lora:
         problem = merge_problem(call, model)
         if problem:

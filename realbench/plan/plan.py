@@ -12,6 +12,8 @@
       #   forward-only model, verl's param_offload of a trained one; priced, not run here)
       # on train calls under zero 2 or 3: offload_optimizer: true (verl's; priced, not run here)
       # on train calls under zero 1 to 3 (or dp 1): host_adam: true (DeepSpeed's ZeRO-Offload; priced, not run here)
+      # on inference and train calls of rows packed without padding: max_tokens: 8192 (an engine's
+      #   micro-batches formed by tokens, each within so many a device; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -60,6 +62,10 @@ class Placement(FileModel):
     # generation without a pipeline: each replica's decode slots (continuous batching), its rows
     # over the micro-batches; either may be given, and the other follows
     slots: Optional[int] = Field(default=None, ge=1)
+    # an inference or train call whose rows the engine packs without padding: its micro-batches
+    # formed by tokens, each within this many a device (AReaL's max_tokens_per_mb, verl's and
+    # OpenRLHF's dynamic batch size); absent: so many rows each
+    max_tokens: Optional[int] = Field(default=None, ge=1)
 
 
 class Origin(FileModel):
@@ -107,6 +113,7 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 offload_params=True if o.strategy.offload_params else None,
                                 offload_optimizer=True if o.strategy.offload_optimizer else None,
                                 host_adam=True if o.strategy.host_adam else None,
+                                max_tokens=o.strategy.max_tokens,
                                 slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -138,7 +145,8 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         micro_batches = _micro_batches_of(p, call, name)
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
-                                        bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam)))
+                                        bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
+                                        p.max_tokens))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
