@@ -370,7 +370,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     steps = int(s["actor.ppo_n_minibatches"])
     _even(rows, steps, "samples a step", "actor.ppo_n_minibatches", source)
 
-    def strategy(role: str, rows_per_call: int, trained: bool) -> dict:
+    def strategy(role: str, rows_per_call: int, trained: bool, budget: Optional[int] = None) -> dict:
         a = strategies[role]
         dp = a["d"]
         if prompts % dp:
@@ -394,8 +394,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             out["zero"] = int(bool(s.get(f"{role}.megatron.ddp.use_distributed_optimizer", True))) if trained else 0
         else:
             out["zero"] = 3
-        # memory: the largest micro-batch of the plan's count, the budget realbench writes (_engine_settings)
-        out["max_tokens"] = step.budget(per_gpu, dp, out["micro_batches"])
+        # memory: the largest micro-batch of the plan's count, the budget realbench writes (_engine_settings),
+        # or another call's (`budget`: the critic's values pack under its training's)
+        out["max_tokens"] = budget or step.budget(per_gpu, dp, out["micro_batches"])
         return out
 
     calls: dict[str, dict] = {"actor_train": strategy("actor", rows // steps, True)}
@@ -403,8 +404,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["ref_inf"] = strategy("ref", rows, False)
     if critic:
         calls["critic_train"] = strategy("critic", rows // steps, True)
-        # (its values packed under the critic's one budget, the training's: _settings)
-        calls["critic_inf"] = {**strategy("critic", rows, False), "max_tokens": calls["critic_train"]["max_tokens"]}
+        calls["critic_inf"] = strategy("critic", rows, False, budget=calls["critic_train"]["max_tokens"])
     # each server decodes the sequences in flight on it at once, up to its own limit
     per_server = _even(rows, server["d"], "samples", "rollout.backend", source)
     in_flight = int(s["rollout.max_concurrent_rollouts"] or prompts) * n
@@ -732,9 +732,10 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             # critic's values, what AReaL's packer forms under the critic's training budget
             counts = {m: {name: m if df.call(name).kind.value == "train" else m * steps for name in trainer_calls}
                       for m in micros}
-            # each call's budget, as _settings writes it: the training's for the critic's values
+            # each call's budget, as _settings writes it: the training's for the critic's values (below)
             budgets = {m: {name: step.budget(per_step if df.call(name).kind.value == "train" else rows // dp, dp,
-                                             counts[m][name]) for name in trainer_calls} for m in micros}
+                                             counts[m][name]) for name in trainer_calls if name != "critic_inf"}
+                       for m in micros}
             if "critic_inf" in trainer_calls:
                 for m in micros:
                     budgets[m]["critic_inf"] = budgets[m]["critic_train"]
