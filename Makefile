@@ -22,9 +22,10 @@ install: $(STAMP)
 # GPU builds: its argument parser and checks need none of them, so it is installed without them;
 # AReaL 1.0.4 pins a torch older than ours and a GPU stack: installed without its dependencies,
 # beside the ones its configuration modules import, areal/api/cli_args.py and alloc_mode.py):
-# their own code checks what realbench writes.
+# their own code checks what realbench writes. verl's V1 trainer module (its resource pools) imports
+# TransferQueue, cachetools, uvicorn and fastapi, which verl's core install leaves out (extra verl-core).
 VERL_VENV  := .venv-verl
-VERL_STAMP := $(VERL_VENV)/.installed
+VERL_STAMP := $(VERL_VENV)/.installed-2
 OPENRLHF_VENV  := .venv-openrlhf
 OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
 AREAL_VENV  := .venv-areal
@@ -33,6 +34,8 @@ AREAL_STAMP := $(AREAL_VENV)/.installed
 $(VERL_STAMP):
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 verl==0.9.1
+	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check TransferQueue==0.1.11 \
+	  cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0
 	touch $(VERL_STAMP)
 
 $(OPENRLHF_STAMP):

@@ -422,6 +422,110 @@ def test_a_reward_model_is_served_like_the_rollout(cli, job):
     assert code == 2 and err.count("\n") == 1 and "reward.reward_model.rollout.name: 'vllm'" in err, err
 
 
+POOL = ("reward.reward_model.enable_resource_pool=true", "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=4")
+
+
+def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli, job):
+    """verl's reward pool (enable_resource_pool: nnodes x n_gpus_per_node GPUs beside the
+    trainer's) is read as the nodes after the trainer's: 4 GPUs of a second node, 4 vLLM
+    replicas of tp 1, each scoring 32 / 4 = 8 rows in batches of max_num_seqs 2 (4 of them).
+    Priced on its own GPUs: the reference starts as generation ends, training waits for the
+    scores, the pool holds the reward model alone and the node's other GPUs nothing. Written
+    back, verl's own trainer asks Ray for the same pools; read again, the same plan and estimate."""
+    result, plan, scenario = imported(cli, job, "ppo-rm.yaml", *POOL, out="pool", name="pooled")
+    assert scenario["cluster"] == {"nodes": 2, "gpus_per_node": 8, "device": "h100"}
+    assert plan["calls"]["reward_inf"] == {"mesh": "n1:0-3", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4}
+    assert {o["mesh"] for name, o in plan["calls"].items() if name != "reward_inf"} == {"n0"}
+    code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
+    assert code == 0, err
+    estimate = json.loads(out)
+    calls, peaks = estimate["calls"], estimate["device_peak_bytes"]
+    assert calls["ref_inf"]["start_s"] == calls["actor_gen"]["end_s"]
+    assert calls["reward_inf"]["start_s"] >= calls["actor_gen"]["end_s"]
+    assert calls["actor_train"]["start_s"] >= calls["reward_inf"]["end_s"]
+    assert peaks[8:12] == [calls["reward_inf"]["mem_bytes"]] * 4 and peaks[12:] == [0] * 4
+    assert min(peaks[:8]) > 0
+    out = job / "pool" / "verl" / "pooled job.yaml"
+    out.parent.mkdir()
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", out)
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"] and checked["n_gpus"] == 8, checked
+    assert (checked["pools"], checked["reward_pool"]) == ({"global_pool": [8], "reward_pool": [4]}, "reward_pool")
+    # verl refuses a pool of no nodes, as realbench does reading it
+    refused = verl_check("validate", out, "reward.reward_model.nnodes=0")
+    assert not refused["ok"] and "reward.reward_model.nnodes must be greater than 0" in refused["error"], refused
+    again, plan_again, scenario_again = imported(cli, job, out, out="pool-again", name="pooled")
+    assert plan_again["calls"] == plan["calls"] and scenario_again["cluster"] == scenario["cluster"]
+    assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+    # a pool of whole nodes: two after the trainer's
+    _, whole, scenario = imported(cli, job, "ppo-rm.yaml", *POOL[:1], "reward.reward_model.nnodes=2",
+                                  "reward.reward_model.n_gpus_per_node=8", out="pool-whole")
+    assert scenario["cluster"]["nodes"] == 3
+    assert whole["calls"]["reward_inf"] == {"mesh": "n1-2", "dp": 16, "tp": 1, "pp": 1, "micro_batches": 1}
+    code, _, err = cli("export", "--plan", job / "pool-whole" / "ppo-rm-plan.yaml", "--format", "verl",
+                       "--out", job / "pool-whole" / "verl.yaml")
+    assert code == 0, err
+    assert verl_check("validate", job / "pool-whole" / "verl.yaml")["pools"] == {"global_pool": [8],
+                                                                                "reward_pool": [8, 8]}
+
+
+@pytest.mark.parametrize("config, overrides, key, says", [
+    ("ppo-rm.yaml", POOL[:1], "reward.reward_model.nnodes", "0: verl needs a reward pool's nnodes above 0"),
+    ("ppo-rm.yaml", (*POOL[:1], "reward.reward_model.nnodes=2", "reward.reward_model.n_gpus_per_node=4"),
+     "reward.reward_model.n_gpus_per_node", "4 on 2 node(s): realbench's nodes have the trainer's 8 GPUs"),
+    ("ppo-rm.yaml", (*POOL[:2], "reward.reward_model.n_gpus_per_node=16"),
+     "reward.reward_model.n_gpus_per_node", "16 on 1 node(s)"),
+    ("grpo_qwen_fsdp.yaml", POOL, "reward.reward_model.enable_resource_pool",
+     "True without reward.reward_model.enable: verl would hold a pool of GPUs for no reward model")])
+def test_a_reward_pool_realbench_cannot_place_is_refused_by_name(cli, job, config, overrides, key, says):
+    os.chdir(job)
+    code, _, err = cli("import", "verl", config, *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and f"{key}: {says}" in err, err
+    assert not (job / "refused").exists()
+
+
+def test_search_inside_verl_offers_the_reward_model_its_own_pool(cli, job):
+    """On two nodes the search offers every role on both, or the reward model on the second node
+    and the rest on the first; any plan of either kind is one verl runs, written with or without
+    the pool. Searched from an imported pooled plan, that plan is the one compared. A reward model
+    placed otherwise is refused on export, naming the reward call's mesh."""
+    import random
+
+    from realbench.plan import load_scenario
+
+    result, plan, _ = imported(cli, job, "ppo-rm.yaml", *POOL, out="pool-search", name="pooled")
+    scenario = load_scenario(result["scenario"])
+    groups = list(verl.plan_groups(scenario))
+    kinds = {}
+    rng = random.Random(0)
+    for group in groups:
+        options = {name: rng.choice(opts) for name, opts in group.items()}
+        assert verl.space_problem(scenario, options) is None
+        _, written = verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c", "reward": "r"})
+        pooled = options["reward_inf"].mesh != options["actor_train"].mesh
+        assert written["trainer.nnodes"] == (1 if pooled else 2)
+        assert written.get("reward.reward_model.enable_resource_pool", False) is pooled
+        if pooled:
+            assert options["reward_inf"].mesh.label(8) == "n1" and written["reward.reward_model.nnodes"] == 1
+            assert {o.mesh.label(8) for n, o in options.items() if n != "reward_inf"} == {"n0"}
+        kinds[pooled] = kinds.get(pooled, 0) + 1
+    assert set(kinds) == {False, True}, kinds
+    code, out, err = cli("search", "--scenario", result["scenario"], "--engine", "verl", "--method", "mcmc",
+                         "--time-budget", 3, "--plan", result["plan"], "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["compared"]["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+    assert found["best_time_s"] <= found["compared"]["time_per_iter_s"]
+    plan["calls"]["reward_inf"].update({"mesh": "n0:4-7"})
+    path = job / "pool-search" / "overlapping-plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "pool-search" / "verl.yaml")
+    assert code == 2 and err.count("\n") == 1 and "calls.reward_inf.mesh: verl runs a reward model on the " \
+        "trainer's pool or on its own" in err, err
+
+
 def test_search_inside_verl_finds_a_plan_verl_runs(cli, job):
     """search --engine verl searches only plans verl can run: its best (exhaustive) is no slower
     than verl's default configuration and estimates as reported; written out, verl's own checks

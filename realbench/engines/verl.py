@@ -6,7 +6,11 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 * **One pool of GPUs for every role.** The V1 trainer maps actor, rollout, reference and critic
   to `global_pool = [trainer.n_gpus_per_node] * trainer.nnodes`
   (trainer/ppo/v1/trainer_base.py:805-820); in realbench terms every call's mesh is the whole
-  cluster. (A reward model may get its own pool; realbench writes it on the global pool.)
+  cluster. A reward model may get its own pool instead (`reward.reward_model.enable_resource_pool`,
+  `nnodes` x `n_gpus_per_node`, :822-834): GPUs beside the trainer's, in realbench terms the nodes
+  after the trainer's (whole nodes of the trainer's width, or part of one node), the reward call's
+  mesh. Its replicas score each response as it ends, beside generation (the reward loop's handles,
+  experimental/reward_loop/reward_loop.py:314-322), while a colocated one scores the batch after it.
 * **One training engine for actor, reference and critic**, chosen by `model_engine`
   (trainer/config/ppo_trainer.yaml defaults list): `dp` (FSDP: `strategy: fsdp | fsdp2`, priced
   alike and carried as set: STRATEGY) or `megatron`. FSDP has no tensor or pipeline parallelism (workers/config/engine.py:239-306): all
@@ -99,7 +103,10 @@ PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the r
                 "largest count over the data-parallel ranks and adds micro-batches until its workload-balanced "
                 "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455); its memory is "
                 "planned for the heaviest of so many micro-batches of fixed rows, above what the balanced "
-                "partition forms",)
+                "partition forms",
+                "a reward model on its own pool scores each response as its generation ends (verl's reward "
+                "loop); realbench scores the batch after generation, beside the reference's and critic's "
+                "forwards on the trainer's GPUs: a step at most the reward call's time too long",)
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
@@ -391,6 +398,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
             f"{block}.{k}" for blocks in OFFLOAD_BLOCK.values() for block in blocks.values()
             for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
+        f"{RM}.enable_resource_pool", f"{RM}.nnodes", f"{RM}.n_gpus_per_node",
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
@@ -531,11 +539,14 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
                             "offload_params": engine == "dp" or bool(s[REF_MEGATRON_OFFLOAD])}
     reward_model = bool(s[f"{RM}.enable"])
-    if reward_model:  # vLLM / SGLang replicas of the reward model on the same GPUs, after generation
-        rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), N, per_node,
+    pool = _reward_pool(s, reward_model, nodes, per_node, source)
+    if reward_model:  # vLLM / SGLang replicas of the reward model: on the same GPUs after generation, or its pool's
+        scorer = pool or Mesh(0, nodes, 0, per_node)
+        rm_tp = _replica_tp(int(s[f"{RM}.rollout.tensor_model_parallel_size"]), scorer.size, per_node,
                             f"{RM}.rollout.tensor_model_parallel_size", source)
-        calls["reward_inf"] = {"dp": N // rm_tp, "tp": rm_tp, "pp": 1,
-                               "micro_batches": _packed(rows // (N // rm_tp), 1, int(s[f"{RM}.rollout.max_num_seqs"]))}
+        rm_replicas = scorer.size // rm_tp
+        calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": rm_replicas, "tp": rm_tp, "pp": 1,
+                               "micro_batches": _packed(rows // rm_replicas, 1, int(s[f"{RM}.rollout.max_num_seqs"]))}
     else:
         scorer = _function_mesh(rows, nodes, per_node)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
@@ -583,9 +594,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if reward_model and reward_fn:
         raise ConfigError("realbench plans one scorer: a reward model or a reward function", f"{RM}.enable", source)
     if reward_model:
-        if s[f"{RM}.enable_resource_pool"]:
-            raise ConfigError("True: realbench reads a reward model on the trainer's GPUs (its own pool is not read "
-                              "yet)", f"{RM}.enable_resource_pool", source)
         models["reward"] = {"path": s[f"{RM}.model_path"], "value_head": True}
     elif reward_fn:
         models["reward"] = {"function": f"{reward_fn}:{s['reward.custom_reward_function.name']}"}
@@ -595,9 +603,35 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
-                         cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
+                         cluster={"nodes": nodes + (pool.nodes if pool else 0), "gpus_per_node": per_node,
+                                  "device": device}, epochs=epochs,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=packed)
+
+
+POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
+
+
+def _reward_pool(s: dict[str, Any], reward_model: bool, nodes: int, per_node: int, source: str) -> Optional[Mesh]:
+    """The reward model's own pool of GPUs (reward.reward_model.enable_resource_pool: nnodes x
+    n_gpus_per_node beside the trainer's pool) as a mesh on the nodes after the trainer's `nodes`,
+    or None (the reward model on the trainer's GPUs). realbench's nodes all have the trainer's
+    width: the pool is whole such nodes, or part of one."""
+    key = f"{RM}.enable_resource_pool"
+    if not s[key]:
+        return None
+    if not reward_model:
+        raise ConfigError(f"True without {RM}.enable: verl would hold a pool of GPUs for no reward model ({POOL})",
+                          key, source)
+    for k in ("n_gpus_per_node", "nnodes"):  # (verl's own check, in this order)
+        if int(s[f"{RM}.{k}"]) <= 0:
+            raise ConfigError(f"{s[f'{RM}.{k}']}: verl needs a reward pool's {k} above 0 ({POOL})", f"{RM}.{k}", source)
+    pool_nodes, gpus = int(s[f"{RM}.nnodes"]), int(s[f"{RM}.n_gpus_per_node"])
+    if gpus > per_node or (pool_nodes > 1 and gpus != per_node):
+        raise ConfigError(f"{gpus} on {pool_nodes} node(s): realbench's nodes have the trainer's {per_node} GPUs "
+                          "(trainer.n_gpus_per_node): a reward pool of whole such nodes, or part of one",
+                          f"{RM}.n_gpus_per_node", source)
+    return Mesh(nodes, pool_nodes, 0, gpus)
 
 
 def _same_rank(adapter: str, rank: int, source: str) -> None:
@@ -618,11 +652,22 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     problem = space_problem_of_scenario(scenario)
     if problem:
         return problem
-    whole = Mesh(0, c.nodes, 0, c.gpus_per_node)
-    for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
-        if o.mesh != whole and scenario.dataflow.call(name).kind != CallKind.FUNCTION:
-            return f"calls.{name}.mesh", ("verl places every role on one pool of all the GPUs "
+    trainer, pool = pools(scenario, options)
+    if pool is None and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
+        return "calls.actor_train.mesh", ("verl places every role on one pool of all the GPUs "
                                           "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
+    if pool is not None and (trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node) or pool.gpu
+                             or (pool.node, pool.node + pool.nodes) != (trainer.nodes, c.nodes)):
+        return "calls.reward_inf.mesh", ("verl runs a reward model on the trainer's pool or on its own "
+                                         f"(reward.reward_model.enable_resource_pool, {POOL}): realbench writes the "
+                                         "trainer's whole nodes from node 0 and the reward model's after them, to the "
+                                         "cluster's last node")
+    for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
+        if (o.mesh != trainer and scenario.dataflow.call(name).kind != CallKind.FUNCTION
+                and not (name == "reward_inf" and pool is not None)):
+            return f"calls.{name}.mesh", ("verl places every role on one pool of all the GPUs" if pool is None else
+                                          "verl places every role but a reward model on the trainer's pool") + \
+                " (verl/trainer/ppo/v1/trainer_base.py:805-820)"
     actor = options["actor_train"].strategy
     fsdp = actor.zero >= 2
     if scenario.models["actor"].lora is not None and not fsdp:
@@ -672,6 +717,15 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if c.gpus_per_node % reward.tp and reward.tp % c.gpus_per_node:
             return "calls.reward_inf.tp", "a verl reward model replica fits a node or spans whole nodes"
     return None
+
+
+def pools(scenario: Scenario, options: dict[str, Option]) -> tuple[Mesh, Optional[Mesh]]:
+    """(the trainer's pool, the reward model's own pool or None) of a plan: the actor's mesh, and
+    the reward model's where it differs (a reward function runs on CPU workers: no pool)."""
+    trainer = options["actor_train"].mesh
+    if isinstance(scenario.models.get("reward"), FunctionSpec) or options["reward_inf"].mesh == trainer:
+        return trainer, None
+    return trainer, options["reward_inf"].mesh
 
 
 def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
@@ -726,8 +780,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     g = df.call("actor_gen")
     n = g.group_size
     prompts, steps = g.seqs // n, df.call("actor_train").optimizer_steps
+    trainer, pool = pools(scenario, options)
     out: dict[str, Any] = {
-        "trainer.nnodes": c.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
+        "trainer.nnodes": trainer.nodes, "trainer.n_gpus_per_node": c.gpus_per_node,
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
@@ -753,6 +808,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         out.update({f"{RM}.enable": True, f"{RM}.model_path": model_paths["reward"], f"{RM}.rollout.name": out[f"{R}.name"],
                     f"{RM}.rollout.tensor_model_parallel_size": rm.tp,
                     f"{RM}.rollout.max_num_seqs": math.ceil(g.seqs / rm.dp / rm.micro_batches)})
+        if pool is not None:
+            out.update({f"{RM}.enable_resource_pool": True, f"{RM}.nnodes": pool.nodes,
+                        f"{RM}.n_gpus_per_node": pool.gpus})
     out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
     out[REMOVE_PADDING[0]] = packs(scenario, "verl", PADDING_FREE)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
@@ -827,25 +885,47 @@ def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tu
 
 
 # -- verl's space, for a search ----------------------------------------------------------------------
-def _replica_tps(scenario: Scenario, role: str) -> list[int]:
+def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
-    N = c.n_devices
-    return [t for t in divisors(N) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
+    return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
             and model.n_heads % t == 0 and model.n_kv_heads % t == 0]
 
 
-def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
-    """verl's plans of a scenario, by what its calls must share (the training engine and its
-    layout, the critic's token budget): per group, the options of each call, any combination of
-    which verl runs (the rules of `space_problem`, `to_config` and `critic_budget`). Options realbench
-    cannot price on the cluster (strategy_problem) are left to the estimator's own checks."""
-    from realbench.plan.options import option_problem
+def reward_pools(scenario: Scenario) -> list[tuple[Mesh, Optional[Mesh]]]:
+    """The pools a search offers: (the trainer's, the reward model's own or None). Every role on
+    all the GPUs; and with a reward model on a cluster of several nodes, the reward model on the
+    last 1, 2, 4, ... nodes (up to half of them), the trainer on the rest. (Any whole-node pool,
+    or part of a node, is read and written; the search keeps to these.)"""
+    c = scenario.cluster
+    G = c.gpus_per_node
+    out: list[tuple[Mesh, Optional[Mesh]]] = [(Mesh(0, c.nodes, 0, G), None)]
+    if not isinstance(scenario.models["reward"], FunctionSpec):
+        r = 1
+        while r <= c.nodes // 2:
+            out.append((Mesh(0, c.nodes - r, 0, G), Mesh(c.nodes - r, r, 0, G)))
+            r *= 2
+    return out
 
+
+def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
+    """verl's plans of a scenario, by what its calls must share (the pools of GPUs, the training
+    engine and its layout, the critic's token budget): per group, the options of each call, any
+    combination of which verl runs (the rules of `space_problem`, `to_config` and `critic_budget`).
+    Options realbench cannot price on the cluster (strategy_problem) are left to the estimator's
+    own checks."""
     problem = space_problem_of_scenario(scenario)
     if problem:
         raise ConfigError(problem[1], problem[0])
+    for trainer, pool in reward_pools(scenario):
+        yield from _groups_on(scenario, trainer, pool)
+
+
+def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh]) -> Iterator[dict[str, list[Option]]]:
+    """plan_groups with every role on the trainer's pool `W` but a reward model on `pool`, if any."""
+    from realbench.plan.options import option_problem
+
     c, df = scenario.cluster, scenario.dataflow
-    N, W = c.n_devices, Mesh(0, c.nodes, 0, c.gpus_per_node)
+    N = W.size
     gen = df.call("actor_gen")
     rows, steps = gen.seqs, df.call("actor_train").optimizer_steps
     critic = "critic_train" in df.call_names
@@ -854,18 +934,19 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         call = df.call(name)
         return [o for o in options if option_problem(call, scenario.models[call.model], c, o) is None]
 
-    def served(role: str) -> list[Option]:  # vLLM replicas of tp GPUs, max_num_seqs rows decoding together
+    def served(role: str, mesh: Mesh) -> list[Option]:  # replicas of tp GPUs, max_num_seqs rows decoding together
         # (a LoRA actor's: the adapters alone or merged into the base, lora.merge; `valid` keeps
         # the merged ones for LoRA models only)
-        return [Option(W, Strategy(N // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role)
-                for m in divisors(rows // (N // t)) if rows % (N // t) == 0 for merge in (False, True)]
+        size = mesh.size
+        return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role, mesh)
+                for m in divisors(rows // (size // t)) if rows % (size // t) == 0 for merge in (False, True)]
 
-    common = {"actor_gen": valid("actor_gen", served("actor"))}
+    common = {"actor_gen": valid("actor_gen", served("actor", W))}
     if isinstance(scenario.models["reward"], FunctionSpec):
         scorer = _function_mesh(rows, c.nodes, c.gpus_per_node)
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
-        common["reward_inf"] = valid("reward_inf", served("reward"))
+        common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
     layouts: list[tuple[int, int, int, tuple[int, ...], int]] = []  # tp, pp, v, train zeros, forward zero
     if N > 1:
         layouts.append((1, 1, 1, (3, 2), 3))  # FSDP

@@ -10,8 +10,9 @@ OmegaConf only, never realbench.
         the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
         runs the checks verl runs before it starts training: validate_config
         (verl/utils/config.py) and the __post_init__ checks of the actor, rollout, engine and
-        reward model dataclasses (verl/workers/config/); prints one JSON line: {"ok": true, ...} or
-        {"ok": false, "error": "..."} (exit status 1)
+        reward model dataclasses (verl/workers/config/), and with a reward model the V1 trainer's
+        resource pools (PPOTrainer._init_resource_pool_mgr, verl/trainer/ppo/v1/trainer_base.py);
+        prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ def validate(config: str, overrides: list[str]) -> dict:
     arr = cfg.actor_rollout_ref
     rollout = omega_conf_to_dataclass(arr.rollout)  # RolloutConfig.__post_init__: pp, modes
     actor = omega_conf_to_dataclass(arr.actor)  # and its engine's (FSDPEngineConfig / McoreEngineConfig)
+    pools = None
     if cfg.reward.reward_model.enable:  # RewardModelConfig and its serving RolloutConfig
         omega_conf_to_dataclass(cfg.reward.reward_model)
+        pools = _pools(cfg)
     return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
             "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic,
             # the LoRA settings as verl composed them (a name it does not have fails the composition)
@@ -118,7 +121,26 @@ def validate(config: str, overrides: list[str]) -> dict:
             # reference's role strategy as composed (its engine's follows it the same way)
             "engine_strategy": actor.engine.strategy,
             "critic_engine_strategy": omega_conf_to_dataclass(cfg.critic).engine.strategy if critic else None,
-            "ref_strategy": arr.ref.strategy if ref else None}
+            "ref_strategy": arr.ref.strategy if ref else None,
+            # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
+            **(pools or {})}
+
+
+def _pools(cfg) -> dict:
+    """The resource pools the sync V1 trainer asks Ray for, by verl's own code (it raises on a
+    reward pool of no GPUs), without starting it: the trainer class's pool method on the config."""
+    import importlib
+
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    importlib.import_module("verl.trainer.ppo.v1.trainer_sync")  # (registers the "sync" trainer)
+
+    trainer = object.__new__(get_trainer_cls(cfg.trainer.v1.trainer_mode))
+    trainer.config = cfg
+    trainer._init_resource_pool_mgr()
+    manager = trainer.resource_pool_manager
+    rm = next(pool for role, pool in manager.mapping.items() if getattr(role, "name", str(role)) == "RewardModel")
+    return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()}, "reward_pool": rm}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
