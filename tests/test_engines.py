@@ -91,6 +91,7 @@ MEGATRON_OFFLOAD = ("actor_rollout_ref.actor.megatron.param_offload=true", "crit
 FSDP2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
+DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -191,8 +192,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
         "actor_train": {**layout, "micro_batches": 2, "activation_checkpointing": True, "virtual_stages": 2, "zero": 1},
         "ref_inf": {**layout, "micro_batches": 4},
         "reward_inf": {"mesh": "n0-1", "dp": 16, "tp": 1, "pp": 1, "micro_batches": 1},
-        "critic_train": {**layout, "micro_batches": 2, "virtual_stages": 2, "zero": 1},
-        "critic_inf": {**layout, "micro_batches": 8},
+        "critic_train": {**layout, "micro_batches": 2, "virtual_stages": 2, "zero": 1, "max_tokens": 512},
+        "critic_inf": {**layout, "micro_batches": 8, "max_tokens": 512},
     }
     assert scenario["algorithm"] == "ppo" and scenario["models"]["critic"]["value_head"] is True
 
@@ -222,7 +223,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("grpo_qwen_fsdp.yaml", OPTIMIZER_OFFLOAD[:1] + PARAM_OFFLOAD[:1]),
                                                ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
                                                                       *MEGATRON_OFFLOAD)),
-                                               ("ppo-rm.yaml", FSDP2 + OPTIMIZER_OFFLOAD)])
+                                               ("ppo-rm.yaml", FSDP2 + OPTIMIZER_OFFLOAD),
+                                               # dynamic batching: the actor's and reference's budgets
+                                               ("grpo_qwen_fsdp.yaml", DYNAMIC)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -281,6 +284,16 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
         assert "ref" not in scenario_again["models"] and "ref_inf" in plan_again["calls"]
     if "actor_rollout_ref.rollout.n=2" in overrides:  # PPO, each prompt's 2 responses their own episodes
         assert scenario_again["algorithm"] == "ppo" and scenario_again["dataflow"]["group_size"] == 2
+    # dynamic batching's budgets, carried by the plan's calls (max_tokens) and written back as verl's
+    dynamic = DYNAMIC[0] in overrides
+    assert (checked["use_dynamic_bsz"], checked["ref_dynamic_bsz"]) == (dynamic, dynamic if checked["ref"] else None)
+    assert plan["calls"]["actor_train"].get("max_tokens") == (384 if dynamic else None)
+    if dynamic:
+        assert checked["ppo_max_token_len_per_gpu"] == checked["ref_max_token_len_per_gpu"] == 384
+        assert plan["calls"]["ref_inf"]["max_tokens"] == 384
+    if critic:  # (the V1 critic always packs, both its calls to one budget)
+        assert plan["calls"]["critic_train"].get("max_tokens") == plan["calls"]["critic_inf"].get("max_tokens") == \
+            (checked["critic_budget"] if packed else None)
     assert plan_again["calls"] == plan["calls"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
 
@@ -574,8 +587,12 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
             for _ in range(5):
                 options = {name: rng.choice(opts) for name, opts in group.items()}
                 assert verl.space_problem(scenario, options) is None
-                engines.add(verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
-                                                               "reward": "r"})[0])
+                engine, written = verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
+                                                                      "reward": "r"})
+                engines.add(engine)
+                if "critic_train" in options:  # (its rows packed: the budget its memory is planned for)
+                    assert options["critic_train"].strategy.max_tokens == options["critic_inf"].strategy.max_tokens \
+                        == written["critic.ppo_infer_max_token_len_per_gpu"]
         assert engines == {"dp", "megatron"}, engines  # both training engines are searched
         # both engines' offloads are searched, and written as verl's settings
         for group in groups:
@@ -925,6 +942,39 @@ def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row()
         verl._packed(rows, budget_row(long, "actor_train"), 512 + 16384) < rows
 
 
+def test_dynamic_batching_plans_memory_for_a_micro_batch_as_full_as_its_budget(cli, job):
+    """verl's dynamic batching keeps every micro-batch within its budget (it adds micro-batches
+    until its balanced partition does, verl/utils/seqlen_balancing.py:395-455): the plan's packed
+    calls carry the budget (max_tokens), and memory is planned for a micro-batch that full. On
+    ppo-8b-16gpu-longtail under verl's defaults, a GPU's 32 reference rows hold 32 x 1,483.16 =
+    47,461 tokens on average, past the 16,384 budget: its micro-batches are planned full, 16,384
+    tokens, where the heaviest of 4 micro-batches of 8 fixed rows (20,011 at the 0.99 quantile) is more
+    than verl lets one hold. The critic's calls carry its one budget (32,768). A budget that packs a GPU's rows
+    into another count than the plan's is refused on export, naming it."""
+    from realbench.engines import priced_as
+    from realbench.engines.documents import budget_row
+    from realbench.plan import load_scenario
+
+    s = priced_as(load_scenario("ppo-8b-16gpu-longtail"), "verl")
+    plan = verl.default_plan(s)
+    assert {n: o.strategy.max_tokens for n, o in plan.items()} == {
+        "actor_gen": None, "reward_inf": None, "actor_train": 16384, "ref_inf": 16384,
+        "critic_train": 32768, "critic_inf": 32768}
+    ref = s.dataflow.call("ref_inf")
+    assert plan["ref_inf"].strategy.micro_batches == 4
+    assert ref.peak_tokens(8, 4, 16384) == 16384 < ref.peak_tokens(8, 4) == 20011
+    assert 32 * budget_row(s, "ref_inf") == pytest.approx(47461, abs=1)
+    # on export: the budget gives the plan's count, or it is refused by name
+    _, imported_plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *DYNAMIC, out="dynamic")
+    path = job / "dynamic" / "grpo_qwen_fsdp-plan.yaml"
+    imported_plan["calls"]["actor_train"]["micro_batches"] = 4
+    path.write_text(yaml.safe_dump(imported_plan))
+    code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "dynamic" / "verl.yaml")
+    assert code == 2 and err.count("\n") == 1 and "calls.actor_train.max_tokens: 384: verl's dynamic batching packs " \
+        "a GPU's 4 rows into 2 micro-batches under it, not 4" in err, err
+    assert not (job / "dynamic" / "verl.yaml").exists()
+
+
 def test_an_offloaded_optimizer_leaves_the_gpus_between_updates_for_two_trips_over_pcie():
     """verl's FSDP optimizer_offload: Adam's two fp32 moments of each GPU's shard (8 bytes a
     parameter over dp 16: 6,738,415,616 / 16 x 8 = 3,369,207,808 bytes for LLaMA-7B) live in host
@@ -1033,8 +1083,10 @@ def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_t
         [c.model_copy(update={"lengths": even}) if c.lengths else c for c in long.dataflow.calls])})
     est = Estimator(long)
     base = verl.default_plan(long)
-    critic = {"critic_train": replace(base["critic_train"].strategy, micro_batches=8, checkpointing=True),
-              "critic_inf": replace(base["critic_inf"].strategy, micro_batches=1)}
+    # (rows of fixed counts, not verl's token budget, which plans both calls' micro-batches equally full)
+    critic = {"critic_train": replace(base["critic_train"].strategy, micro_batches=8, checkpointing=True,
+                                      max_tokens=None),
+              "critic_inf": replace(base["critic_inf"].strategy, micro_batches=1, max_tokens=None)}
     peaks = []
     for offloaded in (False, True):
         plan = {**base, **{n: Option(base[n].mesh, replace(s, offload_params=offloaded and n == "critic_train"))

@@ -41,7 +41,10 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   holds at least a whole row, :384-386) and priced as the fewest equal micro-batches at least as
   many as the packed ones (`_packed`: realbench's plans split a GPU's rows evenly). The V1 critic always packs,
   both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
-  (trainer/ppo/v1/trainer_base.py:266-268).
+  (trainer/ppo/v1/trainer_base.py:266-268). verl adds micro-batches until each holds at most the
+  budget (utils/seqlen_balancing.py:443-460): where rows are packed, a packed call carries its budget
+  in the plan (`max_tokens`), memory is planned for a micro-batch that full, and `export` writes it
+  back as the call's dynamic batching (refused where it packs a GPU's rows into another count).
 
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
@@ -71,6 +74,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -97,13 +101,13 @@ MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_re
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
+CRITIC_BUDGET = "critic.ppo_infer_max_token_len_per_gpu"
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the rows' mean tokens; verl takes the "
                 "largest count over the data-parallel ranks and adds micro-batches until its workload-balanced "
                 "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455); its memory is "
-                "planned for the heaviest of so many micro-batches of fixed rows, above what the balanced "
-                "partition forms",
+                "planned for a micro-batch as full as the budget",
                 "a reward model on its own pool scores each response as its generation ends (verl's reward "
                 "loop); realbench scores the batch after generation, beside the reference's and critic's "
                 "forwards on the trainer's GPUs: a step at most the reward call's time too long",)
@@ -507,7 +511,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return _packed(per_gpu, row, budget("critic.ppo_infer_max_token_len_per_gpu"))
+            return _packed(per_gpu, row, budget(CRITIC_BUDGET))
         if s[f"{A}.use_dynamic_bsz"]:
             return _packed(per_gpu, row, budget(f"{A}.ppo_max_token_len_per_gpu"))
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
@@ -557,7 +561,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                  "zero": zeros["critic"],
                                  **offloads("critic")}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": _packed(rows // dp, row, budget("critic.ppo_infer_max_token_len_per_gpu")),
+                               "micro_batches": _packed(rows // dp, row, budget(CRITIC_BUDGET)),
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
@@ -585,6 +589,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
                           "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
     packed = bool(s[REMOVE_PADDING[0]])
+    if packed:  # dynamic batching keeps every micro-batch within its budget (verl/utils/seqlen_balancing.py:395-455)
+        for call, key in (("actor_train", s[f"{A}.use_dynamic_bsz"] and f"{A}.ppo_max_token_len_per_gpu"),
+                          ("ref_inf", s[f"{ref}.log_prob_use_dynamic_bsz"] and f"{ref}.log_prob_max_token_len_per_gpu"),
+                          ("critic_train", CRITIC_BUDGET), ("critic_inf", CRITIC_BUDGET)):
+            if key and call in calls:
+                calls[call]["max_tokens"] = budget(key)
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
         if bool(s[REMOVE_PADDING[1]]) != packed:
@@ -753,20 +763,44 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     budget B gives ceil(rows x row / B) of each (module doc; a row's tokens as verl counts them,
     documents.budget_row), so both counts must agree with some B, at least a whole row (verl
     asserts it, verl/utils/seqlen_balancing.py:384-386); the largest such B (the fewest packed
-    micro-batches) is written."""
+    micro-batches) is written; or the budget the plan's critic calls carry (max_tokens: one for both)."""
     ct, ci = options["critic_train"].strategy, options["critic_inf"].strategy
     seq_len = scenario.dataflow.call("critic_train").seq_len
     row = budget_row(scenario, "critic_train")
     train_rows = _rows_per_step(scenario, "critic_train", options["critic_train"])
     inf_rows = _rows_per_step(scenario, "critic_inf", options["critic_inf"])
     train_tokens, inf_tokens = train_rows * row, inf_rows * row
-    budget = max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches), seq_len)
+    if ct.max_tokens != ci.max_tokens:
+        raise ConfigError(f"{ci.max_tokens} beside critic_train's {ct.max_tokens}: verl's V1 critic packs both its "
+                          "calls to one token budget (verl/trainer/ppo/v1/trainer_base.py:266-268)",
+                          "calls.critic_inf.max_tokens")
+    budget = ct.max_tokens or max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches),
+                                  seq_len)
     if (_packed(train_rows, row, budget), _packed(inf_rows, row, budget)) != (ct.micro_batches, ci.micro_batches):
         raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU of at least a row "
-                          f"(verl/trainer/ppo/v1/trainer_base.py:266-268): no budget gives {ct.micro_batches} "
+                          f"(verl/trainer/ppo/v1/trainer_base.py:266-268): "
+                          f"{f'{budget} tokens do not give' if ct.max_tokens else 'no budget gives'} {ct.micro_batches} "
                           f"micro-batches of {train_tokens:.0f} tokens and {ci.micro_batches} of {inf_tokens:.0f}",
-                          "calls.critic_inf.micro_batches")
+                          "calls.critic_inf.max_tokens" if ct.max_tokens else "calls.critic_inf.micro_batches")
     return budget
+
+
+def _dynamic(scenario: Scenario, options: dict[str, Option], name: str, flag: str, key: str,
+             out: dict[str, Any]) -> bool:
+    """Write a call whose plan carries a token budget (max_tokens) as verl's dynamic batching under
+    it (its `flag` on, the budget as `key`) into `out`; False where it carries none. Refused by name
+    where verl would pack a GPU's rows into another count of micro-batches under it."""
+    o = options[name]
+    budget = o.strategy.max_tokens
+    if budget is None:
+        return False
+    rows = _rows_per_step(scenario, name, o)
+    formed = _packed(rows, budget_row(scenario, name), budget)
+    if formed != o.strategy.micro_batches:
+        raise ConfigError(f"{budget}: verl's dynamic batching packs a GPU's {rows} rows into {formed} micro-batches "
+                          f"under it, not {o.strategy.micro_batches}", f"calls.{name}.max_tokens")
+    out.update({flag: True, key: budget})
+    return True
 
 
 def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[str, str]) -> tuple[str, dict]:
@@ -788,12 +822,20 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
         f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
         f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
-        f"{A}.use_dynamic_bsz": False,
-        f"{A}.ppo_micro_batch_size_per_gpu": _per_micro_batch(scenario, "actor_train", options["actor_train"]),
     }
-    if "ref_inf" in options:
-        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = _per_micro_batch(scenario, "ref_inf",
-                                                                                           options["ref_inf"])
+    ref = "actor_rollout_ref.ref"
+    if not _dynamic(scenario, options, "actor_train", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
+                    out):
+        out.update({f"{A}.use_dynamic_bsz": False,
+                    f"{A}.ppo_micro_batch_size_per_gpu": _per_micro_batch(scenario, "actor_train",
+                                                                          options["actor_train"])})
+        # (the actor's old log-probabilities: its training's micro-batches; with dynamic batching its budget,
+        # by verl's interpolation)
+        out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
+    if "ref_inf" in options and not _dynamic(scenario, options, "ref_inf", f"{ref}.log_prob_use_dynamic_bsz",
+                                                f"{ref}.log_prob_max_token_len_per_gpu", out):
+        out.update({f"{ref}.log_prob_use_dynamic_bsz": False,
+                    f"{ref}.log_prob_micro_batch_size_per_gpu": _per_micro_batch(scenario, "ref_inf", options["ref_inf"])})
     reward = scenario.models["reward"]
     if isinstance(reward, FunctionSpec):
         if len(reward.functions) > 1 or reward.model_score:
@@ -811,7 +853,6 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         if pool is not None:
             out.update({f"{RM}.enable_resource_pool": True, f"{RM}.nnodes": pool.nodes,
                         f"{RM}.n_gpus_per_node": pool.gpus})
-    out[f"{R}.log_prob_micro_batch_size_per_gpu"] = out[f"{A}.ppo_micro_batch_size_per_gpu"]
     out[REMOVE_PADDING[0]] = packs(scenario, "verl", PADDING_FREE)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
         out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
@@ -990,8 +1031,12 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh]) -> Iterator[di
             if _packed(rows // steps // dp, row, budget) != m:  # fewer rows than a budget of one holds
                 continue
             inf_m = _packed(rows // dp, row, budget)
-            with_critic = {**group, "critic_train": [o for o in trained("critic_train") if o.strategy.micro_batches == m],
-                           "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero))])}
+            # (rows packed: each micro-batch within the budget, which memory is planned for)
+            tokens = budget if df.call("critic_train").padding_free else None
+            with_critic = {**group, "critic_train": [replace(o, strategy=replace(o.strategy, max_tokens=tokens))
+                                                     for o in trained("critic_train") if o.strategy.micro_batches == m],
+                           "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
+                                                                                 max_tokens=tokens))])}
             if all(with_critic.values()):
                 yield with_critic
 
@@ -1037,6 +1082,9 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
              "algorithm.use_kl_in_reward": ref and scenario.algorithm == "ppo",
              f"{A}.use_kl_loss": ref and scenario.algorithm != "ppo",
              **(settings or {})}
+    packed = packs(scenario, "verl", PADDING_FREE)  # (as the scenario is priced: engines.priced_as)
+    given.setdefault(REMOVE_PADDING[0], packed)
+    given.setdefault(REMOVE_PADDING[1], packed)
     budget = f"{A}.ppo_max_token_len_per_gpu"  # the reference's and rollout's follow it (interpolation)
     given.setdefault(budget, max(int(defaults("dp")[budget]), gen.prompt_len + gen.gen_len))
     if isinstance(scenario.models["reward"], FunctionSpec):
@@ -1044,4 +1092,4 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     else:
         given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
     _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
+    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(packed))

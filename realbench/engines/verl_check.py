@@ -109,6 +109,12 @@ def validate(config: str, overrides: list[str]) -> dict:
             "actor_lr": arr.actor.optim.lr, "train_files": OmegaConf.to_container(cfg.data.train_files)
             if OmegaConf.is_config(cfg.data.train_files) else cfg.data.train_files,
             "experiment_name": cfg.trainer.experiment_name,
+            # dynamic batching, as composed (realbench's max_tokens): the actor's, the reference's and the
+            # critic's budgets a GPU
+            "use_dynamic_bsz": arr.actor.use_dynamic_bsz, "ppo_max_token_len_per_gpu": arr.actor.ppo_max_token_len_per_gpu,
+            "ref_dynamic_bsz": arr.ref.log_prob_use_dynamic_bsz if ref else None,
+            "ref_max_token_len_per_gpu": arr.ref.log_prob_max_token_len_per_gpu if ref else None,
+            "critic_budget": cfg.critic.get("ppo_infer_max_token_len_per_gpu") if critic else None,
             # rows packed without padding (realbench's training.padding_free)
             "use_remove_padding": arr.model.use_remove_padding,
             "critic_use_remove_padding": cfg.critic.model.use_remove_padding if critic else None,
