@@ -72,7 +72,7 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, whole_alpha,
+from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, serving_gap, whole_alpha,
                                          whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
@@ -96,7 +96,9 @@ SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
 PRICING_GAPS = ("generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
-                "prices the transfer, not the re-prefill")
+                "prices the transfer, not the re-prefill",
+                serving_gap("max_running_requests (SGLang) or max_num_seqs (vLLM)",
+                            "sglang.mem_fraction_static or vllm.gpu_memory_utilization"))
 # rows packed end to end by their real lengths, always (utils/data.py:696-760, pack_tensor_dict):
 # realbench's training.padding_free
 PADDING_FREE = True

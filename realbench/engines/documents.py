@@ -8,6 +8,15 @@ from typing import Any, Optional
 from realbench.errors import ConfigError
 
 
+def serving_gap(slots: str, memory: str) -> str:
+    """The pricing gap every engine's rollout shares: a replica decodes up to `slots` sequences
+    together (continuous batching), and its paged KV cache, sized by `memory` (the fraction of the
+    GPU the serving engine takes), may hold fewer: the server then admits fewer or preempts."""
+    return (f"a rollout replica is priced decoding up to {slots} sequences together; where its KV cache at "
+            f"{memory} holds fewer (the weights, and the sequences' tokens as they grow), the server admits fewer "
+            "and preempts, which realbench does not price")
+
+
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,

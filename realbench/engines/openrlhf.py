@@ -77,7 +77,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.engines import listing
-from realbench.engines.documents import job_documents, lora_problem, packs, refuse_offload, whole_alpha
+from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload, serving_gap,
+                                         whole_alpha)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _packed, _splits
 from realbench.errors import ConfigError
@@ -99,7 +100,8 @@ ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
 # (the actor's old-log-probability forward runs beside the reference's and critic's: priced so,
 # realbench.cost.simulate.EARLY_OLD_LOGPROBS_ENGINES)
-PRICING_GAPS = ("the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",)
+PRICING_GAPS = ("the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
+                serving_gap("vLLM's max_num_seqs", "--vllm.gpu_memory_utilization"))
 # --vllm.enable_sleep (the hybrid engine's, refused without it): vLLM's weights to host memory after
 # generation and back before the weight sync, each step (sleep level 1, trainer/ray/vllm_engine.py:136-150),
 # and its cache released: priced by the simulator (realbench.cost.simulate.ROLLOUT_SLEEP_ENGINES)

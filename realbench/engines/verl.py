@@ -46,6 +46,28 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   in the plan (`max_tokens`), memory is planned for a micro-batch that full, and `export` writes it
   back as the call's dynamic batching (refused where it packs a GPU's rows into another count).
 
+* **Asynchronous modes** (read and refused by name: realbench reads `trainer.v1.trainer_mode: sync`).
+  The V1 trainer's `colocate_async` (trainer/ppo/v1/trainer_colocate_async.py) keeps the rollout on
+  the training GPUs and prefetches `num_warmup_batches` batches; a step's unfinished requests are
+  aborted, the replicas put to sleep for training and resumed (partial rollout) after the weight
+  update. `separate_async` (trainer_separate_async.py) serves the rollout from a standalone pool
+  (`actor_rollout_ref.rollout.nnodes` x `n_gpus_per_node`, beside the trainer's; with
+  `hybrid_engine` the trainer's GPUs serve too, and `hybrid_rollout.enable_switch` hands them
+  between training and rollout by measured waits), requires a reward model on its own pool, and
+  updates the actor `parameter_sync_step` times a step (`train_batch_size = parameter_sync_step x
+  ppo_mini_batch_size`) with the old log-probabilities of the weights saved at the step's start
+  (in host memory). Both bound a sample's staleness by `trainer.v1.sampler.max_off_policy_threshold`
+  model versions (8; `drop` or `wait` past it, trainer/ppo/v1/replay_buffer.py:95-180). Two more
+  entry points live in `verl/experimental`: `one_step_off_policy` (its own `main_ppo` and
+  `one_step_off_ppo_trainer.yaml`: the rollout on its own pool, `rollout.nnodes` x
+  `rollout.n_gpus_per_node`, generating the next batch while the trainer trains on this one after
+  the weights are sent, ray_trainer.py:385-405, with `bypass_mode` on: realbench's `max_staleness: 1`
+  with generation on its own mesh and `old_logprobs: rollout`) and `fully_async_policy` (a rollouter
+  and a trainer apart, `async_training.staleness_threshold`, `trigger_parameter_sync_step`,
+  `partial_rollout`). What realbench's asynchronous plans price (generation S steps ahead on its own
+  mesh, whole batches) is one-step-off's; partial rollouts, sample-level staleness and the hybrid
+  switch are not priced, so none of these modes is read yet.
+
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
@@ -82,7 +104,8 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from realbench.dataflow import CallKind
-from realbench.engines.documents import budget_row, job_documents, lora_problem, packs, whole_alpha, whole_row_budget
+from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, serving_gap, whole_alpha,
+                                         whole_row_budget)
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -110,7 +133,8 @@ PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the r
                 "planned for a micro-batch as full as the budget",
                 "a reward model on its own pool scores each response as its generation ends (verl's reward "
                 "loop); realbench scores the batch after generation, beside the reference's and critic's "
-                "forwards on the trainer's GPUs: a step at most the reward call's time too long",)
+                "forwards on the trainer's GPUs: a step at most the reward call's time too long",
+                serving_gap("max_num_seqs", "gpu_memory_utilization"))
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
@@ -173,7 +197,9 @@ REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 STRATEGY = {"actor": f"{A}.strategy", "critic": "critic.strategy"}
 FSDP_VERSIONS = ("fsdp", "fsdp2")
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
-# the learning and sampling settings), by prefix: carried as they are, never priced
+# the learning and sampling settings), by prefix: carried as they are, never priced (the serving
+# engines' memory fractions too, which bound a replica's sequences only where its KV cache is
+# short of them: a PRICING_GAPS entry)
 NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
            "trainer.save_freq", "trainer.test_freq", "trainer.total_epochs", "trainer.total_training_steps",
            "trainer.val_before_train", "trainer.resume_mode", "trainer.resume_from_path", "trainer.log_val_generations",
@@ -417,8 +443,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     mean response, for a job with response lengths); default the whole row."""
     refuse_unpriced(engine, s, given, source)
     if not s["trainer.use_v1"] or s["trainer.v1.trainer_mode"] != "sync":
-        raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync)",
-                          "trainer.v1.trainer_mode", source)
+        raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync); "
+                          "verl's asynchronous modes (partial rollouts, sample-level staleness) are described in "
+                          "realbench.engines.verl, not priced", "trainer.v1.trainer_mode", source)
     estimator = s["algorithm.adv_estimator"]
     if estimator not in ESTIMATORS:
         raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO)",
