@@ -401,13 +401,50 @@ def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overri
     assert not (job / "refused").exists()
 
 
-def test_a_critic_padded_beside_a_packed_actor_is_refused(cli, job):
-    """verl's critic and actor each pack their rows or not (use_remove_padding); realbench prices
-    one setting for every call (training.padding_free)."""
-    os.chdir(job)
-    code, _, err = cli("import", "verl", "ppo-rm.yaml", "critic.model.use_remove_padding=false", "--out", "refused")
-    assert code == 2 and err.count("\n") == 1 and "critic.model.use_remove_padding" in err, err
-    assert "realbench prices one setting" in err and not (job / "refused").exists()
+@pytest.mark.parametrize("flag, padded", [("critic.model.use_remove_padding=false", ["critic"]),
+                                          ("actor_rollout_ref.model.use_remove_padding=false", ["actor", "ref"])])
+def test_a_critic_padded_beside_a_packed_actor_goes_to_verl_and_back(cli, job, flag, padded):
+    """verl's critic and actor each pack their rows or not (use_remove_padding, per model block):
+    read as padding_free with the other block's models kept padded (training.padded_models). Their
+    calls are priced padded, as wide as their longest row, without a token budget in the plan,
+    the packed block's with its budget; written back, verl composes the same two flags, and read
+    again it is the same plan and estimate."""
+    folder = job / f"{padded[0]} padded"
+    result, plan, scenario = imported(cli, job, "ppo-rm.yaml", flag, out=folder, name="half")
+    assert scenario["training"]["padding_free"] is True and scenario["training"]["padded_models"] == padded
+    from realbench.plan import load_scenario
+
+    s = load_scenario(result["scenario"])
+    for call in s.dataflow.calls:
+        if call.kind.value in ("train", "inference") and call.name != "reward_inf":
+            assert call.padding_free is (call.model not in padded), call.name
+            assert ("max_tokens" in plan["calls"][call.name]) is (call.model == "critic" and "critic" not in padded)
+    out = folder / "verl" / "half.yaml"
+    out.parent.mkdir()
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", out)
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"] and (checked["use_remove_padding"], checked["critic_use_remove_padding"]) == \
+        ("actor" not in padded, "critic" not in padded), checked
+    again, plan_again, scenario_again = imported(cli, job, out, out=folder / "again", name="half")
+    assert plan_again["calls"] == plan["calls"] and scenario_again["training"] == scenario["training"]
+    assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("training, key, says", [
+    ({"padding_free": False, "padded_models": ["critic"]}, "training.padded_models", "give padding_free: true"),
+    ({"padding_free": True, "padded_models": ["critc"]}, "training.padded_models", "'critc' is not a model"),
+    ({"padding_free": True, "padded_models": ["ref"]}, "training.padded_models",
+     "the actor's block for the actor and its reference alike")])
+def test_padded_models_verl_cannot_express_are_refused_by_name(cli, job, training, key, says):
+    """A scenario's padded models: only beside padding_free, only its own models, and for verl
+    whole model blocks (the actor and its reference share one)."""
+    result, _, scenario = imported(cli, job, "ppo-rm.yaml", out="padded-edit", name="edited")
+    scenario["training"].update(training)
+    path = Path(result["scenario"]).with_name("edited by hand.yaml")
+    path.write_text(yaml.safe_dump(scenario))
+    code, _, err = cli("search", "--scenario", path, "--engine", "verl", "--method", "mcmc", "--time-budget", 1)
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
 
 
 def test_a_megatron_critic_with_its_own_layout_and_a_typo_in_the_file_are_refused(cli, job):

@@ -166,7 +166,8 @@ CAPTURED = (*sorted(set(MODEL_PATHS.values())), "reward.custom_reward_function."
 REQUIRED = {f"{R}.calculate_log_probs": f"{BYPASS} reads generation's log-probabilities"}
 # rows packed without padding (the models' flash-attention varlen path), verl's default for both
 # (trainer/config/model/hf_model.yaml, critic/dp_critic.yaml: use_remove_padding true);
-# realbench's training.padding_free, one setting for every call
+# realbench's training.padding_free, with the block set apart in training.padded_models (the
+# actor's block holds the actor and its reference, the critic's the critic)
 PADDING_FREE = True
 REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
 # The offloads of each trained role's engine (workers/engine/base.py:314-333, priced by
@@ -615,18 +616,19 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     elif s[ADAPTER_PATH] is not None:
         raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
                           "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
-    packed = bool(s[REMOVE_PADDING[0]])
-    if packed:  # dynamic batching keeps every micro-batch within its budget (verl/utils/seqlen_balancing.py:395-455)
-        for call, key in (("actor_train", s[f"{A}.use_dynamic_bsz"] and f"{A}.ppo_max_token_len_per_gpu"),
-                          ("ref_inf", s[f"{ref}.log_prob_use_dynamic_bsz"] and f"{ref}.log_prob_max_token_len_per_gpu"),
-                          ("critic_train", CRITIC_BUDGET), ("critic_inf", CRITIC_BUDGET)):
-            if key and call in calls:
-                calls[call]["max_tokens"] = budget(key)
+    # each model block packs its rows or not (use_remove_padding): the actor's block holds the
+    # actor's, the reference's and the old log-probabilities' calls, the critic's its own
+    packed = {"actor": bool(s[REMOVE_PADDING[0]]), "critic": critic and bool(s[REMOVE_PADDING[1]])}
+    # dynamic batching keeps every micro-batch within its budget (verl/utils/seqlen_balancing.py:395-455)
+    for call, key, role in (("actor_train", s[f"{A}.use_dynamic_bsz"] and f"{A}.ppo_max_token_len_per_gpu", "actor"),
+                            ("ref_inf", s[f"{ref}.log_prob_use_dynamic_bsz"] and f"{ref}.log_prob_max_token_len_per_gpu",
+                             "actor"),
+                            ("critic_train", CRITIC_BUDGET, "critic"), ("critic_inf", CRITIC_BUDGET, "critic")):
+        if key and call in calls and packed[role]:
+            calls[call]["max_tokens"] = budget(key)
+    padding_free = any(packed.values())
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
-        if bool(s[REMOVE_PADDING[1]]) != packed:
-            raise ConfigError(f"{s[REMOVE_PADDING[1]]!r} beside the actor's {packed!r}: realbench prices one "
-                              "setting for every call (training.padding_free)", REMOVE_PADDING[1], source)
     reward_fn = s["reward.custom_reward_function.path"]
     if reward_model and reward_fn:
         raise ConfigError("realbench plans one scorer: a reward model or a reward function", f"{RM}.enable", source)
@@ -637,13 +639,15 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     else:
         raise ConfigError("verl needs a scorer: a reward function (reward.custom_reward_function.path) or a reward "
                           f"model ({RM}.enable)", "reward.custom_reward_function.path", source)
+    padded = tuple(m for m, role in (("actor", "actor"), ("ref", "actor"), ("critic", "critic"))
+                   if m in models and padding_free and not packed[role])
     return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes + (pool.nodes if pool else 0), "gpus_per_node": per_node,
                                   "device": device}, epochs=epochs,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
-                         rollout_server=server, padding_free=packed)
+                         rollout_server=server, padding_free=padding_free, padded_models=padded)
 
 
 POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
@@ -812,6 +816,15 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     return budget
 
 
+def _remove_padding(scenario: Scenario) -> tuple[bool, bool]:
+    """verl's use_remove_padding of the actor's model block (the actor's, the reference's and the
+    old log-probabilities' calls) and of the critic's: the scenario's padding_free, but for its
+    padded_models (a scenario priced as verl without them: verl's default, both packed)."""
+    packed = packs(scenario, "verl", PADDING_FREE)
+    padded = scenario.training.padded_models if scenario.engine == "verl" else ()
+    return packed and "actor" not in padded, packed and "critic" not in padded
+
+
 def _dynamic(scenario: Scenario, options: dict[str, Option], name: str, flag: str, key: str,
              out: dict[str, Any]) -> bool:
     """Write a call whose plan carries a token budget (max_tokens) as verl's dynamic batching under
@@ -880,7 +893,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         if pool is not None:
             out.update({f"{RM}.enable_resource_pool": True, f"{RM}.nnodes": pool.nodes,
                         f"{RM}.n_gpus_per_node": pool.gpus})
-    out[REMOVE_PADDING[0]] = packs(scenario, "verl", PADDING_FREE)
+    out[REMOVE_PADDING[0]], critic_packed = _remove_padding(scenario)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
         out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
     if "ref_inf" not in options:  # no KL term: verl then builds no reference
@@ -907,7 +920,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if "critic_train" in options:
         per_gpu = _per_micro_batch(scenario, "critic_train", options["critic_train"])
         out.update({"critic.enable": True, "critic.model.path": model_paths["critic"],
-                    REMOVE_PADDING[1]: out[REMOVE_PADDING[0]],
+                    REMOVE_PADDING[1]: critic_packed,
                     "critic.ppo_micro_batch_size_per_gpu": per_gpu,
                     "critic.ppo_infer_max_token_len_per_gpu": critic_budget(scenario, options)})
         roles.append(("critic", "critic_train", "critic", "critic.model"))
@@ -1074,6 +1087,10 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
         return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
     if scenario.dataflow.max_staleness:
         return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
+    padded = set(scenario.training.padded_models) if scenario.engine == "verl" else set()
+    if padded - {"actor", "ref", "critic"} or len(padded & {"actor", "ref"} & set(scenario.models)) == 1:
+        return "training.padded_models", ("verl packs rows or not per model block (use_remove_padding): the actor's "
+                                          "block for the actor and its reference alike, the critic's")
     if scenario.models["actor"].lora is not None and "ref" in scenario.models:
         return "models.ref", ("verl's reference of a LoRA actor is the actor with its adapters off "
                               "(verl/trainer/ppo/v1/trainer_base.py:234-237): leave the reference model out")
@@ -1110,8 +1127,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
              f"{A}.use_kl_loss": ref and scenario.algorithm != "ppo",
              **(settings or {})}
     packed = packs(scenario, "verl", PADDING_FREE)  # (as the scenario is priced: engines.priced_as)
-    given.setdefault(REMOVE_PADDING[0], packed)
-    given.setdefault(REMOVE_PADDING[1], packed)
+    for key, flag in zip(REMOVE_PADDING, _remove_padding(scenario)):
+        given.setdefault(key, flag)
     budget = f"{A}.ppo_max_token_len_per_gpu"  # the reference's and rollout's follow it (interpolation)
     given.setdefault(budget, max(int(defaults("dp")[budget]), gen.prompt_len + gen.gen_len))
     if isinstance(scenario.models["reward"], FunctionSpec):
@@ -1119,4 +1136,5 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     else:
         given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
     _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(packed))
+    priced = scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
+    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced)

@@ -189,6 +189,7 @@ class Scenario(DerivedValues):
         iterations = training.num_iterations if isinstance(training, TrainingSpec) else 1
         old_logprobs = training.old_logprobs if isinstance(training, TrainingSpec) else "later_steps"
         padding_free = isinstance(training, TrainingSpec) and training.padding_free
+        padded = training.padded_models if padding_free else ()
         if functions or own or iterations > 1 or old_logprobs != "later_steps" or padding_free:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             calls = []
@@ -198,7 +199,7 @@ class Scenario(DerivedValues):
                     c = c.model_copy(update={"iterations": iterations})
                 if _takes_old_logprobs(c) and old_logprobs != "later_steps":  # (as iterations: the section's wins)
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
-                if padding_free and _packs_rows(c):
+                if padding_free and _packs_rows(c) and c.model not in padded:
                     c = c.model_copy(update={"padding_free": True})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
@@ -219,6 +220,10 @@ class Scenario(DerivedValues):
         if self.training.padding_free and not self.engine:
             raise ConfigError("realbench's runtime pads a micro-batch to its longest row: rows packed without "
                               "padding are an engine's (give engine:, or leave it out)", "training.padding_free")
+        for model in self.training.padded_models:
+            if model not in self.models:
+                raise ConfigError(f"{model!r} is not a model of the scenario ({', '.join(self.models)})",
+                                  "training.padded_models")
         if self.engine_settings and not self.engine:
             raise ConfigError("an engine's own settings: a scenario of realbench's own runtime has none (leave "
                               "them out, or give engine:)", "engine_settings")
@@ -318,8 +323,8 @@ class Scenario(DerivedValues):
 
     def with_padding_free(self, packed: bool) -> "Scenario":
         """The scenario whose scoring and training calls pack their rows without padding, or not
-        (training.padding_free)."""
-        training = self.training.model_copy(update={"padding_free": packed})
+        (training.padding_free), every model's alike (no padded_models)."""
+        training = self.training.model_copy(update={"padding_free": packed, "padded_models": ()})
         flow = self.dataflow.with_calls([c.model_copy(update={"padding_free": packed}) if _packs_rows(c) else c
                                          for c in self.dataflow.calls])
         copy = self.model_copy(update={"training": training, "dataflow": flow})

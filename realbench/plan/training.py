@@ -113,6 +113,9 @@ class TrainingSpec(OptimizerSettings):
     # verl's use_remove_padding, OpenRLHF's --ds.packing_samples, AReaL always): an engine's
     # scenario only, realbench's runtime pads a micro-batch to its longest row
     padding_free: bool = False
+    # models whose scoring and training calls keep their padding where padding_free packs the
+    # others' (verl's use_remove_padding is per model: actor_rollout_ref.model's, critic.model's)
+    padded_models: tuple[str, ...] = ()
     loss_type: Optional[Literal["grpo", "dr_grpo", "dapo", "bnpo", "rloo"]] = None  # None: DEFAULTS
     normalize_advantages: bool = False  # RLOO's: whitened over the batch (TRL's RLOOConfig)
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -145,6 +148,9 @@ class TrainingSpec(OptimizerSettings):
             refuse_unknown_keys(OptimizerSettings, settings, f"{role}.")
         refuse_unknown_keys(cls, v)
         _check_warmup(v)
+        if v.get("padded_models") and not v.get("padding_free"):
+            raise ConfigError("models kept padded where padding_free packs the others' rows: give padding_free: true, "
+                              "or leave them out", "training.padded_models")
         return {**v, "models": {**(v.get("models") or {}), **own}} if own else v
 
     def optimizer(self, role: str) -> OptimizerSettings:
