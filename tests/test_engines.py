@@ -429,6 +429,20 @@ def test_a_critic_padded_beside_a_packed_actor_goes_to_verl_and_back(cli, job, f
     again, plan_again, scenario_again = imported(cli, job, out, out=folder / "again", name="half")
     assert plan_again["calls"] == plan["calls"] and scenario_again["training"] == scenario["training"]
     assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+    # a written scenario whose calls are listed all packed, given padded_models by hand: the section
+    # wins; priced as an engine with one setting for every call, every call packs as that engine does
+    from realbench.engines import priced_as
+    from realbench.plan.scenario import scenario_from_document
+
+    document = s.with_padding_free(True).to_document()
+    assert all(c.get("padding_free") for c in document["dataflow"]["calls"] if c["kind"] in ("train", "inference"))
+    document["training"]["padded_models"] = padded
+    dumped = scenario_from_document(document)
+    assert {c.name: c.padding_free for c in dumped.dataflow.calls} == {c.name: c.padding_free for c in s.dataflow.calls}
+    for engine, packs in (("areal", True), ("openrlhf", False)):
+        other = priced_as(s, engine)
+        assert other.training.padded_models == () and all(
+            c.padding_free is packs for c in other.dataflow.calls if c.kind.value in ("train", "inference")), engine
 
 
 @pytest.mark.parametrize("training, key, says", [

@@ -111,10 +111,14 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
     the old log-probabilities as the engine takes them (`old_logprobs`), and rows packed as it
     packs them (`padding_free`)."""
     packed = padding_free(scenario, engine)
+    # (models kept padded apart from the others: the engine's own setting, verl's; another engine has one)
+    padded_apart = bool(scenario.training.padded_models) and scenario.engine != engine
     scenario = scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})
     mode = old_logprobs(scenario, engine)
     scenario = scenario if mode == scenario.training.old_logprobs else scenario.with_old_logprobs(mode)
-    return scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
+    if packed == scenario.training.padding_free and not padded_apart:
+        return scenario
+    return scenario.with_padding_free(packed)
 
 
 def padding_free(scenario: Scenario, engine: str) -> bool:

@@ -199,8 +199,8 @@ class Scenario(DerivedValues):
                     c = c.model_copy(update={"iterations": iterations})
                 if _takes_old_logprobs(c) and old_logprobs != "later_steps":  # (as iterations: the section's wins)
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
-                if padding_free and _packs_rows(c) and c.model not in padded:
-                    c = c.model_copy(update={"padding_free": True})
+                if padding_free and _packs_rows(c):  # (a document's calls may say otherwise: the section wins)
+                    c = c.model_copy(update={"padding_free": c.model not in padded})
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
                     calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
