@@ -183,7 +183,8 @@ def test_the_gsm8k_example_reads_into_separate_rollout_and_trainer_gpus(cli, job
     assert calls["reward_inf"]["mesh"] == "n0:4-7" and "ref_inf" not in calls
     assert scenario["models"]["reward"] == {"function": areal.REWARD} and "ref" not in scenario["models"]
     assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 256, "prompt_len": 1024, "gen_len": 1024,
-                                    "minibatches": 1, "group_size": 4, "with_ref": False, "max_staleness": 2}
+                                    "minibatches": 1, "group_size": 4, "with_ref": False, "max_staleness": 2,
+                                    "memory_fraction": 0.8}  # (its sglang.mem_fraction_static)
     assert plan["max_staleness"] == 2 and scenario["engine"] == "areal"
     assert scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
     assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(areal.PRICING_GAPS)

@@ -107,8 +107,9 @@ def test_the_hybrid_engine_reads_into_every_call_on_the_actors_gpus(cli, job):
     for name in ("ref_inf", "reward_inf", "critic_inf"):
         assert calls[name] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3}, name
     assert scenario["engine"] == "openrlhf" and scenario["cluster"]["nodes"] == 1
+    # (vLLM taking the half of each GPU the script gives it, --vllm.gpu_memory_utilization)
     assert scenario["dataflow"] == {"algorithm": "ppo", "prompts": 64, "prompt_len": 64, "gen_len": 128,
-                                    "minibatches": 4}
+                                    "minibatches": 4, "memory_fraction": 0.5}
     # the actor's old log-probabilities: a forward over the whole batch (experience_maker.py:153-158)
     assert scenario["training"]["old_logprobs"] == "whole_batch"
     assert result["time_per_iter_s"] > 0 and result["not_priced"] == list(openrlhf.PRICING_GAPS)

@@ -91,6 +91,7 @@ MEGATRON_OFFLOAD = ("actor_rollout_ref.actor.megatron.param_offload=true", "crit
 FSDP2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
+MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
@@ -161,7 +162,7 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
         "reward_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1},
     }
     assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 32, "prompt_len": 64, "gen_len": 128,
-                                    "minibatches": 4, "group_size": 4}
+                                    "minibatches": 4, "group_size": 4, "memory_fraction": 0.5}
     assert scenario["engine"] == "verl" and scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
     assert scenario["models"]["actor"]["path"] == str(job / "ckpt")
     assert scenario["models"]["reward"]["function"] == f"{job / 'scoring' / 'reward.py'}:compute_score"
@@ -214,8 +215,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
                                                                       "actor_rollout_ref.model.use_remove_padding=false",
                                                                       "critic.model.use_remove_padding=false")),
-                                               # an SGLang rollout and reward model, written back as SGLang
-                                               ("ppo-rm.yaml", SGLANG),
+                                               # an SGLang rollout and reward model, written back as SGLang,
+                                               # its server taking 0.7 of each GPU
+                                               ("ppo-rm.yaml", SGLANG + (MEMORY,)),
                                                # Adam's moments in host memory between updates
                                                ("ppo-rm.yaml", OPTIMIZER_OFFLOAD),
                                                # the parameters too, and both on a GRPO actor
@@ -252,13 +254,16 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     # returned by it (verl's composed settings)
     bypass = overrides == BYPASS
     assert checked["bypass_mode"] is bypass and checked["calculate_log_probs"]
-    assert checked["rollout_name"] == ("sglang" if overrides == SGLANG else "vllm")
+    assert checked["rollout_name"] == ("sglang" if SGLANG[0] in overrides else "vllm")
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     assert scenario_again["training"]["old_logprobs"] == ("rollout" if bypass else "whole_batch")
     packed = "actor_rollout_ref.model.use_remove_padding=false" not in overrides
     assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
+    # the rollout server's share of each GPU's memory: verl's default, or the user's, read and written back
+    fraction = 0.7 if MEMORY in overrides else 0.5
+    assert checked["memory_fraction"] == scenario_again["dataflow"]["memory_fraction"] == fraction
     # verl's optimizer_offload and param_offload, per trained role, as its engines read them
     critic = "ppo" in config
     for key, field in (("optimizer_offload", "offload_optimizer"), ("param_offload", "offload_params")):
@@ -734,11 +739,15 @@ def test_each_engine_prices_the_old_log_probabilities_as_it_takes_them(cli, tmp_
     from realbench.engines import ENGINES, priced_as
     from realbench.errors import ConfigError
     from realbench.plan import get_builtin
+    from realbench.plan.mesh import Option, Strategy
 
     job = get_builtin("grpo-7b-16gpu")
     assert job.training.old_logprobs == "later_steps"
     est = Estimator(job, profile=None)
-    plan = symmetric_plan(est)
+    options = est.options_of(symmetric_plan(est))
+    # (an engine's rollout server has no pipeline: the symmetric plan's generation on its GPUs without one)
+    options["actor_gen"] = Option(options["actor_gen"].mesh, Strategy(4, 4, 1, 1))
+    plan = est.choice_of(options)
     ours = est.estimate(plan).calls["actor_train"].time_s
     rollout = job.with_old_logprobs("rollout")
     theirs = Estimator(rollout, profile=None).estimate(plan).calls["actor_train"].time_s
@@ -748,7 +757,8 @@ def test_each_engine_prices_the_old_log_probabilities_as_it_takes_them(cli, tmp_
         train = as_run.dataflow.call("actor_train")
         assert as_run.training.old_logprobs == train.old_logprobs == "whole_batch", engine
         assert behaviour_forwards(train, as_run.models["actor"]) == 4
-        assert Estimator(as_run, profile=None).estimate(plan).calls["actor_train"].time_s == \
+        priced = Estimator(as_run, profile=None)
+        assert priced.estimate(priced.choice_of(options)).calls["actor_train"].time_s == \
             pytest.approx(ours + forward, rel=1e-9), engine
     assert priced_as(rollout, "verl").training.old_logprobs == priced_as(rollout, "areal").training.old_logprobs == \
         "rollout"

@@ -442,6 +442,110 @@ def test_a_long_tail_costs_its_tokens_over_the_slots_and_one_tail():
     assert continuous < fixed / 3
 
 
+def test_a_serving_engines_cache_at_its_memory_fraction_bounds_its_slots_by_hand():
+    """LLaMA 7B on an H100 (80 GiB) in tp 2, 512 rows of 1024 + 1024 tokens: a server taking 0.485
+    of the GPU keeps 0.485 x 85,899,345,920 = 41,661,182,771 bytes, less its weights (6,738,415,616
+    parameters over 2 GPUs in bf16: 6,738,415,616 bytes) and the activations it profiles (8192
+    tokens x 4096 x (10 + 24 / 2) x 2 / 8 = 184,549,376, and the logits of its 512 sequences,
+    512 x 32000 x 4 / 2 = 32,768,000): 34,705,449,779 bytes of cache at 2 x 32 x 128 x 2 x 32 / 2
+    = 262,144 bytes a token, 132,390 tokens, 64 sequences of 2048 (all growing to the full width
+    together): priced as 64 slots exactly, and holding its 0.485 of the GPU."""
+    from realbench.cost.calls import call_cost, serving_cache_tokens, serving_slots, shard_params
+    from realbench.plan import load_scenario
+    from realbench.plan.mesh import Mesh, Option, Strategy
+    from realbench.plan.options import strategy_problem
+
+    s = load_scenario("ppo-7b-7b-16gpu")
+    model, cluster = s.models["actor"], s.cluster
+    assert cluster.device.memory_bytes == 85_899_345_920 and shard_params(model, 2, 1) * 2 == 6_738_415_616
+    mesh = Mesh(0, 1, 0, 2)
+    call = _gen(seqs=512, prompt=1024, gen=1024).model_copy(update={"memory_fraction": 0.485})
+    whole = Option(mesh, Strategy(1, 2, 1, 1))
+    cache = 0.485 * 85_899_345_920 - 6_738_415_616 - 184_549_376 - 32_768_000
+    assert serving_cache_tokens(call, model, cluster, 2, 512) == pytest.approx(cache / 262_144, rel=1e-12)
+    assert int(cache / 262_144) == 132_390 and serving_slots(call, model, cluster, whole) == 64
+    plain = call.model_copy(update={"memory_fraction": None})
+    assert serving_slots(plain, model, cluster, whole) == 512
+    served = call_cost(call, model, cluster, whole)
+    assert served.compute_s == call_cost(plain, model, cluster, Option(mesh, Strategy(1, 2, 1, 8))).compute_s
+    assert served.compute_s > 1.1 * call_cost(plain, model, cluster, whole).compute_s  # 512 slots: one wave
+    assert served.weights_bytes + served.working_bytes == pytest.approx(0.485 * 85_899_345_920, abs=1)
+    # a larger share holds more (0.9: 268,377 tokens, 131 sequences) and is capped at the plan's usable memory
+    more = call.model_copy(update={"memory_fraction": 0.9})
+    assert serving_slots(more, model, cluster, whole) == 131
+    big = call_cost(more, model, cluster, whole)
+    assert big.weights_bytes + big.working_bytes == pytest.approx(cluster.usable_memory_bytes, abs=1)
+    # responses of many lengths: the cache holds sequences of the prompt and a decoding row's mean age
+    tail = _gen(LengthDistribution(dist="lognormal", mean=256, cv=1.0, max=1024), seqs=512, prompt=1024,
+                gen=1024).model_copy(update={"memory_fraction": 0.485})
+    age = continuous_schedule(tail.lengths.cdf(), 512, 512, 4).age
+    assert 128 < age < 1024
+    assert serving_slots(tail, model, cluster, whole) == int(cache / 262_144 // (1024 + age)) > 64
+    # 0.085 of the GPU leaves (7,301,444,403 - 6,955,732,992) / 262,144 = 1,318 tokens: not one
+    # sequence, so the server does not start; in tp 4 it does
+    small = call.model_copy(update={"memory_fraction": 0.085})
+    field, why = strategy_problem(small, model, cluster, mesh, Strategy(1, 2, 1, 1))
+    assert field == "tp" and "holds 1318 tokens a replica of tp 2, fewer than one sequence of 2048" in why, why
+    assert call_cost(small, model, cluster, whole).working_bytes == float("inf")
+    assert strategy_problem(small, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 4, 1, 1)) is None
+    assert strategy_problem(call, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 2, 2, 1))[0] == "pp"
+
+
+def test_a_profiled_rollout_decodes_in_the_slots_its_servers_cache_holds():
+    """Priced from a profile, a server whose cache holds half its 8 slots' sequences (the share
+    that leaves exactly 4 x 16 tokens, and a half) decodes as 2 batches of 4 do; without the
+    cluster's memory its slots are refused, not guessed."""
+    from test_profile import synthetic_profile
+
+    from realbench.cost.calls import serving_cache_tokens, serving_slots
+    from realbench.cost.profiled import profiled_call_times
+    from realbench.plan import load_scenario
+    from realbench.plan.mesh import Mesh, Option, Strategy
+
+    prof = synthetic_profile()
+    s = load_scenario("ppo-tiny-2cpu")
+    call, model, cluster = s.dataflow.call("actor_gen"), s.models["actor"], s.cluster
+    whole, halves = Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 1)), Option(Mesh(0, 1, 0, 1), Strategy(1, 1, 1, 2))
+    tokens = {f: serving_cache_tokens(call.model_copy(update={"memory_fraction": f}), model, cluster, 1, 8)
+              for f in (0.5, 1.0)}
+    per_share = (tokens[1.0] - tokens[0.5]) / 0.5  # (the cache grows linearly with the share)
+    share = 1.0 - (tokens[1.0] - 4.5 * call.seq_len) / per_share
+    served = call.model_copy(update={"memory_fraction": share})
+    assert serving_slots(served, model, cluster, whole) == 4
+    assert profiled_call_times(served, model, [whole], prof, cluster=cluster) == \
+        pytest.approx(profiled_call_times(call, model, [halves], prof, cluster=cluster), rel=1e-12)
+    assert profiled_call_times(served, model, [whole], prof, cluster=cluster)[0] > \
+        profiled_call_times(call, model, [whole], prof, cluster=cluster)[0]
+    with pytest.raises(ValueError, match="need the cluster's memory"):
+        profiled_call_times(served, model, [whole], prof)
+
+
+def test_a_memory_fraction_is_an_engines_and_each_engine_prices_its_own_default(cli, tmp_path):
+    """realbench's runtime keeps a cache for every slot: a scenario without an engine that gives
+    its rollout a memory fraction is refused in one line; priced as an engine, a scenario that
+    gives none takes the engine's default configuration's (verl 0.5, OpenRLHF's quick-start 0.5,
+    AReaL 0.9), one that gives its own keeps it."""
+    from realbench.engines import priced_as
+    from realbench.plan import load_scenario
+
+    path = tmp_path / "my tail.yaml"
+    path.write_text(TAIL_SCENARIO.replace("sync_every: 8", "sync_every: 8, memory_fraction: 0.6"))
+    code, out, err = cli("validate", path)
+    assert code == 2 and "dataflow.memory_fraction" in err and "realbench's runtime keeps a cache" in err, err
+    assert len(err.strip().splitlines()) == 1
+    path.write_text(TAIL_SCENARIO.replace("sync_every: 8", "sync_every: 8, memory_fraction: 1.5"))
+    code, out, err = cli("validate", path)
+    assert code == 2 and "memory_fraction: 1.5" in err and "(0, 1]" in err, err
+    s = load_scenario("grpo-7b-16gpu")
+    assert s.dataflow.call("actor_gen").memory_fraction is None
+    for engine, default in (("verl", 0.5), ("openrlhf", 0.5), ("areal", 0.9)):
+        as_run = priced_as(s, engine)
+        assert as_run.dataflow.call("actor_gen").memory_fraction == default
+        mine = priced_as(as_run.with_memory_fraction(0.7), engine)
+        assert mine.dataflow.call("actor_gen").memory_fraction == 0.7
+        assert all(c.memory_fraction is None for c in mine.dataflow.calls if c.name != "actor_gen")
+
+
 # -- the scenario, the timeline, the run ------------------------------------------------------------
 TAIL_SCENARIO = """
 schema: realbench.scenario/1

@@ -49,7 +49,9 @@ the output gradient and the inputs, writes the input gradients), as it does twic
   * generate without pipeline parallelism: continuous batching (realbench.runtime.rollout), a
     replica's rows through ceil(rows / m) decode slots; the decode steps are the expected
     makespan of the rows' lengths over the slots (realbench.dataflow.lengths.continuous_makespan),
-    each step computing every slot; the KV cache holds every slot at the full width.
+    each step computing every slot; the KV cache holds every slot at the full width. An engine's
+    serving engine (`memory_fraction`) decodes in at most as many slots as its paged cache holds
+    at the mean resident length (`serving_slots`), and holds its fraction of the device whole.
   * generate on a pipeline: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
     small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
@@ -85,6 +87,9 @@ FP32 = 4
 ADAM_BYTES_MOVED_PER_PARAM = 36  # read grads, master, m, v; write master, m, v, bf16 weights
 SCORE_BYTES = 13  # a materialized attention score's round trips (see the module doc)
 LOGIT_BYTES = 14  # a logit's, in the fp32 log-softmax over the vocabulary
+# the tokens of the forward a serving engine profiles for its activations: its chunked prefill's
+# budget (vLLM's max_num_batched_tokens, verl's default 8192; SGLang's chunked_prefill_size)
+SERVED_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,16 +278,56 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 
+def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int, slots: int) -> float:
+    """The tokens a replica's paged KV cache holds where an engine's serving engine takes
+    `call.memory_fraction` f of each GPU's memory: f x the device's memory, less the shard's
+    weights and the activations of a forward of SERVED_TOKENS tokens (the chunked prefill it
+    profiles) with logits for its `slots` sequences, over one token's keys and values on a GPU.
+    vLLM: the requested memory (total x gpu_memory_utilization) less the profiled non-KV memory
+    (vllm/v1/worker/gpu_worker.py, determine_available_memory); SGLang: the memory free after
+    loading the weights less total x (1 - mem_fraction_static) (model_executor/model_runner.py,
+    profile_max_num_token), its activations in that rest (counted here inside the fraction, as
+    vLLM counts them: a few percent of the cache)."""
+    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+    activations = _activation_bytes(model, tp, SERVED_TOKENS) * 2 / 8 + _logits_bytes(model, tp, slots)
+    free = call.memory_fraction * cluster.device.memory_bytes - weights - activations
+    return max(free, 0.0) / (model.kv_bytes_per_token_layer() * model.n_layers / tp)
+
+
+def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> int:
+    """The sequences a replica decodes together: its `decode_slots` (an engine's max_num_seqs),
+    or, where a serving engine's paged KV cache (`call.memory_fraction`: serving_cache_tokens)
+    holds fewer, as many as it holds: the server admits a sequence while its cache has room and
+    preempts one when the growing sequences outrun it, so the cache runs full with sequences of
+    the mean resident length, the prompt and a decoding row's mean age (length-biased, half done:
+    continuous_schedule's `age`); responses of one length grow together to the full width. The
+    preemptions' recomputation is not priced (documents.serving_gap)."""
+    slots = decode_slots(call, option)
+    if call.memory_fraction is None:
+        return slots
+    from realbench.dataflow.lengths import continuous_schedule
+
+    tokens = serving_cache_tokens(call, model, cluster, option.strategy.tp, slots)
+    if call.lengths is None:
+        held = float(call.seq_len)
+    else:
+        held = call.prompt_len + continuous_schedule(call.lengths.cdf(), call.seqs / option.strategy.dp, slots,
+                                                     call.sync_steps, call.gen_len).age
+    return max(1, min(slots, int(tokens // held)))
+
+
 def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> CallCost:
     """Generation by continuous batching (pp = 1, realbench.runtime.rollout): the replica's rows
-    through `decode_slots` slots, `continuous_schedule`'s decode steps, each computing its slots
+    through `serving_slots` slots, `continuous_schedule`'s decode steps, each computing its slots
     (all of them until the slots drain) against the prompt plus a slot row's mean age, and its
-    batched prefills; the KV cache is preallocated for every slot at the full width."""
+    batched prefills; the KV cache is preallocated for every slot at the full width, or, by an
+    engine's serving engine, the fraction of the device it takes is held whole (at most the
+    plan's usable memory: the engine keeps its own headroom inside the fraction)."""
     from realbench.dataflow.lengths import continuous_schedule
 
     s = option.strategy
     tp, layers, P = s.tp, model.n_layers, call.prompt_len
-    slots = decode_slots(call, option)
+    slots = serving_slots(call, model, cluster, option)
     plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / s.dp, slots,
                                call.sync_steps, call.gen_len)
     g = plan.prefill_rows
@@ -292,9 +337,16 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
                + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
     weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
-    kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
-    working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)
-    return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights), int(working))
+    if call.memory_fraction is not None and \
+            serving_cache_tokens(call, model, cluster, tp, decode_slots(call, option)) < call.seq_len:
+        working = math.inf  # the server does not start (options.serving_problem): no plan holds it
+    elif call.memory_fraction is not None:
+        working = max(min(call.memory_fraction * cluster.device.memory_bytes, cluster.usable_memory_bytes) - weights, 0)
+    else:
+        kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
+        working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)
+    return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights),
+                    working if math.isinf(working) else int(working))
 
 
 def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, option: Option,

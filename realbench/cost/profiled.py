@@ -37,10 +37,11 @@ from typing import Optional
 import numpy as np
 
 from realbench.dataflow import CallDef, CallKind
+from realbench.hardware import ClusterSpec
 from realbench.hardware.profile import Profile
 from realbench.models import ModelSpec, stage_layers
 from realbench.plan.mesh import Mesh, Option, Strategy
-from realbench.cost.calls import behaviour_forwards
+from realbench.cost.calls import behaviour_forwards, serving_slots
 
 TENSORS_PER_BLOCK = 9  # two norms, q, k, v, o, gate, up, down
 
@@ -56,9 +57,11 @@ def profiled_call_time(call: CallDef, model: ModelSpec, option: Option, profile:
     return profiled_call_times(call, model, [option], profile)[0]
 
 
-def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile, alone: bool = False) -> list[Optional[float]]:
+def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profile, alone: bool = False,
+                        cluster: Optional[ClusterSpec] = None) -> list[Optional[float]]:
     """profiled_call_time of each option, each layout's call_factor worked out once; `alone`: as
-    if the call's processes were the only busy ones (see call_factor)."""
+    if the call's processes were the only busy ones (see call_factor). `cluster`: the plan's, whose
+    devices' memory bounds an engine's serving engine's decode slots (calls.serving_slots)."""
     # the profile measures blocks without LoRA adapters (whose backward has no weight gradients
     # for the base): a LoRA model's calls are the analytic model's
     found = None if call.kind == CallKind.FUNCTION or getattr(model, "lora", None) else profile.model_for(model)
@@ -67,7 +70,7 @@ def profiled_call_times(call: CallDef, model: ModelSpec, options, profile: Profi
     factors: dict[tuple[int, int, int], float] = {}
     out = []
     for option in options:
-        t = _composed(call, model, option, profile, found[0])
+        t = _composed(call, model, option, profile, found[0], cluster)
         if t is not None:
             s = option.strategy
             layout = (s.tp, s.pp, s.micro_batches)
@@ -111,7 +114,8 @@ def call_factor(profile: Profile, name: str, model: ModelSpec, kind: CallKind, t
     return float(np.interp(math.log(micro_batches), counts, ratios))
 
 
-def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile, name: str) -> Optional[float]:
+def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile, name: str,
+              cluster: Optional[ClusterSpec] = None) -> Optional[float]:
     """The call composed from the profile's operations (see the module's docstring)."""
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
@@ -173,11 +177,12 @@ def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile,
                 return max(running * m * max(per), any_running * (sum(per) + loop_back))
 
             if pp == 1:  # continuous batching (realbench.cost.calls._continuous_generate)
-                from realbench.plan.options import decode_slots
                 from realbench.dataflow.lengths import continuous_schedule
 
+                if call.memory_fraction is not None and cluster is None:
+                    raise ValueError(f"call {call.name!r}: a serving engine's decode slots need the cluster's memory")
                 plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / dp,
-                                           decode_slots(call, option),
+                                           serving_slots(call, model, cluster, option),
                                            call.sync_steps, G)
                 g = plan.prefill_rows
                 pre = op("embed.fwd", g, P) + layers[0] * op("block.fwd", g, P) + op(f"{head}.fwd", g, 1) \

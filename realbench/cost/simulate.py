@@ -295,10 +295,11 @@ class Estimator:
         measured = 0
         alone = [x.time_s for x in costs]
         if self.profile is not None:
-            times = profiled_call_times(c, model, options, self.profile)
+            times = profiled_call_times(c, model, options, self.profile, cluster=self.cluster)
             costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
             measured = sum(t is not None for t in times)
-            alone = profiled_call_times(c, model, options, self.profile, alone=True) if self.contended else times
+            alone = (profiled_call_times(c, model, options, self.profile, alone=True, cluster=self.cluster)
+                     if self.contended else times)
             alone = [x.time_s if t is None else t for x, t in zip(costs, alone)]
         own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
         scale = self.call_scale.get(c.name, 1.0)

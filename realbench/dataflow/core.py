@@ -77,6 +77,11 @@ class CallDef(FileModel):
     # reads of which rows ended, and between refills of the freed slots (each waits for the next);
     # None: SYNC_EVERY (`sync_steps`)
     sync_every: Optional[int] = Field(default=None, ge=1)
+    # generate by an engine's serving engine (a scenario's engine): the fraction of each GPU's
+    # memory it takes (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static), its weights
+    # and a paged KV cache in the rest, which bounds the sequences that decode together
+    # (realbench.cost.calls.serving_slots); None: realbench's rollout, a cache for every slot
+    memory_fraction: Optional[float] = Field(default=None, gt=0, le=1)
     # inference with the model's LoRA adapters switched off: its frozen base (the reference of a
     # policy trained with LoRA, as TRL and verl compute it), which never needs new weights
     adapters: bool = True
@@ -89,6 +94,8 @@ class CallDef(FileModel):
     def _check(self) -> "CallDef":
         if self.sync_every is not None and self.kind != CallKind.GENERATE:
             raise ValueError(f"sync_every is only for generate calls (this is a {self.kind.value} call)")
+        if self.memory_fraction is not None and self.kind != CallKind.GENERATE:
+            raise ValueError(f"memory_fraction is only for generate calls (this is a {self.kind.value} call)")
         if self.kind == CallKind.GENERATE:
             if not 0 < self.gen_len < self.seq_len:
                 raise ValueError(f"gen_len must be in 1..seq_len-1 for a generate call "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from realbench.engines import areal, openrlhf, verl
+from realbench.dataflow import CallKind
 from realbench.engines.documents import packs
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
@@ -108,8 +109,12 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
 def priced_as(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as `engine` runs it: the cost model prices what the engine does differently
     (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine,
-    the old log-probabilities as the engine takes them (`old_logprobs`), and rows packed as it
-    packs them (`padding_free`)."""
+    the old log-probabilities as the engine takes them (`old_logprobs`), rows packed as it
+    packs them (`padding_free`), and its rollout's serving engine taking the scenario's share of
+    each GPU's memory, or the engine's default share (the module's MEMORY_FRACTION)."""
+    fraction = {c.memory_fraction for c in scenario.dataflow.calls if c.kind == CallKind.GENERATE}
+    if None in fraction:
+        scenario = scenario.with_memory_fraction(engine_module(engine).MEMORY_FRACTION)
     packed = padding_free(scenario, engine)
     # (models kept padded apart from the others: the engine's own setting, verl's; another engine has one)
     padded_apart = bool(scenario.training.padded_models) and scenario.engine != engine

@@ -33,7 +33,10 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
 * **Generation**: SGLang or vLLM servers, each decoding up to `sglang.max_running_requests`
   (`vllm.max_num_seqs`) sequences, of the `rollout.max_concurrent_rollouts` prompt groups in
   flight (default the consumer batch; infra/workflow_executor.py:761-765) spread over the servers
-  round robin (rollout_controller.py:778-802).
+  round robin (rollout_controller.py:778-802); fewer where a server's paged KV cache, in its
+  `sglang.mem_fraction_static` (`vllm.gpu_memory_utilization`) share of each GPU, holds fewer
+  (SERVER_MEMORY). Servers with a pipeline (`p` > 1) are refused: realbench prices a server's
+  continuous batching without one.
 * **Calls**: the rollout runs on its own GPUs, up to `rollout.max_head_offpolicyness` (η) versions
   ahead of training (infra/staleness_manager.py:69-113: realbench's `max_staleness`; η 0 waits
   for each step); rewards are a Python function in the rollout workers (workflow/rlvr.py:95-108);
@@ -95,6 +98,11 @@ TRAINERS = ("fsdp", "megatron")
 SERVERS = ("sglang", "vllm")
 SERVER_SLOTS = {"sglang": "sglang.max_running_requests", "vllm": "vllm.max_num_seqs"}
 SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weights each server loads first
+# the share of each GPU's memory a server takes (api/cli_args.py: SGLangConfig.mem_fraction_static,
+# vLLMConfig.gpu_memory_utilization, both 0.9): the generation call's memory_fraction, AReaL's default
+# where a scenario gives none
+SERVER_MEMORY = {"sglang": "sglang.mem_fraction_static", "vllm": "vllm.gpu_memory_utilization"}
+MEMORY_FRACTION = 0.9
 PRICING_GAPS = ("generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill",
                 serving_gap("max_running_requests (SGLang) or max_num_seqs (vLLM)",
@@ -134,9 +142,9 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
             "rollout.scheduling_spec", "rollout.request_timeout", "rollout.request_retries", "rollout.setup_timeout",
             "rollout.pause_grace_period", "rollout.queue_size", "rollout.consumer_batch_size",
             "sglang.model_path", "sglang.random_seed", "sglang.skip_tokenizer_init", "sglang.dtype",
-            "sglang.context_length", "sglang.mem_fraction_static", "sglang.log_level", "sglang.disable_radix_cache",
+            "sglang.context_length", "sglang.log_level", "sglang.disable_radix_cache",
             "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype", "vllm.max_model_len",
-            "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.no_enable_prefix_caching",
+            "vllm.enforce_eager", "vllm.no_enable_prefix_caching",
             # the servers' side of the actor's LoRA (what the adapters need there, not a cost of their own)
             "rollout.use_lora", "sglang.enable_lora", "sglang.max_lora_rank", "vllm.enable_lora", "vllm.max_lora_rank",
             "gconfig.lora_name")
@@ -162,7 +170,7 @@ READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.
         "vllm.max_num_seqs", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.max_tokens",
         "train_dataset.batch_size", "train_dataset.max_length", "actor.ppo_n_minibatches",
         "actor.reward_norm.mean_leave1out", "actor.use_lora", "actor.peft_type", *LORA_KEYS.values(),
-        *OLD_LOGPROBS_KEYS}
+        *OLD_LOGPROBS_KEYS, *SERVER_MEMORY.values()}
 
 
 @lru_cache(maxsize=1)
@@ -436,8 +444,18 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
         epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref,
-        old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"], padding_free=PADDING_FREE)
+        old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"], padding_free=PADDING_FREE,
+        memory_fraction=_memory_fraction(s, server["backend"], source))
     return scenario, plan
+
+
+def _memory_fraction(s: dict[str, Any], server: str, source: str) -> float:
+    """The share of each GPU's memory the rollout's servers take (SERVER_MEMORY)."""
+    key = SERVER_MEMORY[server]
+    if s[key] is None:  # (SGLang then picks its own by the GPU's memory)
+        raise ConfigError("is not set: SGLang then chooses its own share of the GPU's memory, which realbench needs to "
+                          "price the servers' KV cache (give a number)", key, source)
+    return float(s[key])
 
 
 def _old_logprobs(s: dict[str, Any], source: str) -> str:
@@ -579,6 +597,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError(f"{gen.micro_batches} batches do not split a server's share of {rows} samples evenly",
                           "calls.actor_gen.micro_batches")
     out[SERVER_SLOTS[server]] = rows // gen.dp // gen.micro_batches
+    out[SERVER_MEMORY[server]] = g.memory_fraction or MEMORY_FRACTION
     out["rollout.max_concurrent_rollouts"] = prompts
     if "ref_inf" in options:
         beta = scenario.training.beta_for(scenario.algorithm)
@@ -772,7 +791,8 @@ def configurations(scenario: Scenario) -> Iterator[dict[str, Option]]:
 # (a model larger than the example's 1.5B: servers of the fewest GPUs that hold it, see default_plan), at
 # the scenario's staleness (the example generates two versions ahead); the default: the same on the paper's split
 # (arXiv 2505.24298 §5: three quarters of the GPUs generate)
-EXAMPLE = {"source": "AReaL examples/math/gsm8k_grpo.yaml (v1.0.4)", "settings": {"rollout_share": 0.5}}
+EXAMPLE = {"source": "AReaL examples/math/gsm8k_grpo.yaml (v1.0.4)", "settings": {"rollout_share": 0.5},
+           "memory_fraction": 0.8}  # (its sglang.mem_fraction_static)
 
 
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:

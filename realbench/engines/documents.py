@@ -10,22 +10,24 @@ from realbench.errors import ConfigError
 
 def serving_gap(slots: str, memory: str) -> str:
     """The pricing gap every engine's rollout shares: a replica decodes up to `slots` sequences
-    together (continuous batching), and its paged KV cache, sized by `memory` (the fraction of the
-    GPU the serving engine takes), may hold fewer: the server then admits fewer or preempts."""
-    return (f"a rollout replica is priced decoding up to {slots} sequences together; where its KV cache at "
-            f"{memory} holds fewer (the weights, and the sequences' tokens as they grow), the server admits fewer "
-            "and preempts, which realbench does not price")
+    together (continuous batching), or as many as its paged KV cache, sized by `memory` (the
+    fraction of the GPU the serving engine takes), holds at their mean length
+    (realbench.cost.calls.serving_slots); what the server does when the growing sequences outrun
+    the cache is not priced."""
+    return (f"a rollout replica is priced decoding up to {slots} sequences together, or as many as its KV cache at "
+            f"{memory} holds at their mean length; where the growing sequences outrun it, the server preempts some "
+            "and recomputes them from their prompts and tokens so far, which realbench does not price")
 
 
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
                   padding_free: bool, max_staleness: int = 0, with_ref: bool = True,
-                  padded_models: tuple[str, ...] = ()) -> tuple[dict, dict]:
+                  padded_models: tuple[str, ...] = (), memory_fraction: Optional[float] = None) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
     old log-probabilities from (realbench.dataflow.core.OldLogprobs); `padding_free` whether it packs
     the rows of its scoring and training calls without padding (but `padded_models`' calls, which keep
-    theirs); `rollout_server` its rollout's
+    theirs); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes; `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -48,6 +50,8 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
         dataflow["with_ref"] = False
     if max_staleness:
         dataflow["max_staleness"] = max_staleness
+    if memory_fraction is not None:
+        dataflow["memory_fraction"] = memory_fraction
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
                 "rollout_server": rollout_server,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,

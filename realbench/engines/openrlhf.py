@@ -36,7 +36,8 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   micro-batches at least as many (realbench's plans split a GPU's rows evenly).
 * **The rollout is vLLM** (no other generation, trainer/ppo_utils/samples_generator.py:195-241),
   max_num_seqs not set: vLLM's default for an engine built from AsyncEngineArgs
-  (SchedulerConfig.DEFAULT_MAX_NUM_SEQS, 128) sequences decode together per engine.
+  (SchedulerConfig.DEFAULT_MAX_NUM_SEQS, 128) sequences decode together per engine, or as many as
+  its paged KV cache holds in its `--vllm.gpu_memory_utilization` share of each GPU (MEMORY).
 * **Calls**: generation, then the experience maker's forwards (reward, the actor's old
   log-probabilities, values, reference) each on its group, concurrently where the groups are
   disjoint and one after another where colocated (experience_maker.py:113-233); then the critic's
@@ -98,6 +99,12 @@ MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
+# the share of each GPU's memory a vLLM engine takes (cli/train_ppo_ray.py:76, 251-255, default 0.95;
+# trainer/ray/vllm_engine.py:276): the generation call's memory_fraction, read as the command line gives
+# it; where a scenario gives none, the 0.5 of the hybrid engine's quick-start (examples/scripts/
+# train_ppo_ray_hybrid_engine.sh), realbench's default configuration of OpenRLHF (default_plan)
+MEMORY = "vllm.gpu_memory_utilization"
+MEMORY_FRACTION = 0.5
 # (the actor's old-log-probability forward runs beside the reference's and critic's: priced so,
 # realbench.cost.simulate.EARLY_OLD_LOGPROBS_ENGINES)
 PRICING_GAPS = ("the weights reach vLLM tensor by tensor (a Ray call each); realbench prices the bytes, not the calls",
@@ -141,7 +148,7 @@ NEUTRAL = ("actor.model_name_or_path", "critic.model_name_or_path", "reward.mode
            "actor.muon.", "critic.muon.", "algo.kl.", "algo.advantage.gamma", "algo.advantage.lambd",
            "algo.advantage.no_std_norm", "algo.advantage.is_correction", "reward.clip_range", "reward.normalize",
            "reward.overlong", "reward.stop_properly_penalty", "rollout.temperature", "rollout.top_p",
-           "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_backend",
+           "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_backend",
            "vllm.enable_sleep", "ds.param_dtype", "ds.attn_implementation",
            "ds.overlap_comm", "ds.grad_accum_dtype", "ds.disable_fast_tokenizer", "ds.zpg", "critic.save_value_network",
            "critic.freezing_steps", "actor.value_head_prefix", "critic.value_head_prefix", "reward.value_head_prefix",
@@ -166,7 +173,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
         "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout",
-        PACKING, SLEEP, ADAM_OFFLOAD}
+        PACKING, SLEEP, ADAM_OFFLOAD, MEMORY}
 
 
 @lru_cache(maxsize=1)
@@ -506,7 +513,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch",
                          # (dynamic batching turns packing on: cli/train_ppo_ray.py:691-694)
-                         rollout_server="vllm", padding_free=bool(s[PACKING]) or dynamic)
+                         rollout_server="vllm", padding_free=bool(s[PACKING]) or dynamic, memory_fraction=s[MEMORY])
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -648,7 +655,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 "ref.num_nodes": shape(R)[0], "ref.num_gpus_per_node": shape(R)[1],
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
-                "ds.zero_stage": zero, "ds.tensor_parallel_size": T, SLEEP: sleep,
+                MEMORY: df.call("actor_gen").memory_fraction or MEMORY_FRACTION, "ds.zero_stage": zero,
+                "ds.tensor_parallel_size": T, SLEEP: sleep,
                 ADAM_OFFLOAD: host_adam,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
     if critic:
@@ -919,7 +927,8 @@ def _fit(value: int, total: int) -> int:
 # without a critic, actor+ref the half) as the example; ZeRO-3, gradient checkpointing, micro-batches of 8
 # samples to train and 16 to infer (lowered to divide the job's where they do not); the slurm script's
 # --ds.adam_offload (CPU Adam) with it
-EXAMPLE = {"source": "OpenRLHF examples/scripts/train_ppo_ray_slurm.sh (v0.11.0)", "settings": {"layout": "split"}}
+EXAMPLE = {"source": "OpenRLHF examples/scripts/train_ppo_ray_slurm.sh (v0.11.0)", "settings": {"layout": "split"},
+           "memory_fraction": 0.95}  # (the script sets none: the flag's default)
 
 
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
@@ -949,7 +958,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
             "--algo.advantage.estimator", {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
             "--actor.model_name_or_path", "actor"]
     argv += ["--train.colocate_actor_ref", "--ds.adam_offload"] if split else [
-        "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
+        "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep", "--vllm.gpu_memory_utilization", MEMORY_FRACTION]
     argv += [] if "ref_inf" in df.call_names else ["--algo.kl.init_coef", 0]  # no KL term: no reference
     argv += ["--train.async_enable", "--train.async_queue_size", staleness] if staleness else []
     if critic:

@@ -28,7 +28,9 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   from the actor's workers, workers/rollout/llm_server.py:434-460): `tensor_model_parallel_size`
   per replica, GPUs / tp replicas, no pipeline parallelism (workers/config/rollout.py:319-323); a
   replica's GPUs fit a node or span whole nodes (workers/rollout/replica.py:107-117).
-  `max_num_seqs` sequences decode together per replica.
+  `max_num_seqs` sequences decode together per replica, or as many as the server's paged KV cache
+  holds in its `gpu_memory_utilization` share of each GPU (MEMORY: the generation call's
+  memory_fraction, realbench.cost.calls.serving_slots).
 * **Calls one after another** (trainer/ppo/v1/trainer_base.py:562-612: generate, reward,
   old log-probs, reference, values, advantages, critic update, actor update, weight sync), which
   is what realbench's simulator does with calls that share every GPU.
@@ -71,7 +73,8 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
 all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
-max_num_seqs slots a replica (realbench.runtime.rollout prices what vLLM does), the reference's
+max_num_seqs slots a replica, fewer where its KV cache holds fewer (realbench.runtime.rollout
+prices what vLLM does; the server holds its memory share while it generates), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
 workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call) and under Megatron
 where its `param_offload` says so (loaded whole for its call and sent back after it), the actor's or
@@ -148,6 +151,12 @@ OLD_LOGPROBS = ("whole_batch", "rollout")
 OLD_LOGPROBS_HOW = "from a forward of the actor over the whole batch, or the rollout's (bypass_mode)"
 BYPASS = "algorithm.rollout_correction.bypass_mode"
 SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one for the reward model too)
+# the share of each GPU's memory the rollout's server takes, vLLM's gpu_memory_utilization or SGLang's
+# mem_fraction_static (workers/rollout/vllm_rollout/vllm_async_server.py:340,
+# sglang_rollout/async_sglang_server.py:317): the generation call's memory_fraction, verl's default
+# where a scenario gives none
+MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+MEMORY_FRACTION = 0.5
 
 A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 # the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
@@ -216,7 +225,7 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            f"{A}.grad_clip", "critic.grad_clip", "critic.cliprange_value", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
            "algorithm.kl_ctrl.", "algorithm.kl_penalty", "algorithm.gamma", "algorithm.lam",
            "algorithm.norm_adv_by_std_in_grpo", f"{R}.temperature", f"{R}.top_p", f"{R}.top_k",
-           f"{R}.val_kwargs.", f"{R}.gpu_memory_utilization", f"{R}.enforce_eager", f"{R}.free_cache_engine",
+           f"{R}.val_kwargs.", f"{R}.enforce_eager", f"{R}.free_cache_engine",
            f"{R}.enable_chunked_prefill", f"{R}.enable_prefix_caching", f"{R}.max_num_batched_tokens",
            f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
            f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu",
@@ -422,7 +431,7 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
         "critic.ppo_infer_max_token_len_per_gpu", "critic.use_dynamic_bsz",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", f"{R}.n", f"{R}.tensor_model_parallel_size",
-        f"{R}.max_num_seqs", f"{R}.prompt_length", f"{R}.response_length",
+        f"{R}.max_num_seqs", MEMORY, f"{R}.prompt_length", f"{R}.response_length",
         "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
         *REMOVE_PADDING, f"{A}.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward",
         "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", REF_MEGATRON_OFFLOAD, *(
@@ -647,7 +656,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          cluster={"nodes": nodes + (pool.nodes if pool else 0), "gpus_per_node": per_node,
                                   "device": device}, epochs=epochs,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
-                         rollout_server=server, padding_free=padding_free, padded_models=padded)
+                         rollout_server=server, padding_free=padding_free, padded_models=padded,
+                         memory_fraction=s[MEMORY])
 
 
 POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
@@ -860,7 +870,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
-        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
+        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches), MEMORY: g.memory_fraction or MEMORY_FRACTION,
         f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
     }
     ref = "actor_rollout_ref.ref"
@@ -1103,7 +1113,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
 EXAMPLE = {"source": "verl examples/{grpo,ppo}_trainer/run_qwen3_8b_fsdp.sh (main@1dda039)",
            "settings": {f"{R}.tensor_model_parallel_size": 2, f"{R}.gpu_memory_utilization": 0.6,
                         f"{A}.use_dynamic_bsz": True, f"{A}.ppo_max_token_len_per_gpu": 24576,
-                        "critic.use_dynamic_bsz": True}}
+                        "critic.use_dynamic_bsz": True}, "memory_fraction": 0.6}
 
 
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:

@@ -104,6 +104,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             "lora_merge": arr.model.lora.get("merge", False), "lora_adapter_path": arr.model.get("lora_adapter_path"),
             # the old log-probabilities: the rollout's (bypass, which needs them returned) or a forward's
             "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode), "rollout_name": rollout.name,
+            # the share of each GPU's memory the rollout's server takes (realbench's memory_fraction)
+            "memory_fraction": rollout.gpu_memory_utilization,
             "calculate_log_probs": rollout.calculate_log_probs,
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": arr.actor.optim.lr, "train_files": OmegaConf.to_container(cfg.data.train_files)

@@ -158,9 +158,14 @@ class Scenario(DerivedValues):
             v = {**v, "gen_len": gen_len}
         staleness = None
         if isinstance(v, dict) and "algorithm" in v:
-            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness", "sync_every")}
+            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness", "sync_every", "memory_fraction")}
             staleness = v.get("max_staleness")
             sync_every = v.get("sync_every")
+            fraction = v.get("memory_fraction")
+            if fraction is not None and (not isinstance(fraction, (int, float)) or isinstance(fraction, bool)
+                                         or not 0 < fraction <= 1):
+                raise ConfigError(f"{fraction!r}: the share of each GPU's memory the rollout's serving engine takes "
+                                  "must be a number in (0, 1]", "memory_fraction")
             if sync_every is not None and (not isinstance(sync_every, int) or isinstance(sync_every, bool)
                                            or sync_every < 1):
                 raise ConfigError(f"{sync_every!r}: the decode steps between the host's reads of which rows ended "
@@ -171,9 +176,10 @@ class Scenario(DerivedValues):
             v = build_algorithm(v["algorithm"], **args)
             if staleness is not None:
                 v = {**v.model_dump(), "max_staleness": staleness}
-            if sync_every is not None:
+            generation = {k: x for k, x in (("sync_every", sync_every), ("memory_fraction", fraction)) if x is not None}
+            if generation:
                 v = validate_model(Dataflow, v) if isinstance(v, dict) else v
-                v = v.with_calls([c.model_copy(update={"sync_every": sync_every}) if c.kind == CallKind.GENERATE else c
+                v = v.with_calls([c.model_copy(update=generation) if c.kind == CallKind.GENERATE else c
                                   for c in v.calls])
         if lengths is not None:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
@@ -217,6 +223,11 @@ class Scenario(DerivedValues):
         if self.rollout_server and not self.engine:
             raise ConfigError("the serving engine of an engine's rollout: a scenario of realbench's own runtime "
                               "generates with its own engine (leave it out, or give engine:)", "rollout_server")
+        served = [c.name for c in self.dataflow.calls if c.memory_fraction is not None]
+        if served and not self.engine:
+            raise ConfigError(f"the share of each GPU's memory an engine's serving engine takes (call {served[0]!r}): "
+                              "realbench's runtime keeps a cache for every decode slot (leave it out, or give engine:)",
+                              "dataflow.memory_fraction")
         if self.training.padding_free and not self.engine:
             raise ConfigError("realbench's runtime pads a micro-batch to its longest row: rows packed without "
                               "padding are an engine's (give engine:, or leave it out)", "training.padding_free")
@@ -331,6 +342,15 @@ class Scenario(DerivedValues):
         copy.__dict__.pop("options", None)  # (option sets hold the calls)
         return copy
 
+    def with_memory_fraction(self, fraction: Optional[float]) -> "Scenario":
+        """The scenario whose generation calls' serving engine takes `fraction` of each GPU's memory
+        (CallDef.memory_fraction; None: realbench's rollout)."""
+        flow = self.dataflow.with_calls([c.model_copy(update={"memory_fraction": fraction})
+                                         if c.kind == CallKind.GENERATE else c for c in self.dataflow.calls])
+        copy = self.model_copy(update={"dataflow": flow})
+        copy.__dict__.pop("options", None)  # (option sets hold the calls)
+        return copy
+
     def to_document(self) -> dict:
         return {"schema": SCENARIO_SCHEMA, **self.model_dump(mode="json", exclude_none=True)}
 
@@ -377,8 +397,9 @@ def _max_new_tokens(v: dict) -> dict:
 
 def algorithm_keys(algorithm: str) -> tuple[str, ...]:
     """The keys of `dataflow: {algorithm: NAME, ...}`: the builder's arguments, max_staleness and
-    the generation calls' sync_every."""
-    return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness", "sync_every")
+    the generation calls' sync_every and memory_fraction."""
+    return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness", "sync_every",
+            "memory_fraction")
 
 
 # The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.

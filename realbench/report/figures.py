@@ -152,7 +152,8 @@ def timeline_figure(scenario: Scenario, estimate: PlanEstimate, width: int = 640
     for r in rows:  # generation calls with a length distribution: the live batch shrinking
         call = scenario.dataflow.call(r["call"])
         if r["what"] == "generate" and call.lengths is not None and options and options[call.name].strategy.pp == 1:
-            xs, share = slots_busy_curve(call, options[call.name], r["start"], r["end"])
+            xs, share = slots_busy_curve(call, scenario.model_of(call), scenario.cluster, options[call.name],
+                                         r["start"], r["end"])
             p.step(xs, [(r["call"], -0.3 + 0.6 * y) for y in share], mode="after", line_color="black",
                    line_width=1.5, name=f"slots busy {r['call']}")
         elif r["what"] == "generate" and call.lengths is not None:
@@ -182,13 +183,15 @@ def live_batch_curve(call, start: float, end: float, points: int = 64) -> tuple[
     return xs, share
 
 
-def slots_busy_curve(call, option, start: float, end: float, points: int = 64) -> tuple[list[float], list[float]]:
+def slots_busy_curve(call, model, cluster, option, start: float, end: float, points: int = 64
+                     ) -> tuple[list[float], list[float]]:
     """A generation call's expected share of a replica's decode slots busy over its bar
     (continuous batching: realbench.dataflow.lengths.continuous_busy), scaled to the bar."""
-    from realbench.plan.options import decode_slots
+    from realbench.cost.calls import serving_slots
     from realbench.dataflow.lengths import continuous_busy
 
-    shares, busy = continuous_busy(call.lengths.cdf(), call.seqs / option.strategy.dp, decode_slots(call, option),
+    shares, busy = continuous_busy(call.lengths.cdf(), call.seqs / option.strategy.dp,
+                                   serving_slots(call, model, cluster, option),
                                    call.sync_steps, points)
     return [start + (end - start) * x for x in shares], busy
 
