@@ -284,6 +284,11 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         mode = scenario.training.old_logprobs
         assert c["logprob_forward"] is (mode == "whole_batch") and load_scenario(again["scenario"]).training.old_logprobs == mode
         assert c["use_decoupled_loss"] is (mode == "whole_batch" and scenario.dataflow.max_staleness > 0)
+        # the servers' share of each GPU's memory, as AReaL's config classes hold it: the one read (the
+        # example's 0.8), or the default a plan of a built-in job is written with
+        share = c["gpu_memory_utilization" if scenario.rollout_server == "vllm" else "mem_fraction_static"]
+        assert share == scenario.dataflow.call("actor_gen").memory_fraction == \
+            load_scenario(again["scenario"]).dataflow.call("actor_gen").memory_fraction
         # the servers AReaL parses are the ones read (vLLM or SGLang)
         assert c["allocations"]["rollout"]["backend"] == (scenario.rollout_server or "sglang") == \
             load_scenario(again["scenario"]).rollout_server

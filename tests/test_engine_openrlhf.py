@@ -192,6 +192,10 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
         if name in plan["calls"]:
             assert plan["calls"][name].get("offload_optimizer", False) is asleep
             assert plan["calls"][name].get("host_adam", False) is host
+    # vLLM's share of each GPU's memory: the script's (0.5), or the flag's default (0.95), read and written back
+    fraction = 0.5 if "hybrid" in config else 0.95
+    assert checked["gpu_memory_utilization"] == scenario["dataflow"]["memory_fraction"] == \
+        scenario_again["dataflow"]["memory_fraction"] == fraction
     assert plan_again["calls"] == plan["calls"]
     assert scenario_again["models"] == scenario["models"]
     if overrides == LORA:

@@ -3,6 +3,7 @@ realbench writes checked by verl's own code (composition, validate_config and it
 dataclasses) in verl's own environment (`make engines`: .venv-verl)."""
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -924,6 +925,28 @@ def test_a_plan_verl_cannot_run_is_refused_by_what_verl_cannot_do(cli, job):
                        "--out", job / "outside" / "preset-verl.yaml")
     assert code == 2 and err.count("\n") == 1, err
     assert "verl" in err and not (job / "outside" / "preset-verl.yaml").exists()
+
+
+def test_a_configuration_whose_rollout_server_cannot_start_does_not_fit():
+    """verl's example on the 70B job: rollout tp 2 at 0.6 of an 80 GiB GPU is 51.5 GB for 70 GB of
+    weights a GPU, no KV cache at all; compared with the engine's best it does not fit (inf), as
+    the server would not start; at tp 8 (17.6 GB of weights) the same share leaves a cache."""
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import get_builtin
+    from realbench.plan.mesh import Strategy
+    from realbench.plan.options import serving_problem
+    from realbench.search.engine import plan_time
+
+    scenario = get_builtin("ppo-70b-7b-128gpu")
+    example = verl.default_plan(scenario, verl.EXAMPLE["settings"])
+    assert example["actor_gen"].strategy.tp == 2
+    est = Estimator(priced_as(scenario.with_memory_fraction(verl.EXAMPLE["memory_fraction"]), "verl"))
+    assert plan_time(est, example) == math.inf
+    call = est.scenario.dataflow.call("actor_gen")
+    model, cluster = est.scenario.models["actor"], est.scenario.cluster
+    assert serving_problem(call, model, cluster, example["actor_gen"].strategy)[0] == "tp"
+    assert serving_problem(call, model, cluster, Strategy(16, 8, 1, 1)) is None
 
 
 def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):

@@ -525,7 +525,7 @@ def test_a_memory_fraction_is_an_engines_and_each_engine_prices_its_own_default(
     its rollout a memory fraction is refused in one line; priced as an engine, a scenario that
     gives none takes the engine's default configuration's (verl 0.5, OpenRLHF's quick-start 0.5,
     AReaL 0.9), one that gives its own keeps it."""
-    from realbench.engines import priced_as
+    from realbench.engines import as_example, priced_as
     from realbench.plan import load_scenario
 
     path = tmp_path / "my tail.yaml"
@@ -541,6 +541,11 @@ def test_a_memory_fraction_is_an_engines_and_each_engine_prices_its_own_default(
     for engine, default in (("verl", 0.5), ("openrlhf", 0.5), ("areal", 0.9)):
         as_run = priced_as(s, engine)
         assert as_run.dataflow.call("actor_gen").memory_fraction == default
+        # the engine's example, at its own share (verl's run_qwen3_8b_fsdp.sh 0.6, OpenRLHF's slurm script
+        # none: 0.95, AReaL's gsm8k_grpo.yaml 0.8)
+        example = as_example(s, engine)
+        assert example.dataflow.call("actor_gen").memory_fraction == {"verl": 0.6, "openrlhf": 0.95, "areal": 0.8}[engine]
+        assert example.engine == engine
         mine = priced_as(as_run.with_memory_fraction(0.7), engine)
         assert mine.dataflow.call("actor_gen").memory_fraction == 0.7
         assert all(c.memory_fraction is None for c in mine.dataflow.calls if c.name != "actor_gen")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from realbench.cost import Estimator
-from realbench.engines import ENGINES, priced_as
+from realbench.engines import ENGINES, as_example, priced_as
 from realbench.plan import get_builtin
 from realbench.search import run_search
 from realbench.search.engine import engine_search, plan_time
@@ -48,9 +48,8 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
             est_zero, own_zero = zero[job is scenario]
             best = engine_search(job, engine, "mcmc", budget_s, seed=seed)
             as_run = Estimator(priced_as(job, engine))  # what the engine runs, priced as it runs it
-            # (the example's rollout server takes the example's share of each GPU's memory)
-            as_example = Estimator(priced_as(job.with_memory_fraction(module.EXAMPLE["memory_fraction"]), engine))
-            example, default = plan_time(as_example, module.default_plan(scenario, module.EXAMPLE["settings"])), \
+            example, default = plan_time(Estimator(as_example(job, engine)),
+                                         module.default_plan(scenario, module.EXAMPLE["settings"])), \
                 plan_time(as_run, module.default_plan(scenario))
             finite = lambda t: t if math.isfinite(t) else None  # noqa: E731 (null: does not fit in memory)
             rows.append({

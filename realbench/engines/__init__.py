@@ -126,6 +126,13 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
     return scenario.with_padding_free(packed)
 
 
+def as_example(scenario: Scenario, engine: str) -> Scenario:
+    """The scenario as the engine's example configuration runs it (the module's EXAMPLE, whose plan
+    is its `default_plan` with the example's settings): priced_as, its rollout server taking the
+    example's share of each GPU's memory."""
+    return priced_as(scenario.with_memory_fraction(engine_module(engine).EXAMPLE["memory_fraction"]), engine)
+
+
 def padding_free(scenario: Scenario, engine: str) -> bool:
     """documents.packs with the engine's default (the module's PADDING_FREE)."""
     module = engine_module(engine)

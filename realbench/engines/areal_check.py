@@ -138,7 +138,9 @@ def validate(config: str, overrides: list[str]) -> dict:
                      "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora},
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": cfg.actor.optimizer.lr, "train_dataset": cfg.train_dataset.path,
-            "experiment_name": cfg.experiment_name}
+            "experiment_name": cfg.experiment_name,
+            # the servers' share of each GPU's memory (realbench's memory_fraction)
+            "mem_fraction_static": cfg.sglang.mem_fraction_static, "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization}
 
 
 def pack(capacity: int, min_groups: int, batches: list[list[int]], divisor: int = 1) -> list[list[int]]:

@@ -133,6 +133,8 @@ def validate(script: str) -> dict:
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": a.actor.adam.lr,
             "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples,
+            # vLLM's share of each GPU's memory (realbench's memory_fraction)
+            "gpu_memory_utilization": a.vllm.gpu_memory_utilization,
             # the DeepSpeed states offloaded between updates (realbench's offload_optimizer)
             "ds_enable_sleep": a.ds.enable_sleep, "vllm_enable_sleep": a.vllm.enable_sleep,
             # CPU Adam (realbench's host_adam): the flag, and where OpenRLHF's own DeepSpeed config
