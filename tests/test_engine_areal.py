@@ -342,6 +342,10 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["actor.mb_spec.packing_algorithm=kk"], "actor.mb_spec.packing_algorithm", "does not price"),
     (["actor.mb_spec.granularity=2"], "actor.mb_spec.granularity", "does not price"),
     (["rollout.backend=sglang:d1t16"], "rollout.backend", "spans nodes"),
+    (["rollout.backend=sglang:d2p2t1"], "rollout.backend", "without a pipeline"),
+    # the servers' share of each GPU's memory: unset (SGLang would choose), or too small for one sequence
+    (["sglang.mem_fraction_static=null"], "sglang.mem_fraction_static", "chooses its own share"),
+    (["sglang.mem_fraction_static=0.000001"], "calls.actor_gen.tp", "KV cache at memory fraction 1e-06 holds 0 tokens"),
     (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
     (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
       "critic.scheduling_strategy.target=actor"], "critic.ppo_n_minibatches", "the actor's optimizer steps"),

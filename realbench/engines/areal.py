@@ -349,6 +349,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           f"(actor.ppo_n_minibatches {s['actor.ppo_n_minibatches']})", "critic.ppo_n_minibatches",
                           source)
     W_a = actor["d"] * actor["t"] * actor["p"]
+    if server["p"] > 1:
+        raise ConfigError(f"{s['rollout.backend']!r}: realbench prices a server's continuous batching without a "
+                          "pipeline (p1)", "rollout.backend", source)
     instance = server["t"] * server["p"]
     if instance > G:
         raise ConfigError(f"{s['rollout.backend']!r}: a server of {instance} GPUs spans nodes of {G}; AReaL's single "
