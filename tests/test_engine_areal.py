@@ -345,7 +345,10 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["rollout.backend=sglang:d2p2t1"], "rollout.backend", "without a pipeline"),
     # the servers' share of each GPU's memory: unset (SGLang would choose), or too small for one sequence
     (["sglang.mem_fraction_static=null"], "sglang.mem_fraction_static", "chooses its own share"),
-    (["sglang.mem_fraction_static=0.000001"], "calls.actor_gen.tp", "KV cache at memory fraction 1e-06 holds 0 tokens"),
+    (["sglang.mem_fraction_static=0.000001"], "sglang.mem_fraction_static",
+     "1e-06: the serving engine's KV cache at memory fraction 1e-06 holds 0 tokens"),
+    (["rollout.backend=vllm:d4p1t1", "vllm.gpu_memory_utilization=0.000001"], "vllm.gpu_memory_utilization",
+     "holds 0 tokens"),
     (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
     (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
       "critic.scheduling_strategy.target=actor"], "critic.ppo_n_minibatches", "the actor's optimizer steps"),

@@ -222,6 +222,7 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
 
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
+    (("vllm.gpu_memory_utilization=0.000001",), "--vllm.gpu_memory_utilization", "the engine does not start"),
     (("ds.ring_attn_size=2",), "--ds.ring_attn_size", "does not price it"),
     (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
     (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),

@@ -389,6 +389,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "bypass_mode takes the rollout's log-probabilities"),
     (("algorithm.rollout_correction.rollout_is=token",), "algorithm.rollout_correction.rollout_is",
      "realbench does not price it"),
+    # a rollout server whose share of each GPU holds no whole sequence: it would not start
+    (("actor_rollout_ref.rollout.gpu_memory_utilization=0.000001",), "actor_rollout_ref.rollout.gpu_memory_utilization",
+     "fewer than one sequence of 192: the engine does not start"),
     # a rollout realbench does not write
     (("actor_rollout_ref.rollout.name=trtllm",), "actor_rollout_ref.rollout.name", "vllm and sglang rollouts"),
     (("actor_rollout_ref.rollout.name=???",), "actor_rollout_ref.rollout.name", "is not set: verl needs it"),

@@ -104,6 +104,7 @@ VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF s
 # it; where a scenario gives none, the 0.5 of the hybrid engine's quick-start (examples/scripts/
 # train_ppo_ray_hybrid_engine.sh), realbench's default configuration of OpenRLHF (default_plan)
 MEMORY = "vllm.gpu_memory_utilization"
+MEMORY_FLAG = f"--{MEMORY}"  # (as a refusal names it)
 MEMORY_FRACTION = 0.5
 # (the actor's old-log-probability forward runs beside the reference's and critic's: priced so,
 # realbench.cost.simulate.EARLY_OLD_LOGPROBS_ENGINES)
