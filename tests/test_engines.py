@@ -938,7 +938,7 @@ def test_a_configuration_whose_rollout_server_cannot_start_does_not_fit():
     from realbench.engines import priced_as
     from realbench.plan import get_builtin
     from realbench.plan.mesh import Strategy
-    from realbench.plan.options import serving_problem
+    from realbench.cost.calls import serving_cache_problem
     from realbench.search.engine import plan_time
 
     scenario = get_builtin("ppo-70b-7b-128gpu")
@@ -948,8 +948,8 @@ def test_a_configuration_whose_rollout_server_cannot_start_does_not_fit():
     assert plan_time(est, example) == math.inf
     call = est.scenario.dataflow.call("actor_gen")
     model, cluster = est.scenario.models["actor"], est.scenario.cluster
-    assert serving_problem(call, model, cluster, example["actor_gen"].strategy)[0] == "tp"
-    assert serving_problem(call, model, cluster, Strategy(16, 8, 1, 1)) is None
+    assert "the engine does not start" in serving_cache_problem(call, model, cluster, example["actor_gen"].strategy)
+    assert serving_cache_problem(call, model, cluster, Strategy(16, 8, 1, 1)) is None
 
 
 def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):

@@ -450,7 +450,8 @@ def test_a_serving_engines_cache_at_its_memory_fraction_bounds_its_slots_by_hand
     512 x 32000 x 4 / 2 = 32,768,000): 34,705,449,779 bytes of cache at 2 x 32 x 128 x 2 x 32 / 2
     = 262,144 bytes a token, 132,390 tokens, 64 sequences of 2048 (all growing to the full width
     together): priced as 64 slots exactly, and holding its 0.485 of the GPU."""
-    from realbench.cost.calls import call_cost, serving_cache_tokens, serving_slots, shard_params
+    from realbench.cost.calls import (call_cost, serving_cache_problem, serving_cache_tokens, serving_slots,
+                                      shard_params)
     from realbench.plan import load_scenario
     from realbench.plan.mesh import Mesh, Option, Strategy
     from realbench.plan.options import strategy_problem
@@ -484,10 +485,11 @@ def test_a_serving_engines_cache_at_its_memory_fraction_bounds_its_slots_by_hand
     # 0.085 of the GPU leaves (7,301,444,403 - 6,955,732,992) / 262,144 = 1,318 tokens: not one
     # sequence, so the server does not start; in tp 4 it does
     small = call.model_copy(update={"memory_fraction": 0.085})
-    field, why = strategy_problem(small, model, cluster, mesh, Strategy(1, 2, 1, 1))
-    assert field == "tp" and "holds 1318 tokens a replica of tp 2, fewer than one sequence of 2048" in why, why
-    assert call_cost(small, model, cluster, whole).working_bytes == float("inf")
-    assert strategy_problem(small, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 4, 1, 1)) is None
+    why = serving_cache_problem(small, model, cluster, Strategy(1, 2, 1, 1))
+    assert "holds 1318 tokens a replica of tp 2, fewer than one sequence of 2048" in why, why
+    assert call_cost(small, model, cluster, whole).working_bytes == float("inf")  # no plan holds it
+    assert serving_cache_problem(small, model, cluster, Strategy(1, 4, 1, 1)) is None
+    # (and realbench prices an engine's rollout server without a pipeline)
     assert strategy_problem(call, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 2, 2, 1))[0] == "pp"
 
 

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -78,7 +79,7 @@ from realbench.cost import comm, sharding
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Option
+from realbench.plan.mesh import Mesh, Option, Strategy
 from realbench.plan.options import decode_slots
 from realbench.plan.pipeline import activations_in_flight
 
@@ -294,6 +295,22 @@ def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     return max(free, 0.0) / (model.kv_bytes_per_token_layer() * model.n_layers / tp)
 
 
+def serving_cache_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
+    """Why an engine's serving engine does not start on this layout, or None: its paged KV cache
+    (serving_cache_tokens) must hold one whole sequence (vLLM: "To serve at least one request with
+    the model's max seq len", vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory; SGLang:
+    "Not enough memory", profile_max_num_token). Such a call holds more memory than any device
+    (its working set is infinite): no plan fits with it."""
+    if call.kind != CallKind.GENERATE or call.memory_fraction is None:
+        return None
+    tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)))
+    if tokens >= call.seq_len:
+        return None
+    return (f"the serving engine's KV cache at memory fraction {call.memory_fraction:g} holds {int(tokens)} tokens a "
+            f"replica of tp {s.tp}, fewer than one sequence of {call.seq_len}: the engine does not start (a larger "
+            "tp or memory fraction)")
+
+
 def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> int:
     """The sequences a replica decodes together: its `decode_slots` (an engine's max_num_seqs),
     or, where a serving engine's paged KV cache (`call.memory_fraction`: serving_cache_tokens)
@@ -337,9 +354,8 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
                + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
     weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
-    if call.memory_fraction is not None and \
-            serving_cache_tokens(call, model, cluster, tp, decode_slots(call, option)) < call.seq_len:
-        working = math.inf  # the server does not start (options.serving_problem): no plan holds it
+    if serving_cache_problem(call, model, cluster, s):
+        working = math.inf  # the server does not start: no plan holds it
     elif call.memory_fraction is not None:
         working = max(min(call.memory_fraction * cluster.device.memory_bytes, cluster.usable_memory_bytes) - weights, 0)
     else:

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from realbench.engines import areal, openrlhf, verl
+from realbench.cost.calls import serving_cache_problem
 from realbench.dataflow import CallKind
 from realbench.engines.documents import packs
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import serving_problem
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.schema import refuse_existing, write_document, write_text
@@ -91,17 +91,17 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
 def _refuse_unstartable_rollout(module, scenario: dict, plan: dict, source: str) -> None:
     """Refuse, naming the engine's own key (its memory share), a rollout server whose share of
     each GPU leaves its KV cache no whole sequence: the server would not start
-    (options.serving_problem)."""
+    (cost.calls.serving_cache_problem)."""
     read = scenario_from_document(scenario)
     call, gen = read.dataflow.call("actor_gen"), plan["calls"]["actor_gen"]
     if call.memory_fraction is None:
         return
-    problem = serving_problem(call, read.model_of(call), read.cluster,
-                              Strategy(gen["dp"], gen["tp"], gen["pp"], gen["micro_batches"]))
-    if problem is not None and problem[0] == "tp":  # (the cache; a pipeline is the plan's own refusal)
+    problem = serving_cache_problem(call, read.model_of(call), read.cluster,
+                                    Strategy(gen["dp"], gen["tp"], gen["pp"], gen["micro_batches"]))
+    if problem is not None:
         servers = getattr(module, "SERVER_MEMORY", None)  # (AReaL's: by the rollout's backend)
         key = servers[read.rollout_server or "sglang"] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
-        raise ConfigError(f"{call.memory_fraction:g}: {problem[1]}", key, source)
+        raise ConfigError(f"{call.memory_fraction:g}: {problem}", key, source)
 
 
 def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,

@@ -163,19 +163,11 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
 
 
 def serving_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[tuple[str, str]]:
-    """Why an engine's serving engine cannot generate this way, or None: it serves without a
-    pipeline, and its paged KV cache must hold one whole sequence, else it does not start (vLLM:
-    "To serve at least one request with the model's max seq len", vllm/v1/core/kv_cache_utils.py,
-    check_enough_kv_cache_memory; SGLang: "Not enough memory", profile_max_num_token)."""
-    from realbench.cost.calls import serving_cache_tokens
-
+    """Why an engine's serving engine cannot generate this way, or None: realbench prices its
+    continuous batching without a pipeline. (Whether its share of the GPU holds a whole sequence
+    is the cost model's: realbench.cost.calls.serving_cache_problem.)"""
     if s.pp > 1:
         return "pp", "realbench prices an engine's rollout server without pipeline parallelism (pp 1)"
-    tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)))
-    if tokens < call.seq_len:
-        return "tp", (f"the serving engine's KV cache at memory fraction {call.memory_fraction:g} holds {int(tokens)} "
-                      f"tokens a replica of tp {s.tp}, fewer than one sequence of {call.seq_len}: the engine does not "
-                      "start (a larger tp or memory fraction)")
     return None
 
 

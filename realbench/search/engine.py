@@ -19,11 +19,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from realbench.cost import Estimator
+from realbench.cost.calls import serving_cache_problem
 from realbench.engines import engine_module, priced_as, refuse_uncarried
 from realbench.errors import ConfigError
-from realbench.dataflow import CallKind
 from realbench.plan.mesh import Option
-from realbench.plan.options import serving_problem
 from realbench.plan.scenario import Scenario
 from realbench.search import run_search
 from realbench.search.events import EventSink, SearchEvent, Tracker
@@ -43,13 +42,11 @@ class EngineSearchResult:
 def plan_time(est: Estimator, options: dict[str, Option]) -> float:
     """A plan's time per iteration, inf when it does not fit in memory (a configuration an engine
     would run, compared with the engine's best), its rollout server's cache included (one whose
-    share of the GPU holds no whole sequence does not start: options.serving_problem)."""
+    share of the GPU holds no whole sequence does not start: calls.serving_cache_problem)."""
     for name, option in options.items():
         call = est.scenario.dataflow.call(name)
-        if call.kind == CallKind.GENERATE and call.memory_fraction is not None:
-            problem = serving_problem(call, est.scenario.model_of(call), est.scenario.cluster, option.strategy)
-            if problem is not None and problem[0] == "tp":
-                return math.inf
+        if serving_cache_problem(call, est.scenario.model_of(call), est.scenario.cluster, option.strategy):
+            return math.inf
     result = est.estimate(est.choice_of(options))
     return math.inf if result.oom else result.time_per_iter_s
 
