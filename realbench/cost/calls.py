@@ -317,19 +317,18 @@ def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option:
     holds fewer, as many as it holds: the server admits a sequence while its cache has room and
     preempts one when the growing sequences outrun it, so the cache runs full with sequences of
     the mean resident length, the prompt and a decoding row's mean age (length-biased, half done:
-    continuous_schedule's `age`); responses of one length grow together to the full width. The
+    continuous_schedule's `age`, lengths.occupancy_moments); responses of one length grow together to the full width. The
     preemptions' recomputation is not priced (documents.serving_gap)."""
     slots = decode_slots(call, option)
     if call.memory_fraction is None:
         return slots
-    from realbench.dataflow.lengths import continuous_schedule
+    from realbench.dataflow.lengths import occupancy_moments, slot_occupancy
 
     tokens = serving_cache_tokens(call, model, cluster, option.strategy.tp, slots)
     if call.lengths is None:
         held = float(call.seq_len)
     else:
-        held = call.prompt_len + continuous_schedule(call.lengths.cdf(), call.seqs / option.strategy.dp, slots,
-                                                     call.sync_steps, call.gen_len).age
+        held = call.prompt_len + occupancy_moments(slot_occupancy(call.lengths.cdf(), call.sync_steps))[1]
     return max(1, min(slots, int(tokens // held)))
 
 

@@ -286,6 +286,14 @@ def computed_slots(busy: np.ndarray, slots: int) -> np.ndarray:
     return np.minimum(slots, 2.0 ** np.ceil(np.log2(np.maximum(busy, 1.0))))
 
 
+def occupancy_moments(occ: np.ndarray) -> tuple[float, float]:
+    """(the mean steps a row holds its slot, the mean age of the row a step computes: length-biased,
+    half done) of a slot occupancy (slot_occupancy)."""
+    x = np.arange(len(occ), dtype=np.float64)
+    mean = float((x * occ).sum())
+    return mean, float((x * (x + 1) * occ).sum()) / (2 * mean) if mean else 0.0
+
+
 def continuous_schedule(cdf: Optional[np.ndarray], rows: float, slots: int, sync_every: int = 1,
                         gen_len: int = 0) -> ContinuousSchedule:
     """The decode steps, slots computed, context and prefills of `rows` responses through `slots`
@@ -301,9 +309,7 @@ def continuous_schedule(cdf: Optional[np.ndarray], rows: float, slots: int, sync
         computed = ((waves - 1) * slots + float(computed_slots(np.array(last), slots))) / waves
         return ContinuousSchedule(waves * decode, computed, gen_len / 2, waves, min(rows, slots))
     occ = slot_occupancy(cdf, sync_every)
-    x = np.arange(len(occ), dtype=np.float64)
-    mean = float((x * occ).sum())
-    age = float((x * (x + 1) * occ).sum()) / (2 * mean) if mean else 0.0  # a step's row: length-biased, half done
+    mean, age = occupancy_moments(occ)
     steps, start, share = _renewal(occ, rows, slots)
     tail = computed_slots(slots * share, slots)[:max(0, int(round(steps - start)))]
     computed = (start * slots + float(tail.sum())) / max(start + len(tail), 1e-9)

@@ -16,7 +16,7 @@ from realbench.cost.calls import serving_cache_problem
 from realbench.dataflow import CallKind
 from realbench.engines.documents import packs
 from realbench.errors import ConfigError
-from realbench.plan.mesh import Option, Strategy
+from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.schema import refuse_existing, write_document, write_text
@@ -75,12 +75,13 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
             file, _, function = entry["function"].rpartition(":")
             entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"
     # both checked as realbench reads them before either is written (a source names what is wrong)
-    _refuse_unstartable_rollout(module, scenario, plan, str(path))
     try:
-        resolve_plan(plan_from_document(plan), scenario_from_document(scenario))
+        read = scenario_from_document(scenario)
+        options = resolve_plan(plan_from_document(plan), read)
     except ConfigError as e:
         raise ConfigError(f"the plan {engine} would run is not one realbench can price: {e.message}", e.field,
                           str(path)) from None
+    _refuse_unstartable_rollout(module, read, options["actor_gen"], str(path))
     folder = Path(out)
     targets = (folder / f"{name}.yaml", folder / f"{name}-plan.yaml")
     refuse_existing(targets, overwrite)
@@ -88,19 +89,15 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     return write_document(scenario, targets[0], overwrite), write_document(plan, targets[1], overwrite)
 
 
-def _refuse_unstartable_rollout(module, scenario: dict, plan: dict, source: str) -> None:
+def _refuse_unstartable_rollout(module, scenario: Scenario, generation: Option, source: str) -> None:
     """Refuse, naming the engine's own key (its memory share), a rollout server whose share of
     each GPU leaves its KV cache no whole sequence: the server would not start
     (cost.calls.serving_cache_problem)."""
-    read = scenario_from_document(scenario)
-    call, gen = read.dataflow.call("actor_gen"), plan["calls"]["actor_gen"]
-    if call.memory_fraction is None:
-        return
-    problem = serving_cache_problem(call, read.model_of(call), read.cluster,
-                                    Strategy(gen["dp"], gen["tp"], gen["pp"], gen["micro_batches"]))
+    call = scenario.dataflow.call("actor_gen")
+    problem = serving_cache_problem(call, scenario.model_of(call), scenario.cluster, generation.strategy)
     if problem is not None:
         servers = getattr(module, "SERVER_MEMORY", None)  # (AReaL's: by the rollout's backend)
-        key = servers[read.rollout_server or "sglang"] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
+        key = servers[scenario.rollout_server or "sglang"] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
         raise ConfigError(f"{call.memory_fraction:g}: {problem}", key, source)
 
 

@@ -157,16 +157,9 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if batch % (s.dp * s.micro_batches * unit):
         return "micro_batches", (f"the batch of {batch} sequences does not split into "
                                  f"dp*micro_batches = {s.dp}*{s.micro_batches} pieces{whole}")
-    if call.kind == CallKind.GENERATE and call.memory_fraction is not None:
-        return serving_problem(call, model, cluster, s)
-    return None
-
-
-def serving_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[tuple[str, str]]:
-    """Why an engine's serving engine cannot generate this way, or None: realbench prices its
-    continuous batching without a pipeline. (Whether its share of the GPU holds a whole sequence
-    is the cost model's: realbench.cost.calls.serving_cache_problem.)"""
-    if s.pp > 1:
+    # an engine's serving engine (whether its share of the GPU holds a whole sequence is the cost
+    # model's: realbench.cost.calls.serving_cache_problem)
+    if call.kind == CallKind.GENERATE and call.memory_fraction is not None and s.pp > 1:
         return "pp", "realbench prices an engine's rollout server without pipeline parallelism (pp 1)"
     return None
 
