@@ -1200,3 +1200,187 @@ def test_offloaded_parameters_cross_pcie_around_every_call_on_their_layout_and_t
     moved = shard_params(job.models["critic"], critic_train.tp, critic_train.pp) * 2
     assert b.calls["critic_inf"].realloc_s - a.calls["critic_inf"].realloc_s == pytest.approx(2 * moved / 64e9)
     assert b.calls["actor_train"].time_s == pytest.approx(a.calls["actor_train"].time_s, rel=1e-12)
+
+
+# verl's one-step-off entry point (verl/experimental/one_step_off_policy), as its example scripts run it
+# (shell/grpo_3b_gsm8k_fsdp2_2_6.sh: overrides of its own YAML), on a node split in halves
+ONE_STEP_OFF = ("algorithm.adv_estimator=grpo", "data.train_batch_size=32", "data.max_prompt_length=64",
+                "data.max_response_length=128", "actor_rollout_ref.model.path=ckpt", "actor_rollout_ref.hybrid_engine=False",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+                "reward.custom_reward_function.path=scoring/reward.py", "trainer.nnodes=1", "trainer.n_gpus_per_node=4",
+                "rollout.nnodes=1", "rollout.n_gpus_per_node=4")
+
+
+@pytest.fixture(scope="module")
+def one_step_off_yaml(job) -> str:
+    """verl's own one_step_off_ppo_trainer.yaml, beside the user's job (the file its entry point reads)."""
+    done = subprocess.run([str(VERL_PYTHON), "-c", "import importlib.util; print(importlib.util.find_spec('verl').origin)"],
+                          capture_output=True, text=True, timeout=60)
+    source = Path(done.stdout.strip()).parent / "experimental" / "one_step_off_policy" / "config"
+    (job / "one_step_off_ppo_trainer.yaml").write_text((source / "one_step_off_ppo_trainer.yaml").read_text())
+    return "one_step_off_ppo_trainer.yaml"
+
+
+def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gpus(cli, job, one_step_off_yaml):
+    """verl's one-step-off entry point (its own YAML and an example's overrides, the trainer's 4
+    GPUs and the rollout's 4 on one node): generation one step ahead (max_staleness 1) on the
+    node's last 4 GPUs, 2 vLLM replicas of tp 2, the old log-probabilities the rollout's (its YAML
+    sets bypass_mode), actor and reference on the first 4 (32 x 4 rows / 4 steps / 4 GPUs = 8 rows
+    a GPU, micro-batches of 4: 2; the reference's 32 rows a GPU in 8s: 4), the reward function
+    beside generation. Priced so: a step ends
+    sooner than generation, scoring and training one after another, and its GPUs hold one role each.
+    Written back, verl's one-step-off entry accepts it (its pools, its trainer's construction) and
+    the launch script runs that entry; read again, the same plan and estimate."""
+    result, plan, scenario = imported(cli, job, one_step_off_yaml, *ONE_STEP_OFF, out="ahead", name="grpo ahead")
+    assert scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
+    assert (scenario["dataflow"]["max_staleness"], plan["max_staleness"]) == (1, 1)
+    assert scenario["training"]["old_logprobs"] == "rollout" and scenario["dataflow"]["memory_fraction"] == 0.6
+    calls = plan["calls"]
+    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 1}
+    assert calls["reward_inf"]["mesh"] == "n0:4-7"
+    assert {calls[c]["mesh"] for c in ("actor_train", "ref_inf")} == {"n0:0-3"}
+    assert (calls["actor_train"]["dp"], calls["actor_train"]["micro_batches"]) == (4, 2)
+    assert (calls["ref_inf"]["dp"], calls["ref_inf"]["micro_batches"]) == (4, 4)
+    code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
+    assert code == 0, err
+    estimate = json.loads(out)
+    times = {name: c["time_s"] for name, c in estimate["calls"].items()}
+    assert estimate["max_staleness"] == 1
+    assert estimate["time_per_iter_s"] < times["actor_gen"] + times["reward_inf"] + times["ref_inf"] + times["actor_train"]
+    peaks = estimate["device_peak_bytes"]
+    assert peaks[4:] == [max(estimate["calls"][c]["mem_bytes"] for c in ("actor_gen", "reward_inf"))] * 4
+    config = job / "ahead" / "verl" / "grpo ahead.yaml"
+    config.parent.mkdir()
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", config)
+    assert code == 0, err
+    checked = verl_check("validate", config)
+    assert checked["ok"], checked
+    assert (checked["pools"], checked["rollout_pool"], checked["hybrid_engine"], checked["rollout_mode"]) == \
+        ({"trainer_pool": [4]}, [4], False, "async")
+    assert (checked["rollout_tp"], checked["bypass_mode"], checked["memory_fraction"]) == (2, True, 0.6)
+    launch = config.with_name("grpo ahead-launch.sh").read_text()
+    assert verl.ONE_STEP_OFF_ENTRY in launch and "--gpus-per-node 8" in launch
+    again, plan_again, scenario_again = imported(cli, job, config, out="ahead-again", name="grpo ahead")
+    assert plan_again["calls"] == calls and scenario_again["dataflow"] == scenario["dataflow"]
+    assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+
+
+def test_one_step_off_on_nodes_of_their_own_syncs_the_weights_by_a_broadcast(cli, job, one_step_off_yaml):
+    """The trainer's node and the rollout's, given nodes of 8 GPUs (verl's config gives only each
+    pool's size): the rollout on node 1, its weights sent each step as verl's NCCL checkpoint
+    engine sends them, gathered from the trainer's FSDP shards and broadcast from its first GPU
+    across the nodes: the 8-way all-gather, then the model's bf16 bytes over the inter-node link
+    once, with its latency. Written back, the launch script names the node size to read it again."""
+    from realbench.cost import comm
+    from realbench.plan import load_scenario
+
+    pools = ("trainer.n_gpus_per_node=8", "rollout.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=8")
+    os.chdir(job)
+    code, stdout, err = cli("import", "verl", one_step_off_yaml, *ONE_STEP_OFF, *pools, "--gpus-per-node", 8,
+                            "--out", "apart", "--json", "--force")
+    assert code == 0, err
+    result = json.loads(stdout)
+    plan = yaml.safe_load(Path(result["plan"]).read_text())
+    assert (plan["calls"]["actor_gen"]["mesh"], plan["calls"]["actor_train"]["mesh"]) == ("n1", "n0")
+    scenario = load_scenario(result["scenario"])
+    assert (scenario.cluster.nodes, scenario.cluster.gpus_per_node) == (2, 8)
+    code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
+    estimate = json.loads(out)
+    c, model = scenario.cluster, scenario.models["actor"]
+    nbytes = model.n_params * 2
+    expected = comm.all_gather(c, 8, nbytes, False, 8) + nbytes / c.inter_bw + c.inter_latency_s
+    assert estimate["calls"]["actor_gen"]["realloc_s"] == pytest.approx(expected, rel=1e-9)
+    config = job / "apart" / "apart.yaml"
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", config)
+    assert code == 0, err
+    assert "realbench import verl apart.yaml --gpus-per-node 8" in config.with_name("apart-launch.sh").read_text()
+    checked = verl_check("validate", config)
+    assert checked["ok"] and (checked["pools"], checked["rollout_pool"]) == ({"trainer_pool": [8]}, [8]), checked
+    code, stdout, err = cli("import", "verl", config, "--gpus-per-node", 8, "--out", "apart-again", "--json", "--force")
+    assert code == 0, err
+    assert json.loads(stdout)["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+    assert yaml.safe_load(Path(json.loads(stdout)["plan"]).read_text())["calls"] == plan["calls"]
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    # verl's own example split (shell/grpo_3b_gsm8k_fsdp2_2_6.sh): 6 GPUs are no aligned block
+    (("trainer.n_gpus_per_node=6", "rollout.n_gpus_per_node=2"), "rollout.n_gpus_per_node",
+     "2 after the trainer's 6 on one node: realbench places each on an aligned power-of-two block"),
+    # its 2-node one (dapo_7b_math_fsdp2_4_12.sh): each node split
+    (("trainer.nnodes=2", "trainer.n_gpus_per_node=6", "rollout.nnodes=2", "rollout.n_gpus_per_node=2"),
+     "rollout.n_gpus_per_node", "2 on 2 node(s) beside the trainer's 6 on 2: realbench places a pool across nodes "
+                                "on whole nodes"),
+    (("trainer.n_gpus_per_node=4", "rollout.n_gpus_per_node=4", "--gpus-per-node", "2"), "trainer.n_gpus_per_node",
+     "4 on 1 node(s) beside the rollout's 4 on 1: realbench places a pool across nodes on whole nodes (of 2 GPUs"),
+    (("actor_rollout_ref.hybrid_engine=True",), "actor_rollout_ref.hybrid_engine",
+     "True: the one-step-off trainer serves the rollout from its own pool"),
+    (("trainer.use_v1=False",), "trainer.use_v1", "False: the one-step-off entry point runs its own trainer"),
+    (("algorithm.adv_estimator=gae", "critic.model.path=ckpt", "critic.ppo_micro_batch_size_per_gpu=1"),
+     "algorithm.adv_estimator", "'gae': realbench reads verl's one-step-off trainer without a critic"),
+    (("rollout.nnodes=0",), "rollout.nnodes", "0: verl needs it above 0"),
+    (("reward.reward_model.enable=True", "reward.reward_model.model_path=ckpt", "reward.reward_model.rollout.name=vllm"),
+     "reward.reward_model.enable", "True: realbench reads verl's one-step-off trainer with a reward function"),
+    (("actor_rollout_ref.model.lora_rank=8",), "actor_rollout_ref.model.lora_rank",
+     "8: realbench reads verl's one-step-off trainer for a whole actor")])
+def test_what_one_step_off_runs_that_realbench_cannot_place_or_price_is_refused_by_name(cli, job, one_step_off_yaml,
+                                                                                        overrides, key, says):
+    os.chdir(job)
+    code, _, err = cli("import", "verl", one_step_off_yaml, *ONE_STEP_OFF, *overrides, "--out", "refused-ahead")
+    assert code == 2 and err.count("\n") == 1 and f"{key}: {says}" in err, err
+    assert not (job / "refused-ahead").exists()
+
+
+def test_the_synchronous_trainer_refuses_the_one_step_off_settings_and_search_offers_one_step_off_its_pools(
+        cli, job, one_step_off_yaml):
+    """The synchronous trainer's config: a rollout apart from the actor's GPUs, or a node size, is
+    the one-step-off entry's (refused by name). A scenario whose generation runs one step ahead is
+    searched inside verl on its one-step-off pools only (the node's halves), every plan of its
+    space written as a configuration; its best passes verl's own checks. Two steps ahead, or a
+    plan whose generation shares the trainer's GPUs, verl cannot run."""
+    import random
+
+    from realbench.plan import load_scenario
+
+    os.chdir(job)
+    code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", "actor_rollout_ref.hybrid_engine=false", "--out", "x")
+    assert code == 2 and "actor_rollout_ref.hybrid_engine: False: verl's synchronous trainer serves the rollout" in err
+    code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", "--gpus-per-node", 8, "--out", "x")
+    assert code == 2 and "--gpus-per-node: verl's configuration gives the node size" in err, err
+    result, plan, _ = imported(cli, job, one_step_off_yaml, *ONE_STEP_OFF, out="ahead-search", name="ahead")
+    scenario = load_scenario(result["scenario"])
+    rng, groups = random.Random(0), list(verl.plan_groups(scenario))
+    assert groups
+    for group in groups:
+        assert {o.mesh.label(8) for o in group["actor_gen"]} == {"n0:4-7"}
+        assert {o.mesh.label(8) for o in group["actor_train"] + group["ref_inf"]} == {"n0:0-3"}
+        for _ in range(5):
+            options = {name: rng.choice(opts) for name, opts in group.items()}
+            assert verl.space_problem(scenario, options) is None
+            _, written = verl.to_config(scenario, options, {"actor": "a", "ref": "a"})
+            assert (written["rollout.n_gpus_per_node"], written["trainer.n_gpus_per_node"]) == (4, 4)
+    best = job / "ahead-search" / "best.yaml"
+    code, out, err = cli("search", "--scenario", result["scenario"], "--engine", "verl", "--method", "mcmc",
+                         "--time-budget", 3, "--out", best, "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["compared"]["name"] == "verl's default configuration" and found["speedup"] >= 1
+    code, _, err = cli("export", "--plan", best, "--format", "verl", "--out", job / "ahead-search" / "best-verl.yaml")
+    assert code == 0, err
+    assert verl_check("validate", job / "ahead-search" / "best-verl.yaml")["ok"]
+    path = Path(result["plan"])
+    swapped = {**plan, "calls": {**plan["calls"], "actor_gen": {**plan["calls"]["actor_gen"], "mesh": "n0:0-3"},
+                                 "actor_train": {**plan["calls"]["actor_train"], "mesh": "n0:4-7"},
+                                 "ref_inf": {**plan["calls"]["ref_inf"], "mesh": "n0:4-7"}}}
+    path.write_text(yaml.safe_dump(swapped))
+    code, _, err = cli("export", "--plan", path, "--format", "verl", "--out", job / "ahead-search" / "swapped.yaml")
+    assert code == 2 and "calls.actor_gen.mesh: verl's one-step-off trainer runs generation on a pool of its own" in err
+    two = scenario.with_staleness(2)
+    assert verl.space_problem_of_scenario(two) == ("max_staleness", "2: realbench writes verl's synchronous trainer "
+                                                   "and its one-step-off entry point (generation one step ahead: "
+                                                   "max_staleness 1)")

@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="h100", help="the GPUs' device preset (the configuration does not say; "
                                                     "default h100)")
     p.add_argument("--gpus-per-node", type=positive_int, help="openrlhf: GPUs per node (its command line gives "
-                                                              "only each group's count; default 8)")
+                                                              "only each group's count; default 8); verl's one-step-off "
+                                                              "entry: the node its two pools are placed on (default: "
+                                                              "one node of both where each has one node)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--json", action="store_true", help="print the files and the estimate as JSON")
     p.set_defaults(handler=run)

@@ -62,6 +62,17 @@ COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
 # engines, AReaL's xccl update to its servers), not a reshard between layouts as verl's and realbench's
 BROADCAST_ENGINES = ("openrlhf", "areal")
+# engines that do so where generation runs ahead on GPUs of its own: verl's one-step-off entry point
+# (its NCCL checkpoint engine broadcasts buckets of the gathered weights from the actor's first rank
+# to the rollout's workers, verl/checkpoint_engine/nccl_checkpoint_engine.py)
+BROADCAST_AHEAD_ENGINES = ("verl",)
+
+
+def broadcasts_weights(scenario) -> bool:
+    """Whether the scenario's engine sends its generation the whole weights by a broadcast
+    (BROADCAST_ENGINES; BROADCAST_AHEAD_ENGINES with generation running ahead)."""
+    return scenario.engine in BROADCAST_ENGINES or (scenario.engine in BROADCAST_AHEAD_ENGINES
+                                                    and scenario.dataflow.max_staleness > 0)
 # of those, the ones that send a LoRA model's adapters alone (AReaL; OpenRLHF sends every parameter)
 ADAPTER_BROADCAST_ENGINES = ("areal",)
 # engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
@@ -448,8 +459,8 @@ class Estimator:
             if m == i:
                 continue
             src, dst = self._layouts(m, C[:, m]), self._layouts(i, C[:, i])
-            # OpenRLHF and AReaL broadcast whole tensors to their servers (realbench.cost.realloc.broadcast_times)
-            moved = broadcast_times if (self.scenario.engine in BROADCAST_ENGINES
+            # OpenRLHF, AReaL and verl's one-step-off broadcast whole tensors to their servers (realloc.broadcast_times)
+            moved = broadcast_times if (broadcasts_weights(self.scenario)
                                         and self.calls[i].kind == CallKind.GENERATE) else realloc_times
             model, call = self.scenario.models[self.calls[i].model], self.calls[i]
             if model.lora is not None and not call.adapters:  # the frozen base, held since the first step

@@ -25,7 +25,8 @@ ENGINES = {"verl": verl, "openrlhf": openrlhf, "areal": areal}
 
 
 # where an engine's configuration gives the node size (OpenRLHF's command line does not)
-NODE_SIZE_KEYS = {"verl": "trainer.n_gpus_per_node", "areal": "cluster.n_gpus_per_node"}
+# (verl's synchronous config gives it; its one-step-off entry's two pools may share a node: verl.to_plan)
+NODE_SIZE_KEYS = {"areal": "cluster.n_gpus_per_node"}
 
 
 def engine_module(name: str):
@@ -116,7 +117,8 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
     paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
     settings_engine, settings = module.to_config(scenario, options, paths)
     settings = with_carried(scenario, engine, settings_engine, settings)
-    files = module.config_files(Path(out), settings_engine, settings)
+    # (the node size the plan was made for: verl's one-step-off launcher names it, for reading it back)
+    files = module.config_files(Path(out), settings_engine, settings, node_size=scenario.cluster.gpus_per_node)
     refuse_existing([f[0] for f in files], overwrite)
     return [write_text(text, path, overwrite, mode=mode) for path, text, mode in files]
 

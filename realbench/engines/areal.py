@@ -679,8 +679,10 @@ def launch_script(config: Path, nodes: int) -> str:
             f'{ENTRY} "$(dirname "$0")/{config.name}" scheduler.type="${{AREAL_SCHEDULER:-{scheduler}}}" "$@"\n')
 
 
-def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
-    """The experiment YAML (at `config`) and its launch script beside it (<stem>-launch.sh)."""
+def config_files(config: Path, engine: str, settings: dict[str, Any],
+                 node_size: Optional[int] = None) -> list[tuple[Path, str, int]]:
+    """The experiment YAML (at `config`) and its launch script beside it (<stem>-launch.sh). (Its
+    cluster section gives the node size: `node_size` is not written twice.)"""
     text = (f"# AReaL {VERSION} experiment: the plan realbench wrote (realbench export --format areal)\n"
             + yaml.safe_dump(settings, sort_keys=False))
     return [(config, text, 0o644),

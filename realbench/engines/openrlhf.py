@@ -761,12 +761,16 @@ def command_line(settings: dict[str, Any]) -> list[list[str]]:
     return flags
 
 
-def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
+def config_files(config: Path, engine: str, settings: dict[str, Any],
+                 node_size: Optional[int] = None) -> list[tuple[Path, str, int]]:
     """The launch script (at `config`): OpenRLHF's command line, one flag a line, submitted to the
-    Ray cluster at $RAY_ADDRESS (default the local one)."""
+    Ray cluster at $RAY_ADDRESS (default the local one). `node_size`: the GPUs of a node the plan
+    was made for (its command line gives only each group's count), named for reading it back."""
     lines = ["  " + " ".join(shlex.quote(w) for w in flag) for flag in command_line(settings)]
+    note = "" if node_size is None else (f"# (planned on nodes of {node_size} GPUs: realbench import openrlhf "
+                                         f"{config.name} --gpus-per-node {node_size})\n")
     text = ("#!/usr/bin/env bash\n"
-            f"# OpenRLHF {VERSION}: the plan realbench wrote (pip install openrlhf[vllm]=={VERSION})\n"
+            f"# OpenRLHF {VERSION}: the plan realbench wrote (pip install openrlhf[vllm]=={VERSION})\n" + note +
             'ray job submit --address="${RAY_ADDRESS:-http://127.0.0.1:8265}" -- \\\n'
             f"  {ENTRY} \\\n" + " \\\n".join(lines) + ' "$@"\n')
     return [(config, text, 0o755)]

@@ -1,5 +1,5 @@
-"""verl 0.9.1: the plans its synchronous PPO trainer can run, read from its configuration and
-written as one.
+"""verl 0.9.1: the plans its synchronous PPO trainer and its one-step-off entry point can run,
+read from their configuration and written as one.
 
 What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 
@@ -48,27 +48,39 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   in the plan (`max_tokens`), memory is planned for a micro-batch that full, and `export` writes it
   back as the call's dynamic batching (refused where it packs a GPU's rows into another count).
 
-* **Asynchronous modes** (read and refused by name: realbench reads `trainer.v1.trainer_mode: sync`).
-  The V1 trainer's `colocate_async` (trainer/ppo/v1/trainer_colocate_async.py) keeps the rollout on
-  the training GPUs and prefetches `num_warmup_batches` batches; a step's unfinished requests are
-  aborted, the replicas put to sleep for training and resumed (partial rollout) after the weight
-  update. `separate_async` (trainer_separate_async.py) serves the rollout from a standalone pool
-  (`actor_rollout_ref.rollout.nnodes` x `n_gpus_per_node`, beside the trainer's; with
-  `hybrid_engine` the trainer's GPUs serve too, and `hybrid_rollout.enable_switch` hands them
-  between training and rollout by measured waits), requires a reward model on its own pool, and
-  updates the actor `parameter_sync_step` times a step (`train_batch_size = parameter_sync_step x
-  ppo_mini_batch_size`) with the old log-probabilities of the weights saved at the step's start
-  (in host memory). Both bound a sample's staleness by `trainer.v1.sampler.max_off_policy_threshold`
-  model versions (8; `drop` or `wait` past it, trainer/ppo/v1/replay_buffer.py:95-180). Two more
-  entry points live in `verl/experimental`: `one_step_off_policy` (its own `main_ppo` and
-  `one_step_off_ppo_trainer.yaml`: the rollout on its own pool, `rollout.nnodes` x
-  `rollout.n_gpus_per_node`, generating the next batch while the trainer trains on this one after
-  the weights are sent, ray_trainer.py:385-405, with `bypass_mode` on: realbench's `max_staleness: 1`
-  with generation on its own mesh and `old_logprobs: rollout`) and `fully_async_policy` (a rollouter
-  and a trainer apart, `async_training.staleness_threshold`, `trigger_parameter_sync_step`,
-  `partial_rollout`). What realbench's asynchronous plans price (generation S steps ahead on its own
-  mesh, whole batches) is one-step-off's; partial rollouts, sample-level staleness and the hybrid
-  switch are not priced, so none of these modes is read yet.
+* **Asynchronous modes.** `verl.trainer.main_ppo` runs the V1 trainer `trainer.v1.trainer_mode`:
+  realbench reads `sync`. The V1 trainer's `colocate_async` (trainer/ppo/v1/trainer_colocate_async.py)
+  keeps the rollout on the training GPUs and prefetches `num_warmup_batches` batches; a step's
+  unfinished requests are aborted, the replicas put to sleep for training and resumed (partial
+  rollout) after the weight update. `separate_async` (trainer_separate_async.py) serves the rollout
+  from a standalone pool (`actor_rollout_ref.rollout.nnodes` x `n_gpus_per_node`, beside the
+  trainer's; with `hybrid_engine` the trainer's GPUs serve too, and `hybrid_rollout.enable_switch`
+  hands them between training and rollout by measured waits), requires a reward model on its own
+  pool, and updates the actor `parameter_sync_step` times a step (`train_batch_size =
+  parameter_sync_step x ppo_mini_batch_size`) with the old log-probabilities of the weights saved
+  at the step's start (in host memory). Both bound a sample's staleness by
+  `trainer.v1.sampler.max_off_policy_threshold` model versions (8; `drop` or `wait` past it,
+  trainer/ppo/v1/replay_buffer.py:95-180): partial rollouts and sample-level staleness, which
+  realbench does not price; refused by name. `verl/experimental/fully_async_policy` (a rollouter and a
+  trainer apart, `async_training.staleness_threshold`, `partial_rollout`) is not read.
+* **The one-step-off entry point** (`python3 -m verl.experimental.one_step_off_policy.main_ppo`,
+  its config `one_step_off_ppo_trainer.yaml` = ppo_trainer with a top-level `rollout` block and
+  the settings ONE_STEP_OFF_SETTINGS, bypass_mode on) is read and written: the rollout on a pool of
+  its own, `rollout.nnodes` x `rollout.n_gpus_per_node` GPUs (main_ppo.py copies them into the
+  rollout's config), the trainer's pool for actor and reference (experimental/separation/utils.py:
+  create_resource_pool_manager), `actor_rollout_ref.hybrid_engine: false` (its trainer asserts it,
+  ray_trainer.py:72). Each step waits for the batch generated during the last, sends the weights
+  (its NCCL checkpoint engine: gathered, broadcast from the actor's first rank,
+  verl/checkpoint_engine/nccl_checkpoint_engine.py; priced as realbench.cost.realloc.broadcast_times),
+  starts generating the next batch with them, and trains on this one (ray_trainer.py:385-405): in
+  realbench terms generation one step ahead (`max_staleness: 1`) on its own mesh, the old
+  log-probabilities the rollout's where bypass_mode is on. Placement: Ray puts the pools on the
+  machines it has; verl's examples split each node (shell/*_2_6.sh), so the two one-node pools are
+  read on one node of their sum, the trainer's GPUs first, unless `import --gpus-per-node` gives
+  the node (then on whole nodes, the rollout's after the trainer's). Not read there yet, refused by
+  name: a critic (the legacy trainer packs its update to `critic.ppo_max_token_len_per_gpu`,
+  trainer/ppo/ray_trainer.py:808-811), a reward model (served by the reward loop beside the
+  rollout), a LoRA actor, the V1 trainer's settings (it does not run them).
 
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
@@ -111,7 +123,7 @@ from realbench.engines.documents import (budget_row, job_documents, lora_problem
                                          whole_row_budget)
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
-from realbench.plan.mesh import Mesh, Option, Strategy
+from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
 from realbench.plan.options import divisors
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
@@ -119,6 +131,21 @@ from realbench.schema import load_yaml, read_document
 
 VERSION = "0.9.1"
 ENTRY = "python3 -m verl.trainer.main_ppo"
+# verl's one-step-off entry point (verl/experimental/one_step_off_policy: main_ppo.py, ray_trainer.py,
+# config/one_step_off_ppo_trainer.yaml): the rollout on its own pool of GPUs, `rollout.nnodes` x
+# `rollout.n_gpus_per_node` (ROLLOUT_POOL, a top-level block only its config has), generating the next
+# batch while the trainer trains on this one (realbench's max_staleness 1)
+ONE_STEP_OFF_ENTRY = "python3 -m verl.experimental.one_step_off_policy.main_ppo"
+ONE_STEP_OFF = "verl/experimental/one_step_off_policy"
+ROLLOUT_POOL = ("rollout.nnodes", "rollout.n_gpus_per_node")
+# verl's configs a primary config (or the one-step-off entry's own YAML) may extend, by model_engine
+BASE_CONFIGS = {"ppo_trainer": "dp", "ppo_megatron_trainer": "megatron"}
+ONE_STEP_OFF_CONFIGS = {"one_step_off_ppo_trainer": "dp", "one_step_off_ppo_megatron_trainer": "megatron"}
+HYBRID = "actor_rollout_ref.hybrid_engine"
+# what one_step_off_ppo_trainer.yaml sets beside its pool (its rollout keeps its cache, for the weights'
+# sync over NCCL), written into a config that extends ppo_trainer: the same composition
+ONE_STEP_OFF_SETTINGS = {"actor_rollout_ref.rollout.free_cache_engine": False,
+                         "actor_rollout_ref.rollout.checkpoint_engine.backend": "nccl"}
 TABLE = Path(__file__).with_name(f"verl-{VERSION}.json")
 # where each model's checkpoint folder is set
 MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_ref.model.path",
@@ -241,15 +268,17 @@ def _table() -> dict:
     return json.loads(TABLE.read_text())
 
 
-def known_keys(engine: str) -> set[str]:
-    """The settings verl's config for model_engine `engine` holds."""
-    return set(defaults(engine)) | set(ADDED_KEYS)
+def known_keys(engine: str, one_step_off: bool = False) -> set[str]:
+    """The settings verl's config for model_engine `engine` holds (the one-step-off entry's)."""
+    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS)
 
 
-def defaults(engine: str) -> dict[str, Any]:
+def defaults(engine: str, one_step_off: bool = False) -> dict[str, Any]:
     """verl's composed ppo_trainer config for model_engine `engine` (dp | megatron), flat:
-    dotted key -> default (interpolations unresolved)."""
-    return _table()["keys"][engine]
+    dotted key -> default (interpolations unresolved); with `one_step_off` the one-step-off entry
+    point's (one_step_off_ppo_trainer: its rollout pool, and the rollout's settings it changes)."""
+    table = _table()
+    return {**table["keys"][engine], **table["one_step_off"][engine]} if one_step_off else table["keys"][engine]
 
 
 # -- reading a configuration ------------------------------------------------------------------------
@@ -273,34 +302,41 @@ def _nest(flat: dict[str, Any]) -> dict:
     return out
 
 
-def _unknown(key: str, engine: str, source: str) -> ConfigError:
-    close = difflib.get_close_matches(key, list(defaults(engine)) + list(ADDED_KEYS), n=1, cutoff=0.8)
+def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
+    close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
 
 
-def _engine_of(doc: dict, overrides: list[str], source: str) -> str:
-    """model_engine: from the primary config's defaults list (`override model_engine: X`), a
-    composed config's own key, or an override `model_engine=X`."""
+def _engine_of(doc: dict, overrides: list[str], source: str) -> tuple[str, bool]:
+    """(model_engine, whether the config is the one-step-off entry point's). model_engine: from the
+    primary config's defaults list (`override model_engine: X`, or the config it extends:
+    ppo_megatron_trainer is ppo_trainer with megatron), a composed config's own key, or an
+    override `model_engine=X`. One-step-off: a config that extends one_step_off_ppo_trainer, or
+    one that gives the rollout's own pool (its top-level `rollout` block, as that config and a
+    composed run of it do; an override `rollout.nnodes=...`)."""
     engine = doc.get("model_engine", "dp")
+    one_step_off = isinstance(doc.get("rollout"), dict) or any(o.lstrip("+").startswith("rollout.") for o in overrides)
+    extends = "realbench reads configs that extend ppo_trainer (or the one-step-off entry's one_step_off_ppo_trainer)"
     for entry in doc.get("defaults", []) or []:
         if isinstance(entry, dict):
             for k, v in entry.items():
                 if k.replace("override ", "").strip("/ ") == "model_engine":
                     engine = v
                 else:
-                    raise ConfigError(f"realbench reads configs that extend ppo_trainer; {k!r} is not read", "defaults",
-                                      source)
-        elif entry not in ("ppo_trainer", "_self_"):
-            raise ConfigError(f"realbench reads configs that extend ppo_trainer; {entry!r} is not read", "defaults",
-                              source)
+                    raise ConfigError(f"{extends}; {k!r} is not read", "defaults", source)
+        elif entry in BASE_CONFIGS or entry in ONE_STEP_OFF_CONFIGS:
+            engine = {**BASE_CONFIGS, **ONE_STEP_OFF_CONFIGS}[entry]
+            one_step_off = one_step_off or entry in ONE_STEP_OFF_CONFIGS
+        elif entry != "_self_":
+            raise ConfigError(f"{extends}; {entry!r} is not read", "defaults", source)
     for o in overrides:
         if o.split("=", 1)[0] == "model_engine":
             engine = o.split("=", 1)[1]
     if engine not in ENGINES:
         raise ConfigError(f"model_engine {engine!r}: realbench prices {', '.join(ENGINES)} (FSDP and Megatron)",
                           "model_engine", source)
-    return engine
+    return engine, one_step_off
 
 
 def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[str, Any], set[str]]:
@@ -311,8 +347,8 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     source = str(path)
     doc = read_document(path, schema=False)
     overrides = list(overrides)
-    engine = _engine_of(doc, overrides, source)
-    table = defaults(engine)
+    engine, one_step_off = _engine_of(doc, overrides, source)
+    table = defaults(engine, one_step_off)
     settings = {k: v for k, v in doc.items() if k not in ("defaults", "hydra", "model_engine")}
     given = _flatten(settings) if settings else {}  # (a config of defaults alone, the overrides giving the rest)
     for o in overrides:
@@ -325,22 +361,22 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         if key.startswith("+"):
             key = key[1:]
             if key not in ADDED_KEYS:
-                raise _unknown(key, engine, "overrides")
+                raise _unknown(key, engine, "overrides", one_step_off)
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
     for key in given:
         if key not in known:
-            raise _unknown(key, engine, source)
+            raise _unknown(key, engine, source, one_step_off)
     changed = {k for k, v in given.items() if v != known.get(k)}
-    return engine, resolve(engine, given), changed
+    return engine, resolve(engine, given, one_step_off), changed
 
 
-def resolve(engine: str, given: dict[str, Any]) -> dict[str, Any]:
-    """verl's settings with `given` (flat) over its defaults, interpolations resolved (OmegaConf,
-    as verl resolves them)."""
+def resolve(engine: str, given: dict[str, Any], one_step_off: bool = False) -> dict[str, Any]:
+    """verl's settings with `given` (flat) over its defaults (the one-step-off entry's),
+    interpolations resolved (OmegaConf, as verl resolves them)."""
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.create(_nest({**defaults(engine), **ADDED_KEYS, **given}))
+    merged = OmegaConf.create(_nest({**defaults(engine, one_step_off), **ADDED_KEYS, **given}))
     return _flatten(OmegaConf.to_container(merged, resolve=True))
 
 
@@ -348,11 +384,15 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
     """Refuse by name the first setting given (and changed from verl's default) that realbench
     neither reads (READ) nor knows to leave a step's time and memory alone (NEUTRAL). (Settings
     that follow others by interpolation are checked through those.)"""
+    one_step_off = ROLLOUT_POOL[0] in settings
     for key in sorted(given):
+        if one_step_off and key in V1_KEYS:
+            raise ConfigError(f"{settings[key]!r}: the one-step-off entry point runs its own trainer "
+                              f"({ONE_STEP_OFF}/ray_trainer.py), not the V1 trainer this setting chooses", key, source)
         if key in READ or key.startswith(NEUTRAL):
             continue
-        raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine).get(key)!r}) changes what verl runs, "
-                          "and realbench does not price it", key, source)
+        raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine, one_step_off).get(key)!r}) changes what "
+                          "verl runs, and realbench does not price it", key, source)
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------
@@ -385,16 +425,47 @@ def _divide(rows: int, per_gpu: Optional[int], key: str, source: str) -> int:
     return rows // per_gpu
 
 
-def _function_mesh(rows: int, nodes: int, per_node: int) -> Mesh:
+def _function_mesh(rows: int, pool: Mesh) -> Mesh:
     """Where the plan puts a reward function (verl calls it on CPU workers beside generation; its
-    cost is per response, wherever it runs): the whole cluster where its responses split evenly
-    over every GPU, else the first GPUs of node 0 that split them."""
-    if rows % (nodes * per_node) == 0:
-        return Mesh(0, nodes, 0, per_node)
-    size = per_node
+    cost is per response, wherever it runs): the generating `pool` where its responses split
+    evenly over every GPU, else the first GPUs of the pool's first node that split them."""
+    if rows % pool.size == 0:
+        return pool
+    size = pool.gpus
     while rows % size:
         size //= 2
-    return Mesh(0, 1, 0, size)
+    return Mesh(pool.node, 1, pool.gpu, size)
+
+
+def _one_step_off_pools(s: dict[str, Any], gpus_per_node: Optional[int], source: str) -> tuple[int, Mesh, Mesh]:
+    """(GPUs a node, the trainer's pool, the rollout's) of the one-step-off entry point: the
+    trainer's `trainer.nnodes` x `trainer.n_gpus_per_node` GPUs and the rollout's `rollout.nnodes` x
+    `rollout.n_gpus_per_node` (ROLLOUT_POOL), which Ray places on the machines it has. verl's
+    examples split each node (one_step_off_policy/shell/*_2_6.sh: a node's GPUs less the rollout's
+    train): one node each, both on one node of their sum, the trainer's GPUs first; or a node size
+    given (`gpus_per_node`): the two on one node where they fit it, else the trainer's whole nodes
+    and the rollout's whole nodes (or part of one) after them. realbench places a call on an
+    aligned power-of-two block of a node's GPUs, or on whole nodes."""
+    T, t = int(s["trainer.nnodes"]), int(s["trainer.n_gpus_per_node"])
+    R, r = (int(s[k]) for k in ROLLOUT_POOL)
+    for key, value in (("trainer.nnodes", T), ("trainer.n_gpus_per_node", t), *zip(ROLLOUT_POOL, (R, r))):
+        if value <= 0:  # (verl's own check, experimental/separation/utils.py:38-47)
+            raise ConfigError(f"{value}: verl needs it above 0 ({ONE_STEP_OFF} pools)", key, source)
+    G = gpus_per_node or (t + r if T == R == 1 else t)
+    if T == R == 1 and t + r <= G:
+        if not (is_pow2(t) and is_pow2(r) and t % r == 0):
+            raise ConfigError(f"{r} after the trainer's {t} on one node: realbench places each on an aligned "
+                              "power-of-two block of a node's GPUs (the trainer's first)", ROLLOUT_POOL[1], source)
+        return G, Mesh(0, 1, 0, t), Mesh(0, 1, t, r)
+    across = (f"realbench places a pool across nodes on whole nodes (of {G} GPUs: give the node size, "
+              "--gpus-per-node, where it differs), the rollout's after the trainer's, or on an aligned power-of-two "
+              "block of the next node")
+    if t != G:
+        raise ConfigError(f"{t} on {T} node(s) beside the rollout's {r} on {R}: {across}", "trainer.n_gpus_per_node",
+                          source)
+    if r != G and (R > 1 or not is_pow2(r) or r > G):
+        raise ConfigError(f"{r} on {R} node(s) beside the trainer's {t} on {T}: {across}", ROLLOUT_POOL[1], source)
+    return G, Mesh(0, T, 0, G), Mesh(T, R, 0, r)
 
 
 def _replica_tp(tp: int, gpus: int, per_node: int, key: str, source: str) -> int:
@@ -422,7 +493,8 @@ def _checkpointing(engine: str, s: dict, role: str) -> bool:
                       "layer (full, uniform, 1)", f"{o}.recompute_granularity")
 
 
-READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "trainer.v1.trainer_mode",
+V1_KEYS = ("trainer.use_v1", "trainer.v1.trainer_mode")  # the trainer verl.trainer.main_ppo runs
+READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
@@ -447,15 +519,32 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.use_v1", "
 
 
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            row: Optional[float] = None) -> tuple[dict, dict]:
+            row: Optional[float] = None, gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config).
     `row`: the tokens a row counts toward a token budget (documents.budget_row: the prompt and the
-    mean response, for a job with response lengths); default the whole row."""
+    mean response, for a job with response lengths); default the whole row. `gpus_per_node`: the
+    node size, for the one-step-off entry's two pools (the synchronous trainer's config gives it)."""
     refuse_unpriced(engine, s, given, source)
-    if not s["trainer.use_v1"] or s["trainer.v1.trainer_mode"] != "sync":
-        raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync); "
-                          "verl's asynchronous modes (partial rollouts, sample-level staleness) are described in "
-                          "realbench.engines.verl, not priced", "trainer.v1.trainer_mode", source)
+    one_step_off = ROLLOUT_POOL[0] in s
+    if one_step_off:
+        if s[HYBRID]:
+            raise ConfigError(f"True: the one-step-off trainer serves the rollout from its own pool, not the actor's "
+                              f"hybrid engine (verl asserts it, {ONE_STEP_OFF}/ray_trainer.py:72)", HYBRID, source)
+        per_node, trainer_pool, rollout_pool = _one_step_off_pools(s, gpus_per_node, source)
+    else:
+        if gpus_per_node:
+            raise ConfigError("verl's configuration gives the node size (trainer.n_gpus_per_node)", "--gpus-per-node")
+        if not s["trainer.use_v1"] or s["trainer.v1.trainer_mode"] != "sync":
+            raise ConfigError(f"{s['trainer.v1.trainer_mode']!r}: realbench reads verl's synchronous V1 trainer (sync) "
+                              "and its one-step-off entry point; verl's other asynchronous modes (partial rollouts, "
+                              "sample-level staleness) are described in realbench.engines.verl, not priced",
+                              "trainer.v1.trainer_mode", source)
+        if not s[HYBRID]:
+            raise ConfigError("False: verl's synchronous trainer serves the rollout from the actor's GPUs (its hybrid "
+                              "engine); a rollout on GPUs of its own is the one-step-off entry point's (its config's "
+                              "rollout.nnodes and rollout.n_gpus_per_node)", HYBRID, source)
+        per_node = int(s["trainer.n_gpus_per_node"])
+        trainer_pool = rollout_pool = Mesh(0, int(s["trainer.nnodes"]), 0, per_node)
     estimator = s["algorithm.adv_estimator"]
     if estimator not in ESTIMATORS:
         raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO)",
@@ -465,10 +554,23 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if critic != (algorithm == "ppo"):
         raise ConfigError(f"{critic}: realbench's {algorithm.upper()} {'has' if algorithm == 'ppo' else 'has no'} "
                           "critic", "critic.enable", source)
+    if one_step_off:
+        if critic:  # (the V1 critic packs both calls to one budget; the legacy trainer its update to another)
+            raise ConfigError(f"{estimator!r}: realbench reads verl's one-step-off trainer without a critic (GRPO, "
+                              "RLOO): it packs the critic's update to critic.ppo_max_token_len_per_gpu "
+                              "(verl/trainer/ppo/ray_trainer.py:808-811), which realbench does not read yet",
+                              "algorithm.adv_estimator", source)
+        if s[f"{RM}.enable"]:
+            raise ConfigError("True: realbench reads verl's one-step-off trainer with a reward function; its reward "
+                              "model is served by the reward loop beside the rollout "
+                              "(experimental/separation/ray_trainer.py:263-275), not priced", f"{RM}.enable", source)
+        if int(s[LORA_KEYS["r"]]) > 0:
+            raise ConfigError(f"{s[LORA_KEYS['r']]}: realbench reads verl's one-step-off trainer for a whole actor; "
+                              "the sync of a LoRA actor's weights to its own rollout pool is not priced",
+                              LORA_KEYS["r"], source)
     # verl builds a reference only for a KL term (need_reference_policy, verl/trainer/ppo/utils.py:75-79)
     with_ref = bool(s["algorithm.use_kl_in_reward"] or s[f"{A}.use_kl_loss"])
-    nodes, per_node = int(s["trainer.nnodes"]), int(s["trainer.n_gpus_per_node"])
-    N = nodes * per_node
+    nodes, N = trainer_pool.nodes, trainer_pool.size
     prompts, n = int(s["data.train_batch_size"]), int(s[f"{R}.n"])
     if algorithm != "ppo" and n < 2:
         raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more", f"{R}.n", source)
@@ -565,12 +667,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
              _packed(rows // dp, row, budget(f"{ref}.log_prob_max_token_len_per_gpu")) if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
-    rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), N, per_node, f"{R}.tensor_model_parallel_size",
-                             source)
-    replicas = N // rollout_tp
-    whole = Mesh(0, nodes, 0, per_node).label(per_node)
+    rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), rollout_pool.size, rollout_pool.gpus,
+                             f"{R}.tensor_model_parallel_size", source)
+    replicas = rollout_pool.size // rollout_tp
+    whole = trainer_pool.label(per_node)
     calls = {
-        "actor_gen": {"dp": replicas, "tp": rollout_tp, "pp": 1,
+        "actor_gen": {"mesh": rollout_pool.label(per_node), "dp": replicas, "tp": rollout_tp, "pp": 1,
                       "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
@@ -589,7 +691,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": rm_replicas, "tp": rm_tp, "pp": 1,
                                "micro_batches": _packed(rows // rm_replicas, 1, int(s[f"{RM}.rollout.max_num_seqs"]))}
     else:
-        scorer = _function_mesh(rows, nodes, per_node)
+        scorer = _function_mesh(rows, rollout_pool)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
     if critic:
         train_m = train_micro_batches("critic")
@@ -653,8 +755,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
-                         cluster={"nodes": nodes + (pool.nodes if pool else 0), "gpus_per_node": per_node,
-                                  "device": device}, epochs=epochs,
+                         cluster={"nodes": max(m.node + m.nodes for m in (trainer_pool, rollout_pool, pool) if m),
+                                  "gpus_per_node": per_node, "device": device}, epochs=epochs,
+                         max_staleness=1 if one_step_off else 0,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=padding_free, padded_models=padded,
                          memory_fraction=s[MEMORY])
@@ -704,7 +807,11 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     if problem:
         return problem
     trainer, pool = pools(scenario, options)
-    if pool is None and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
+    if scenario.dataflow.max_staleness:
+        problem = _one_step_off_problem(scenario, trainer, options["actor_gen"].mesh)
+        if problem:
+            return problem
+    elif pool is None and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
         return "calls.actor_train.mesh", ("verl places every role on one pool of all the GPUs "
                                           "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
     if pool is not None and (trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node) or pool.gpu
@@ -715,7 +822,8 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                          "cluster's last node")
     for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
         if (o.mesh != trainer and scenario.dataflow.call(name).kind != CallKind.FUNCTION
-                and not (name == "reward_inf" and pool is not None)):
+                and not (name == "reward_inf" and pool is not None)
+                and not (name == "actor_gen" and scenario.dataflow.max_staleness)):
             return f"calls.{name}.mesh", ("verl places every role on one pool of all the GPUs" if pool is None else
                                           "verl places every role but a reward model on the trainer's pool") + \
                 " (verl/trainer/ppo/v1/trainer_base.py:805-820)"
@@ -767,6 +875,22 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
             return "calls.reward_inf.pp", "verl serves a reward model with vLLM or SGLang replicas: no pipeline, no sharding"
         if c.gpus_per_node % reward.tp and reward.tp % c.gpus_per_node:
             return "calls.reward_inf.tp", "a verl reward model replica fits a node or spans whole nodes"
+    return None
+
+
+def _one_step_off_problem(scenario: Scenario, trainer: Mesh, rollout: Mesh) -> Optional[tuple[str, str]]:
+    """What verl's one-step-off entry point cannot run of a plan's two pools (the trainer's, every
+    training call's mesh; the rollout's, generation's), as its config writes them and reads back
+    (_one_step_off_pools): the trainer's GPUs from the first, the rollout's after them on the same
+    node, or on whole nodes (or part of one) after the trainer's whole nodes."""
+    G = scenario.cluster.gpus_per_node
+    same_node = trainer.nodes == 1 and rollout == Mesh(0, 1, trainer.gpus, rollout.gpus) and trainer.gpu == 0
+    after = trainer == Mesh(0, trainer.nodes, 0, G) and rollout.node == trainer.nodes and rollout.gpu == 0
+    if trainer.node or trainer.gpu or not (same_node or after):
+        return "calls.actor_gen.mesh", ("verl's one-step-off trainer runs generation on a pool of its own "
+                                        f"({ONE_STEP_OFF}): realbench writes the trainer's GPUs from the first and "
+                                        "the rollout's after them, on the same node or on the nodes after the "
+                                        "trainer's whole nodes")
     return None
 
 
@@ -906,6 +1030,11 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     out[REMOVE_PADDING[0]], critic_packed = _remove_padding(scenario)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
         out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
+    if df.max_staleness:  # the one-step-off entry's config: its pools, and what its own YAML sets
+        rollout = options["actor_gen"].mesh
+        out.update({"trainer.n_gpus_per_node": trainer.gpus, ROLLOUT_POOL[0]: rollout.nodes,
+                    ROLLOUT_POOL[1]: rollout.gpus, HYBRID: False, **ONE_STEP_OFF_SETTINGS,
+                    BYPASS: scenario.training.old_logprobs == "rollout", f"{R}.calculate_log_probs": True})
     if "ref_inf" not in options:  # no KL term: verl then builds no reference
         out.update({"algorithm.use_kl_in_reward": False, f"{A}.use_kl_loss": False})
     elif scenario.algorithm == "ppo":
@@ -962,17 +1091,24 @@ def config_document(engine: str, settings: dict[str, Any]) -> dict:
     return {"hydra": {"searchpath": ["pkg://verl.trainer.config"]}, "defaults": defaults_list, **_nest(settings)}
 
 
-def launch_script(config: Path) -> str:
+def launch_script(config: Path, node_size: Optional[int] = None) -> str:
+    """The launch script of a written config: verl's synchronous trainer, or with `node_size` (the
+    GPUs of a node its two pools were planned on) the one-step-off entry point."""
+    entry = ENTRY if node_size is None else ONE_STEP_OFF_ENTRY
+    note = "" if node_size is None else (f"# (its two pools were planned on nodes of {node_size} GPUs: "
+                                         f"realbench import verl {config.name} --gpus-per-node {node_size})\n")
     return ("#!/usr/bin/env bash\n"
-            f"# verl {VERSION}: the plan realbench wrote as {config.name} (pip install verl=={VERSION})\n"
+            f"# verl {VERSION}: the plan realbench wrote as {config.name} (pip install verl=={VERSION})\n" + note +
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
-            f'exec {ENTRY} --config-path "$here" --config-name {config.stem} "$@"\n')
+            f'exec {entry} --config-path "$here" --config-name {config.stem} "$@"\n')
 
 
-def config_files(config: Path, engine: str, settings: dict[str, Any]) -> list[tuple[Path, str, int]]:
+def config_files(config: Path, engine: str, settings: dict[str, Any],
+                 node_size: Optional[int] = None) -> list[tuple[Path, str, int]]:
     """The Hydra config (at `config`) and its launch script (<stem>-launch.sh beside it)."""
+    node_size = node_size if ROLLOUT_POOL[0] in settings else None
     return [(config, yaml.safe_dump(config_document(engine, settings), sort_keys=False, width=100), 0o644),
-            (config.with_name(config.stem + "-launch.sh"), launch_script(config), 0o755)]
+            (config.with_name(config.stem + "-launch.sh"), launch_script(config, node_size), 0o755)]
 
 
 # -- verl's space, for a search ----------------------------------------------------------------------
@@ -1007,12 +1143,29 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     problem = space_problem_of_scenario(scenario)
     if problem:
         raise ConfigError(problem[1], problem[0])
+    if scenario.dataflow.max_staleness:
+        for trainer, rollout in one_step_off_pools(scenario):
+            yield from _groups_on(scenario, trainer, None, rollout)
+        return
     for trainer, pool in reward_pools(scenario):
         yield from _groups_on(scenario, trainer, pool)
 
 
-def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh]) -> Iterator[dict[str, list[Option]]]:
-    """plan_groups with every role on the trainer's pool `W` but a reward model on `pool`, if any."""
+def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
+    """The (trainer's, rollout's) pools a search offers the one-step-off entry point, every GPU
+    used: on one node, half each; on several, the trainer's first 1, 2, ... nodes and the
+    rollout's the rest. (Any split _one_step_off_problem allows is read and written.)"""
+    c = scenario.cluster
+    G = c.gpus_per_node
+    if c.nodes == 1:
+        return [(Mesh(0, 1, 0, G // 2), Mesh(0, 1, G // 2, G // 2))] if G > 1 else []
+    return [(Mesh(0, t, 0, G), Mesh(t, c.nodes - t, 0, G)) for t in range(1, c.nodes)]
+
+
+def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
+               rollout: Optional[Mesh] = None) -> Iterator[dict[str, list[Option]]]:
+    """plan_groups with every role on the trainer's pool `W` but a reward model on `pool`, if any,
+    and generation on `rollout` (the one-step-off entry's; default `W`)."""
     from realbench.plan.options import option_problem
 
     c, df = scenario.cluster, scenario.dataflow
@@ -1032,9 +1185,9 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh]) -> Iterator[di
         return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role, mesh)
                 for m in divisors(rows // (size // t)) if rows % (size // t) == 0 for merge in (False, True)]
 
-    common = {"actor_gen": valid("actor_gen", served("actor", W))}
+    common = {"actor_gen": valid("actor_gen", served("actor", rollout or W))}
     if isinstance(scenario.models["reward"], FunctionSpec):
-        scorer = _function_mesh(rows, c.nodes, c.gpus_per_node)
+        scorer = _function_mesh(rows, rollout or W)
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
@@ -1095,8 +1248,19 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     """What of a scenario (not of a plan) verl cannot run: the algorithm, asynchrony."""
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if scenario.dataflow.max_staleness > 1:
+        return "max_staleness", (f"{scenario.dataflow.max_staleness}: realbench writes verl's synchronous trainer and "
+                                 "its one-step-off entry point (generation one step ahead: max_staleness 1)")
     if scenario.dataflow.max_staleness:
-        return "max_staleness", "realbench writes verl's synchronous trainer; its asynchronous modes are not written yet"
+        if "critic_train" in scenario.dataflow.call_names:
+            return "scenario.algorithm", ("realbench writes verl's one-step-off trainer without a critic (GRPO, RLOO): "
+                                          "its critic's token budgets are not read yet")
+        if not isinstance(scenario.models.get("reward"), FunctionSpec):
+            return "models.reward", ("realbench writes verl's one-step-off trainer with a reward function: its reward "
+                                     "model is served by the reward loop beside the rollout, not priced")
+        if scenario.models["actor"].lora is not None:
+            return "models.actor.lora", ("realbench writes verl's one-step-off trainer for a whole actor: the sync of a "
+                                         "LoRA actor's weights to its own rollout pool is not priced")
     padded = set(scenario.training.padded_models) if scenario.engine == "verl" else set()
     if padded - {"actor", "ref", "critic"} or len(padded & {"actor", "ref"} & set(scenario.models)) == 1:
         return "training.padded_models", ("verl packs rows or not per model block (use_remove_padding): the actor's "
@@ -1122,7 +1286,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     model's tp 2), with dynamic batching at its default token budgets, since its per-GPU
     micro-batch sizes have no default (the actor's raised to a whole row where the job's rows are
     longer: verl asserts a budget holds one, verl/utils/seqlen_balancing.py:384-386); `settings`
-    over those (EXAMPLE's, say)."""
+    over those (EXAMPLE's, say). Generation running ahead: the one-step-off entry's config with the
+    first pools a search offers it (one_step_off_pools)."""
     df, c = scenario.dataflow, scenario.cluster
     gen, train = df.call("actor_gen"), df.call("actor_train")
     n = gen.group_size
@@ -1145,6 +1310,14 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
         given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
-    _, plan = to_plan("dp", resolve("dp", given), set(), scenario.name, "h100", row=budget_row(scenario, "actor_train"))
+    one_step_off = bool(df.max_staleness)
+    if one_step_off:
+        if not one_step_off_pools(scenario):
+            raise ConfigError("verl's one-step-off trainer needs two pools of GPUs: the cluster has one GPU", "cluster")
+        trainer, rollout = one_step_off_pools(scenario)[0]
+        given.update({"trainer.nnodes": trainer.nodes, "trainer.n_gpus_per_node": trainer.gpus,
+                      ROLLOUT_POOL[0]: rollout.nodes, ROLLOUT_POOL[1]: rollout.gpus, HYBRID: False})
+    _, plan = to_plan("dp", resolve("dp", given, one_step_off), set(), scenario.name, "h100",
+                      row=budget_row(scenario, "actor_train"), gpus_per_node=c.gpus_per_node if one_step_off else None)
     priced = scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced)

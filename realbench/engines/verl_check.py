@@ -10,14 +10,17 @@ OmegaConf only, never realbench.
         the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
         runs the checks verl runs before it starts training: validate_config
         (verl/utils/config.py) and the __post_init__ checks of the actor, rollout, engine and
-        reward model dataclasses (verl/workers/config/), and with a reward model the V1 trainer's
-        resource pools (PPOTrainer._init_resource_pool_mgr, verl/trainer/ppo/v1/trainer_base.py);
+        reward model dataclasses (verl/workers/config/), with a reward model the V1 trainer's
+        resource pools (PPOTrainer._init_resource_pool_mgr, verl/trainer/ppo/v1/trainer_base.py),
+        and with a top-level `rollout` block (the one-step-off entry point's config) what that
+        entry point runs before it trains (its pools and its trainer's construction);
         prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,14 +41,32 @@ def _leaves(node, prefix: str = "") -> dict:
 
 def defaults() -> dict:
     import verl
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from omegaconf import OmegaConf
 
     with initialize_config_module("verl.trainer.config", version_base=None):
         tables = {engine: _leaves(OmegaConf.to_container(compose("ppo_trainer", overrides=[f"model_engine={engine}"]),
                                                          resolve=False))
                   for engine in ("dp", "megatron")}
-    return {"verl": verl.__version__, "keys": tables}
+    # the one-step-off entry point's config (verl/experimental/one_step_off_policy/config), composed as
+    # its main_ppo composes it: from the folder above verl's package, where its searchpath
+    # (file://verl/trainer/config) points; kept as what it adds to ppo_trainer and changes in it
+    package = Path(verl.__file__).resolve().parent
+    here = os.getcwd()
+    os.chdir(package.parent)
+    try:
+        with initialize_config_dir(str(package / "experimental" / "one_step_off_policy" / "config"), version_base=None):
+            composed = {engine: _leaves(OmegaConf.to_container(
+                compose("one_step_off_ppo_trainer", overrides=[f"model_engine={engine}"]), resolve=False))
+                for engine in ("dp", "megatron")}
+    finally:
+        os.chdir(here)
+    one_step_off = {engine: {k: v for k, v in composed[engine].items() if tables[engine].get(k, _ABSENT) != v}
+                    for engine in composed}
+    return {"verl": verl.__version__, "keys": tables, "one_step_off": one_step_off}
+
+
+_ABSENT = object()
 
 
 def _vllm_lora_rank_check() -> dict:
@@ -95,6 +116,8 @@ def validate(config: str, overrides: list[str]) -> dict:
     if cfg.reward.reward_model.enable:  # RewardModelConfig and its serving RolloutConfig
         omega_conf_to_dataclass(cfg.reward.reward_model)
         pools = _pools(cfg)
+    if cfg.get("rollout") is not None:  # the one-step-off entry point's config
+        pools = _one_step_off(cfg)
     return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
             "rollout_tp": rollout.tensor_model_parallel_size, "ref": ref, "critic": critic,
             # the LoRA settings as verl composed them (a name it does not have fails the composition)
@@ -149,6 +172,31 @@ def _pools(cfg) -> dict:
     manager = trainer.resource_pool_manager
     rm = next(pool for role, pool in manager.mapping.items() if getattr(role, "name", str(role)) == "RewardModel")
     return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()}, "reward_pool": rm}
+
+
+def _one_step_off(cfg) -> dict:
+    """What verl's one-step-off entry point does with the config before it trains, by its own code
+    (verl/experimental/one_step_off_policy/main_ppo.py): the rollout pool's size copied into the
+    rollout's config, the trainer's pools (create_resource_pool_manager), and the trainer's own
+    construction (OneStepOffRayTrainer.__init__: it asserts the rollout is not the actor's hybrid
+    engine) without its data loaders."""
+    from unittest import mock
+
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
+    from verl.trainer.ppo.utils import Role
+
+    cfg.actor_rollout_ref.rollout.nnodes = cfg.rollout.nnodes
+    cfg.actor_rollout_ref.rollout.n_gpus_per_node = cfg.rollout.n_gpus_per_node
+    mapping, _ = create_role_worker_mapping(cfg)
+    manager = create_resource_pool_manager(cfg, [*mapping, Role.Rollout])
+    with mock.patch.object(OneStepOffRayTrainer, "_create_dataloader", lambda *args, **kwargs: None):
+        trainer = OneStepOffRayTrainer(config=cfg, tokenizer=None, role_worker_mapping=dict(mapping),
+                                       resource_pool_manager=manager)
+    rollout = cfg.actor_rollout_ref.rollout
+    return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()},
+            "rollout_pool": [rollout.n_gpus_per_node] * rollout.nnodes, "hybrid_engine": trainer.hybrid_engine,
+            "rollout_mode": rollout.mode, "critic_in_use": trainer.use_critic}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
