@@ -1005,28 +1005,66 @@ def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):
 
 
 def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row():
-    """verl splits a GPU's rows into ceil(their attention masks' sum / budget) micro-batches
-    (verl/utils/seqlen_balancing.py): with long-tailed responses, by the tokens the rows ran, not
-    their cap. ppo-8b-16gpu-longtail under verl's defaults (512 samples, 4 optimizer steps, 16
-    GPUs; prompts 512, responses of mean 971.16 and cap 4,096; budgets 16,384 for the actor and
+    """verl splits a GPU's rows into the micro-batches its dynamic batching forms (the largest
+    count over the data-parallel ranks, each rank's rows counted by the tokens they ran: verl_packer),
+    not by their cap. ppo-8b-16gpu-longtail under verl's defaults (512 samples, 4 optimizer steps,
+    16 GPUs; prompts 512, responses of mean 971.16 and cap 4,096; budgets 16,384 for the actor and
     its reference, 32,768 for the critic): a GPU's 8 training rows hold 8 x 1,483.16 = 11,865
-    tokens, one micro-batch (at the cap, 36,864: 3, split evenly 4); the reference's 32 rows
-    47,461 tokens, 3 budgets, split evenly 4; the critic's values 2. grpo-8b-32gpu-longtail's rows
-    reach 512 + 16,384 tokens, past verl's default budget, which verl asserts holds a row: its
-    default configuration is priced with the budget raised to one row."""
+    tokens on average, one budget, but the heaviest of the 16 ranks passes it on most drawn steps:
+    verl forms 1.5625 on average, priced 2 (at the cap, 36,864 tokens: 3, split evenly 4); the
+    reference's 32 rows 4 on every step; the critic's values 2. grpo-8b-32gpu-longtail's rows reach
+    512 + 16,384 tokens, past verl's default budget, which verl asserts holds a row: its default
+    configuration is priced with the budget raised to one row, 4 rows a GPU in 2."""
     from realbench.engines import priced_as
     from realbench.engines.documents import budget_row
+    from realbench.engines.verl_packer import mean_count
     from realbench.plan import load_scenario
 
     s = priced_as(load_scenario("ppo-8b-16gpu-longtail"), "verl")
     assert budget_row(s, "actor_train") == pytest.approx(512 + s.dataflow.call("actor_gen").lengths.expected)
     plan = verl.default_plan(s)
-    assert (plan["actor_train"].strategy.dp, plan["actor_train"].strategy.micro_batches) == (16, 1)
+    assert (plan["actor_train"].strategy.dp, plan["actor_train"].strategy.micro_batches) == (16, 2)
+    assert mean_count(verl._step_rows(s), 8, 16, 16384) == 1.5625 and 8 * budget_row(s, "actor_train") < 16384
     assert plan["ref_inf"].strategy.micro_batches == 4 and plan["critic_inf"].strategy.micro_batches == 2
     long = priced_as(load_scenario("grpo-8b-32gpu-longtail"), "verl")
-    rows = 512 // 4 // 32  # a GPU's rows an optimizer step
-    assert verl.default_plan(long)["actor_train"].strategy.micro_batches == \
-        verl._packed(rows, budget_row(long, "actor_train"), 512 + 16384) < rows
+    actor = verl.default_plan(long)["actor_train"].strategy
+    assert (actor.micro_batches, actor.max_tokens) == (2, 512 + 16384)
+
+
+def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms():
+    """realbench.engines.verl_packer against verl's rearrange_micro_batches (verl_check.py count, in
+    verl's environment): the same count on each of 48 steps drawn from ppo-8b-16gpu-longtail's
+    response lengths, 32 rows a GPU, under three budgets (one a Megatron pipeline of 2 with virtual
+    stages rounds to even counts). Rows all alike: the partition is as even as rows allow, for
+    every count up to 64 rows. The ranks agree, by hand: a rank of four rows of 300 tokens alone
+    forms 2 micro-batches within 1,000 (600 each); one of 950, 650, 300 and 100 (2,000 tokens: 2 by
+    the bound) cannot keep two within it (the 950 beside any other passes it): 3; together, 3 on
+    both; rounded to a pipeline of 2, 4."""
+    import numpy as np
+
+    from realbench.engines.areal_packer import StepRows
+    from realbench.engines.verl_packer import count, partition
+    from realbench.plan import load_scenario
+
+    s = load_scenario("ppo-8b-16gpu-longtail")
+    gen = s.dataflow.call("actor_gen")
+    tokens = StepRows(gen.prompt_len, gen.gen_len, s.dataflow.call("actor_train").lengths).tokens(32, 1)[:48, 0]
+    for budget, divided_by in ((16384, None), (24576, None), (9000, 2)):
+        job = Path(os.environ.get("TMPDIR", "/tmp")) / f"realbench-verl-count-{os.getpid()}-{budget}.json"
+        job.write_text(json.dumps({"budget": budget, "divided_by": divided_by, "steps": tokens.tolist()}))
+        try:
+            verls = verl_check("count", job)["counts"]
+        finally:
+            job.unlink()
+        ours = [count(t[None, :], budget, divided_by) for t in tokens]
+        assert ours == verls, (budget, ours, verls)
+        assert len(set(ours)) > 1 or budget == 24576  # (counts that differ step by step)
+    for rows in range(1, 65):
+        for n in range(1, rows + 1):
+            assert max(map(len, partition([7] * rows, n))) == -(-rows // n)
+    assert count(np.array([[300] * 4]), 1000) == 2 and count(np.array([[950, 650, 300, 100]]), 1000) == 3
+    assert count(np.array([[300] * 4, [950, 650, 300, 100]]), 1000) == 3
+    assert count(np.array([[300] * 4, [950, 650, 300, 100]]), 1000, divided_by=2) == 4
 
 
 def test_dynamic_batching_plans_memory_for_a_micro_batch_as_full_as_its_budget(cli, job):

@@ -79,7 +79,7 @@ from realbench.engines.documents import (job_documents, lora_problem, refuse_off
                                          whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
-from realbench.engines.verl import _nest, _packed
+from realbench.engines.verl import _nest, _rounds
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
@@ -424,7 +424,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     limit = s[SERVER_SLOTS[server["backend"]]]
     slots = min(math.ceil(in_flight / server["d"]), int(limit) if limit else per_server)
     calls["actor_gen"] = {"mesh": meshes["rollout"], "dp": server["d"], "tp": server["t"], "pp": server["p"],
-                          "micro_batches": _packed(per_server, 1, slots)}
+                          "micro_batches": _rounds(per_server, slots)}
     calls["reward_inf"] = {"mesh": meshes["rollout"], "dp": meshes["rollout"].size, "tp": 1, "pp": 1,
                            "micro_batches": 1}
     for c in calls.values():

@@ -29,10 +29,8 @@ tensor-parallel ones holding the same rows). So:
   (`max_tokens`, on import too: the budget realbench would write for the count read), and memory
   is planned for a micro-batch that full, the largest AReaL forms on the drawn steps.
 
-(verl's dynamic batching is priced from the rows' mean tokens, realbench.engines.verl: its count
-is at least ceil(T / budget) on the rank with the most tokens T, raised until its
-workload-balanced partition keeps every micro-batch within the budget, verl/utils/
-seqlen_balancing.py:395-455; not modelled here yet.) The packer here is checked against AReaL's
+(verl forms its micro-batches otherwise, by a workload-balanced partition: realbench.engines.verl_packer,
+which counts on the same drawn steps.) The packer here is checked against AReaL's
 own (`areal_check.py pack`) in the tests.
 """
 
@@ -53,8 +51,9 @@ SEED = 0
 
 @dataclass(frozen=True)
 class StepRows:
-    """A call's rows as AReaL's packer sees them: a prompt of `prompt_len` tokens (at its cap) and a
-    response drawn from `lengths`, or of `gen_len` tokens each without one."""
+    """A call's rows as an engine's packer sees them (AReaL's here, verl's in verl_packer): a prompt
+    of `prompt_len` tokens (at its cap) and a response drawn from `lengths`, or of `gen_len` tokens
+    each without one."""
 
     prompt_len: int
     gen_len: int

@@ -81,7 +81,7 @@ from realbench.engines import listing
 from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload, serving_gap,
                                          whole_alpha)
 from realbench.engines.listing import PlanTable, group_sizes
-from realbench.engines.verl import _packed, _splits
+from realbench.engines.verl import _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
@@ -450,7 +450,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         dp = dp_of(role)
         per_gpu = _even(batch, dp, "samples of an optimizer step", "--train.batch_size", source)
         if dynamic:  # first fit of a GPU's rows, the largest count over the ranks (replay_buffer.py:116-127)
-            m = _packed(per_gpu, 1, _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T))
+            m = _rounds(per_gpu, _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T))
         else:
             if per_gpu % micro:
                 raise ConfigError(f"{micro} does not divide a GPU's {per_gpu} samples of an optimizer step: DeepSpeed "
@@ -469,12 +469,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             chunks = max(actor_dp, -(-rows // _rows_within(L, infer_tokens * T)) // actor_dp * actor_dp)
             m = _splits(per_gpu, -(-chunks // dp))
         else:
-            m = _packed(per_gpu, 1, infer_micro)
+            m = _rounds(per_gpu, infer_micro)
         return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m, "zero": z}
 
     calls: dict[str, dict] = {
         "actor_gen": {"mesh": meshes["vllm"], "dp": engines, "tp": rollout_tp, "pp": 1,
-                      "micro_batches": _packed(_even(rows, engines, "samples", "--vllm.num_engines", source), 1,
+                      "micro_batches": _rounds(_even(rows, engines, "samples", "--vllm.num_engines", source),
                                                VLLM_MAX_NUM_SEQS)},
         "actor_train": trained("actor")}
     if reference:
@@ -666,9 +666,9 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         out.update({"reward.num_nodes": shape(RM)[0], "reward.num_gpus_per_node": shape(RM)[1]})
     g = df.call("actor_gen")
     rows, n = g.seqs, g.group_size
-    if rows % gen.dp or _packed(rows // gen.dp, 1, VLLM_MAX_NUM_SEQS) != gen.micro_batches:
+    if rows % gen.dp or _rounds(rows // gen.dp, VLLM_MAX_NUM_SEQS) != gen.micro_batches:
         raise ConfigError(f"OpenRLHF leaves vLLM's max_num_seqs at its default ({VLLM_MAX_NUM_SEQS}): "
-                          f"{_packed(rows // gen.dp, 1, VLLM_MAX_NUM_SEQS) if rows % gen.dp == 0 else '?'} batches a "
+                          f"{_rounds(rows // gen.dp, VLLM_MAX_NUM_SEQS) if rows % gen.dp == 0 else '?'} batches a "
                           "vLLM engine", "calls.actor_gen.micro_batches")
     steps = df.call("actor_train").optimizer_steps
     batch = rows // steps
@@ -691,7 +691,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 default=defaults()["rollout.micro_batch_size"])
     for name in ds_calls:  # ref, critic, reward: one chunk size; every DeepSpeed group: the batch rules
         s = options[name].strategy
-        if name in forwards and (rows % s.dp or _packed(rows // s.dp, 1, infer) != s.micro_batches):
+        if name in forwards and (rows % s.dp or _rounds(rows // s.dp, infer) != s.micro_batches):
             raise ConfigError(f"OpenRLHF's forwards run in chunks of one size (--rollout.micro_batch_size): no size "
                               f"gives {s.micro_batches} of a GPU's {rows // s.dp if rows % s.dp == 0 else rows / s.dp} "
                               "samples here and the other calls' counts", f"calls.{name}.micro_batches")
@@ -876,7 +876,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 continue
             micros = [m for m in divisors(batch // widest) if is_pow2(m) or m == batch // widest]
             chunks = [k for k in divisors(rows // widest) if is_pow2(k) or k == rows // widest]
-            gens = [Option(V, Strategy(V.size // t, t, 1, _packed(rows // (V.size // t), 1, VLLM_MAX_NUM_SEQS)))
+            gens = [Option(V, Strategy(V.size // t, t, 1, _rounds(rows // (V.size // t), VLLM_MAX_NUM_SEQS)))
                     for t in rollout_tps if V.size % t == 0 and rows % (V.size // t) == 0]
             if not gens:
                 continue
@@ -896,7 +896,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                                                                  zero if dp > 1 else 0,
                                                                  offload_optimizer=states == "sleep",
                                                                  host_adam=states == "host"))
-                        return Option(groups[name], Strategy(dp, T, 1, _packed(rows // dp, 1, chunk),
+                        return Option(groups[name], Strategy(dp, T, 1, _rounds(rows // dp, chunk),
                                                              zero=(3 if zero == 3 else 0) if dp > 1 else 0))
 
                     first = {n: option(n, 0, False) for n in groups}

@@ -39,9 +39,12 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   (workers/engine_workers.py:261-314); a replica's rows split into micro-batches of
   `*_micro_batch_size_per_gpu` rows that must divide them (workers/engine/utils.py:122-128), or
   with `use_dynamic_bsz` packed up to `*_max_token_len_per_gpu` tokens, counted by the rows' real
-  lengths (the attention mask's sum, utils/seqlen_balancing.py:378-382: documents.budget_row; a budget
-  holds at least a whole row, :384-386) and priced as the fewest equal micro-batches at least as
-  many as the packed ones (`_packed`: realbench's plans split a GPU's rows evenly). The V1 critic always packs,
+  lengths (the attention mask's sum, utils/seqlen_balancing.py:378-382; a budget holds at least a
+  whole row, :384-386), as many micro-batches as verl's dynamic batching forms (the largest count
+  over the data-parallel ranks, raised until its workload-balanced partition keeps each within the
+  budget, :395-455: realbench.engines.verl_packer, on steps drawn from the response lengths),
+  priced as the fewest equal micro-batches at least as many (`_formed`: realbench's plans split a
+  GPU's rows evenly). The V1 critic always packs,
   both its calls to `critic.ppo_infer_max_token_len_per_gpu` (dataclass default 32768) tokens
   (trainer/ppo/v1/trainer_base.py:266-268). verl adds micro-batches until each holds at most the
   budget (utils/seqlen_balancing.py:443-460): where rows are packed, a packed call carries its budget
@@ -112,15 +115,18 @@ import difflib
 import json
 import math
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import yaml
 
 from realbench.dataflow import CallKind
+from realbench.dataflow.lengths import LengthDistribution
+from realbench.engines.areal_packer import StepRows
 from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, serving_gap, whole_alpha,
                                          whole_row_budget)
+from realbench.engines.verl_packer import mean_count
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
@@ -157,10 +163,10 @@ CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/work
 CRITIC_BUDGET = "critic.ppo_infer_max_token_len_per_gpu"
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
-PRICING_GAPS = ("with use_dynamic_bsz the micro-batch count is priced from the rows' mean tokens; verl takes the "
-                "largest count over the data-parallel ranks and adds micro-batches until its workload-balanced "
-                "partition keeps each within the budget (verl/utils/seqlen_balancing.py:395-455); its memory is "
-                "planned for a micro-batch as full as the budget",
+PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.engines.verl_packer, its mean count "
+                "over steps drawn from the response lengths) are priced as that many equal ones, each holding a "
+                "GPU's rows evenly; verl's are unequal (its workload-balanced partition), and memory is planned for "
+                "one as full as the budget",
                 "a reward model on its own pool scores each response as its generation ends (verl's reward "
                 "loop); realbench scores the batch after generation, beside the reference's and critic's "
                 "forwards on the trainer's GPUs: a step at most the reward call's time too long",
@@ -400,13 +406,40 @@ def _ceil(a: float, b: float) -> int:
     return max(1, math.ceil(a / b))
 
 
-def _packed(rows: int, row_size: float, budget: int) -> int:
-    """The micro-batches realbench prices for a GPU's `rows` packed up to `budget` (tokens, rows
-    of `row_size` tokens: verl's dynamic batching; or sequences, row_size 1: a serving engine's
-    max_num_seqs rounds): the ceil(rows x row_size / budget) unequal ones counted as the fewest
-    equal splits of the rows that are at least as many (realbench's plans split a GPU's rows
-    evenly; at most one micro-batch more than a divisor away)."""
-    return _splits(rows, _ceil(rows * row_size, budget))
+def _rounds(rows: int, at_most: int) -> int:
+    """The micro-batches realbench prices for a GPU's `rows` taken at most `at_most` at a time (a
+    serving replica's max_num_seqs, a trainer's rows a micro-batch): ceil(rows / at_most), counted
+    as the fewest equal splits of the rows at least as many (realbench's plans split a GPU's rows
+    evenly)."""
+    return _splits(rows, _ceil(rows, at_most))
+
+
+def _formed(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Optional[int] = None) -> Optional[int]:
+    """The micro-batches realbench prices for a GPU's `rows` that verl's dynamic batching packs
+    within `budget` tokens on `ranks` data-parallel ranks (verl_packer.mean_count, on the steps
+    `step` draws): the mean count, to the nearest whole one, as the fewest equal splits of the rows
+    at least as many (a multiple of `divided_by`, Megatron's with virtual stages: realbench's plans
+    split a GPU's rows evenly); None where verl refuses it (a multiple beyond the rows)."""
+    mean = mean_count(step, rows, ranks, budget, divided_by)
+    if mean is None:
+        return None
+    m = max(1, round(mean))
+    return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (not divided_by or k % divided_by == 0)),
+                None)
+
+
+def _step_rows(scenario: Scenario) -> StepRows:
+    """A verl job's rows as its dynamic batching counts them: the prompt and the response as long as
+    it ran, drawn from the scenario's response lengths (the trained calls'), or every one at its cap."""
+    gen = scenario.dataflow.call("actor_gen")
+    return StepRows(gen.prompt_len, gen.gen_len, scenario.dataflow.call("actor_train").lengths)
+
+
+def _divided_by(s: Strategy) -> Optional[int]:
+    """The multiple of micro-batches verl's Megatron engine forms with virtual stages (its
+    microbatch_group_size_per_vp_stage, the pipeline's size: workers/engine/megatron/
+    transformer_impl.py:873-877), or None."""
+    return s.pp if s.virtual_stages > 1 else None
 
 
 def _splits(rows: int, count: int) -> int:
@@ -519,10 +552,10 @@ READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *
 
 
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            row: Optional[float] = None, gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
+            lengths: Optional[LengthDistribution] = None, gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config).
-    `row`: the tokens a row counts toward a token budget (documents.budget_row: the prompt and the
-    mean response, for a job with response lengths); default the whole row. `gpus_per_node`: the
+    `lengths`: the responses' lengths verl's dynamic batching sees (default: every response at its
+    cap; realbench.engines.verl_packer counts its micro-batches). `gpus_per_node`: the
     node size, for the one-step-off entry's two pools (the synchronous trainer's config gives it)."""
     refuse_unpriced(engine, s, given, source)
     one_step_off = ROLLOUT_POOL[0] in s
@@ -599,7 +632,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           f"rollout's ({server!r})", f"{RM}.rollout.name", source)
     prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
     L = prompt_len + gen_len
-    row = row or L
+    step = StepRows(prompt_len, gen_len, lengths)
     rows = prompts * n
 
     if engine == "dp":
@@ -647,12 +680,19 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         return whole_row_budget(s[key], L, key, source,
                                 "verl asserts a budget at least that (verl/utils/seqlen_balancing.py:384-386)")
 
+    def packed_count(rows_per_gpu: int, key: str) -> int:  # verl's dynamic batching (verl_packer)
+        formed = _formed(step, rows_per_gpu, dp, budget(key), pp if v > 1 else None)
+        if formed is None:
+            raise ConfigError(f"{budget(key)}: verl's Megatron engine would form a multiple of {pp} micro-batches "
+                              f"(its virtual stages) beyond a GPU's {rows_per_gpu} rows", key, source)
+        return formed
+
     def train_micro_batches(role: str) -> int:
         per_gpu = rows // steps // dp
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return _packed(per_gpu, row, budget(CRITIC_BUDGET))
+            return packed_count(per_gpu, CRITIC_BUDGET)
         if s[f"{A}.use_dynamic_bsz"]:
-            return _packed(per_gpu, row, budget(f"{A}.ppo_max_token_len_per_gpu"))
+            return packed_count(per_gpu, f"{A}.ppo_max_token_len_per_gpu")
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
     def offloads(role: str) -> dict[str, bool]:
@@ -664,7 +704,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         budget(f"{A}.ppo_max_token_len_per_gpu")
     ref = "actor_rollout_ref.ref"
     ref_m = (0 if not with_ref else
-             _packed(rows // dp, row, budget(f"{ref}.log_prob_max_token_len_per_gpu")) if s[f"{ref}.log_prob_use_dynamic_bsz"]
+             packed_count(rows // dp, f"{ref}.log_prob_max_token_len_per_gpu") if s[f"{ref}.log_prob_use_dynamic_bsz"]
              else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), rollout_pool.size, rollout_pool.gpus,
@@ -673,7 +713,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     whole = trainer_pool.label(per_node)
     calls = {
         "actor_gen": {"mesh": rollout_pool.label(per_node), "dp": replicas, "tp": rollout_tp, "pp": 1,
-                      "micro_batches": _packed(rows // replicas, 1, int(s[f"{R}.max_num_seqs"]))},
+                      "micro_batches": _rounds(rows // replicas, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"], **offloads("actor")},
@@ -689,7 +729,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                             f"{RM}.rollout.tensor_model_parallel_size", source)
         rm_replicas = scorer.size // rm_tp
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": rm_replicas, "tp": rm_tp, "pp": 1,
-                               "micro_batches": _packed(rows // rm_replicas, 1, int(s[f"{RM}.rollout.max_num_seqs"]))}
+                               "micro_batches": _rounds(rows // rm_replicas, int(s[f"{RM}.rollout.max_num_seqs"]))}
     else:
         scorer = _function_mesh(rows, rollout_pool)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
@@ -700,7 +740,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                  "zero": zeros["critic"],
                                  **offloads("critic")}
         calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": _packed(rows // dp, row, budget(CRITIC_BUDGET)),
+                               "micro_batches": packed_count(rows // dp, CRITIC_BUDGET),
                                "zero": 3 if engine == "dp" else 0}
     for c in calls.values():
         c.setdefault("mesh", whole)
@@ -922,26 +962,44 @@ def _per_micro_batch(scenario: Scenario, name: str, o: Option) -> int:
     return rows // m
 
 
+def _critic_counts(scenario: Scenario, train_rows: int, inf_rows: int, dp: int, divided_by: Optional[int],
+                   budget: int) -> tuple[Optional[int], Optional[int]]:
+    """The micro-batches verl's V1 critic forms of its train and inference rows a GPU under one budget."""
+    step = _step_rows(scenario)
+    return _formed(step, train_rows, dp, budget, divided_by), _formed(step, inf_rows, dp, budget, divided_by)
+
+
+def _mean_budget(scenario: Scenario, rows: int, m: int) -> int:
+    """The budget whose mean tokens make `m` micro-batches of a GPU's `rows` (a row's tokens on
+    average, documents.budget_row), at least a whole row: where verl's count starts."""
+    return max(math.ceil(rows * budget_row(scenario, "critic_train") / m), scenario.dataflow.call("critic_train").seq_len)
+
+
 def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
     """The V1 critic's token budget a GPU (critic.ppo_infer_max_token_len_per_gpu) under which
-    verl packs the critic's train and inference calls into the plan's micro-batch counts: one
-    budget B gives ceil(rows x row / B) of each (module doc; a row's tokens as verl counts them,
-    documents.budget_row), so both counts must agree with some B, at least a whole row (verl
-    asserts it, verl/utils/seqlen_balancing.py:384-386); the largest such B (the fewest packed
-    micro-batches) is written; or the budget the plan's critic calls carry (max_tokens: one for both)."""
+    verl packs the critic's train and inference calls into the plan's micro-batch counts (module
+    doc; the counts its dynamic batching forms, verl_packer), at least a whole row (verl asserts it,
+    verl/utils/seqlen_balancing.py:384-386): the budget the plan's critic calls carry (max_tokens:
+    one for both), or else the first of the budgets from the mean tokens' up (by 5%) under which
+    verl forms no more micro-batches of either call than the plan's, where it forms both counts."""
     ct, ci = options["critic_train"].strategy, options["critic_inf"].strategy
-    seq_len = scenario.dataflow.call("critic_train").seq_len
-    row = budget_row(scenario, "critic_train")
     train_rows = _rows_per_step(scenario, "critic_train", options["critic_train"])
     inf_rows = _rows_per_step(scenario, "critic_inf", options["critic_inf"])
-    train_tokens, inf_tokens = train_rows * row, inf_rows * row
     if ct.max_tokens != ci.max_tokens:
         raise ConfigError(f"{ci.max_tokens} beside critic_train's {ct.max_tokens}: verl's V1 critic packs both its "
                           "calls to one token budget (verl/trainer/ppo/v1/trainer_base.py:266-268)",
                           "calls.critic_inf.max_tokens")
-    budget = ct.max_tokens or max(math.ceil(train_tokens / ct.micro_batches), math.ceil(inf_tokens / ci.micro_batches),
-                                  seq_len)
-    if (_packed(train_rows, row, budget), _packed(inf_rows, row, budget)) != (ct.micro_batches, ci.micro_batches):
+    counts = partial(_critic_counts, scenario, train_rows, inf_rows, ct.dp, _divided_by(ct))
+    wanted = (ct.micro_batches, ci.micro_batches)
+    budget = ct.max_tokens or max(_mean_budget(scenario, train_rows, wanted[0]),
+                                  _mean_budget(scenario, inf_rows, wanted[1]))
+    if ct.max_tokens is None:
+        ceiling = max(_mean_budget(scenario, train_rows, 1), _mean_budget(scenario, inf_rows, 1))
+        while any((c or math.inf) > w for c, w in zip(counts(budget), wanted)) and budget < ceiling:
+            budget = min(ceiling, math.ceil(budget * 1.05))
+    if counts(budget) != (ct.micro_batches, ci.micro_batches):
+        row = budget_row(scenario, "critic_train")
+        train_tokens, inf_tokens = train_rows * row, inf_rows * row
         raise ConfigError(f"verl's V1 critic packs both its calls to one token budget a GPU of at least a row "
                           f"(verl/trainer/ppo/v1/trainer_base.py:266-268): "
                           f"{f'{budget} tokens do not give' if ct.max_tokens else 'no budget gives'} {ct.micro_batches} "
@@ -969,7 +1027,7 @@ def _dynamic(scenario: Scenario, options: dict[str, Option], name: str, flag: st
     if budget is None:
         return False
     rows = _rows_per_step(scenario, name, o)
-    formed = _packed(rows, budget_row(scenario, name), budget)
+    formed = _formed(_step_rows(scenario), rows, o.strategy.dp, budget, _divided_by(o.strategy))
     if formed != o.strategy.micro_batches:
         raise ConfigError(f"{budget}: verl's dynamic batching packs a GPU's {rows} rows into {formed} micro-batches "
                           f"under it, not {o.strategy.micro_batches}", f"calls.{name}.max_tokens")
@@ -1228,16 +1286,19 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             if all(group.values()):
                 yield group
             continue
-        seq_len, row = df.call("critic_train").seq_len, budget_row(scenario, "critic_train")
+        formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
         for m in divisors(rows // steps // dp):
-            budget = max(math.ceil(rows // steps // dp * row / m), seq_len)
-            if _packed(rows // steps // dp, row, budget) != m:  # fewer rows than a budget of one holds
+            budget = _mean_budget(scenario, rows // steps // dp, m)
+            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, pp if v > 1 else None, budget)
+            if None in counts or counts in formed:
                 continue
-            inf_m = _packed(rows // dp, row, budget)
+            formed.add(counts)
+            train_m, inf_m = counts
             # (rows packed: each micro-batch within the budget, which memory is planned for)
             tokens = budget if df.call("critic_train").padding_free else None
             with_critic = {**group, "critic_train": [replace(o, strategy=replace(o.strategy, max_tokens=tokens))
-                                                     for o in trained("critic_train") if o.strategy.micro_batches == m],
+                                                     for o in trained("critic_train")
+                                                     if o.strategy.micro_batches == train_m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
                                                                                  max_tokens=tokens))])}
             if all(with_critic.values()):
@@ -1318,6 +1379,6 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         given.update({"trainer.nnodes": trainer.nodes, "trainer.n_gpus_per_node": trainer.gpus,
                       ROLLOUT_POOL[0]: rollout.nodes, ROLLOUT_POOL[1]: rollout.gpus, HYBRID: False})
     _, plan = to_plan("dp", resolve("dp", given, one_step_off), set(), scenario.name, "h100",
-                      row=budget_row(scenario, "actor_train"), gpus_per_node=c.gpus_per_node if one_step_off else None)
+                      lengths=train.lengths, gpus_per_node=c.gpus_per_node if one_step_off else None)
     priced = scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
     return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced)

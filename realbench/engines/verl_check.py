@@ -15,6 +15,9 @@ OmegaConf only, never realbench.
         and with a top-level `rollout` block (the one-step-off entry point's config) what that
         entry point runs before it trains (its pools and its trainer's construction);
         prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
+    .venv-verl/bin/python realbench/engines/verl_check.py count STEPS.json
+        verl's dynamic batching (rearrange_micro_batches) on each step's rows: the micro-batches
+        it forms and their tokens (realbench.engines.verl_packer is checked against it)
 """
 
 from __future__ import annotations
@@ -210,9 +213,34 @@ def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
             if megatron and ref else None}
 
 
+def count(path: str) -> dict:
+    """verl's own dynamic batching (rearrange_micro_batches, verl/utils/seqlen_balancing.py) on
+    each step of a JSON file {"budget": tokens, "divided_by": n or null, "steps": [[a row's tokens,
+    ...], ...]}: one rank's rows a step (no data-parallel group), each row its tokens of attention
+    mask in a padded batch. Returns the micro-batches it forms and the tokens each holds."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+    job = json.loads(Path(path).read_text())
+    counts, tokens = [], []
+    for rows in job["steps"]:
+        width = max(rows)
+        mask = (torch.arange(width)[None, :] < torch.tensor(rows)[:, None]).long()
+        batch = TensorDict({"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[len(rows)])
+        micro_batches, _ = rearrange_micro_batches(batch, max_token_len=job["budget"],
+                                                   num_batches_divided_by=job.get("divided_by"))
+        counts.append(len(micro_batches))
+        tokens.append(sorted(int(m["attention_mask"].sum()) for m in micro_batches))
+    return {"counts": counts, "tokens": tokens}
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["defaults"]:
         print(json.dumps(defaults(), sort_keys=True, default=str))
+        return 0
+    if argv[:1] == ["count"] and len(argv) == 2:
+        print(json.dumps(count(argv[1])))
         return 0
     if argv[:1] == ["validate"] and len(argv) >= 2:
         try:
