@@ -66,14 +66,7 @@ BROADCAST_ENGINES = ("openrlhf", "areal")
 # (its NCCL checkpoint engine broadcasts buckets of the gathered weights from the actor's first rank
 # to the rollout's workers, verl/checkpoint_engine/nccl_checkpoint_engine.py)
 BROADCAST_AHEAD_ENGINES = ("verl",)
-
-
-def broadcasts_weights(scenario) -> bool:
-    """Whether the scenario's engine sends its generation the whole weights by a broadcast
-    (BROADCAST_ENGINES; BROADCAST_AHEAD_ENGINES with generation running ahead)."""
-    return scenario.engine in BROADCAST_ENGINES or (scenario.engine in BROADCAST_AHEAD_ENGINES
-                                                    and scenario.dataflow.max_staleness > 0)
-# of those, the ones that send a LoRA model's adapters alone (AReaL; OpenRLHF sends every parameter)
+# of the broadcasting ones, those that send a LoRA model's adapters alone (AReaL; OpenRLHF sends every parameter)
 ADAPTER_BROADCAST_ENGINES = ("areal",)
 # engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
 # OpenRLHF), not FSDP's fp32 parameters: what their optimizer offload moves (realbench.cost.sharding)
@@ -92,6 +85,13 @@ ROLLOUT_SLEEP_ENGINES = ("openrlhf",)
 # once every input is there (Estimator._list_schedule). verl and AReaL run their calls one after
 # another on the trainer's GPUs.
 EARLY_OLD_LOGPROBS_ENGINES = ("openrlhf",)
+
+
+def broadcasts_weights(scenario) -> bool:
+    """Whether the scenario's engine sends its generation the whole weights by a broadcast
+    (BROADCAST_ENGINES; BROADCAST_AHEAD_ENGINES with generation running ahead)."""
+    return scenario.engine in BROADCAST_ENGINES or (scenario.engine in BROADCAST_AHEAD_ENGINES
+                                                    and scenario.dataflow.max_staleness > 0)
 
 
 class _Column:

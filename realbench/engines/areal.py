@@ -79,7 +79,7 @@ from realbench.engines.documents import (job_documents, lora_problem, refuse_off
                                          whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
-from realbench.engines.verl import _nest, _rounds
+from realbench.engines.verl import _nest, _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
@@ -310,7 +310,7 @@ def _micro_batches(step: StepRows, rows: int, ranks: int, n_mbs: Optional[int], 
     and a multiple of pp; on average over the steps drawn, the nearest whole count, as the fewest
     even splits of the rows at least as many (realbench's plans split a GPU's rows evenly)."""
     m = max(1, round(step.micro_batches(rows, ranks, int(n_mbs or 1), None if budget is None else int(budget), pp)))
-    return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (pp == 1 or k % pp == 0)), rows)
+    return _splits(rows, m, pp) or rows
 
 
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",

@@ -421,11 +421,7 @@ def _formed(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Opti
     at least as many (a multiple of `divided_by`, Megatron's with virtual stages: realbench's plans
     split a GPU's rows evenly); None where verl refuses it (a multiple beyond the rows)."""
     mean = mean_count(step, rows, ranks, budget, divided_by)
-    if mean is None:
-        return None
-    m = max(1, round(mean))
-    return next((k for k in range(min(m, rows), rows + 1) if rows % k == 0 and (not divided_by or k % divided_by == 0)),
-                None)
+    return None if mean is None else _splits(rows, max(1, round(mean)), divided_by or 1)
 
 
 def _step_rows(scenario: Scenario) -> StepRows:
@@ -435,17 +431,18 @@ def _step_rows(scenario: Scenario) -> StepRows:
     return StepRows(gen.prompt_len, gen.gen_len, scenario.dataflow.call("actor_train").lengths)
 
 
-def _divided_by(s: Strategy) -> Optional[int]:
+def _divided_by(pp: int, virtual_stages: int) -> Optional[int]:
     """The multiple of micro-batches verl's Megatron engine forms with virtual stages (its
     microbatch_group_size_per_vp_stage, the pipeline's size: workers/engine/megatron/
     transformer_impl.py:873-877), or None."""
-    return s.pp if s.virtual_stages > 1 else None
+    return pp if virtual_stages > 1 else None
 
 
-def _splits(rows: int, count: int) -> int:
-    """The fewest equal splits of a GPU's `rows` at least `count` (realbench's plans split a GPU's
-    rows evenly)."""
-    return next(m for m in range(min(count, rows), rows + 1) if rows % m == 0)
+def _splits(rows: int, count: int, multiple: int = 1) -> Optional[int]:
+    """The fewest equal splits of a GPU's `rows` at least `count` and a multiple of `multiple`
+    (realbench's plans split a GPU's rows evenly); None where no count of splits is one (never
+    with `multiple` 1: the rows themselves)."""
+    return next((m for m in range(min(count, rows), rows + 1) if rows % m == 0 and m % multiple == 0), None)
 
 
 def _divide(rows: int, per_gpu: Optional[int], key: str, source: str) -> int:
@@ -681,7 +678,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                 "verl asserts a budget at least that (verl/utils/seqlen_balancing.py:384-386)")
 
     def packed_count(rows_per_gpu: int, key: str) -> int:  # verl's dynamic batching (verl_packer)
-        formed = _formed(step, rows_per_gpu, dp, budget(key), pp if v > 1 else None)
+        formed = _formed(step, rows_per_gpu, dp, budget(key), _divided_by(pp, v))
         if formed is None:
             raise ConfigError(f"{budget(key)}: verl's Megatron engine would form a multiple of {pp} micro-batches "
                               f"(its virtual stages) beyond a GPU's {rows_per_gpu} rows", key, source)
@@ -989,7 +986,7 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
         raise ConfigError(f"{ci.max_tokens} beside critic_train's {ct.max_tokens}: verl's V1 critic packs both its "
                           "calls to one token budget (verl/trainer/ppo/v1/trainer_base.py:266-268)",
                           "calls.critic_inf.max_tokens")
-    counts = partial(_critic_counts, scenario, train_rows, inf_rows, ct.dp, _divided_by(ct))
+    counts = partial(_critic_counts, scenario, train_rows, inf_rows, ct.dp, _divided_by(ct.pp, ct.virtual_stages))
     wanted = (ct.micro_batches, ci.micro_batches)
     budget = ct.max_tokens or max(_mean_budget(scenario, train_rows, wanted[0]),
                                   _mean_budget(scenario, inf_rows, wanted[1]))
@@ -1027,7 +1024,8 @@ def _dynamic(scenario: Scenario, options: dict[str, Option], name: str, flag: st
     if budget is None:
         return False
     rows = _rows_per_step(scenario, name, o)
-    formed = _formed(_step_rows(scenario), rows, o.strategy.dp, budget, _divided_by(o.strategy))
+    formed = _formed(_step_rows(scenario), rows, o.strategy.dp, budget,
+                     _divided_by(o.strategy.pp, o.strategy.virtual_stages))
     if formed != o.strategy.micro_batches:
         raise ConfigError(f"{budget}: verl's dynamic batching packs a GPU's {rows} rows into {formed} micro-batches "
                           f"under it, not {o.strategy.micro_batches}", f"calls.{name}.max_tokens")
@@ -1289,7 +1287,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
         for m in divisors(rows // steps // dp):
             budget = _mean_budget(scenario, rows // steps // dp, m)
-            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, pp if v > 1 else None, budget)
+            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, _divided_by(pp, v), budget)
             if None in counts or counts in formed:
                 continue
             formed.add(counts)
