@@ -5,6 +5,7 @@ dataclasses) in verl's own environment (`make engines`: .venv-verl)."""
 import json
 import math
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -1304,6 +1305,9 @@ def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gp
     assert (checked["rollout_tp"], checked["bypass_mode"], checked["memory_fraction"]) == (2, True, 0.6)
     launch = config.with_name("grpo ahead-launch.sh").read_text()
     assert verl.ONE_STEP_OFF_ENTRY in launch and "--gpus-per-node 8" in launch
+    # the file's own name, space and all, reaches verl as one argument
+    command = shlex.split(next(line for line in launch.splitlines() if line.startswith("exec ")))
+    assert command[command.index("--config-name") + 1] == "grpo ahead"
     again, plan_again, scenario_again = imported(cli, job, config, out="ahead-again", name="grpo ahead")
     assert plan_again["calls"] == calls and scenario_again["dataflow"] == scenario["dataflow"]
     assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)

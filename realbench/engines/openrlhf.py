@@ -768,7 +768,7 @@ def config_files(config: Path, engine: str, settings: dict[str, Any],
     was made for (its command line gives only each group's count), named for reading it back."""
     lines = ["  " + " ".join(shlex.quote(w) for w in flag) for flag in command_line(settings)]
     note = "" if node_size is None else (f"# (planned on nodes of {node_size} GPUs: realbench import openrlhf "
-                                         f"{config.name} --gpus-per-node {node_size})\n")
+                                         f"{shlex.quote(config.name)} --gpus-per-node {node_size})\n")
     text = ("#!/usr/bin/env bash\n"
             f"# OpenRLHF {VERSION}: the plan realbench wrote (pip install openrlhf[vllm]=={VERSION})\n" + note +
             'ray job submit --address="${RAY_ADDRESS:-http://127.0.0.1:8265}" -- \\\n'

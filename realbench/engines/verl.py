@@ -114,6 +114,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import shlex
 from dataclasses import replace
 from functools import lru_cache, partial
 from pathlib import Path
@@ -1151,12 +1152,14 @@ def launch_script(config: Path, node_size: Optional[int] = None) -> str:
     """The launch script of a written config: verl's synchronous trainer, or with `node_size` (the
     GPUs of a node its two pools were planned on) the one-step-off entry point."""
     entry = ENTRY if node_size is None else ONE_STEP_OFF_ENTRY
+    # (file names as the user gave them, spaces and all: quoted for the shell)
     note = "" if node_size is None else (f"# (its two pools were planned on nodes of {node_size} GPUs: "
-                                         f"realbench import verl {config.name} --gpus-per-node {node_size})\n")
+                                         f"realbench import verl {shlex.quote(config.name)} --gpus-per-node "
+                                         f"{node_size})\n")
     return ("#!/usr/bin/env bash\n"
             f"# verl {VERSION}: the plan realbench wrote as {config.name} (pip install verl=={VERSION})\n" + note +
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
-            f'exec {entry} --config-path "$here" --config-name {config.stem} "$@"\n')
+            f'exec {entry} --config-path "$here" --config-name {shlex.quote(config.stem)} "$@"\n')
 
 
 def config_files(config: Path, engine: str, settings: dict[str, Any],
