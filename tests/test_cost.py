@@ -98,6 +98,66 @@ def test_zero_stages_shard_memory_and_price_their_collectives_worked_by_hand():
     assert few.dp_comm_s == pytest.approx(gather + host - few.compute_s + first + M7.layer_params / 8 * 4 / 64e9)
 
 
+def test_ulysses_splits_a_micro_batch_by_sequence_worked_by_hand():
+    """dp 4 x sp 2 against dp 8, 4 micro-batches each (realbench.cost.calls): a Ulysses group's 32
+    rows a micro-batch, each device 16 x 1024 tokens of them, as each of dp 8's 16 rows; so the
+    compute, the activations and the FSDP state sharded over all 8 devices are dp 8's, plus two
+    all-to-alls a layer per pass (forward, backward): q, k, v out and the output back, 4 x 4096 bf16
+    values a token, half of them leaving the device."""
+    call, P = train_call(), M7.n_params
+    mesh = Mesh(0, 1, 0, 8)
+    flat = call_cost(call, M7, H100, Option(mesh, Strategy(8, 1, 1, 4, zero=3)))
+    split = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=3, sp=2)))
+    assert split.compute_s == pytest.approx(flat.compute_s, rel=1e-12)
+    assert split.working_bytes == flat.working_bytes and split.master_bytes == flat.master_bytes
+    assert split.weights_bytes == pytest.approx(2 * P / 8, rel=1e-6) and split.dp_comm_s == flat.dp_comm_s
+    tokens = 16 * 1024
+    exchange = (2 - 1) / 2 * tokens * 4 * 4096 * 2 / 455.4e9 + 2.957e-6
+    assert (H100.intra_bw, H100.intra_latency_s) == (455.4e9, 2.957e-6)
+    assert flat.tp_comm_s == 0 and split.tp_comm_s == pytest.approx(4 * 2 * 32 * exchange, rel=1e-12)
+    assert split.time_s == pytest.approx(flat.time_s + split.tp_comm_s, rel=1e-12)
+    # a forward-only call: one exchange a layer and micro-batch
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(4, 1, 1, 8, zero=3, sp=2)))
+    assert inf.tp_comm_s == pytest.approx(8 * 32 * (tokens / 2 * 4 * 4096 * 2 / 455.4e9 / 2 + 2.957e-6), rel=1e-12)
+    # KV heads fewer than the group: repeated up to it before the exchange (verl's repeat_kv):
+    # q 4096 + 4 heads of 128 for each of k and v, a quarter of a device's 8 x 1024 tokens kept
+    gqa = M7.model_copy(update={"n_kv_heads": 2})
+    four = call_cost(call, gqa, H100, Option(mesh, Strategy(2, 1, 1, 4, zero=3, sp=4)))
+    values = 2 * 4096 + 2 * 4 * 128
+    assert four.tp_comm_s == pytest.approx(4 * 2 * 32 * (3 / 4 * 64 * 1024 / 4 * values * 2 / 455.4e9 + 2.957e-6),
+                                           rel=1e-12)
+    # memory: half the tokens a device, half the activations (8 micro-batches of the group's 16 rows)
+    halves = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 8, zero=3, sp=2)))
+    activations = flat.working_bytes - halves.working_bytes
+    assert activations == pytest.approx(flat.working_bytes - call_cost(
+        call, M7, H100, Option(mesh, Strategy(8, 1, 1, 8, zero=3))).working_bytes, rel=1e-9) and activations > 0
+
+
+def test_ulysses_is_refused_where_fsdp_cannot_run_it():
+    from realbench.plan.options import strategy_problem
+
+    gen = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
+    mesh = Mesh(0, 1, 0, 8)
+    cases = [(gen, M7, Strategy(4, 1, 1, sp=2), "not generation's"),
+             (train_call(), M7, Strategy(4, 1, 1, 1, zero=1, sp=2), "zero 2 or 3, tp 1 and pp 1"),
+             (train_call(), M7, Strategy(2, 2, 1, 1, zero=3, sp=2), "zero 2 or 3, tp 1 and pp 1"),
+             (train_call(), M7.model_copy(update={"n_heads": 12, "n_kv_heads": 12}), Strategy(1, 1, 1, 1, zero=3, sp=8),
+              "does not split the 12 attention heads"),
+             (train_call(), M7.model_copy(update={"n_kv_heads": 6, "n_heads": 24}), Strategy(2, 1, 1, 1, zero=3, sp=4),
+              "does not split the 24 attention heads and 6 KV heads")]
+    for call, model, strategy, reason in cases:
+        field, message = strategy_problem(call, model, H100, mesh, strategy)
+        assert field == "sp" and reason in message, (strategy, message)
+    field, message = strategy_problem(train_call(), M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3, sp=2))
+    assert field == "dp" and "dp*sp*tp*pp = 8*2*1*1 = 16" in message
+    # a token budget a device: a group of 4 holds a 1024-token row in 256 each
+    packed = CallDef(name="t", model="m", kind="train", seqs=512, seq_len=1024, padding_free=True)
+    assert strategy_problem(packed, M7, H100, mesh, Strategy(2, 1, 1, 1, zero=3, max_tokens=256, sp=4)) is None
+    field, message = strategy_problem(packed, M7, H100, mesh, Strategy(2, 1, 1, 1, zero=3, max_tokens=255, sp=4))
+    assert field == "max_tokens" and "a sequence-parallel group of 4" in message
+
+
 def test_zero_is_refused_where_its_engines_cannot_run_it():
     from realbench.plan.options import strategy_problem
 
@@ -417,7 +477,7 @@ def test_the_search_offers_zero_only_when_asked(cli, tmp_path):
         before = {(o.mesh, o.strategy) for o in plain.options[call.name]}
         after = list(sharded.options[call.name])
         assert {(o.mesh, o.strategy) for o in after if o.strategy.zero == 0} == before
-        stages = {(o.strategy.zero, o.strategy.dp > 1, o.strategy.pp) for o in after}
+        stages = {(o.strategy.zero, o.strategy.shards > 1, o.strategy.pp) for o in after}
         want = {CallKind.TRAIN: {1, 2, 3}, CallKind.INFERENCE: {3}}.get(call.kind, set())
         assert {z for z, _, _ in stages if z} == want, call.name
         assert all(many for z, many, _ in stages if z) and all(pp == 1 for z, _, pp in stages if z >= 2)

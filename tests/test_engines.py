@@ -95,6 +95,10 @@ BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.ro
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
+# Ulysses: the actor's (the reference's follows it), or each role's engine its own
+ULYSSES = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",)
+ULYSSES_EACH = ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",
+                "critic.fsdp.ulysses_sequence_parallel_size=2")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -229,7 +233,10 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                                       *MEGATRON_OFFLOAD)),
                                                ("ppo-rm.yaml", FSDP2 + OPTIMIZER_OFFLOAD),
                                                # dynamic batching: the actor's and reference's budgets
-                                               ("grpo_qwen_fsdp.yaml", DYNAMIC)])
+                                               ("grpo_qwen_fsdp.yaml", DYNAMIC),
+                                               # Ulysses sequence parallelism, with dynamic batching too
+                                               ("grpo_qwen_fsdp.yaml", ULYSSES + DYNAMIC),
+                                               ("ppo-rm.yaml", ULYSSES_EACH)])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -301,8 +308,68 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     if critic:  # (the V1 critic always packs, both its calls to one budget)
         assert plan["calls"]["critic_train"].get("max_tokens") == plan["calls"]["critic_inf"].get("max_tokens") == \
             (checked["critic_budget"] if packed else None)
+    # Ulysses: each engine built with the plan's groups (the reference's following the actor's
+    # role-level size, its own engine's otherwise), a group's rows its data-parallel rank's
+    sp = {"actor": 2 if ULYSSES[0] in overrides else 4 if ULYSSES_EACH[0] in overrides else 1,
+          "critic": 2 if ULYSSES_EACH[1] in overrides else 1}
+    sp["ref"] = sp["actor"] if ULYSSES[0] in overrides else 1
+    fsdp_roles = "megatron" not in config
+    assert (checked["ulysses"], checked["ref_ulysses"], checked["critic_ulysses"]) == \
+        ((sp["actor"] if fsdp_roles else None), sp["ref"] if fsdp_roles and checked["ref"] else None,
+         sp["critic"] if fsdp_roles and critic else None)
+    for name, role in (("actor_train", "actor"), ("ref_inf", "ref"), ("critic_train", "critic"), ("critic_inf", "critic")):
+        if name in plan["calls"]:
+            assert plan["calls"][name].get("sp", 1) == sp[role], name
+            assert plan["calls"][name]["dp"] * sp[role] * plan["calls"][name]["tp"] * plan["calls"][name]["pp"] == \
+                checked["n_gpus"], name
     assert plan_again["calls"] == plan["calls"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+def test_ulysses_groups_are_read_as_verl_forms_them_by_hand(cli, job):
+    """verl's FSDP engine with ulysses_sequence_parallel_size 2 on 8 GPUs: 4 data-parallel groups
+    of 2 (its (dp, sp) mesh), each a group's rows: a step's 32 rows (8 prompts x 4) 8 a group, in
+    micro-batches of 4 (ppo_micro_batch_size_per_gpu): 2; the reference's 128 rows 32 a group, 8 a
+    micro-batch: 4. Its dynamic batching packs a group's rows to its budget times 2: a group's 8
+    rows of 192 tokens within 384 x 2, 2 micro-batches (within 384 alone it would be 4), as many as
+    a GPU's 4 rows within 384 without the groups."""
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *ULYSSES, out="ulysses", name="sp")
+    calls = plan["calls"]
+    assert {n: (calls[n]["dp"], calls[n].get("sp"), calls[n]["micro_batches"]) for n in ("actor_train", "ref_inf")} == \
+        {"actor_train": (4, 2, 2), "ref_inf": (4, 2, 4)}
+    _, packed, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *ULYSSES, *DYNAMIC, out="ulysses", name="sp-packed")
+    assert (packed["calls"]["actor_train"]["micro_batches"], packed["calls"]["actor_train"]["max_tokens"]) == (2, 384)
+    assert (packed["calls"]["actor_train"]["dp"], packed["calls"]["actor_train"]["sp"]) == (4, 2)
+    _, flat, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *DYNAMIC, out="ulysses", name="flat-packed")
+    assert flat["calls"]["actor_train"]["micro_batches"] == 2 and "sp" not in flat["calls"]["actor_train"]
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (ULYSSES + ("actor_rollout_ref.model.use_remove_padding=false",), ULYSSES[0].split("=")[0],
+     "verl runs Ulysses on packed rows only"),
+    (("actor_rollout_ref.actor.ulysses_sequence_parallel_size=3",), ULYSSES[0].split("=")[0],
+     "3 does not divide the trainer's 8 GPUs"),
+    (("trainer.nnodes=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=16"), ULYSSES[0].split("=")[0],
+     "inside a node of 8 GPUs"),
+    # (verl's Megatron blocks have no such key: Megatron's is context_parallel_size, not priced)
+    (("model_engine=megatron", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"), ULYSSES[0].split("=")[0],
+     "verl 0.9.1 has no such setting"),
+    # (the reference's groups follow the actor's: the first call named)
+    (("actor_rollout_ref.actor.ulysses_sequence_parallel_size=8",), "calls.ref_inf.sp",
+     "sp 8 does not split the 4 attention heads and 2 KV heads"),
+])
+def test_ulysses_groups_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
+    os.chdir(job)
+    code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+    assert not (job / "refused").exists()
+
+
+def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_refused(cli, job):
+    os.chdir(job)
+    code, out, err = cli("import", "verl", "ppo-rm.yaml", "critic.ulysses_sequence_parallel_size=2", "--out", "refused")
+    assert code == 2 and "critic.ulysses_sequence_parallel_size" in err and \
+        "set critic.fsdp.ulysses_sequence_parallel_size" in err, err
 
 
 def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job):
@@ -651,10 +718,16 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
                 engine, written = verl.to_config(scenario, options, {"actor": "a", "ref": "a", "critic": "c",
                                                                       "reward": "r"})
                 engines.add(engine)
+                if engine == "dp":  # (Ulysses: each engine's groups as planned)
+                    assert all(written[verl.SEQUENCE_PARALLEL[role][1]] == options[name].strategy.sp
+                               for role, name in (("actor", "actor_train"), ("ref", "ref_inf"),
+                                                  ("critic", "critic_train")) if name in options)
                 if "critic_train" in options:  # (its rows packed: the budget its memory is planned for)
                     assert options["critic_train"].strategy.max_tokens == options["critic_inf"].strategy.max_tokens \
                         == written["critic.ppo_infer_max_token_len_per_gpu"]
         assert engines == {"dp", "megatron"}, engines  # both training engines are searched
+        # FSDP with Ulysses groups of 2 and 4 GPUs (the checkpoint's 4 heads split no further)
+        assert {g["actor_train"][0].strategy.sp for g in groups} == {1, 2, 4}
         # both engines' offloads are searched, and written as verl's settings
         for group in groups:
             options = {name: opts[-1] for name, opts in group.items()}

@@ -10,6 +10,12 @@ compute the full square):
     time   = max(flops / (F * eff(t)), weight bytes / BW) + element-wise bytes / BW + overhead
     eff(t) = E * t / (t + t_half)                      (small matmuls underuse the device)
 plus two tensor-parallel all-reduces of t*h bf16 values per layer forward (two more backward).
+Ulysses sequence parallelism over sp devices (an FSDP layout's, `Strategy.sp`): a device runs
+t / sp of a micro-batch's t tokens through the layer with its whole weights, and attention over
+the whole sequences for 1/sp of the heads: the flops and element-wise bytes of t / sp tokens, the
+weights read whole, plus two all-to-alls a layer forward (queries, keys and values to head shards,
+q + 2 kv bf16 values a token, the output back, q; a backward as many again), the sharded state
+over dp x sp devices.
 
 Element-wise work (`elementwise_bytes`): every kernel that is not a matmul reads its inputs and
 writes its outputs once (fused kernels, as torch.compile or Megatron's fused kernels make them).
@@ -145,8 +151,9 @@ def adapter_flops_share(model: ModelSpec) -> float:
 
 
 def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
-    """Ranks of one dp group are tp apart and cover dp*tp consecutive devices."""
-    return option.mesh.nodes > 1 and option.strategy.dp * option.strategy.tp > cluster.gpus_per_node
+    """Ranks of one dp group are tp apart and cover dp*tp consecutive devices (a sharding group,
+    dp*sp*tp: Ulysses' groups are inside it)."""
+    return option.mesh.nodes > 1 and option.strategy.shards * option.strategy.tp > cluster.gpus_per_node
 
 
 def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
@@ -204,6 +211,18 @@ def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx):
 
 def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, count: int) -> float:
     return count * comm.all_reduce(cluster, tp, tokens * model.hidden * BF16, spans_nodes=False)
+
+
+def _ulysses_all_to_alls(cluster: ClusterSpec, model: ModelSpec, sp: int, tokens: float) -> float:
+    """Ulysses' exchanges of one layer's forward on a device's `tokens` (its 1/sp of a micro-batch's):
+    queries, keys and values from sequence shards to head shards before attention, its output back
+    after it; the KV heads repeated up to the group first where it has more devices than they
+    (verl's repeat_kv, models/transformers/monkey_patch.py:126-128). A backward moves as much."""
+    if sp == 1:
+        return 0.0
+    q = model.n_heads * model.head_dim
+    kv = max(model.n_kv_heads, sp) * model.head_dim
+    return comm.all_to_all(cluster, sp, tokens * (2 * q + 2 * kv) * BF16)
 
 
 def _activation_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
@@ -417,30 +436,42 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     b = call.seqs / call.optimizer_steps / dp / m
     steps = call.optimizer_steps * call.iterations  # optimizer updates
     width = call.width(b)  # a micro-batch is as wide as its longest row (the padding trimmed)
-    tokens = b * width
+    # Ulysses (sp devices a data-parallel group): each device a 1/sp share of the micro-batch's
+    # tokens through every layer, whole weights, and attention over whole sequences for 1/sp of
+    # the heads: the flops, element-wise bytes and activations of tokens / sp, the weights read whole
+    u = s.sp
+    tokens = b * width / u
     fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens)
+    # the model-parallel exchanges of one forward: tp's two all-reduces a layer, Ulysses' all-to-alls
+    # (a backward as many again)
+    pass_comm = layers * (_tp_all_reduces(cluster, model, tp, tokens, 2)
+                          + _ulysses_all_to_alls(cluster, model, u, tokens))
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
     # memory: the largest micro-batch of the device's rows of a step (padded, as wide as their
-    # longest row; packed, the heaviest sum of rows, or as full as a token budget lets it be; at the
-    # distribution's memory quantile: CallDef.peak_tokens)
-    peak_tokens = call.peak_tokens(b, m, s.max_tokens)
+    # longest row; packed, the heaviest sum of rows, or as full as a token budget lets it be, a
+    # device's budget for each of a Ulysses group's; at the distribution's memory quantile:
+    # CallDef.peak_tokens), a device's 1/sp of it
+    peak_tokens = call.peak_tokens(b, m, s.max_tokens * u if s.max_tokens else None) / u
 
     params = shard_params(model, tp, pp)
+    # the group the sharded state and the gradients' reduction span: every device of a Ulysses group
+    # holds its own share (FSDP shards over all of them) and computes gradients of its own tokens
+    shards = s.shards
     dp_spans, per_node = dp_group_spans_nodes(cluster, option), max(1, cluster.gpus_per_node // tp)
     layer = model.layer_params / tp  # one layer's parameters on a device (zero 3 gathers them)
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd
-        tp_comm = slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
+        tp_comm = slots * pass_comm
         pp_comm = slots * p2p_one
         # zero 3: the weights sharded over dp, each layer gathered as it runs (realbench.cost.sharding);
         # offloaded, each layer's share brought in from the host first (counted with the gathers)
         off = s.offload_params
-        dp_comm = (sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node, off)
+        dp_comm = (sharding.overlapped_step(cluster, shards, params, layer, m, fwd, 1, dp_spans, per_node, off)
                    if s.zero == 3 else 0.0)
-        weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp, off)
+        weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
         working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
-                   + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=dp))
+                   + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards))
         # unsharded and offloaded (a Megatron forward-only model's param_offload): the whole bf16
         # shard loaded for the call and sent back after it (sharding's module doc); its seconds
         # are host-link time, counted where a trained model's offload counts them
@@ -468,26 +499,25 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     behaviour = behaviour_forwards(call, model)  # forwards for the old log-probabilities
     # the old-log-probability forwards, term by term (early_s where the engine runs them early)
     behaviour_compute = behaviour * slots * fwd
-    behaviour_tp = behaviour * slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
+    behaviour_tp = behaviour * slots * pass_comm
     compute = steps * train_slots * fwd_bwd + behaviour_compute
-    tp_comm = steps * train_slots * layers * _tp_all_reduces(cluster, model, tp, tokens, 6 if recompute else 4) \
-        + behaviour_tp
+    tp_comm = steps * train_slots * (3 if recompute else 2) * pass_comm + behaviour_tp
     behaviour_pp = behaviour * slots * p2p_one
     pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour_pp
     # the data-parallel reduction of the gradients (a dp group that spans nodes has gpus_per_node /
     # tp members on each: ranks are tp apart), or ZeRO's collectives (realbench.cost.sharding)
-    behaviour_dp = behaviour * sharding.overlapped_step(cluster, dp, params, layer, m, fwd, 1, dp_spans, per_node) \
+    behaviour_dp = behaviour * sharding.overlapped_step(cluster, shards, params, layer, m, fwd, 1, dp_spans, per_node) \
         if s.zero == 3 else 0.0
     early = behaviour_compute + behaviour_tp + behaviour_pp + behaviour_dp if early_old_logprobs else 0.0
     if s.zero == 3:
-        dp_comm = steps * sharding.overlapped_step(cluster, dp, params, layer, m, fwd_bwd, 3, dp_spans, per_node) \
+        dp_comm = steps * sharding.overlapped_step(cluster, shards, params, layer, m, fwd_bwd, 3, dp_spans, per_node) \
             + behaviour_dp
     else:
-        dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, params, m, dp_spans, per_node)
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, params, m, dp_spans, per_node)
     trained = adapters if lora else params  # what has gradients and optimizer state
     if lora and s.zero != 3:
-        dp_comm = steps * sharding.step_communication(cluster, s.zero, dp, trained, m, dp_spans, per_node)
-    updated = trained / dp if s.zero else trained  # ZeRO: each replica updates its share
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, trained, m, dp_spans, per_node)
+    updated = trained / shards if s.zero else trained  # ZeRO: each replica updates its share
     optimizer = steps * memory_time(cluster, updated * ADAM_BYTES_MOVED_PER_PARAM)
     # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,
     # min(2 (pp - 1) + (v - 1) pp + 1, m v) chunks of 1 / v of its layers (realbench.plan.pipeline)
@@ -496,18 +526,19 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
                + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True))
     # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
-    master = (params * sharding.weight_bytes_per_param(s.zero, dp) + adapters * sharding.trained_bytes_per_param(s.zero, dp)
-              if lora else params * sharding.trained_bytes_per_param(s.zero, dp))
-    weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, dp)
+    master = (params * sharding.weight_bytes_per_param(s.zero, shards)
+              + adapters * sharding.trained_bytes_per_param(s.zero, shards)
+              if lora else params * sharding.trained_bytes_per_param(s.zero, shards))
+    weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards)
     if s.offload_params:  # on the device during the call only: in and out around each engine call
         held = sharding.offloaded_train_bytes(weights)  # (no adapters: realbench.plan.options)
         master, working = master - held, working + held
         optimizer += (1 + (behaviour > 0)) * 2 * float(sharding.offloaded_param_bytes(s.zero, weights)) / cluster.host_bw
     if s.host_adam:  # the states on the host for good, and Adam run there (sharding.host_adam_step)
-        master -= trained / (dp if s.zero else 1) * sharding.STATE_BYTES
-        optimizer = steps * sharding.host_adam_step(cluster, s.zero, trained, dp, m)
+        master -= trained / (shards if s.zero else 1) * sharding.STATE_BYTES
+        optimizer = steps * sharding.host_adam_step(cluster, s.zero, trained, shards, m)
     if s.offload_optimizer:  # the states on the device during this call only, moved in and out once
-        states = sharding.offloaded_state_bytes(s.zero, trained, dp, master_in_optimizer)
+        states = sharding.offloaded_state_bytes(s.zero, trained, shards, master_in_optimizer)
         master, working = master - states, working + states
         optimizer += 2 * states / cluster.host_bw
     return CallCost(compute + tp_comm + pp_comm + dp_comm + optimizer, compute, tp_comm, pp_comm, dp_comm,

@@ -5,6 +5,9 @@ For a group of n devices inside one node (NVLink bandwidth B per device, latency
   * all-gather of S bytes total:  (n-1)/n * S / B + (n-1) a
   * broadcast of S bytes (pipelined ring): S / B + (n-1) a
   * point-to-point of S bytes:    S / B + a
+  * all-to-all of S bytes a device (each keeps 1/n and sends 1/n to every other):
+                                  (n-1)/n * S / B + a
+    (NCCL runs the n-1 exchanges at once, grouped sends and receives: one latency)
 
 A group that spans N nodes with k devices on each is reduced hierarchically, as NCCL does with
 one NIC per GPU: the k devices of a node split the data over NVLink, each device exchanges its
@@ -61,6 +64,14 @@ def all_gather(cluster: ClusterSpec, n, nbytes, spans_nodes, per_node=1):
     flat = (n - 1) / np.maximum(n, 1) * nbytes / cluster.intra_bw + (n - 1) * cluster.intra_latency_s
     out = np.where(n > 1, np.where(spans, _hierarchical(cluster, n, nbytes, per_node, 1.0), flat), 0.0)
     return float(out) if out.ndim == 0 else out
+
+
+def all_to_all(cluster: ClusterSpec, n: int, nbytes: float) -> float:
+    """Seconds for `n` devices of one node, each holding `nbytes`, to exchange all but their own
+    1/n of them (Ulysses' head and sequence exchanges)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / cluster.intra_bw + cluster.intra_latency_s
 
 
 def broadcast(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool) -> float:

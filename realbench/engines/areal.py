@@ -75,8 +75,8 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, serving_gap, whole_alpha,
-                                         whole_row_budget)
+from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, refuse_sequence_parallel,
+                                         serving_gap, whole_alpha, whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _nest, _rounds, _splits
@@ -554,6 +554,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError(f"a server of {gen.tp * gen.pp} GPUs spans nodes of {G}; AReaL's single controller starts "
                           "each on one node (cli_args.py:1949)", "calls.actor_gen.tp")
     refuse_offload(options, "AReaL", "ref.fsdp.offload_params")
+    refuse_sequence_parallel(options, "AReaL's context parallelism (an allocation's c) is neither read nor written "
+                                      "by realbench yet")
     reward = options["reward_inf"]
     if reward.mesh != V or reward.strategy != Strategy(V.size, 1, 1):
         raise ConfigError("AReaL scores in its rollout workers, on the rollout's GPUs' hosts", "calls.reward_inf.mesh")

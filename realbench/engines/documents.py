@@ -32,7 +32,7 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
     for c in calls.values():
-        if c["dp"] == 1:  # one replica: nothing to shard over (nor to offload a shard of the parameters)
+        if c["dp"] * c.get("sp", 1) == 1:  # one replica: nothing to shard over (nor to offload a shard of the parameters)
             c.pop("zero", None)
             c.pop("offload_params", None)
             # (its optimizer is still offloaded, whole: priced as an unsharded optimizer's states, 12
@@ -78,6 +78,14 @@ def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Option
         if lora.path is not None and not adapter_folders:
             return "models.actor.adapter", f"an adapter folder to start from is not written in {engine}'s settings yet"
     return None
+
+
+def refuse_sequence_parallel(options, why: str) -> None:
+    """Refuse a call split over Ulysses groups (`sp`, verl's ulysses_sequence_parallel_size), which
+    an engine other than verl splits otherwise or not at all (`why`, naming its own setting)."""
+    for name, o in options.items():
+        if o.strategy.sp > 1:
+            raise ConfigError(f"{o.strategy.sp}: {why}", f"calls.{name}.sp")
 
 
 def refuse_offload(options, engine: str, flag: str) -> None:

@@ -78,8 +78,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.engines import listing
-from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload, serving_gap,
-                                         whole_alpha)
+from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload,
+                                         refuse_sequence_parallel, serving_gap, whole_alpha)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _rounds, _splits
 from realbench.errors import ConfigError
@@ -566,6 +566,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     # (an optimizer offloaded: --ds.enable_sleep, for actor and critic together; OpenRLHF's
     # parameter offloads keep other copies)
     refuse_offload({n: o for n, o in options.items() if n not in trained}, "OpenRLHF", "--ref.offload")
+    refuse_sequence_parallel(options, "OpenRLHF splits sequences by ring attention (--ring_attn_size), not by "
+                                      "Ulysses' head exchanges: not priced")
     for name in trained:
         if options[name].strategy.offload_params:
             raise ConfigError("realbench does not write OpenRLHF's parameter offload of a trained model (DeepSpeed's "

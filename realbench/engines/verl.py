@@ -24,6 +24,11 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   Activation recomputation: FSDP `model.enable_gradient_checkpointing`; Megatron
   `override_transformer_config.recompute_granularity: full` with `recompute_method: uniform`,
   `recompute_num_layers: 1` (every layer's input kept, the layer recomputed).
+  Ulysses sequence parallelism under FSDP (SEQUENCE_PARALLEL, per role: Strategy.sp): data-parallel
+  groups of `ulysses_sequence_parallel_size` GPUs (a (dp, sp) device mesh,
+  workers/engine/fsdp/transformer_impl.py:242-252; FSDP still shards over every GPU), each group
+  a data-parallel rank's rows, its dynamic batching's budget the group's size times a GPU's
+  (workers/engine/utils.py:104-111); packed rows only (:148-152).
 * **The rollout is a serving engine on the same GPUs** (vLLM or SGLang, hybrid replicas carved
   from the actor's workers, workers/rollout/llm_server.py:434-460): `tensor_model_parallel_size`
   per replica, GPUs / tp replicas, no pipeline parallelism (workers/config/rollout.py:319-323); a
@@ -239,6 +244,17 @@ REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 # into the plan; what differs, the sync of an offloaded model's parameters (above), is refused by
 # name where a plan is read, searched and written. fsdp_turbo (another package's engine) is refused
 STRATEGY = {"actor": f"{A}.strategy", "critic": "critic.strategy"}
+# Ulysses sequence parallelism of each FSDP role (Strategy.sp), as its engine reads it: the engine
+# config's (fsdp_config / fsdp) ulysses_sequence_parallel_size, which the actor's and the reference's
+# deprecated role-level one replaces where above 1 (FSDPActorConfig.__post_init__,
+# workers/config/actor.py:327-329; the reference's role-level one follows the actor's unless set,
+# trainer/config/ref/dp_ref.yaml:39). The critic's role-level one reaches no engine in verl 0.9.1
+# (workers/config/critic.py: FSDPCriticConfig copies nothing): refused above 1 (CRITIC_SP_UNREAD)
+SEQUENCE_PARALLEL = {"actor": (f"{A}.ulysses_sequence_parallel_size", f"{A}.fsdp_config.ulysses_sequence_parallel_size"),
+                     "ref": ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+                             "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size"),
+                     "critic": (None, "critic.fsdp.ulysses_sequence_parallel_size")}
+CRITIC_SP_UNREAD = "critic.ulysses_sequence_parallel_size"
 FSDP_VERSIONS = ("fsdp", "fsdp2")
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced (the serving
@@ -415,13 +431,16 @@ def _rounds(rows: int, at_most: int) -> int:
     return _splits(rows, _ceil(rows, at_most))
 
 
-def _formed(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Optional[int] = None) -> Optional[int]:
+def _formed(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Optional[int] = None,
+            sp: int = 1) -> Optional[int]:
     """The micro-batches realbench prices for a GPU's `rows` that verl's dynamic batching packs
     within `budget` tokens on `ranks` data-parallel ranks (verl_packer.mean_count, on the steps
     `step` draws): the mean count, to the nearest whole one, as the fewest equal splits of the rows
     at least as many (a multiple of `divided_by`, Megatron's with virtual stages: realbench's plans
-    split a GPU's rows evenly); None where verl refuses it (a multiple beyond the rows)."""
-    mean = mean_count(step, rows, ranks, budget, divided_by)
+    split a GPU's rows evenly); None where verl refuses it (a multiple beyond the rows). Under
+    Ulysses (`sp` GPUs a rank) a rank's rows are its group's and its budget `budget` x sp
+    (verl/workers/engine/utils.py:104-111)."""
+    mean = mean_count(step, rows, ranks, budget * sp, divided_by)
     return None if mean is None else _splits(rows, max(1, round(mean)), divided_by or 1)
 
 
@@ -524,8 +543,43 @@ def _checkpointing(engine: str, s: dict, role: str) -> bool:
                       "layer (full, uniform, 1)", f"{o}.recompute_granularity")
 
 
+def _sequence_parallel(s: dict, gpus: int, per_node: int, roles: dict[str, bool], source: str) -> dict[str, int]:
+    """Each role's Ulysses sequence parallel size (SEQUENCE_PARALLEL; the reference's follows the
+    actor's unless set): verl's FSDP engine splits its GPUs into data-parallel groups of that many
+    (a (dp, sp) device mesh, workers/engine/fsdp/transformer_impl.py:242-252), which need its rows
+    packed (use_remove_padding, :148-152). A role the job does not have (`roles` false) is left at
+    1, and so is every role under Megatron, whose blocks have no such key (verl's Megatron config
+    refuses one as unknown)."""
+    def size(key: str) -> int:  # (a Megatron block has none of these keys)
+        return 1 if s.get(key) is None else int(s[key])
+
+    if roles["critic"] and size(CRITIC_SP_UNREAD) != 1:
+        raise ConfigError(f"{s[CRITIC_SP_UNREAD]}: verl {VERSION}'s critic engine does not read it (FSDPCriticConfig "
+                          f"copies nothing to its engine, verl/workers/config/critic.py): set "
+                          f"{SEQUENCE_PARALLEL['critic'][1]}", CRITIC_SP_UNREAD, source)
+    out = {}
+    for role, (deprecated, engine_key) in SEQUENCE_PARALLEL.items():
+        key = deprecated if deprecated and size(deprecated) > 1 else engine_key
+        sp = size(key)
+        out[role] = sp if roles[role] else 1
+        if sp == 1 or not roles[role]:
+            continue
+        if sp < 1 or gpus % sp:
+            raise ConfigError(f"{sp} does not divide the trainer's {gpus} GPUs (verl's (dp, sp) device mesh, "
+                              "verl/workers/engine/fsdp/transformer_impl.py:246-249)", key, source)
+        if per_node % sp:
+            raise ConfigError(f"{sp}: realbench prices a sequence-parallel group inside a node of {per_node} GPUs",
+                              key, source)
+        padding = REMOVE_PADDING[1] if role == "critic" else REMOVE_PADDING[0]
+        if not s[padding]:
+            raise ConfigError(f"{sp} with {padding} false: verl runs Ulysses on packed rows only "
+                              "(verl/workers/engine/fsdp/transformer_impl.py:148-152)", key, source)
+    return out
+
+
 V1_KEYS = ("trainer.use_v1", "trainer.v1.trainer_mode")  # the trainer verl.trainer.main_ppo runs
-READ = {BYPASS, "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
+READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), CRITIC_SP_UNREAD,
+        "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",
         f"{A}.ppo_micro_batch_size_per_gpu", f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu",
@@ -673,25 +727,37 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                  "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
         ref_zero = 0
     dp = N // (tp * pp)
+    # Ulysses: each role's data-parallel groups of sp GPUs (FSDP's; 1 under Megatron)
+    sps = _sequence_parallel(s, N, per_node, {"actor": True, "ref": with_ref, "critic": critic}, source)
+    groups = {role: dp // sp for role, sp in sps.items()}
 
-    def budget(key: str) -> int:
+    def budget(key: str, role: str = "actor") -> int:
+        sp = sps[role]
+        if sp > 1:  # (verl packs a group's rows to a GPU's budget times its size, workers/engine/utils.py:104-111)
+            whole_row_budget(int(s[key]) * sp, L, key, source, f"verl asserts a budget at least that for a "
+                             f"ulysses_sequence_parallel_size {sp} group, {sp} x this "
+                             "(verl/utils/seqlen_balancing.py:384-386)")
+            return int(s[key])
         return whole_row_budget(s[key], L, key, source,
                                 "verl asserts a budget at least that (verl/utils/seqlen_balancing.py:384-386)")
 
-    def packed_count(rows_per_gpu: int, key: str) -> int:  # verl's dynamic batching (verl_packer)
-        formed = _formed(step, rows_per_gpu, dp, budget(key), _divided_by(pp, v))
+    def packed_count(rows_per_gpu: int, key: str, role: str = "actor") -> int:  # verl's dynamic batching (verl_packer)
+        formed = _formed(step, rows_per_gpu, groups[role], budget(key, role), _divided_by(pp, v), sps[role])
         if formed is None:
             raise ConfigError(f"{budget(key)}: verl's Megatron engine would form a multiple of {pp} micro-batches "
                               f"(its virtual stages) beyond a GPU's {rows_per_gpu} rows", key, source)
         return formed
 
     def train_micro_batches(role: str) -> int:
-        per_gpu = rows // steps // dp
+        per_gpu = rows // steps // groups[role]  # (a data-parallel group's: a GPU's, or a Ulysses group's)
         if role == "critic":  # the V1 critic packs to one token budget (module doc)
-            return packed_count(per_gpu, CRITIC_BUDGET)
+            return packed_count(per_gpu, CRITIC_BUDGET, "critic")
         if s[f"{A}.use_dynamic_bsz"]:
             return packed_count(per_gpu, f"{A}.ppo_max_token_len_per_gpu")
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
+
+    def sequence_parallel(role: str) -> dict[str, int]:
+        return {"sp": sps[role]} if sps[role] > 1 else {}
 
     def offloads(role: str) -> dict[str, bool]:
         block = OFFLOAD_BLOCK[engine][role]
@@ -702,8 +768,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         budget(f"{A}.ppo_max_token_len_per_gpu")
     ref = "actor_rollout_ref.ref"
     ref_m = (0 if not with_ref else
-             packed_count(rows // dp, f"{ref}.log_prob_max_token_len_per_gpu") if s[f"{ref}.log_prob_use_dynamic_bsz"]
-             else _divide(rows // dp, s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
+             packed_count(rows // groups["ref"], f"{ref}.log_prob_max_token_len_per_gpu", "ref")
+             if s[f"{ref}.log_prob_use_dynamic_bsz"]
+             else _divide(rows // groups["ref"], s[f"{ref}.log_prob_micro_batch_size_per_gpu"],
                           f"{ref}.log_prob_micro_batch_size_per_gpu", source))
     rollout_tp = _replica_tp(int(s[f"{R}.tensor_model_parallel_size"]), rollout_pool.size, rollout_pool.gpus,
                              f"{R}.tensor_model_parallel_size", source)
@@ -712,13 +779,14 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     calls = {
         "actor_gen": {"mesh": rollout_pool.label(per_node), "dp": replicas, "tp": rollout_tp, "pp": 1,
                       "micro_batches": _rounds(rows // replicas, int(s[f"{R}.max_num_seqs"]))},
-        "actor_train": {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
+        "actor_train": {"dp": groups["actor"], "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
-                        "zero": zeros["actor"], **offloads("actor")},
+                        "zero": zeros["actor"], **offloads("actor"), **sequence_parallel("actor")},
     }
     if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD; Megatron as set)
-        calls["ref_inf"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
-                            "offload_params": engine == "dp" or bool(s[REF_MEGATRON_OFFLOAD])}
+        calls["ref_inf"] = {"dp": groups["ref"], "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
+                            "offload_params": engine == "dp" or bool(s[REF_MEGATRON_OFFLOAD]),
+                            **sequence_parallel("ref")}
     reward_model = bool(s[f"{RM}.enable"])
     pool = _reward_pool(s, reward_model, nodes, per_node, source)
     if reward_model:  # vLLM / SGLang replicas of the reward model: on the same GPUs after generation, or its pool's
@@ -733,13 +801,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
     if critic:
         train_m = train_micro_batches("critic")
-        calls["critic_train"] = {"dp": dp, "tp": tp, "pp": pp, "micro_batches": train_m,
+        calls["critic_train"] = {"dp": groups["critic"], "tp": tp, "pp": pp, "micro_batches": train_m,
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
-                                 "zero": zeros["critic"],
-                                 **offloads("critic")}
-        calls["critic_inf"] = {"dp": dp, "tp": tp, "pp": pp,
-                               "micro_batches": packed_count(rows // dp, CRITIC_BUDGET),
-                               "zero": 3 if engine == "dp" else 0}
+                                 "zero": zeros["critic"], **offloads("critic"), **sequence_parallel("critic")}
+        calls["critic_inf"] = {"dp": groups["critic"], "tp": tp, "pp": pp,
+                               "micro_batches": packed_count(rows // groups["critic"], CRITIC_BUDGET, "critic"),
+                               "zero": 3 if engine == "dp" else 0, **sequence_parallel("critic")}
     for c in calls.values():
         c.setdefault("mesh", whole)
     actor_path = s["actor_rollout_ref.model.path"]
@@ -774,7 +841,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                              "actor"),
                             ("critic_train", CRITIC_BUDGET, "critic"), ("critic_inf", CRITIC_BUDGET, "critic")):
         if key and call in calls and packed[role]:
-            calls[call]["max_tokens"] = budget(key)
+            calls[call]["max_tokens"] = budget(key, "ref" if call == "ref_inf" else role)
     padding_free = any(packed.values())
     if critic:
         models["critic"] = {"path": s["critic.model.path"], "value_head": True}
@@ -900,8 +967,15 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if (name == "critic_inf" and s.offload_params) or (name == "ref_inf" and fsdp
-                                                           and s.offload_params != (s.dp > 1)):
+                                                           and s.offload_params != (s.shards > 1)):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
+        if s.sp > 1 and not _remove_padding(scenario)["critic" in name]:
+            return f"calls.{name}.sp", ("verl runs Ulysses sequence parallelism on packed rows only "
+                                        "(use_remove_padding, verl/workers/engine/fsdp/transformer_impl.py:148-152): "
+                                        "the scenario pads this model's rows (training.padding_free, padded_models)")
+    if "critic_inf" in options and options["critic_inf"].strategy.sp != options["critic_train"].strategy.sp:
+        return "calls.critic_inf.sp", ("verl's critic runs both its calls on one engine: one Ulysses sequence parallel "
+                                       f"size ({SEQUENCE_PARALLEL['critic'][1]})")
     gen = options["actor_gen"].strategy
     if gen.pp > 1:
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
@@ -961,16 +1035,19 @@ def _per_micro_batch(scenario: Scenario, name: str, o: Option) -> int:
 
 
 def _critic_counts(scenario: Scenario, train_rows: int, inf_rows: int, dp: int, divided_by: Optional[int],
-                   budget: int) -> tuple[Optional[int], Optional[int]]:
-    """The micro-batches verl's V1 critic forms of its train and inference rows a GPU under one budget."""
+                   budget: int, sp: int = 1) -> tuple[Optional[int], Optional[int]]:
+    """The micro-batches verl's V1 critic forms of its train and inference rows a GPU (a Ulysses
+    group's, of `sp` GPUs) under one budget a GPU."""
     step = _step_rows(scenario)
-    return _formed(step, train_rows, dp, budget, divided_by), _formed(step, inf_rows, dp, budget, divided_by)
+    return _formed(step, train_rows, dp, budget, divided_by, sp), _formed(step, inf_rows, dp, budget, divided_by, sp)
 
 
-def _mean_budget(scenario: Scenario, rows: int, m: int) -> int:
-    """The budget whose mean tokens make `m` micro-batches of a GPU's `rows` (a row's tokens on
-    average, documents.budget_row), at least a whole row: where verl's count starts."""
-    return max(math.ceil(rows * budget_row(scenario, "critic_train") / m), scenario.dataflow.call("critic_train").seq_len)
+def _mean_budget(scenario: Scenario, rows: int, m: int, sp: int = 1) -> int:
+    """The budget a GPU whose mean tokens make `m` micro-batches of a GPU's `rows` (a Ulysses
+    group's of `sp` GPUs; a row's tokens on average, documents.budget_row), at least a whole row
+    (a group's budget): where verl's count starts."""
+    return max(math.ceil(rows * budget_row(scenario, "critic_train") / m / sp),
+               _ceil(scenario.dataflow.call("critic_train").seq_len, sp))
 
 
 def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
@@ -987,12 +1064,14 @@ def critic_budget(scenario: Scenario, options: dict[str, Option]) -> int:
         raise ConfigError(f"{ci.max_tokens} beside critic_train's {ct.max_tokens}: verl's V1 critic packs both its "
                           "calls to one token budget (verl/trainer/ppo/v1/trainer_base.py:266-268)",
                           "calls.critic_inf.max_tokens")
-    counts = partial(_critic_counts, scenario, train_rows, inf_rows, ct.dp, _divided_by(ct.pp, ct.virtual_stages))
+    sp = ct.sp
+    counts = partial(_critic_counts, scenario, train_rows, inf_rows, ct.dp, _divided_by(ct.pp, ct.virtual_stages),
+                     sp=sp)
     wanted = (ct.micro_batches, ci.micro_batches)
-    budget = ct.max_tokens or max(_mean_budget(scenario, train_rows, wanted[0]),
-                                  _mean_budget(scenario, inf_rows, wanted[1]))
+    budget = ct.max_tokens or max(_mean_budget(scenario, train_rows, wanted[0], sp),
+                                  _mean_budget(scenario, inf_rows, wanted[1], sp))
     if ct.max_tokens is None:
-        ceiling = max(_mean_budget(scenario, train_rows, 1), _mean_budget(scenario, inf_rows, 1))
+        ceiling = max(_mean_budget(scenario, train_rows, 1, sp), _mean_budget(scenario, inf_rows, 1, sp))
         while any((c or math.inf) > w for c, w in zip(counts(budget), wanted)) and budget < ceiling:
             budget = min(ceiling, math.ceil(budget * 1.05))
     if counts(budget) != (ct.micro_batches, ci.micro_batches):
@@ -1026,7 +1105,7 @@ def _dynamic(scenario: Scenario, options: dict[str, Option], name: str, flag: st
         return False
     rows = _rows_per_step(scenario, name, o)
     formed = _formed(_step_rows(scenario), rows, o.strategy.dp, budget,
-                     _divided_by(o.strategy.pp, o.strategy.virtual_stages))
+                     _divided_by(o.strategy.pp, o.strategy.virtual_stages), o.strategy.sp)
     if formed != o.strategy.micro_batches:
         raise ConfigError(f"{budget}: verl's dynamic batching packs a GPU's {rows} rows into {formed} micro-batches "
                           f"under it, not {o.strategy.micro_batches}", f"calls.{name}.max_tokens")
@@ -1106,6 +1185,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if model_paths.get("ref", model_paths["actor"]) != model_paths["actor"]:
         raise ConfigError("verl's reference is the actor's checkpoint (actor_rollout_ref.model.path)", "models.ref")
     out["actor_rollout_ref.model.path"] = model_paths["actor"]
+    if engine == "dp" and "ref_inf" in options:
+        out[SEQUENCE_PARALLEL["ref"][1]] = options["ref_inf"].strategy.sp
     lora = scenario.models["actor"].lora
     if lora is not None:
         out.update({LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "verl"),
@@ -1127,6 +1208,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         if engine == "dp":
             fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
             out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
+            out[SEQUENCE_PARALLEL[role][1]] = s.sp
             out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
         else:
             meg = f"{block}.megatron"
@@ -1250,18 +1332,21 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
-    layouts: list[tuple[int, int, int, tuple[int, ...], int]] = []  # tp, pp, v, train zeros, forward zero
-    if N > 1:
-        layouts.append((1, 1, 1, (3, 2), 3))  # FSDP
+    # tp, pp, v, train zeros, forward zero, Ulysses sp (one for every role: verl sets it per role)
+    layouts: list[tuple[int, int, int, tuple[int, ...], int, int]] = []
     actor = scenario.models["actor"]
+    if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
+        packed = all(_remove_padding(scenario)[:2 if critic else 1])
+        layouts += [(1, 1, 1, (3, 2), 3, sp) for sp in (1, *(1 << e for e in range(1, c.gpus_per_node.bit_length())))
+                    if sp == 1 or (packed and N % sp == 0 and sp <= c.gpus_per_node and actor.n_heads % sp == 0)]
     # (a LoRA actor: verl's FSDP LoRA only, see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
                and actor.lora is None):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
-                layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0))  # Megatron
-    for tp, pp, v, zeros, forward_zero in layouts:
-        dp = N // (tp * pp)
+                layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, 1))  # Megatron
+    for tp, pp, v, zeros, forward_zero, sp in layouts:
+        dp = N // (tp * pp * sp)
         if rows % (steps * dp):
             continue
 
@@ -1273,15 +1358,16 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             unpriced = lora or (fsdp2 and 3 in zero_options)
             offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
-                                                   offload_optimizer=moments))
+                                                   offload_optimizer=moments, sp=sp))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
                                 for params, moments in offloads if not params or z != 2])
 
         group = {**common, "actor_train": trained("actor_train")}
         if "ref_inf" in df.call_names:
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
-            offloaded = (forward_zero == 3 and dp > 1,) if forward_zero == 3 else (False, True)
-            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off))
+            offloaded = (forward_zero == 3 and dp * sp > 1,) if forward_zero == 3 else (False, True)
+            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off,
+                                                                    sp=sp))
                                                  for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
@@ -1289,8 +1375,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             continue
         formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
         for m in divisors(rows // steps // dp):
-            budget = _mean_budget(scenario, rows // steps // dp, m)
-            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, _divided_by(pp, v), budget)
+            budget = _mean_budget(scenario, rows // steps // dp, m, sp)
+            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, _divided_by(pp, v), budget, sp)
             if None in counts or counts in formed:
                 continue
             formed.add(counts)
@@ -1301,7 +1387,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                                      for o in trained("critic_train")
                                                      if o.strategy.micro_batches == train_m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
-                                                                                 max_tokens=tokens))])}
+                                                                                 max_tokens=tokens, sp=sp))])}
             if all(with_critic.values()):
                 yield with_critic
 

@@ -156,6 +156,9 @@ def validate(config: str, overrides: list[str]) -> dict:
             "engine_strategy": actor.engine.strategy,
             "critic_engine_strategy": omega_conf_to_dataclass(cfg.critic).engine.strategy if critic else None,
             "ref_strategy": arr.ref.strategy if ref else None,
+            # the Ulysses sequence parallel size each FSDP engine is built with (its engine config's,
+            # after the role config's __post_init__: realbench's sp); None for Megatron's or a role not run
+            **_ulysses(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
 
@@ -200,6 +203,25 @@ def _one_step_off(cfg) -> dict:
     return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()},
             "rollout_pool": [rollout.n_gpus_per_node] * rollout.nnodes, "hybrid_engine": trainer.hybrid_engine,
             "rollout_mode": rollout.mode, "critic_in_use": trainer.use_critic}
+
+
+def _ulysses(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
+    """The engines' Ulysses sizes; the reference's config built as the worker builds it, its
+    log_prob_* keys renamed first (verl/workers/engine_workers.py:545-553)."""
+    from omegaconf import open_dict
+
+    if actor.strategy == "megatron":
+        return {"ulysses": None, "ref_ulysses": None, "critic_ulysses": None}
+    ref_block = arr.ref.copy()
+    with open_dict(ref_block):
+        ref_block.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
+        ref_block.ppo_micro_batch_size = ref_block.pop("log_prob_micro_batch_size", None)
+        ref_block.ppo_micro_batch_size_per_gpu = ref_block.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref_block.use_dynamic_bsz = ref_block.pop("log_prob_use_dynamic_bsz", False)
+        ref_block.ppo_max_token_len_per_gpu = ref_block.pop("log_prob_max_token_len_per_gpu", None)
+    return {"ulysses": actor.engine.ulysses_sequence_parallel_size,
+            "ref_ulysses": to_dataclass(ref_block).engine.ulysses_sequence_parallel_size if ref else None,
+            "critic_ulysses": to_dataclass(cfg.critic).engine.ulysses_sequence_parallel_size if critic else None}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:

@@ -161,17 +161,29 @@ class Strategy:
     # OpenRLHF's dynamic batch size), and memory is planned for one that full (CallDef.peak_tokens);
     # None: so many rows each. An engine's, which realbench's runtime does not run
     max_tokens: Optional[int] = None
+    # inference and train calls under FSDP (zero 2 or 3, tp 1, pp 1): Ulysses sequence parallelism,
+    # each data-parallel group's micro-batches split by sequence over `sp` consecutive devices, which
+    # exchange heads for sequence around attention (all-to-alls) and shard the weights with every
+    # other device (the sharding group is dp x sp); verl's ulysses_sequence_parallel_size. An
+    # engine's, which realbench's runtime does not run
+    sp: int = 1
 
     @property
     def size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.sp * self.tp * self.pp
+
+    @property
+    def shards(self) -> int:
+        """The devices a model's sharded state (zero) and its gradients' reduction span: dp x sp."""
+        return self.dp * self.sp
 
     def label(self) -> str:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
                 + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
-                + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else ""))
+                + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
+                + (f"sp{self.sp}" if self.sp > 1 else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,9 +82,10 @@ def max_tokens_problem(call: CallDef, s: Strategy) -> Optional[str]:
     if call.kind == CallKind.GENERATE or not call.padding_free:
         return ("micro-batches formed by tokens are an engine's packing of an inference or train call's rows "
                 "without padding (training.padding_free)")
-    if s.max_tokens < call.seq_len:
-        return (f"{s.max_tokens} tokens do not hold a whole row of {call.seq_len} (the engines refuse a budget "
-                "below the longest row)")
+    if s.max_tokens * s.sp < call.seq_len:  # (a Ulysses group's budget: each device's)
+        held = f"{s.max_tokens} tokens" + (f" a device of a sequence-parallel group of {s.sp}" if s.sp > 1 else "")
+        return (f"{held} do not hold a whole row of {call.seq_len} (the engines refuse a budget below the longest "
+                "row)")
     return None
 
 
@@ -92,13 +93,15 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                      s: Strategy) -> Optional[tuple[str, str]]:
     """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
     A reward function has no model to split: its processes share the responses (dp only)."""
-    if min(s.dp, s.tp, s.pp, s.micro_batches, s.virtual_stages) < 1:
-        return "dp", "dp, tp, pp, micro_batches and virtual_stages must be at least 1"
+    if min(s.dp, s.tp, s.pp, s.micro_batches, s.virtual_stages, s.sp) < 1:
+        return "dp", "dp, tp, pp, sp, micro_batches and virtual_stages must be at least 1"
     if s.size != mesh.size:
-        return "dp", f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.size} but the mesh has {mesh.size} device(s)"
+        named = f"dp*sp*tp*pp = {s.dp}*{s.sp}*{s.tp}*{s.pp}" if s.sp > 1 else f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp}"
+        return "dp", f"{named} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam, s.max_tokens) != (1, 1, 1, 1, 0, False, False, False, False, None):
+                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp) != (1, 1, 1, 1, 0, False, False, False, False,
+                                                                          None, 1):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -114,6 +117,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
+    if s.sp > 1:
+        problem = sequence_parallel_problem(call, model, cluster, s)
+        if problem:
+            return "sp", problem
     if s.offload_params and (call.kind == CallKind.GENERATE or s.zero == 2 or (call.kind == CallKind.INFERENCE
                                                                               and s.zero not in (0, 3))):
         return "offload_params", ("parameters in host memory are a forward-only model's (an inference call's: FSDP's "
@@ -190,8 +197,27 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
         return f"zero {s.zero} shards optimizer states (and gradients): a train call's; forward-only calls shard with zero 3"
     if s.zero >= 2 and s.pp > 1:
         return f"zero {s.zero} does not run with pipeline parallelism (pp {s.pp}): only zero 1 does"
-    if s.dp == 1:
+    if s.shards == 1:
         return "zero shards over data parallelism: dp is 1"
+    return None
+
+
+def sequence_parallel_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
+    """Why a call cannot split its sequences over s.sp devices (Ulysses, realbench.cost.calls), or
+    None: an FSDP layout's forward or training (zero 2 or 3, no tensor or pipeline parallelism, as
+    verl runs it: workers/engine/fsdp/transformer_impl.py:242-252), its group inside a node (the
+    all-to-alls priced over NVLink), and the heads split over the group: every query head's
+    group whole, the KV heads split too or repeated up to the group (verl asserts both,
+    models/transformers/monkey_patch.py:343-350)."""
+    if call.kind == CallKind.GENERATE:
+        return "Ulysses sequence parallelism splits a forward's sequences: an inference or train call's, not generation's"
+    if s.zero not in (2, 3) or (s.tp, s.pp) != (1, 1):
+        return "Ulysses sequence parallelism runs under FSDP: zero 2 or 3, tp 1 and pp 1"
+    if cluster.gpus_per_node % s.sp:
+        return f"sp {s.sp} does not divide the {cluster.gpus_per_node} devices of a node (its group stays inside one)"
+    if model.n_heads % s.sp or (model.n_kv_heads % s.sp and s.sp % model.n_kv_heads):
+        return (f"sp {s.sp} does not split the {model.n_heads} attention heads and {model.n_kv_heads} KV heads of "
+                f"{model.name} (each divisible by it, or the KV heads dividing it)")
     return None
 
 
@@ -227,20 +253,25 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     # the sharding stages a call may take (zero_problem keeps those its dp and pp allow)
     stages = (0,) if not zero else (0, 1, 2, 3) if call.kind == CallKind.TRAIN else \
         (0, 3) if call.kind == CallKind.INFERENCE else (0,)
-    for tp in divisors(math.gcd(size, cluster.gpus_per_node)):
+    # with the engines' sharding, FSDP's Ulysses groups too (sequence_parallel_problem keeps those
+    # its heads and zero allow)
+    node = math.gcd(size, cluster.gpus_per_node)
+    ulysses = tuple(sp for sp in divisors(node) if sp > 1) if zero and call.kind != CallKind.GENERATE else ()
+    for tp in divisors(node):
         for pp in divisors(size // tp):
-            dp = size // tp // pp
-            if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem would refuse, skipped cheaply
-                continue
-            for m in micro_batch_counts(batch // (dp * call.rows_together), pp):
-                train = call.kind == CallKind.TRAIN
-                for checkpointing in ((False, True) if train else (False,)):
-                    for v in virtual_stage_counts(layers, pp, m) if train else (1,):
-                        for merge in merges:
-                            for stage in stages if dp > 1 else (0,):
-                                s = Strategy(dp, tp, pp, m, checkpointing, v, zero=stage, merge_lora=merge)
-                                if strategy_problem(call, model, cluster, probe, s) is None:
-                                    out.append(s)
+            for sp in (1, *ulysses) if (tp, pp) == (1, 1) else (1,):
+                dp = size // tp // pp // sp
+                if pp > layers or batch % (dp * call.rows_together):  # what strategy_problem refuses, skipped cheaply
+                    continue
+                for m in micro_batch_counts(batch // (dp * call.rows_together), pp):
+                    train = call.kind == CallKind.TRAIN
+                    for checkpointing in ((False, True) if train else (False,)):
+                        for v in virtual_stage_counts(layers, pp, m) if train else (1,):
+                            for merge in merges:
+                                for stage in stages if dp * sp > 1 else (0,):
+                                    s = Strategy(dp, tp, pp, m, checkpointing, v, zero=stage, merge_lora=merge, sp=sp)
+                                    if strategy_problem(call, model, cluster, probe, s) is None:
+                                        out.append(s)
     return tuple(out)
 
 
