@@ -250,7 +250,8 @@ STRATEGY = {"actor": f"{A}.strategy", "critic": "critic.strategy"}
 # workers/config/actor.py:327-329; the reference's role-level one follows the actor's unless set,
 # trainer/config/ref/dp_ref.yaml:39). The critic's role-level one reaches no engine in verl 0.9.1
 # (workers/config/critic.py: FSDPCriticConfig copies nothing): refused above 1 (CRITIC_SP_UNREAD)
-SEQUENCE_PARALLEL = {"actor": (f"{A}.ulysses_sequence_parallel_size", f"{A}.fsdp_config.ulysses_sequence_parallel_size"),
+SEQUENCE_PARALLEL = {"actor": (f"{A}.ulysses_sequence_parallel_size",
+                               f"{A}.fsdp_config.ulysses_sequence_parallel_size"),
                      "ref": ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
                              "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size"),
                      "critic": (None, "critic.fsdp.ulysses_sequence_parallel_size")}
@@ -744,8 +745,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     def packed_count(rows_per_gpu: int, key: str, role: str = "actor") -> int:  # verl's dynamic batching (verl_packer)
         formed = _formed(step, rows_per_gpu, groups[role], budget(key, role), _divided_by(pp, v), sps[role])
         if formed is None:
-            raise ConfigError(f"{budget(key)}: verl's Megatron engine would form a multiple of {pp} micro-batches "
-                              f"(its virtual stages) beyond a GPU's {rows_per_gpu} rows", key, source)
+            raise ConfigError(f"{budget(key, role)}: verl's Megatron engine would form a multiple of {pp} "
+                              f"micro-batches (its virtual stages) beyond a GPU's {rows_per_gpu} rows", key, source)
         return formed
 
     def train_micro_batches(role: str) -> int:
