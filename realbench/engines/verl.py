@@ -732,15 +732,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     sps = _sequence_parallel(s, N, per_node, {"actor": True, "ref": with_ref, "critic": critic}, source)
     groups = {role: dp // sp for role, sp in sps.items()}
 
-    def budget(key: str, role: str = "actor") -> int:
-        sp = sps[role]
-        if sp > 1:  # (verl packs a group's rows to a GPU's budget times its size, workers/engine/utils.py:104-111)
-            whole_row_budget(int(s[key]) * sp, L, key, source, f"verl asserts a budget at least that for a "
-                             f"ulysses_sequence_parallel_size {sp} group, {sp} x this "
-                             "(verl/utils/seqlen_balancing.py:384-386)")
-            return int(s[key])
-        return whole_row_budget(s[key], L, key, source,
-                                "verl asserts a budget at least that (verl/utils/seqlen_balancing.py:384-386)")
+    def budget(key: str, role: str = "actor") -> Optional[int]:
+        # (verl packs a Ulysses group's rows to a GPU's budget times its size, workers/engine/utils.py:104-111)
+        sp, per_gpu = sps[role], s[key]
+        group = f" for a ulysses_sequence_parallel_size {sp} group, {sp} x this" if sp > 1 else ""
+        whole_row_budget(None if per_gpu is None else int(per_gpu) * sp, L, key, source,
+                         f"verl asserts a budget at least that{group} (verl/utils/seqlen_balancing.py:384-386)")
+        return None if per_gpu is None else int(per_gpu)
 
     def packed_count(rows_per_gpu: int, key: str, role: str = "actor") -> int:  # verl's dynamic batching (verl_packer)
         formed = _formed(step, rows_per_gpu, groups[role], budget(key, role), _divided_by(pp, v), sps[role])
@@ -1338,8 +1336,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
     actor = scenario.models["actor"]
     if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
         packed = all(_remove_padding(scenario)[:2 if critic else 1])
-        layouts += [(1, 1, 1, (3, 2), 3, sp) for sp in (1, *(1 << e for e in range(1, c.gpus_per_node.bit_length())))
-                    if sp == 1 or (packed and N % sp == 0 and sp <= c.gpus_per_node and actor.n_heads % sp == 0)]
+        # (groups the model's heads do not split are dropped with their options: `valid`)
+        layouts += [(1, 1, 1, (3, 2), 3, sp) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed]
     # (a LoRA actor: verl's FSDP LoRA only, see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
                and actor.lora is None):
