@@ -907,6 +907,11 @@ def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl
             plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, **{field: True}))
             key, why = module.space_problem(scenario, plan)
             assert key == f"calls.actor_train.{field}" and "realbench does not write" in why, why
+        # nor Ulysses groups: OpenRLHF splits sequences by ring attention, AReaL's `c` is not read yet
+        half = replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2)
+        plan["actor_train"] = replace(actor, strategy=half)
+        key, why = module.space_problem(scenario, plan)
+        assert key == "calls.actor_train.sp" and ("--ring_attn_size" if module is openrlhf else "allocation's c") in why
 
 
 def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_path):
