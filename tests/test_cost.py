@@ -134,6 +134,44 @@ def test_ulysses_splits_a_micro_batch_by_sequence_worked_by_hand():
         call, M7, H100, Option(mesh, Strategy(8, 1, 1, 8, zero=3))).working_bytes, rel=1e-9) and activations > 0
 
 
+def test_ring_attention_gathers_keys_and_values_worked_by_hand():
+    """dp 4 x sp 2 with ring attention (OpenRLHF's --ds.ring_attn_size 2) against dp 8, ZeRO-2, 4
+    micro-batches: a device's 16 x 1024 tokens through whole weights, all 32 heads, so dp 8's
+    compute and sharded state; a layer's forward gathers the group's keys and values, 2 x 32 heads of
+    128 bf16 values for each of the group's 2 x 16,384 tokens, half of them from the other device;
+    the backward gathers them again and reduce-scatters their gradients: 3 gathers a layer and
+    micro-batch (4 with recomputation, 1 forward-only). Memory: the kernels' buffers of one KV
+    head's keys and values of the group's tokens, twice, and in the backward their gradients."""
+    call = train_call()
+    mesh = Mesh(0, 1, 0, 8)
+    flat = call_cost(call, M7, H100, Option(mesh, Strategy(8, 1, 1, 4, zero=2)))
+    ring = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring=True)))
+    assert ring.compute_s == pytest.approx(flat.compute_s, rel=1e-12)
+    assert ring.master_bytes == flat.master_bytes and ring.dp_comm_s == flat.dp_comm_s
+    tokens = 16 * 1024
+    gather = (2 - 1) / 2 * (2 * tokens * 2 * 32 * 128 * 2) / 455.4e9 + 2.957e-6
+    assert flat.tp_comm_s == 0 and ring.tp_comm_s == pytest.approx(4 * 32 * 3 * gather, rel=1e-12)
+    buffers = 3 * 2 * 2 * tokens * 128 * 2
+    assert ring.working_bytes - flat.working_bytes == pytest.approx(buffers, rel=1e-9)
+    again = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, True, zero=2, sp=2, ring=True)))
+    assert again.tp_comm_s == pytest.approx(4 * 32 * 4 * gather, rel=1e-12)
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(4, 1, 1, 8, sp=2, ring=True)))
+    assert inf.tp_comm_s == pytest.approx(8 * 32 * ((tokens / 2 * 2 * 32 * 128 * 2) / 455.4e9 + 2.957e-6), rel=1e-12)
+    # grouped-query attention: only the 8 KV heads travel (Ulysses moves every query head too)
+    gqa = M7.model_copy(update={"n_kv_heads": 8})
+    few = call_cost(call, gqa, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring=True)))
+    assert few.tp_comm_s == pytest.approx(4 * 32 * 3 * ((2 * tokens * 2 * 8 * 128 * 2) / 2 / 455.4e9 + 2.957e-6),
+                                          rel=1e-12)
+    # its plan key
+    from realbench.plan import get_builtin
+    from realbench.plan.plan import plan_from_options
+
+    option = Option(mesh, Strategy(4, 1, 1, 1, sp=2, ring=True))
+    placement = plan_from_options(get_builtin("ppo-7b-7b-16gpu"), {"actor_train": option}).calls["actor_train"]
+    assert (placement.sp, placement.ring) == (2, True) and option.strategy.label().endswith("sp2ring")
+
+
 def test_ulysses_is_refused_where_fsdp_cannot_run_it():
     from realbench.plan.options import strategy_problem
 
@@ -151,6 +189,22 @@ def test_ulysses_is_refused_where_fsdp_cannot_run_it():
         assert field == "sp" and reason in message, (strategy, message)
     field, message = strategy_problem(train_call(), M7, H100, mesh, Strategy(8, 1, 1, 1, zero=3, sp=2))
     assert field == "dp" and "dp*sp*tp*pp = 8*2*1*1 = 16" in message
+    # ring attention: any sharding (DeepSpeed's stages), no heads to split, but no tp, no generation,
+    # a group inside a node, and a group at all
+    twelve = M7.model_copy(update={"n_heads": 12, "n_kv_heads": 12})
+    for model, strategy in ((M7, Strategy(4, 1, 1, 1, zero=1, sp=2, ring=True)),
+                            (M7, Strategy(4, 1, 1, 1, sp=2, ring=True)),
+                            (twelve, Strategy(1, 1, 1, 1, sp=8, ring=True))):
+        assert strategy_problem(train_call(), model, H100, mesh, strategy) is None, strategy
+    for call, strategy, field_, reason in (
+            (train_call(), Strategy(2, 2, 1, 1, sp=2, ring=True), "sp", "ring attention is priced without tensor"),
+            (gen, Strategy(4, 1, 1, sp=2, ring=True), "sp", "ring attention splits a forward's sequences"),
+            (train_call(), Strategy(8, 1, 1, 1, ring=True), "ring", "sp 2 or more")):
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == field_ and reason in message, (strategy, message)
+    wide = Mesh(0, 2, 0, 8)
+    field, message = strategy_problem(train_call(), M7, H100, wide, Strategy(1, 1, 1, 1, sp=16, ring=True))
+    assert field == "sp" and "does not divide the 8 devices of a node" in message
     # a token budget a device: a group of 4 holds a 1024-token row in 256 each
     packed = CallDef(name="t", model="m", kind="train", seqs=512, seq_len=1024, padding_free=True)
     assert strategy_problem(packed, M7, H100, mesh, Strategy(2, 1, 1, 1, zero=3, max_tokens=256, sp=4)) is None

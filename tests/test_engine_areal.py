@@ -230,10 +230,14 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
     rollout_logp = ("actor.use_decoupled_loss=false", "actor.recompute_logprob=false")
     # vLLM servers (and LoRA on them), written back as vLLM
     vllm = ("rollout.backend=vllm:d4p1t1", "vllm.max_num_seqs=64", *lora)
+    # FSDP's context parallelism (Ulysses groups of 2 GPUs) for the actor and, through
+    # ${actor.backend}, the reference and critic
+    ulysses = ("actor.backend=fsdp:d2c2",)
     for config, name, overrides in (("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
                                     ("gsm8k grpo.yaml", "grpo-lora", lora),
                                     ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp),
-                                    ("gsm8k grpo.yaml", "grpo-vllm", vllm)):
+                                    ("gsm8k grpo.yaml", "grpo-vllm", vllm),
+                                    ("ppo_megatron.yaml", "ppo-ulysses", ulysses)):
         first, plan_doc, scenario_doc = imported(cli, job, config, *overrides, out="first", name=name)
         assert scenario_doc["training"]["old_logprobs"] == ("rollout" if overrides == rollout_logp else "whole_batch")
         if overrides == lora:  # the LoRA settings, read
@@ -269,7 +273,7 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
          for path, scenario, _ in cases]
     assert all(yaml.safe_load(path.read_text())["train_dataset"]["path"] == "openai/gsm8k"
                for path, _, _ in cases if path.name.endswith(" areal.yaml"))
-    backends = set()
+    backends, contexts = set(), set()
     for (path, scenario, options), c in zip(cases, checked):
         again, plan_again, _ = imported(cli, job, path, out="again", name=path.stem)
         G = scenario.cluster.gpus_per_node
@@ -292,17 +296,20 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         # the servers AReaL parses are the ones read (vLLM or SGLang)
         assert c["allocations"]["rollout"]["backend"] == (scenario.rollout_server or "sglang") == \
             load_scenario(again["scenario"]).rollout_server
-        # AReaL's own parse of what realbench wrote names the actor's layout
-        a = options["actor_train"].strategy
-        assert (c["allocations"]["actor"]["dp"], c["allocations"]["actor"]["tp"],
-                c["allocations"]["actor"]["pp"]) == (a.dp, a.tp, a.pp)
+        # AReaL's own parse of what realbench wrote names each trainer role's layout, its Ulysses
+        # groups (context parallelism) too
+        for role, call in (("actor", "actor_train"), ("ref", "ref_inf"), ("critic", "critic_train")):
+            if call in options:
+                a, parsed = options[call].strategy, c["allocations"][role]
+                assert (parsed["dp"], parsed["tp"], parsed["pp"], parsed["cp"]) == (a.dp, a.tp, a.pp, a.sp), path
+        contexts.add(c["allocations"]["actor"]["cp"])
         backends.add(c["allocations"]["actor"]["backend"])
         # the LoRA settings as AReaL's config classes hold them, the servers' side on too
         lora = scenario.models["actor"].lora
         assert c["lora"] == ({"use_lora": True, "rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"],
                               "rollout": True} if lora else
                              {"use_lora": False, "rank": 32, "alpha": 16, "target_modules": [], "rollout": False}), path
-    assert backends == {"fsdp", "megatron"}
+    assert backends == {"fsdp", "megatron"} and contexts == {1, 2}
 
 
 def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cli, job):
@@ -324,7 +331,13 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
 @pytest.mark.parametrize("overrides, key, says", [
     (["actor.backnd=fsdp:d4"], "actor.backnd", "did you mean 'actor.backend'"),
     (["actor.backend=archon:d4"], "actor.backend", "archon"),
-    (["actor.backend=fsdp:d2c2"], "actor.backend", "context parallelism"),
+    (["actor.backend=megatron:d2c2"], "actor.backend", "Megatron's context parallelism"),
+    (["actor.backend=fsdp:d1t2c2"], "actor.backend", "without tensor parallelism (t1)"),
+    # Ulysses groups the tiny model's 4 heads do not split (as AReaL's ulyssess_patch.py:165-176),
+    # or wider than a node
+    (["actor.backend=fsdp:d1c8", "cluster.n_nodes=2"], "calls.actor_train.sp", "does not split the 4 attention heads"),
+    (["actor.backend=fsdp:d1c4", "cluster.n_gpus_per_node=2", "cluster.n_nodes=4"], "calls.actor_train.sp",
+     "sp 4 does not divide the 2 devices of a node"),
     (["actor.backend=fsdp:d2p2"], "actor.backend", "no pipeline"),
     (["rollout.backend=sglang.d4"], "rollout.backend", "not an allocation AReaL parses"),
     (["actor.backend=megatron:(attn:d4|ffn:e4)"], "actor.backend", "MoE"),
@@ -370,6 +383,50 @@ def test_areals_own_code_refuses_what_realbench_refuses_and_accepts_the_referenc
     _, plan, scenario = imported(cli, job, "gsm8k grpo.yaml", "actor.kl_ctl=0.1", name="with-ref")
     assert plan["calls"]["ref_inf"]["mesh"] == plan["calls"]["actor_train"]["mesh"]
     assert scenario["models"]["ref"]["path"] == scenario["models"]["actor"]["path"]
+
+
+def test_context_parallel_groups_are_read_as_areal_forms_them_by_hand(cli, job):
+    """fsdp:d2c2 (AReaL's context parallelism under FSDP: Ulysses): 1024 samples over 2 data-parallel
+    ranks, 512 rows a group of 2 GPUs; every row at its 2,048-token cap, the rank's budget of 10,240
+    tokens (the group's, fsdp_engine.py:1915-1948 slicing each packed micro-batch over the two) packs
+    5 rows, 103 micro-batches, priced as the fewest even splits at least as many: 128 of 4 rows, 8,192
+    tokens, 4,096 a GPU. fsdp:d4 packs a GPU's 256 rows the same way: 64 of 8,192 tokens a GPU.
+    A budget of one row (2,048) is a group's, so AReaL runs it: one row a micro-batch, 1,024 tokens a
+    GPU. Written back: the allocation string with c2, the rank's budget and count."""
+    _, plan, scenario = imported(cli, job, "gsm8k grpo.yaml", "actor.backend=fsdp:d2c2", name="cp")
+    row = scenario["dataflow"]["prompt_len"] + scenario["dataflow"]["gen_len"]
+    assert row == 2048
+    assert plan["calls"]["actor_train"] == {"mesh": "n0:0-3", "dp": 2, "tp": 1, "pp": 1, "micro_batches": 128,
+                                            "activation_checkpointing": True, "zero": 3, "sp": 2, "max_tokens": 4096}
+    _, flat, _ = imported(cli, job, "gsm8k grpo.yaml", name="cp-flat")
+    assert flat["calls"]["actor_train"]["micro_batches"] == 64 and flat["calls"]["actor_train"]["max_tokens"] == 8192
+    result, tight, _ = imported(cli, job, "gsm8k grpo.yaml", "actor.backend=fsdp:d2c2",
+                                "actor.mb_spec.max_tokens_per_mb=2048", name="cp-one-row")
+    assert tight["calls"]["actor_train"]["micro_batches"] == 512 and tight["calls"]["actor_train"]["max_tokens"] == 1024
+    (job / "cp").mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "areal", "--out", job / "cp" / "one row.yaml",
+                       "--model-path", "actor=ckpt", "--force")
+    assert code == 0, err
+    written = yaml.safe_load((job / "cp" / "one row.yaml").read_text())["actor"]
+    assert (written["backend"], written["mb_spec"]["n_mbs"], written["mb_spec"]["max_tokens_per_mb"]) == \
+        ("fsdp:d2c2", 512, 2048)
+
+
+def test_the_search_offers_ulysses_groups_the_heads_split(cli, tmp_path):
+    """AReaL's space holds FSDP's context parallelism: groups of 2, 4, ... GPUs of a node that
+    divide the actor's GPUs, where the heads split (4 heads, 2 KV heads: 2 and 4; 6 heads: 2 only).
+    The tiny job's actor has 7, 6 or 4 of the node's 8 GPUs."""
+    from realbench.examples import save_model
+
+    os.chdir(tmp_path)
+    for name, heads in (("four", 4), ("six", 6)):
+        save_model(tmp_path / name, hidden=96 if heads == 6 else 64, heads=heads, kv_heads=2)
+        (tmp_path / f"{name}.yaml").write_text(GSM8K_GRPO.replace("path: ckpt", f"path: {name}"))
+        code, out, err = cli("import", "areal", f"{name}.yaml", "--out", "plans", "--json", "--force")
+        assert code == 0, err
+        options, _ = areal.plan_table(load_scenario(json.loads(out)["scenario"]))
+        offered = {o.strategy.sp for o in options["actor_train"]}
+        assert offered == ({1, 2, 4} if heads == 4 else {1, 2}), (name, offered)
 
 
 def test_search_inside_areal_reports_its_best_beside_the_imported_configuration(cli, job):

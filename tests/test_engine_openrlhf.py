@@ -157,6 +157,7 @@ def test_separate_groups_are_placed_largest_first(cli, job):
 LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
 SLEEP = ("ds.enable_sleep=true",)
 ADAM = ("ds.adam_offload=true",)
+RING = ("ds.ring_attn_size=2",)
 
 
 @pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA),
@@ -164,7 +165,9 @@ ADAM = ("ds.adam_offload=true",)
                                                # the README's quick-start as written: DeepSpeed's states asleep too
                                                ("train ppo hybrid.sh", SLEEP),
                                                # CPU Adam (ZeRO-Offload) for actor and critic
-                                               ("train ppo hybrid.sh", ADAM)])
+                                               ("train ppo hybrid.sh", ADAM),
+                                               # ring attention groups of 2 GPUs for every DeepSpeed model
+                                               ("train ppo hybrid.sh", RING)])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -180,8 +183,15 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
         {"rank": 0, "alpha": 16, "target_modules": "all-linear"}
     assert checked["lora"] == lora
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
-    packed = overrides == ("ds.packing_samples=true",)  # rows packed without padding, as OpenRLHF parsed it
+    # rows packed without padding, as OpenRLHF parsed it (ring attention turns packing on)
+    packed = overrides in (("ds.packing_samples=true",), RING)
     assert checked["packing_samples"] is packed and scenario_again["training"]["padding_free"] is packed
+    # ring attention's groups: every DeepSpeed call's sp, the one size OpenRLHF parsed
+    ring = 2 if overrides == RING else 1
+    assert checked["ring_attn_size"] == ring and checked["ring_attn_head_stride"] == 1
+    for name in ("actor_train", "ref_inf", "critic_train", "critic_inf", "reward_inf"):
+        if name in plan["calls"]:
+            assert (plan["calls"][name].get("sp", 1), plan["calls"][name].get("ring", False)) == (ring, ring > 1)
     # --ds.enable_sleep: the trained models' optimizers offloaded, as OpenRLHF parsed it
     asleep = overrides == SLEEP
     assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config)
@@ -223,7 +233,12 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
     (("vllm.gpu_memory_utilization=0.000001",), "--vllm.gpu_memory_utilization", "the engine does not start"),
-    (("ds.ring_attn_size=2",), "--ds.ring_attn_size", "does not price it"),
+    # ring attention: beside DeepSpeed's tp, with another head stride (the kernels' buffers priced
+    # for 1), a group that does not divide a role's GPUs
+    (("ds.ring_attn_size=2", "ds.tensor_parallel_size=2", "ds.zero_stage=2"), "--ds.ring_attn_size",
+     "without tensor parallelism"),
+    (("ds.ring_attn_size=2", "ds.ring_attn_head_stride=2"), "--ds.ring_attn_head_stride", "does not price it"),
+    (("ds.ring_attn_size=3",), "--ds.ring_attn_size", "3 does not divide the actor's 8 GPUs"),
     (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
     (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),
     (("ds.tensor_parallel_size=2",), "--ds.zero_stage", "AutoTP trains under ZeRO 0 to 2"),
@@ -290,6 +305,23 @@ def test_openrlhf_refuses_the_hybrid_engine_realbench_refuses(job):
     assert not checked["ok"] and "must be equal to vllm_num_engines * vllm_tensor_parallel_size" in checked["error"]
 
 
+def test_ring_attention_groups_are_read_as_openrlhf_forms_them_by_hand(cli, job):
+    """--ds.ring_attn_size 2 on the quick-start: 8 GPUs a model, 4 data-parallel groups of 2. A
+    group's 4 rows of an optimizer step (batch 16) in micro-batches of --train.micro_batch_size 1:
+    4; the forwards' 64 rows, 16 a group, in chunks of 4: 4. Dynamic batching packs a group's rows
+    to --train.max_tokens_per_gpu times the group (seqlen_balancing.py:237): 192 tokens x 2 holds 2
+    rows of 192, so 2 micro-batches (without the factor 4)."""
+    _, plan, scenario = imported(cli, job, "train ppo hybrid.sh", *RING, name="ring")
+    assert scenario["training"]["padding_free"] is True
+    assert plan["calls"]["actor_train"] == {"mesh": "n0", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4,
+                                            "activation_checkpointing": True, "zero": 3, "sp": 2, "ring": True}
+    assert plan["calls"]["ref_inf"] == {"mesh": "n0", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4, "zero": 3,
+                                        "sp": 2, "ring": True}
+    _, packed, _ = imported(cli, job, "train ppo hybrid.sh", *RING, "train.dynamic_batch_enable=true",
+                            "train.max_tokens_per_gpu=192", name="ring-dynamic")
+    assert packed["calls"]["actor_train"]["micro_batches"] == 2 and packed["calls"]["actor_train"]["dp"] == 4
+
+
 def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
     """Plans the search lists pass realbench's rules, and a sample of them, written as command
     lines, passes OpenRLHF's own parser, checks and train() assertions."""
@@ -317,6 +349,23 @@ def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
         split += not settings.get("train.colocate_all")
     assert split > 0
     assert any(p["actor_gen"].mesh == p["actor_train"].mesh for p in plans)  # the hybrid engine is listed
+    # rows padded (OpenRLHF's default): no ring attention, which packs them; packed, groups of 2 to 8
+    # GPUs of a node for every DeepSpeed model, two of them written and passing OpenRLHF's checks
+    assert all(o.strategy.sp == 1 for p in plans for o in p.values())
+    scenario_path, _ = import_config("openrlhf", "train ppo hybrid.sh", ["actor.num_nodes=2", "ref.num_nodes=2",
+                                                                         "vllm.num_engines=8", "ds.packing_samples=true"],
+                                     "space-packed", overwrite=True)
+    scenario = load_scenario(str(scenario_path))
+    rings = [p for p in openrlhf.configurations(scenario) if p["actor_train"].strategy.sp > 1]
+    assert {p["actor_train"].strategy.sp for p in rings} == {2, 4, 8}
+    for i, options in enumerate(rng.sample(rings, 2)):
+        assert all(o.strategy.ring and o.strategy.sp == options["actor_train"].strategy.sp
+                   for n, o in options.items() if n != "actor_gen")  # (every model a DeepSpeed one)
+        _, settings = openrlhf.to_config(scenario, options, paths)
+        script = job / f"space-ring-{i}.sh"
+        script.write_text(openrlhf.config_files(script, "deepspeed", settings)[0][1])
+        checked = openrlhf_check("validate", script)
+        assert checked["ok"] and checked["ring_attn_size"] == options["actor_train"].strategy.sp, (checked, settings)
 
 
 def test_deepspeeds_states_asleep_cross_the_host_link_around_each_update_by_hand(cli, job):

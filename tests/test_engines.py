@@ -907,11 +907,28 @@ def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl
             plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, **{field: True}))
             key, why = module.space_problem(scenario, plan)
             assert key == f"calls.actor_train.{field}" and "realbench does not write" in why, why
-        # nor Ulysses groups: OpenRLHF splits sequences by ring attention, AReaL's `c` is not read yet
-        half = replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2)
+        # nor Ulysses groups in OpenRLHF, which splits sequences by ring attention; AReaL writes them
+        # (an FSDP allocation's c: test_engine_areal.py), but not beside tensor parallelism
+        half = replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2, max_tokens=None)
         plan["actor_train"] = replace(actor, strategy=half)
+        if module is areal:
+            assert module.space_problem(scenario, plan) is None
+            plan["actor_train"] = replace(actor, strategy=replace(half, dp=half.dp // 2, tp=2))
         key, why = module.space_problem(scenario, plan)
-        assert key == "calls.actor_train.sp" and ("--ring_attn_size" if module is openrlhf else "allocation's c") in why
+        assert key == "calls.actor_train.sp" and ("--ds.ring_attn_size" if module is openrlhf else
+                                                  "without tensor parallelism") in why, why
+        # and AReaL's writer refuses ring attention (OpenRLHF's), as verl's does
+        if module is areal:
+            plan["actor_train"] = replace(actor, strategy=replace(half, ring=True))
+            key, why = module.space_problem(scenario, plan)
+            assert key == "calls.actor_train.ring" and "not ring attention" in why, why
+    from realbench.engines import verl
+
+    plan = verl.default_plan(job)
+    actor = plan["actor_train"]
+    plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2, ring=True))
+    key, why = verl.space_problem(job, plan)
+    assert key == "calls.actor_train.ring" and "not by ring attention" in why, why
 
 
 def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_path):

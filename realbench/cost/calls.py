@@ -15,7 +15,10 @@ t / sp of a micro-batch's t tokens through the layer with its whole weights, and
 the whole sequences for 1/sp of the heads: the flops and element-wise bytes of t / sp tokens, the
 weights read whole, plus two all-to-alls a layer forward (queries, keys and values to head shards,
 q + 2 kv bf16 values a token, the output back, q; a backward as many again), the sharded state
-over dp x sp devices.
+over dp x sp devices. Ring attention over the sp devices (`Strategy.ring`, OpenRLHF's): the same
+share of the tokens, all heads a device, the exchanges an all-gather of the group's keys and
+values a layer forward (2 kv values a token of the whole group's), a backward twice that (the
+gather again and the reduce-scatter of their gradients).
 
 Element-wise work (`elementwise_bytes`): every kernel that is not a matmul reads its inputs and
 writes its outputs once (fused kernels, as torch.compile or Megatron's fused kernels make them).
@@ -213,16 +216,38 @@ def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: flo
     return count * comm.all_reduce(cluster, tp, tokens * model.hidden * BF16, spans_nodes=False)
 
 
-def _ulysses_all_to_alls(cluster: ClusterSpec, model: ModelSpec, sp: int, tokens: float) -> float:
-    """Ulysses' exchanges of one layer's forward on a device's `tokens` (its 1/sp of a micro-batch's):
-    queries, keys and values from sequence shards to head shards before attention, its output back
-    after it; the KV heads repeated up to the group first where it has more devices than they
-    (verl's repeat_kv, models/transformers/monkey_patch.py:126-128). A backward moves as much."""
-    if sp == 1:
-        return 0.0
+def _sequence_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tokens: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's exchanges inside a sequence-parallel group on a
+    device's `tokens` (its 1/sp of a micro-batch's).
+    Ulysses: queries, keys and values from sequence shards to head shards before attention, its
+    output back after it (all-to-alls); the KV heads repeated up to the group first where it has
+    more devices than they (verl's repeat_kv, models/transformers/monkey_patch.py:126-128). A
+    backward moves as much.
+    Ring attention (`s.ring`, ring-flash-attention's llama3_flash_attn_varlen_func, which OpenRLHF
+    substitutes for flash attention): every device gathers the group's keys and values, all KV
+    heads of sp x tokens, before attending with its own queries; the backward gathers them again
+    and reduce-scatters their gradients (as much again). Priced as if the gathers ran apart from
+    attention: the kernels gather the next stride of heads while attending over the last, which
+    realbench does not credit."""
+    if s.sp == 1:
+        return 0.0, 0.0
+    if s.ring:
+        gather = comm.all_gather(cluster, s.sp, s.sp * tokens * 2 * model.n_kv_heads * model.head_dim * BF16, False)
+        return gather, 2 * gather
     q = model.n_heads * model.head_dim
-    kv = max(model.n_kv_heads, sp) * model.head_dim
-    return comm.all_to_all(cluster, sp, tokens * (2 * q + 2 * kv) * BF16)
+    kv = max(model.n_kv_heads, s.sp) * model.head_dim
+    exchange = comm.all_to_all(cluster, s.sp, tokens * (2 * q + 2 * kv) * BF16)
+    return exchange, exchange
+
+
+def _ring_buffers(model: ModelSpec, s: Strategy, tokens: float, backward: bool) -> float:
+    """Ring attention's gather buffers on a device of `tokens` (its 1/sp): keys and values of one
+    KV head (OpenRLHF's default --ds.ring_attn_head_stride 1) for the whole group's sp x tokens,
+    twice (the next stride gathered while the last is used), and in a backward their gradients
+    once more (llama3_flash_attn_varlen.py: kv_buffer, kv_buffer_copy, dkv_buffer)."""
+    if not s.ring:
+        return 0.0
+    return (3 if backward else 2) * 2 * s.sp * tokens * model.head_dim * BF16
 
 
 def _activation_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
@@ -442,10 +467,11 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     u = s.sp
     tokens = b * width / u
     fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens)
-    # the model-parallel exchanges of one forward: tp's two all-reduces a layer, Ulysses' all-to-alls
-    # (a backward as many again)
-    pass_comm = layers * (_tp_all_reduces(cluster, model, tp, tokens, 2)
-                          + _ulysses_all_to_alls(cluster, model, u, tokens))
+    # the model-parallel exchanges of one forward: tp's two all-reduces a layer (a backward as many
+    # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers)
+    seq_fwd, seq_bwd = _sequence_exchanges(cluster, model, s, tokens)
+    tp_pass = layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
+    pass_comm, backward_comm = tp_pass + layers * seq_fwd, tp_pass + layers * seq_bwd
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
     # memory: the largest micro-batch of the device's rows of a step (padded, as wide as their
     # longest row; packed, the heaviest sum of rows, or as full as a token budget lets it be, a
@@ -471,7 +497,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
         working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
-                   + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards))
+                   + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards)
+                   + _ring_buffers(model, s, peak_tokens, backward=False))
         # unsharded and offloaded (a Megatron forward-only model's param_offload): the whole bf16
         # shard loaded for the call and sent back after it (sharding's module doc); its seconds
         # are host-link time, counted where a trained model's offload counts them
@@ -501,7 +528,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     behaviour_compute = behaviour * slots * fwd
     behaviour_tp = behaviour * slots * pass_comm
     compute = steps * train_slots * fwd_bwd + behaviour_compute
-    tp_comm = steps * train_slots * (3 if recompute else 2) * pass_comm + behaviour_tp
+    tp_comm = steps * train_slots * ((2 if recompute else 1) * pass_comm + backward_comm) + behaviour_tp
     behaviour_pp = behaviour * slots * p2p_one
     pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour_pp
     # the data-parallel reduction of the gradients (a dp group that spans nodes has gpus_per_node /
@@ -524,7 +551,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     in_flight = activations_in_flight(m, pp, v)
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
-               + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True))
+               + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True)
+               + _ring_buffers(model, s, peak_tokens, backward=True))
     # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
     master = (params * sharding.weight_bytes_per_param(s.zero, shards)
               + adapters * sharding.trained_bytes_per_param(s.zero, shards)

@@ -118,7 +118,7 @@ def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile,
               cluster: Optional[ClusterSpec] = None) -> Optional[float]:
     """The call composed from the profile's operations (see the module's docstring)."""
     s = option.strategy
-    if s.sp > 1:  # Ulysses groups: realbench's runtime runs none, the profile times none (the analytic model's)
+    if s.sp > 1:  # Ulysses or ring groups: realbench's runtime runs none, the profile times none (the analytic model's)
         return None
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
     value = bool(model.value_head)

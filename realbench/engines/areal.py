@@ -17,7 +17,14 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
   every example's pattern): the actor's GPUs, the same world size (infra/scheduler/local.py:680-699),
   their own strategy. A server spans one node at most (`nnodes` 1, cli_args.py:1949).
 * **Strategies**: FSDP2 shards parameters, gradients and optimizer states over the data-parallel
-  group (realbench's zero 3) with tensor parallelism inside (engine/fsdp_utils/parallel.py:42-78);
+  group (realbench's zero 3) with tensor parallelism inside (engine/fsdp_utils/parallel.py:42-78),
+  or with context parallelism `c`, which under FSDP is Ulysses sequence parallelism (realbench's
+  `sp`): a (d, c, t) device mesh, the data split over the d ranks, each rank's packed micro-batch
+  padded to a multiple of c and sliced over its c GPUs (engine/fsdp_engine.py:1915-1948), the
+  heads split as verl splits them (models/transformers/ulyssess_patch.py:165-176), the model
+  sharded over d x c (the `dp_sp` mesh, fsdp_utils/parallel.py:391), and `mb_spec.max_tokens_per_mb`
+  the rank's, a group's budget (c GPUs share it); priced without tensor parallelism (t1, else
+  refused);
   Megatron tp x pp with its distributed optimizer (`megatron.ddp.use_distributed_optimizer`,
   default on: zero 1) and `megatron.virtual_pipeline_parallel_size` (engine/megatron_engine.py:216-245,
   1276-1283); `gradient_checkpointing` per engine.
@@ -49,7 +56,8 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
 Not priced, and said so wherever an AReaL plan is read or written (`PRICING_GAPS`). Refused by name
 (a setting changed from its default that realbench neither prices nor knows to leave time and memory
 alone): the rollout colocated with the actor (disk weight updates and offloading), offloading,
-LoRA, context and expert parallelism, the archon engine, a teacher, the experimental v2 gateway,
+LoRA on a critic, Megatron's context parallelism (and FSDP's beside tensor parallelism), expert
+parallelism, the archon engine, a teacher, the experimental v2 gateway,
 a reference or critic on GPUs of its own (AReaL runs the trainer's calls one after another, which
 realbench prices as concurrent on separate GPUs).
 
@@ -75,15 +83,15 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, refuse_sequence_parallel,
-                                         serving_gap, whole_alpha, whole_row_budget)
+from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, serving_gap, whole_alpha,
+                                         whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
-from realbench.engines.verl import _nest, _rounds, _splits
+from realbench.engines.verl import _ceil, _nest, _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import divisors
+from realbench.plan.options import divisors, sequence_parallel_problem
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -289,16 +297,25 @@ def allocation(text: Any, key: str, source: str, servers: bool) -> dict[str, Any
     if backend == "fsdp" and (dims["p"] > 1 or dims["e"] > 1):
         raise ConfigError(f"{text!r}: FSDP has no pipeline or expert parallelism (api/alloc_mode.py:274-283)", key,
                           source)
-    if dims["c"] > 1:
-        raise ConfigError(f"{text!r}: context parallelism (Ulysses sequence parallelism under FSDP) is not priced",
-                          key, source)
+    if dims["c"] > 1 and backend == "megatron":
+        raise ConfigError(f"{text!r}: Megatron's context parallelism (context_parallel_size, attention over a "
+                          "sequence split in chunks) is not priced; FSDP's c (Ulysses) is", key, source)
+    if dims["c"] > 1 and dims["t"] > 1:
+        raise ConfigError(f"{text!r}: realbench prices FSDP's context parallelism (Ulysses groups) without tensor "
+                          "parallelism (t1)", key, source)
     if dims["e"] > 1:
         raise ConfigError(f"{text!r}: expert parallelism; realbench's models are dense", key, source)
     return {"backend": backend, **dims}
 
 
-def allocation_string(backend: str, dp: int, tp: int, pp: int) -> str:
-    return f"{backend}:d{dp}" + (f"p{pp}" if pp > 1 else "") + (f"t{tp}" if tp > 1 else "")
+def allocation_string(backend: str, dp: int, tp: int, pp: int, cp: int = 1) -> str:
+    return f"{backend}:d{dp}" + (f"p{pp}" if pp > 1 else "") + (f"t{tp}" if tp > 1 else "") \
+        + (f"c{cp}" if cp > 1 else "")
+
+
+def world(a: dict[str, Any]) -> int:
+    """The GPUs of an allocation: d x c x t x p (api/alloc_mode.py:150-158)."""
+    return a["d"] * a["c"] * a["t"] * a["p"]
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------
@@ -340,7 +357,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                               "colocate it with the actor (scheduling_strategy: {type: colocation, target: actor})",
                               f"{role}.scheduling_strategy.type", source)
         strategies[role] = allocation(s[f"{role}.backend"], f"{role}.backend", source, servers=False)
-        world = lambda a: a["d"] * a["t"] * a["p"]  # noqa: E731
         if world(strategies[role]) != world(actor):
             raise ConfigError(f"{s[f'{role}.backend']!r}: a role colocated with the actor has its world size "
                               f"({world(actor)}; infra/scheduler/local.py:680-699)", f"{role}.backend", source)
@@ -348,7 +364,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{s['critic.ppo_n_minibatches']}: realbench's critic takes the actor's optimizer steps "
                           f"(actor.ppo_n_minibatches {s['actor.ppo_n_minibatches']})", "critic.ppo_n_minibatches",
                           source)
-    W_a = actor["d"] * actor["t"] * actor["p"]
+    W_a = world(actor)
     if server["p"] > 1:
         raise ConfigError(f"{s['rollout.backend']!r}: realbench prices a server's continuous batching without a "
                           "pipeline (p1)", "rollout.backend", source)
@@ -389,10 +405,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         if prompts % dp:
             raise ConfigError(f"{prompts} prompt groups do not split evenly over {dp} data-parallel ranks "
                               "(utils/seqpack.py:558-562)", "train_dataset.batch_size", source)
-        per_gpu = _even(rows_per_call, dp, "samples", f"{role}.backend", source)
+        per_rank = _even(rows_per_call, dp, "samples", f"{role}.backend", source)  # (a GPU's, or a group's)
         megatron = a["backend"] == "megatron"
         out = {"mesh": meshes["actor"], "dp": dp, "tp": a["t"], "pp": a["p"],
-               "micro_batches": _micro_batches(step, per_gpu, dp, s.get(f"{role}.mb_spec.n_mbs"),
+               "micro_batches": _micro_batches(step, per_rank, dp, s.get(f"{role}.mb_spec.n_mbs"),
                                                whole_row_budget(s.get(f"{role}.mb_spec.max_tokens_per_mb"), L,
                                                                 f"{role}.mb_spec.max_tokens_per_mb", source,
                                                                 "AReaL's packer refuses a longer sequence "
@@ -407,9 +423,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             out["zero"] = int(bool(s.get(f"{role}.megatron.ddp.use_distributed_optimizer", True))) if trained else 0
         else:
             out["zero"] = 3
+        if a["c"] > 1:  # FSDP's Ulysses groups: each of the d ranks' micro-batches split over c GPUs
+            out["sp"] = a["c"]
         # memory: the largest micro-batch of the plan's count, the budget realbench writes (_engine_settings),
-        # or another call's (`budget`: the critic's values pack under its training's)
-        out["max_tokens"] = budget or step.budget(per_gpu, dp, out["micro_batches"])
+        # or another call's (`budget`: the critic's values pack under its training's); a GPU's share
+        # of a Ulysses group's (fsdp_engine.py:1915-1948 pads the packed micro-batch to a multiple of
+        # c and slices it)
+        out["max_tokens"] = budget or _ceil(step.budget(per_rank, dp, out["micro_batches"]), a["c"])
         return out
 
     calls: dict[str, dict] = {"actor_train": strategy("actor", rows // steps, True)}
@@ -505,11 +525,13 @@ def _backend(name: str, s: Strategy, trained: bool) -> str:
 
 
 def _same_budget(name: str, s: Strategy, budget: int) -> None:
-    """A plan's token budget for a call is the one realbench writes for its count, or unset."""
-    if s.max_tokens not in (None, budget):
+    """A plan's token budget for a call (a GPU's) is the one realbench writes for its count (a
+    data-parallel rank's: a Ulysses group's, sp GPUs, to_plan), or unset."""
+    if s.max_tokens not in (None, _ceil(budget, s.sp)):
+        group = f", {_ceil(budget, s.sp)} a GPU of a Ulysses group of {s.sp}" if s.sp > 1 else ""
         raise ConfigError(f"{s.max_tokens}: AReaL runs the plan's {s.micro_batches} micro-batches on every step drawn "
-                          f"under the budget realbench writes, the largest group its packer forms ({budget} tokens; "
-                          "realbench.engines.areal_packer)", f"calls.{name}.max_tokens")
+                          f"under the budget realbench writes, the largest group its packer forms ({budget} tokens"
+                          f"{group}; realbench.engines.areal_packer)", f"calls.{name}.max_tokens")
 
 
 def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, step: StepRows
@@ -520,6 +542,12 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     step drawn (areal_packer.budget_for), at least a whole row (AReaL's packer refuses a longer
     sequence, utils/seqpack.py:234-242)."""
     backend = _backend(name, s, trained)
+    if s.ring:
+        raise ConfigError("AReaL's context parallelism (an allocation's c) is Ulysses' head exchanges under FSDP, not "
+                          "ring attention (OpenRLHF's)", f"calls.{name}.ring")
+    if s.sp > 1 and (backend != "fsdp" or s.tp > 1):
+        raise ConfigError(f"{s.sp}: AReaL splits sequences (an allocation's c) under FSDP without tensor parallelism "
+                          "as realbench prices it", f"calls.{name}.sp")
     if backend == "megatron" and s.pp > 1 and (s.micro_batches < 2 * s.pp or s.micro_batches % s.pp):
         raise ConfigError(f"{s.micro_batches}: AReaL's Megatron pipeline runs at least 2 x pp micro-batches, a multiple "
                           "of pp (megatron_engine.py:2054-2070)", f"calls.{name}.micro_batches")
@@ -528,7 +556,8 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
                           f"calls.{name}.virtual_stages")
     budget = step.budget(rows, s.dp, s.micro_batches)
     _same_budget(name, s, budget)
-    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp), f"{role}.mb_spec.n_mbs": s.micro_batches,
+    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp, s.sp),
+           f"{role}.mb_spec.n_mbs": s.micro_batches,
            f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": s.checkpointing}
     if backend == "megatron":
         out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
@@ -554,8 +583,6 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError(f"a server of {gen.tp * gen.pp} GPUs spans nodes of {G}; AReaL's single controller starts "
                           "each on one node (cli_args.py:1949)", "calls.actor_gen.tp")
     refuse_offload(options, "AReaL", "ref.fsdp.offload_params")
-    refuse_sequence_parallel(options, "AReaL's context parallelism (an allocation's c) is neither read nor written "
-                                      "by realbench yet")
     reward = options["reward_inf"]
     if reward.mesh != V or reward.strategy != Strategy(V.size, 1, 1):
         raise ConfigError("AReaL scores in its rollout workers, on the rollout's GPUs' hosts", "calls.reward_inf.mesh")
@@ -594,7 +621,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         want = Strategy(t.dp, t.tp, t.pp, _micro_batches(step, rows // t.dp, t.dp, out["critic.mb_spec.n_mbs"],
                                                          budget, t.pp),
                         False, t.virtual_stages,
-                        3 if _backend("critic_train", t, True) == "fsdp" and t.dp > 1 else 0, max_tokens=i.max_tokens)
+                        3 if _backend("critic_train", t, True) == "fsdp" and t.shards > 1 else 0,
+                        max_tokens=i.max_tokens, sp=t.sp)
         if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
                               f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
@@ -692,16 +720,22 @@ def config_files(config: Path, engine: str, settings: dict[str, Any],
 
 
 # -- AReaL's space, for a search ------------------------------------------------------------------------
-def _trainer_strategies(scenario: Scenario, size: int, roles: list[str]) -> Iterator[tuple[str, int, int, int]]:
-    """(backend, dp, tp, pp) of the actor (and the roles colocated with it, as AReaL's examples write
-    them: `${actor.backend}`) on `size` GPUs: FSDP dp x tp, Megatron dp x tp x pp."""
-    c = scenario.cluster
-    models = [scenario.models[r] for r in roles]
+def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]) -> Iterator[tuple[str, int, int, int, int]]:
+    """(backend, dp, tp, pp, cp) of the actor (and the roles colocated with it, as AReaL's examples
+    write them: `${actor.backend}`) running `calls` on `size` GPUs: FSDP dp x tp, or dp x cp (Ulysses
+    groups inside a node, the heads split as sequence_parallel_problem checks them), Megatron
+    dp x tp x pp."""
+    c, df = scenario.cluster, scenario.dataflow
+    models = [scenario.model_of(df.call(n)) for n in calls]
     heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
     for t in (t for t in divisors(c.gpus_per_node) if size % t == 0 and heads(t)):
-        yield "fsdp", size // t, t, 1
+        yield "fsdp", size // t, t, 1, 1
         for p in (p for p in divisors(size // t) if p > 1 and all(m.n_layers % p == 0 for m in models)):
-            yield "megatron", size // t // p, t, p
+            yield "megatron", size // t // p, t, p, 1
+    for cp in divisors(math.gcd(size, c.gpus_per_node))[1:]:
+        groups = Strategy(size // cp, 1, 1, zero=3, sp=cp)
+        if all(sequence_parallel_problem(df.call(n), scenario.model_of(df.call(n)), c, groups) is None for n in calls):
+            yield "fsdp", size // cp, 1, 1, cp
 
 
 def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[int, ...]]]:
@@ -720,7 +754,6 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     steps = df.call("actor_train").optimizer_steps
     names = list(df.call_names)
     trainer_calls = [n for n in names if n not in ("actor_gen", "reward_inf")]
-    roles = sorted({df.call(n).model for n in trainer_calls})
     listed = PlanTable(names)
     intern, options = listed.intern, listed.options
 
@@ -748,13 +781,13 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             continue
         scorer = intern("reward_inf", Option(V, Strategy(V.size, 1, 1)))
         gen_k = [intern("actor_gen", g) for g in gens]
-        for backend, dp, tp, pp in _trainer_strategies(scenario, A.size, roles):
+        for backend, dp, tp, pp, cp in _trainer_strategies(scenario, A.size, trainer_calls):
             if prompts % dp or (rows // steps) % dp:
                 continue
             per_step = rows // steps // dp
             micros = [m for m in divisors(per_step) if (m & (m - 1) == 0 or m == per_step)
                       and (pp == 1 or (m >= 2 * pp and m % pp == 0))]
-            zero = 3 if backend == "fsdp" and dp > 1 else 0
+            zero = 3 if backend == "fsdp" and dp * cp > 1 else 0
             trained_zero = 1 if backend == "megatron" and dp > 1 else zero
             # a forward-only call: micro-batches of the training's size over the whole batch; the
             # critic's values, what AReaL's packer forms under the critic's training budget
@@ -768,6 +801,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 for m in micros:
                     budgets[m]["critic_inf"] = budgets[m]["critic_train"]
                     counts[m]["critic_inf"] = _micro_batches(step, rows // dp, dp, m, budgets[m]["critic_inf"], pp)
+            # (a rank's budget is its Ulysses group's: a GPU's share, to_plan)
+            budgets = {m: {name: _ceil(b, cp) for name, b in per_call.items()} for m, per_call in budgets.items()}
             for ckpt in (False, True):
                 for m in micros:
                     row = {"reward_inf": scorer}
@@ -776,7 +811,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         count = counts[m][name]
                         row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
                                                                     trained_zero if trained else zero,
-                                                                    max_tokens=budgets[m][name])))
+                                                                    max_tokens=budgets[m][name], sp=cp)))
                     first = {n: options[n][row[n]] for n in row}
                     first["actor_gen"] = gens[0]
                     if space_problem(scenario, first) is not None:

@@ -80,14 +80,6 @@ def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Option
     return None
 
 
-def refuse_sequence_parallel(options, why: str) -> None:
-    """Refuse a call split over Ulysses groups (`sp`, verl's ulysses_sequence_parallel_size), which
-    an engine other than verl splits otherwise or not at all (`why`, naming its own setting)."""
-    for name, o in options.items():
-        if o.strategy.sp > 1:
-            raise ConfigError(f"{o.strategy.sp}: {why}", f"calls.{name}.sp")
-
-
 def refuse_offload(options, engine: str, flag: str) -> None:
     """Refuse a call with its parameters in host memory (`offload_params`, verl's FSDP reference as
     realbench prices it: the fp32 shard copied in every forward; or verl's param_offload of a trained

@@ -18,6 +18,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   (DeepSpeed AutoTP, every group's mesh dp x tp, utils/deepspeed/deepspeed.py:103-107; AutoTP
   trains under ZeRO 0 to 2, deepspeed.ai/tutorials/autotp-training); no pipeline parallelism;
   gradient checkpointing for actor and critic together (`--actor.gradient_checkpointing_enable`);
+  `--ds.ring_attn_size` (RING), ring attention: each model's GPUs in groups of that many, a group
+  one data-parallel rank whose packed micro-batches are split by sequence over its GPUs (priced
+  as realbench's `sp` with `ring`, without DeepSpeed's tp; packing forced on);
   `--ds.enable_sleep`, both trained models' DeepSpeed states in host memory between updates
   (SLEEP: `offload_optimizer` on their train calls); `--ds.adam_offload`, DeepSpeed's ZeRO-Offload:
   both trained models' states in host memory for good and Adam run there on one thread a rank
@@ -56,7 +59,8 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention, partial rollouts, agents and remote reward servers, LoRA, a hybrid
+memory alone): ring attention beside DeepSpeed's tp or with another head stride, partial
+rollouts, agents and remote reward servers, LoRA on a critic, a hybrid
 engine whose vLLM keeps its memory while DeepSpeed trains (without `--vllm.enable_sleep`).
 
 Read: `read_config` takes a launch script (the words after `openrlhf.cli.train_ppo_ray`, up to
@@ -78,8 +82,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.engines import listing
-from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload,
-                                         refuse_sequence_parallel, serving_gap, whole_alpha)
+from realbench.engines.documents import job_documents, lora_problem, packs, refuse_offload, serving_gap, whole_alpha
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _rounds, _splits
 from realbench.errors import ConfigError
@@ -161,6 +164,13 @@ REQUIRED: dict[str, str] = {}  # (carried flags no plan needs otherwise)
 # experience maker packs each micro-batch's sequences end to end); realbench's training.padding_free
 PADDING_FREE = False
 PACKING = "ds.packing_samples"
+# ring attention: every DeepSpeed model's ranks in groups of this many consecutive GPUs (a (dp, sp,
+# tp) device mesh, utils/deepspeed/deepspeed.py:103-107), each group one data-parallel rank whose
+# packed micro-batches are split by sequence over its GPUs (models/ring_attn_utils.py:72-100) and
+# attended with ring-flash-attention's llama3 kernels (substitute_hf_flash_attn, deepspeed.py:117-134):
+# realbench's `sp` with `ring`; it turns packing on (cli/train_ppo_ray.py:686-689). The head stride
+# (--ds.ring_attn_head_stride) stays at its default 1, as realbench prices the kernels' buffers
+RING = "ds.ring_attn_size"
 # LoRA (models/actor.py:177-188: PEFT's LoraConfig of these; rank 0 is none), PEFT's name -> the
 # flag's dest. OpenRLHF wraps its critic in the same adapters (trainer/ray/ppo_critic.py:201-204),
 # loads its reference as a model of its own (cli/train_ppo_ray.py:93-103) and broadcasts every
@@ -174,7 +184,7 @@ READ = {"ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes", "reward.nu
         "rollout.micro_batch_size", "train.max_epochs", "data.max_len", "rollout.max_new_tokens",
         "train.micro_batch_size", "train.batch_size", "rollout.n_samples_per_prompt", "algo.advantage.estimator",
         "reward.remote_url", "train.async_enable", "train.async_queue_size", *LORA_FLAGS.values(), "ds.lora.dropout",
-        PACKING, SLEEP, ADAM_OFFLOAD, MEMORY}
+        PACKING, SLEEP, ADAM_OFFLOAD, MEMORY, RING}
 
 
 @lru_cache(maxsize=1)
@@ -362,6 +372,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("3 with --ds.tensor_parallel_size > 1: DeepSpeed's AutoTP trains under ZeRO 0 to 2 "
                           "(deepspeed.ai/tutorials/autotp-training)", "--ds.zero_stage", source)
     forward_zero = 3 if zero == 3 else 0  # the eval config (deepspeed_utils.py:78-118)
+    ring = int(s[RING])
+    if ring < 1:
+        raise ConfigError(f"{ring}: a ring attention group is 1 GPU or more", f"--{RING}", source)
+    if ring > 1 and T > 1:
+        raise ConfigError(f"{ring} with --ds.tensor_parallel_size {T}: realbench prices ring attention without tensor "
+                          "parallelism", f"--{RING}", source)
     host_adam = bool(s[ADAM_OFFLOAD])
     sleep = bool(s[SLEEP]) and not host_adam  # (beside CPU Adam the sleep moves nothing)
     if sleep and zero == 0:
@@ -439,18 +455,23 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     infer_tokens = int(s["rollout.max_tokens_per_gpu"] or s["train.max_tokens_per_gpu"])  # :691-697
     micro, infer_micro = int(s["train.micro_batch_size"]), int(s["rollout.micro_batch_size"])
 
-    def dp_of(role: str) -> int:
+    def dp_of(role: str) -> int:  # (the data-parallel ranks: groups of ring x tp GPUs)
         size = meshes[role].size
         if size % T:
             raise ConfigError(f"{T} does not divide the {role}'s {size} GPUs (utils/deepspeed/deepspeed.py:103-107)",
                               "--ds.tensor_parallel_size", source)
-        return size // T
+        if size % (T * ring):
+            raise ConfigError(f"{ring} does not divide the {role}'s {size} GPUs (utils/deepspeed/deepspeed.py:103-107)",
+                              f"--{RING}", source)
+        return size // (T * ring)
+
+    groups = {"sp": ring, "ring": True} if ring > 1 else {}
 
     def trained(role: str) -> dict:
         dp = dp_of(role)
         per_gpu = _even(batch, dp, "samples of an optimizer step", "--train.batch_size", source)
-        if dynamic:  # first fit of a GPU's rows, the largest count over the ranks (replay_buffer.py:116-127)
-            m = _rounds(per_gpu, _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T))
+        if dynamic:  # first fit of a rank's rows, the largest count over the ranks (replay_buffer.py:116-127)
+            m = _rounds(per_gpu, _rows_within(L, int(s["train.max_tokens_per_gpu"]) * T * ring))
         else:
             if per_gpu % micro:
                 raise ConfigError(f"{micro} does not divide a GPU's {per_gpu} samples of an optimizer step: DeepSpeed "
@@ -459,18 +480,18 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             m = per_gpu // micro
         return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m,
                 "activation_checkpointing": bool(s["actor.gradient_checkpointing_enable"]), "zero": zero,
-                "offload_optimizer": sleep, "host_adam": host_adam}
+                "offload_optimizer": sleep, "host_adam": host_adam, **groups}
 
     def forward(role: str, z: int) -> dict:
         dp = dp_of(role)
         per_gpu = _even(rows, dp, "samples", "--rollout.batch_size", source)
         if dynamic:  # the step's rows by first fit, in whole multiples of the actor's ranks, dispatched over the role's
             actor_dp = dp_of("actor")
-            chunks = max(actor_dp, -(-rows // _rows_within(L, infer_tokens * T)) // actor_dp * actor_dp)
+            chunks = max(actor_dp, -(-rows // _rows_within(L, infer_tokens * T * ring)) // actor_dp * actor_dp)
             m = _splits(per_gpu, -(-chunks // dp))
         else:
             m = _rounds(per_gpu, infer_micro)
-        return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m, "zero": z}
+        return {"mesh": meshes[role], "dp": dp, "tp": T, "pp": 1, "micro_batches": m, "zero": z, **groups}
 
     calls: dict[str, dict] = {
         "actor_gen": {"mesh": meshes["vllm"], "dp": engines, "tp": rollout_tp, "pp": 1,
@@ -513,8 +534,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
                          cluster={"nodes": nodes, "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          calls=calls, max_staleness=staleness, with_ref=reference, old_logprobs="whole_batch",
-                         # (dynamic batching turns packing on: cli/train_ppo_ray.py:691-694)
-                         rollout_server="vllm", padding_free=bool(s[PACKING]) or dynamic, memory_fraction=s[MEMORY])
+                         # (dynamic batching and ring attention turn packing on: cli/train_ppo_ray.py:686-694)
+                         rollout_server="vllm", padding_free=bool(s[PACKING]) or dynamic or ring > 1,
+                         memory_fraction=s[MEMORY])
 
 
 # -- a plan as a command line -------------------------------------------------------------------------
@@ -549,6 +571,21 @@ def _together(options: dict[str, Option], trained: list[str], switch: str, how: 
     return values.pop()
 
 
+def _ring_size(options: dict[str, Option], ds_calls: list[str]) -> int:
+    """The one ring attention group size (RING) of every DeepSpeed model's calls, or ConfigError:
+    OpenRLHF splits sequences by ring attention only, one size for every model."""
+    for name, o in options.items():
+        if o.strategy.sp > 1 and not o.strategy.ring:
+            raise ConfigError(f"{o.strategy.sp}: OpenRLHF splits sequences by ring attention (--{RING}), not by "
+                              "Ulysses' head exchanges (ring: true)", f"calls.{name}.sp")
+    ring = options["actor_train"].strategy.sp
+    for name in ds_calls:
+        if options[name].strategy.sp != ring:
+            raise ConfigError(f"OpenRLHF's ring attention group is one size for every model (--{RING} {ring})",
+                              f"calls.{name}.sp")
+    return ring
+
+
 def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     """OpenRLHF's flags (dest -> value) for a plan, or ConfigError naming the first part of it
     OpenRLHF cannot run."""
@@ -566,8 +603,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     # (an optimizer offloaded: --ds.enable_sleep, for actor and critic together; OpenRLHF's
     # parameter offloads keep other copies)
     refuse_offload({n: o for n, o in options.items() if n not in trained}, "OpenRLHF", "--ref.offload")
-    refuse_sequence_parallel(options, "OpenRLHF splits sequences by ring attention (--ring_attn_size), not by "
-                                      "Ulysses' head exchanges: not priced")
+    ring = _ring_size(options, ds_calls)
     for name in trained:
         if options[name].strategy.offload_params:
             raise ConfigError("realbench does not write OpenRLHF's parameter offload of a trained model (DeepSpeed's "
@@ -583,19 +619,24 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                               f"calls.{name}.pp")
     actor = options["actor_train"].strategy
     T = actor.tp
-    zero = next((options[nm].strategy.zero for nm in trained if options[nm].strategy.dp > 1), 0)
+    zero = next((options[nm].strategy.zero for nm in trained if options[nm].strategy.shards > 1), 0)
     for name in ds_calls:
         s = options[name].strategy
         if s.tp != T:
             raise ConfigError("OpenRLHF's DeepSpeed tensor parallel size is one for every model (--ds.tensor_parallel_size)",
                               f"calls.{name}.tp")
         want = zero if name in trained else (3 if zero == 3 else 0)
-        if s.dp > 1 and s.zero != want:
+        if s.shards > 1 and s.zero != want:
             raise ConfigError(f"zero {s.zero}: OpenRLHF has one ZeRO stage (--ds.zero_stage {zero}) for the trained "
                               "models; forward-only, stage 3 under it or none (deepspeed_utils.py:78-118)",
                               f"calls.{name}.zero")
     if T > 1 and zero == 3:
         raise ConfigError("DeepSpeed's AutoTP trains under ZeRO 0 to 2", "calls.actor_train.zero")
+    if ring > 1 and T > 1:
+        raise ConfigError("realbench writes OpenRLHF's ring attention without tensor parallelism", "calls.actor_train.tp")
+    if ring > 1 and not packs(scenario, "openrlhf", PADDING_FREE):  # (a scenario not OpenRLHF's: padded, priced_as)
+        raise ConfigError("OpenRLHF's ring attention packs the rows (cli/train_ppo_ray.py:686-689), and this scenario "
+                          "prices them padded (training.padding_free)", "calls.actor_train.ring")
     if sleep and zero == 0:
         raise ConfigError("OpenRLHF offloads an optimizer's states with --ds.enable_sleep, which DeepSpeed runs for "
                           "its ZeRO optimizers only (runtime/zero/stage3.py:3571, stage_1_and_2.py:2921): shard it "
@@ -659,7 +700,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
                 MEMORY: df.call("actor_gen").memory_fraction or MEMORY_FRACTION, "ds.zero_stage": zero,
-                "ds.tensor_parallel_size": T, SLEEP: sleep,
+                "ds.tensor_parallel_size": T, RING: ring, SLEEP: sleep,
                 ADAM_OFFLOAD: host_adam,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
     if critic:
@@ -856,7 +897,10 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     fn_reward = isinstance(scenario.models["reward"], FunctionSpec)
     heads = lambda role, t: scenario.models[role].n_heads % t == 0 and scenario.models[role].n_kv_heads % t == 0  # noqa
     ds_roles = ["actor"] + (["critic"] if critic else []) + ([] if fn_reward else ["reward"])
-    Ts = [t for t in divisors(G) if all(heads(r, t) for r in ds_roles)]
+    # DeepSpeed's tensor parallel size, or (where the rows are packed) ring attention groups of 2, 4,
+    # ... GPUs of a node without it: (tp, ring)
+    layouts = [(t, 1) for t in divisors(G) if all(heads(r, t) for r in ds_roles)]
+    layouts += [(1, r) for r in divisors(G)[1:] if scenario.training.padding_free]
     rollout_tps = [t for t in divisors(G) if heads("actor", t)]
     names = list(df.call_names)
     listed = PlanTable(names)
@@ -864,15 +908,16 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
 
     for meshes in _placements(scenario):
         A, V = meshes["actor"], meshes["vllm"]
-        for T in Ts:
+        for T, ring in layouts:
             groups = {"actor_train": A, **({"ref_inf": meshes["ref"]} if "ref_inf" in names else {})}
             if critic:
                 groups.update({"critic_train": meshes["critic"], "critic_inf": meshes["critic"]})
             if not fn_reward:
                 groups["reward_inf"] = meshes["reward"]
-            if any(m.size % T for m in groups.values()):
+            if any(m.size % (T * ring) for m in groups.values()):
                 continue
-            dps = {n: m.size // T for n, m in groups.items()}
+            dps = {n: m.size // (T * ring) for n, m in groups.items()}
+            split = {"sp": ring, "ring": ring > 1}
             widest = max(dps.values())
             if batch % widest or rows % widest:
                 continue
@@ -883,7 +928,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             if not gens:
                 continue
             trained = [n for n in ("actor_train", "critic_train") if n in groups]
-            sharded = any(dps[n] > 1 for n in trained)
+            sharded = any(dps[n] * ring > 1 for n in trained)
             # (under a ZeRO stage the trained models' optimizers on the device, offloaded between updates
             # by --ds.enable_sleep, or on the host with Adam run there by --ds.adam_offload)
             variants = [(z, ckpt, states) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
@@ -893,13 +938,14 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 for chunk in chunks:
                     def option(name: str, zero: int, ckpt: bool, states: str = "device") -> Option:
                         dp = dps[name]
+                        shards = dp * ring > 1
                         if name in trained:
                             return Option(groups[name], Strategy(dp, T, 1, batch // dp // micro, ckpt, 1,
-                                                                 zero if dp > 1 else 0,
+                                                                 zero if shards else 0,
                                                                  offload_optimizer=states == "sleep",
-                                                                 host_adam=states == "host"))
+                                                                 host_adam=states == "host", **split))
                         return Option(groups[name], Strategy(dp, T, 1, _rounds(rows // dp, chunk),
-                                                             zero=(3 if zero == 3 else 0) if dp > 1 else 0))
+                                                             zero=(3 if zero == 3 else 0) if shards else 0, **split))
 
                     first = {n: option(n, 0, False) for n in groups}
                     first["actor_gen"] = gens[0]

@@ -133,6 +133,8 @@ def validate(script: str) -> dict:
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": a.actor.adam.lr,
             "prompt_dataset": a.data.prompt_dataset, "packing_samples": a.ds.packing_samples,
+            # ring attention's group size (realbench's sp with ring) and head stride
+            "ring_attn_size": a.ds.ring_attn_size, "ring_attn_head_stride": a.ds.ring_attn_head_stride,
             # vLLM's share of each GPU's memory (realbench's memory_fraction)
             "gpu_memory_utilization": a.vllm.gpu_memory_utilization,
             # the DeepSpeed states offloaded between updates (realbench's offload_optimizer)

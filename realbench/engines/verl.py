@@ -968,6 +968,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if (name == "critic_inf" and s.offload_params) or (name == "ref_inf" and fsdp
                                                            and s.offload_params != (s.shards > 1)):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
+        if s.ring:
+            return f"calls.{name}.ring", ("verl splits sequences by Ulysses' head exchanges (ulysses_sequence_parallel_"
+                                          "size), not by ring attention (OpenRLHF's)")
         if s.sp > 1 and not _remove_padding(scenario)["critic" in name]:
             return f"calls.{name}.sp", ("verl runs Ulysses sequence parallelism on packed rows only "
                                         "(use_remove_padding, verl/workers/engine/fsdp/transformer_impl.py:148-152): "

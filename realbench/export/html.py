@@ -62,7 +62,8 @@ def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optio
                   "start s", "end s", "alone s", "realloc s"],
                  [[n, call.model, call.kind.value, call.seqs, call.seq_len, options[n].mesh.label(G),
                    options[n].strategy.dp if options[n].strategy.sp == 1 else
-                   f"{options[n].strategy.dp} (Ulysses sp {options[n].strategy.sp})",
+                   f"{options[n].strategy.dp} ({'ring attention' if options[n].strategy.ring else 'Ulysses'} "
+                   f"sp {options[n].strategy.sp})",
                    options[n].strategy.tp, options[n].strategy.pp,
                    options[n].strategy.micro_batches, f"{t.start_s:.4g}", f"{t.end_s:.4g}", f"{t.time_s:.4g}",
                    f"{t.realloc_s:.3g}"]

@@ -167,6 +167,11 @@ class Strategy:
     # other device (the sharding group is dp x sp); verl's ulysses_sequence_parallel_size. An
     # engine's, which realbench's runtime does not run
     sp: int = 1
+    # with sp > 1: the group attends by ring attention instead (OpenRLHF's --ds.ring_attn_size,
+    # ring-flash-attention's llama3 kernels): each device keeps all heads of its 1/sp of the tokens
+    # and gathers the whole group's keys and values layer by layer, under any data-parallel sharding
+    # (DeepSpeed's ZeRO stages); an engine's, which realbench's runtime does not run
+    ring: bool = False
 
     @property
     def size(self) -> int:
@@ -183,7 +188,7 @@ class Strategy:
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
                 + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
-                + (f"sp{self.sp}" if self.sp > 1 else ""))
+                + (f"sp{self.sp}" if self.sp > 1 else "") + ("ring" if self.ring else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,8 +100,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"{named} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp) != (1, 1, 1, 1, 0, False, False, False, False,
-                                                                          None, 1):
+                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring) != (1, 1, 1, 1, 0, False, False, False,
+                                                                                  False, None, 1, False):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -117,6 +117,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
+    if s.ring and s.sp == 1:
+        return "ring", "ring attention splits a sequence over a group: sp 2 or more"
     if s.sp > 1:
         problem = sequence_parallel_problem(call, model, cluster, s)
         if problem:
@@ -203,18 +205,24 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
 
 
 def sequence_parallel_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
-    """Why a call cannot split its sequences over s.sp devices (Ulysses, realbench.cost.calls), or
-    None: an FSDP layout's forward or training (zero 2 or 3, no tensor or pipeline parallelism, as
-    verl runs it: workers/engine/fsdp/transformer_impl.py:242-252), its group inside a node (the
-    all-to-alls priced over NVLink), and the heads split over the group: every query head's
-    group whole, the KV heads split too or repeated up to the group (verl asserts both,
-    models/transformers/monkey_patch.py:343-350)."""
+    """Why a call cannot split its sequences over s.sp devices (Ulysses, or ring attention with
+    s.ring: realbench.cost.calls), or None: a forward or training; Ulysses an FSDP layout's (zero 2
+    or 3, no tensor or pipeline parallelism, as verl runs it: workers/engine/fsdp/transformer_impl.py:
+    242-252), ring attention without tensor or pipeline parallelism under any sharding (as OpenRLHF's
+    DeepSpeed runs it); the group inside a node (its exchanges priced over NVLink); for Ulysses the
+    heads split over the group: every query head's group whole, the KV heads split too or repeated
+    up to the group (verl asserts both, models/transformers/monkey_patch.py:343-350)."""
+    how = "ring attention" if s.ring else "Ulysses sequence parallelism"
     if call.kind == CallKind.GENERATE:
-        return "Ulysses sequence parallelism splits a forward's sequences: an inference or train call's, not generation's"
-    if s.zero not in (2, 3) or (s.tp, s.pp) != (1, 1):
+        return f"{how} splits a forward's sequences: an inference or train call's, not generation's"
+    if s.ring and (s.tp, s.pp) != (1, 1):
+        return "ring attention is priced without tensor or pipeline parallelism: tp 1 and pp 1"
+    if not s.ring and (s.zero not in (2, 3) or (s.tp, s.pp) != (1, 1)):
         return "Ulysses sequence parallelism runs under FSDP: zero 2 or 3, tp 1 and pp 1"
     if cluster.gpus_per_node % s.sp:
         return f"sp {s.sp} does not divide the {cluster.gpus_per_node} devices of a node (its group stays inside one)"
+    if s.ring:  # (every device keeps every head: nothing to split)
+        return None
     if model.n_heads % s.sp or (model.n_kv_heads % s.sp and s.sp % model.n_kv_heads):
         return (f"sp {s.sp} does not split the {model.n_heads} attention heads and {model.n_kv_heads} KV heads of "
                 f"{model.name} (each divisible by it, or the KV heads dividing it)")

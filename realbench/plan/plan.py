@@ -15,7 +15,8 @@
       # on inference and train calls of rows packed without padding: max_tokens: 8192 (an engine's
       #   micro-batches formed by tokens, each within so many a device; priced, not run here)
       # on inference and train calls under FSDP (zero 2 or 3): sp: 4 (Ulysses sequence parallelism,
-      #   dp x sp devices; verl's; priced, not run here)
+      #   dp x sp devices; verl's; priced, not run here); with ring: true, under any zero, ring
+      #   attention over the sp devices instead (OpenRLHF's; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -72,6 +73,9 @@ class Placement(FileModel):
     # each data-parallel group (dp x sp x tp x pp devices; verl's ulysses_sequence_parallel_size);
     # absent: 1
     sp: Optional[int] = Field(default=None, ge=1)
+    # with sp: the group attends by ring attention (each device gathers the group's keys and values
+    # layer by layer; OpenRLHF's --ds.ring_attn_size), not Ulysses' all-to-alls; absent: Ulysses
+    ring: Optional[bool] = None
 
 
 class Origin(FileModel):
@@ -120,6 +124,7 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 offload_optimizer=True if o.strategy.offload_optimizer else None,
                                 host_adam=True if o.strategy.host_adam else None,
                                 max_tokens=o.strategy.max_tokens, sp=o.strategy.sp if o.strategy.sp > 1 else None,
+                                ring=True if o.strategy.ring else None,
                                 slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -152,7 +157,7 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
-                                        p.max_tokens, p.sp or 1))
+                                        p.max_tokens, p.sp or 1, bool(p.ring)))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
