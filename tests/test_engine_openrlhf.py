@@ -322,6 +322,33 @@ def test_ring_attention_groups_are_read_as_openrlhf_forms_them_by_hand(cli, job)
     assert packed["calls"]["actor_train"]["micro_batches"] == 2 and packed["calls"]["actor_train"]["dp"] == 4
 
 
+def test_ring_attention_lets_openrlhf_train_the_long_tailed_grpo_job_without_recomputation():
+    """The README's reading: grpo-8b-32gpu-longtail (responses up to 16k tokens) with OpenRLHF's rows
+    packed, on its hybrid engine (vLLM tp 4 on all 32 GPUs): no plan of 32 data-parallel GPUs trains
+    the actor without recomputation (a GPU's micro-batch of a long row does not fit), while ring
+    groups of 2 GPUs with 2 micro-batches do, faster than every recomputing plan of either layout."""
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import Mesh, Option, Strategy, get_builtin
+
+    scenario = priced_as(get_builtin("grpo-8b-32gpu-longtail").model_copy(update={"engine": "openrlhf"})
+                         .with_padding_free(True), "openrlhf")
+    est, mesh = Estimator(scenario), Mesh(0, 4, 0, 8)
+
+    def estimate(dp: int, sp: int, m: int, recompute: bool):
+        ring = sp > 1
+        forward = Option(mesh, Strategy(dp, 1, 1, 1, zero=3, sp=sp, ring=ring))
+        options = {"actor_gen": Option(mesh, Strategy(8, 4, 1, 1)), "reward_inf": forward, "ref_inf": forward,
+                   "actor_train": Option(mesh, Strategy(dp, 1, 1, m, recompute, zero=3, sp=sp, ring=ring))}
+        assert openrlhf.space_problem(scenario, options) is None
+        return est.estimate(est.choice_of(options))
+
+    assert all(estimate(32, 1, m, False).oom for m in (1, 2, 4))
+    groups = estimate(16, 2, 2, False)
+    recomputing = min(estimate(dp, sp, m, True).time_per_iter_s for dp, sp in ((32, 1), (16, 2)) for m in (1, 2, 4))
+    assert not groups.oom and groups.time_per_iter_s < recomputing - 0.5, (groups.time_per_iter_s, recomputing)
+
+
 def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
     """Plans the search lists pass realbench's rules, and a sample of them, written as command
     lines, passes OpenRLHF's own parser, checks and train() assertions."""
