@@ -145,7 +145,7 @@ def test_ring_attention_gathers_keys_and_values_worked_by_hand():
     call = train_call()
     mesh = Mesh(0, 1, 0, 8)
     flat = call_cost(call, M7, H100, Option(mesh, Strategy(8, 1, 1, 4, zero=2)))
-    ring = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring=True)))
+    ring = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring="allgather")))
     assert ring.compute_s == pytest.approx(flat.compute_s, rel=1e-12)
     assert ring.master_bytes == flat.master_bytes and ring.dp_comm_s == flat.dp_comm_s
     tokens = 16 * 1024
@@ -153,23 +153,95 @@ def test_ring_attention_gathers_keys_and_values_worked_by_hand():
     assert flat.tp_comm_s == 0 and ring.tp_comm_s == pytest.approx(4 * 32 * 3 * gather, rel=1e-12)
     buffers = 3 * 2 * 2 * tokens * 128 * 2
     assert ring.working_bytes - flat.working_bytes == pytest.approx(buffers, rel=1e-9)
-    again = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, True, zero=2, sp=2, ring=True)))
+    again = call_cost(call, M7, H100, Option(mesh, Strategy(4, 1, 1, 4, True, zero=2, sp=2, ring="allgather")))
     assert again.tp_comm_s == pytest.approx(4 * 32 * 4 * gather, rel=1e-12)
     ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
-    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(4, 1, 1, 8, sp=2, ring=True)))
+    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(4, 1, 1, 8, sp=2, ring="allgather")))
     assert inf.tp_comm_s == pytest.approx(8 * 32 * ((tokens / 2 * 2 * 32 * 128 * 2) / 455.4e9 + 2.957e-6), rel=1e-12)
     # grouped-query attention: only the 8 KV heads travel (Ulysses moves every query head too)
     gqa = M7.model_copy(update={"n_kv_heads": 8})
-    few = call_cost(call, gqa, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring=True)))
+    few = call_cost(call, gqa, H100, Option(mesh, Strategy(4, 1, 1, 4, zero=2, sp=2, ring="allgather")))
     assert few.tp_comm_s == pytest.approx(4 * 32 * 3 * ((2 * tokens * 2 * 8 * 128 * 2) / 2 / 455.4e9 + 2.957e-6),
                                           rel=1e-12)
+    # beside DeepSpeed's tp 2 (OpenRLHF's (dp, sp, tp) mesh): a device's 32,768 tokens, its 16 KV
+    # heads of the group's 2 x 32,768 tokens gathered (2 C, C = 268,435,456 bytes: the other
+    # device's C over NVLink), 3 gathers a layer and micro-batch; the same one-head buffers
+    chunk = 32768 * 2 * 16 * 128 * 2
+    both = call_cost(call, M7, H100, Option(mesh, Strategy(2, 2, 1, 4, zero=2, sp=2, ring="allgather")))
+    tp_only = call_cost(call, M7, H100, Option(mesh, Strategy(4, 2, 1, 4, zero=2)))
+    assert both.tp_comm_s - tp_only.tp_comm_s == pytest.approx(4 * 32 * 3 * (chunk / 455.4e9 + 2.957e-6), rel=1e-9)
+    assert both.working_bytes - tp_only.working_bytes == pytest.approx(3 * 2 * 2 * 32768 * 128 * 2, rel=1e-9)
+    # a group of tp 8 x sp 2 spans both nodes: one device a node, its gathers over the NICs
+    wide = Mesh(0, 2, 0, 8)
+    cross = call_cost(ref, M7, H100, Option(wide, Strategy(1, 8, 1, 8, sp=2, ring="allgather")))
+    cross_flat = call_cost(ref, M7, H100, Option(wide, Strategy(2, 8, 1, 8)))
+    small = 32768 * 2 * 4 * 128 * 2
+    assert cross.tp_comm_s - cross_flat.tp_comm_s == pytest.approx(8 * 32 * (small / 36.585e9 + 1.091e-4), rel=1e-9)
     # its plan key
     from realbench.plan import get_builtin
     from realbench.plan.plan import plan_from_options
 
-    option = Option(mesh, Strategy(4, 1, 1, 1, sp=2, ring=True))
+    option = Option(mesh, Strategy(4, 1, 1, 1, sp=2, ring="allgather"))
     placement = plan_from_options(get_builtin("ppo-7b-7b-16gpu"), {"actor_train": option}).calls["actor_train"]
-    assert (placement.sp, placement.ring) == (2, True) and option.strategy.label().endswith("sp2ring")
+    assert (placement.sp, placement.ring) == (2, "allgather") and option.strategy.label().endswith("sp2ring")
+
+
+def test_megatron_context_parallelism_passes_chunks_around_the_ring_worked_by_hand():
+    """Megatron's context parallelism (ring: p2p, Transformer Engine's default cp_comm_type) beside
+    tp 2: dp 2 x sp 2 x tp 2 against dp 4 x tp 2, the distributed optimizer, 4 micro-batches. A
+    device runs 64 rows x 1024 tokens / 2 = 32,768 tokens either way: the same compute, state and
+    gradient reduction (over dp x sp = 4). A layer's forward sends its chunk C of keys and values
+    (its 16 of the 32 KV heads, 128 values each, bf16, for its 32,768 tokens: 268,435,456 bytes) to
+    the next device once (sp - 1); the backward sends C, then (sp - 2) times C and its gradient,
+    then the gradient: 2 sends of C at sp 2. Memory: the forward keeps both chunks and both steps'
+    outputs (a device's 16 query heads: C / 2 each), 3 C; the backward two buffers of C and its
+    gradient, 4 C; a train call holds the larger."""
+    call = train_call()
+    mesh = Mesh(0, 1, 0, 8)
+    chunk = 32768 * 2 * 16 * 128 * 2
+    assert chunk == 268_435_456
+
+    def send(nbytes, bw=455.4e9, latency=2.957e-6):
+        return nbytes / bw + latency
+
+    flat = call_cost(call, M7, H100, Option(mesh, Strategy(4, 2, 1, 4, zero=1)))
+    ring = call_cost(call, M7, H100, Option(mesh, Strategy(2, 2, 1, 4, zero=1, sp=2, ring="p2p")))
+    assert ring.compute_s == pytest.approx(flat.compute_s, rel=1e-12)
+    assert ring.master_bytes == flat.master_bytes and ring.dp_comm_s == pytest.approx(flat.dp_comm_s, rel=1e-12)
+    # 4 micro-batches x 32 layers x (1 forward send + 2 backward sends)
+    assert ring.tp_comm_s - flat.tp_comm_s == pytest.approx(4 * 32 * 3 * send(chunk), rel=1e-9)
+    assert ring.working_bytes - flat.working_bytes == pytest.approx(4 * chunk, rel=1e-9)
+    # recomputation runs the forward's sends again
+    again = call_cost(call, M7, H100, Option(mesh, Strategy(2, 2, 1, 4, True, zero=1, sp=2, ring="p2p")))
+    plain = call_cost(call, M7, H100, Option(mesh, Strategy(4, 2, 1, 4, True, zero=1)))
+    assert again.tp_comm_s - plain.tp_comm_s == pytest.approx(4 * 32 * 4 * send(chunk), rel=1e-9)
+    # sp 4 (dp 1, 128 rows a micro-batch, the same 32,768 tokens a device): 3 forward sends; the
+    # backward C, C and its gradient twice, the gradient; the forward holds 4 x 1.5 C
+    four = call_cost(call, M7, H100, Option(mesh, Strategy(1, 2, 1, 4, zero=1, sp=4, ring="p2p")))
+    assert four.tp_comm_s - flat.tp_comm_s == pytest.approx(4 * 32 * (3 * send(chunk) + 2 * send(chunk)
+                                                                      + 2 * send(2 * chunk)), rel=1e-9)
+    assert four.working_bytes - flat.working_bytes == pytest.approx(6 * chunk, rel=1e-9)
+    # forward only: 8 micro-batches of 32 rows, 16,384 tokens a device (chunks of C / 2), one send
+    # a layer, both chunks and both outputs held (3 C / 2)
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(2, 2, 1, 8, sp=2, ring="p2p")))
+    inf_flat = call_cost(ref, M7, H100, Option(mesh, Strategy(4, 2, 1, 8)))
+    assert inf.tp_comm_s - inf_flat.tp_comm_s == pytest.approx(8 * 32 * send(chunk / 2), rel=1e-9)
+    assert inf.working_bytes - inf_flat.working_bytes == pytest.approx(3 * chunk / 2, rel=1e-9)
+    # a ring of tp 8 x sp 2 spans both nodes: its sends cross the NICs (tp 8: 4 KV heads a device)
+    wide = Mesh(0, 2, 0, 8)
+    cross = call_cost(ref, M7, H100, Option(wide, Strategy(1, 8, 1, 8, sp=2, ring="p2p")))
+    cross_flat = call_cost(ref, M7, H100, Option(wide, Strategy(2, 8, 1, 8)))
+    small = 32768 * 2 * 4 * 128 * 2
+    assert cross.tp_comm_s - cross_flat.tp_comm_s == pytest.approx(
+        8 * 32 * send(small, 36.585e9, 1.091e-4), rel=1e-9)
+    # the plan key, its label, and the key realbench wrote for ring attention before (true)
+    from realbench.plan.plan import Placement, _ring_of, plan_from_options
+
+    option = Option(mesh, Strategy(2, 2, 1, 4, zero=1, sp=2, ring="p2p"))
+    placement = plan_from_options(get_builtin("ppo-7b-7b-16gpu"), {"actor_train": option}).calls["actor_train"]
+    assert placement.ring == "p2p" and option.strategy.label().endswith("sp2cp")
+    assert _ring_of(Placement(mesh="n0", dp=1, tp=1, pp=1, sp=2, ring=True)) == "allgather"
 
 
 def test_ulysses_is_refused_where_fsdp_cannot_run_it():
@@ -192,19 +264,37 @@ def test_ulysses_is_refused_where_fsdp_cannot_run_it():
     # ring attention: any sharding (DeepSpeed's stages), no heads to split, but no tp, no generation,
     # a group inside a node, and a group at all
     twelve = M7.model_copy(update={"n_heads": 12, "n_kv_heads": 12})
-    for model, strategy in ((M7, Strategy(4, 1, 1, 1, zero=1, sp=2, ring=True)),
-                            (M7, Strategy(4, 1, 1, 1, sp=2, ring=True)),
-                            (twelve, Strategy(1, 1, 1, 1, sp=8, ring=True))):
+    for model, strategy in ((M7, Strategy(4, 1, 1, 1, zero=1, sp=2, ring="allgather")),
+                            (M7, Strategy(4, 1, 1, 1, sp=2, ring="allgather")),
+                            (twelve, Strategy(1, 1, 1, 1, sp=8, ring="allgather"))):
         assert strategy_problem(train_call(), model, H100, mesh, strategy) is None, strategy
     for call, strategy, field_, reason in (
-            (train_call(), Strategy(2, 2, 1, 1, sp=2, ring=True), "sp", "ring attention is priced without tensor"),
-            (gen, Strategy(4, 1, 1, sp=2, ring=True), "sp", "ring attention splits a forward's sequences"),
-            (train_call(), Strategy(8, 1, 1, 1, ring=True), "ring", "sp 2 or more")):
+            (train_call(), Strategy(2, 1, 2, 1, sp=2, ring="allgather"), "sp", "no pipeline parallelism: pp 1"),
+            (gen, Strategy(4, 1, 1, sp=2, ring="allgather"), "sp", "ring attention splits a forward's sequences"),
+            (train_call(), Strategy(8, 1, 1, 1, ring="allgather"), "ring", "sp 2 or more")):
         field, message = strategy_problem(call, M7, H100, mesh, strategy)
         assert field == field_ and reason in message, (strategy, message)
+    # Megatron's p2p ring: beside tp and pp, under zero 0 or 1 only, not for generation, its tp x sp
+    # consecutive devices dividing a node or spanning whole ones (3 nodes: a ring of 3 is astride two)
+    three = cluster(3, 8, "h100")
+    field, message = strategy_problem(train_call(seqs=480), M7, three, Mesh(0, 3, 0, 8),
+                                      Strategy(8, 1, 1, 1, zero=1, sp=3, ring="p2p"))
+    assert field == "sp" and "a ring of tp x sp = 3 devices neither divides a node of 8" in message, message
+    assert strategy_problem(train_call(seqs=480), M7, three, Mesh(0, 3, 0, 8),
+                            Strategy(1, 8, 1, 1, zero=1, sp=3, ring="p2p")) is None
+    assert strategy_problem(train_call(), M7, H100, mesh, Strategy(1, 2, 2, 2, 2, zero=1, sp=2, ring="p2p")) is None
+    for call, strategy, field_, reason in (
+            (train_call(), Strategy(4, 1, 1, 1, zero=2, sp=2, ring="p2p"), "sp", "zero 0 or 1"),
+            (gen, Strategy(2, 2, 1, sp=2, ring="p2p"), "sp", "not generation's"),
+            (train_call(), Strategy(8, 1, 1, 1, ring="p2p"), "ring", "sp 2 or more"),
+            (train_call(), Strategy(4, 1, 1, 1, sp=2, ring="zigzag"), "ring", "'zigzag' is not a ring kind")):
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == field_ and reason in message, (strategy, message)
+    # a Ulysses group stays inside a node; a ring may span whole nodes (its exchanges priced across them)
     wide = Mesh(0, 2, 0, 8)
-    field, message = strategy_problem(train_call(), M7, H100, wide, Strategy(1, 1, 1, 1, sp=16, ring=True))
+    field, message = strategy_problem(train_call(), M7, H100, wide, Strategy(1, 1, 1, 1, zero=3, sp=16))
     assert field == "sp" and "does not divide the 8 devices of a node" in message
+    assert strategy_problem(train_call(), M7, H100, wide, Strategy(1, 1, 1, 1, sp=16, ring="allgather")) is None
     # a token budget a device: a group of 4 holds a 1024-token row in 256 each
     packed = CallDef(name="t", model="m", kind="train", seqs=512, seq_len=1024, padding_free=True)
     assert strategy_problem(packed, M7, H100, mesh, Strategy(2, 1, 1, 1, zero=3, max_tokens=256, sp=4)) is None

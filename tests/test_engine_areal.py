@@ -233,7 +233,10 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
     # FSDP's context parallelism (Ulysses groups of 2 GPUs) for the actor and, through
     # ${actor.backend}, the reference and critic
     ulysses = ("actor.backend=fsdp:d2c2",)
-    for config, name, overrides in (("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
+    # Megatron's context parallelism (p2p rings of 2 GPUs) beside a pipeline, and beside tp
+    for config, name, overrides in (("ppo_megatron.yaml", "ppo-context-parallel", ("actor.backend=megatron:d1p2c2",)),
+                                    ("ppo_megatron.yaml", "ppo-context-tp", ("actor.backend=megatron:d1t2c2",)),
+                                    ("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
                                     ("gsm8k grpo.yaml", "grpo-lora", lora),
                                     ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp),
                                     ("gsm8k grpo.yaml", "grpo-vllm", vllm),
@@ -302,6 +305,8 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
             if call in options:
                 a, parsed = options[call].strategy, c["allocations"][role]
                 assert (parsed["dp"], parsed["tp"], parsed["pp"], parsed["cp"]) == (a.dp, a.tp, a.pp, a.sp), path
+                # (the rings: Megatron's p2p ring, FSDP's Ulysses)
+                assert a.ring == ("p2p" if parsed["backend"] == "megatron" and a.sp > 1 else ""), path
         contexts.add(c["allocations"]["actor"]["cp"])
         backends.add(c["allocations"]["actor"]["backend"])
         # the LoRA settings as AReaL's config classes hold them, the servers' side on too
@@ -309,7 +314,7 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         assert c["lora"] == ({"use_lora": True, "rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"],
                               "rollout": True} if lora else
                              {"use_lora": False, "rank": 32, "alpha": 16, "target_modules": [], "rollout": False}), path
-    assert backends == {"fsdp", "megatron"} and contexts == {1, 2}
+    assert backends == {"fsdp", "megatron"} and {1, 2} <= contexts
 
 
 def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cli, job):
@@ -331,7 +336,6 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
 @pytest.mark.parametrize("overrides, key, says", [
     (["actor.backnd=fsdp:d4"], "actor.backnd", "did you mean 'actor.backend'"),
     (["actor.backend=archon:d4"], "actor.backend", "archon"),
-    (["actor.backend=megatron:d2c2"], "actor.backend", "Megatron's context parallelism"),
     (["actor.backend=fsdp:d1t2c2"], "actor.backend", "without tensor parallelism (t1)"),
     # Ulysses groups the tiny model's 4 heads do not split (as AReaL's ulyssess_patch.py:165-176),
     # or wider than a node
@@ -412,10 +416,30 @@ def test_context_parallel_groups_are_read_as_areal_forms_them_by_hand(cli, job):
         ("fsdp:d2c2", 512, 2048)
 
 
+def test_megatron_context_parallel_rings_are_read_as_areal_forms_them_by_hand(cli, job):
+    """megatron:d1p2c2 on the PPO job (4 GPUs): one data-parallel rank (Megatron's d), a ring of 2
+    GPUs a pipeline stage; a step's 512 rows (256 prompts x 4 over 2 steps) the rank's, every row at
+    its 2,048-token cap, the rank's budget of 10,240 tokens (megatron_engine.py:2060-2064: the ring's,
+    "max_tokens_per_mb / cp_size" a GPU) packs 5 rows, 103 micro-batches (a multiple of pp: 104),
+    priced as the fewest even splits at least as many: 128 of 4 rows, 8,192 tokens, 4,096 a GPU;
+    the forwards over the whole batch twice that. megatron:d2p2t1 packs a GPU's 256 rows: 64 of
+    8,192 tokens a GPU. Every trainer call attends by Megatron's p2p ring, the distributed optimizer
+    sharding over d x c = 2 (zero 1)."""
+    _, plan, _ = imported(cli, job, "ppo_megatron.yaml", "actor.backend=megatron:d1p2c2", name="megatron-cp")
+    ring = {"dp": 1, "tp": 1, "pp": 2, "sp": 2, "ring": "p2p", "max_tokens": 4096}
+    assert plan["calls"]["actor_train"] == {"mesh": "n0:0-3", **ring, "micro_batches": 128,
+                                            "activation_checkpointing": True, "zero": 1}
+    assert plan["calls"]["critic_train"] == {"mesh": "n0:0-3", **ring, "micro_batches": 128, "zero": 1}
+    for name in ("ref_inf", "critic_inf"):
+        assert plan["calls"][name] == {"mesh": "n0:0-3", **ring, "micro_batches": 256}, name
+
+
 def test_the_search_offers_ulysses_groups_the_heads_split(cli, tmp_path):
     """AReaL's space holds FSDP's context parallelism: groups of 2, 4, ... GPUs of a node that
-    divide the actor's GPUs, where the heads split (4 heads, 2 KV heads: 2 and 4; 6 heads: 2 only).
-    The tiny job's actor has 7, 6 or 4 of the node's 8 GPUs."""
+    divide the actor's GPUs, where the heads split (4 heads, 2 KV heads: 2 and 4; 6 heads: 2 only),
+    and Megatron's p2p rings of any size its layout leaves, beside tp and pp, whose tp x c GPUs
+    divide the node (a ring of 3 would sit astride two nodes of a 3-node layout). The tiny job's
+    actor has 7, 6 or 4 of the node's 8 GPUs."""
     from realbench.examples import save_model
 
     os.chdir(tmp_path)
@@ -425,8 +449,13 @@ def test_the_search_offers_ulysses_groups_the_heads_split(cli, tmp_path):
         code, out, err = cli("import", "areal", f"{name}.yaml", "--out", "plans", "--json", "--force")
         assert code == 0, err
         options, _ = areal.plan_table(load_scenario(json.loads(out)["scenario"]))
-        offered = {o.strategy.sp for o in options["actor_train"]}
+        offered = {o.strategy.sp for o in options["actor_train"] if not o.strategy.ring}
         assert offered == ({1, 2, 4} if heads == 4 else {1, 2}), (name, offered)
+        # Megatron's p2p rings need no heads split: on the 4 or 6 GPUs (7 split only one way)
+        rings = {(o.strategy.sp, o.strategy.tp, o.strategy.pp) for o in options["actor_train"] if o.strategy.ring}
+        assert {o.strategy.ring for o in options["actor_train"] if o.strategy.sp > 1} == {"", "p2p"}
+        assert (2, 1, 1) in rings and (4, 1, 1) in rings and (2, 2, 1) in rings and (2, 1, 2) in rings, rings
+        assert all(8 % (tp * cp) == 0 for cp, tp, _ in rings), rings
 
 
 def test_search_inside_areal_reports_its_best_beside_the_imported_configuration(cli, job):

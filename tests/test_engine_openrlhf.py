@@ -158,6 +158,8 @@ LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_p
 SLEEP = ("ds.enable_sleep=true",)
 ADAM = ("ds.adam_offload=true",)
 RING = ("ds.ring_attn_size=2",)
+# ring attention beside DeepSpeed's AutoTP (its (dp, sp, tp) mesh; AutoTP trains under ZeRO 0 to 2)
+RING_TP = RING + ("ds.tensor_parallel_size=2", "ds.zero_stage=2")
 
 
 @pytest.mark.parametrize("config, overrides", [("train ppo hybrid.sh", ()), ("grpo.args", ()), ("grpo.args", LORA),
@@ -167,7 +169,8 @@ RING = ("ds.ring_attn_size=2",)
                                                # CPU Adam (ZeRO-Offload) for actor and critic
                                                ("train ppo hybrid.sh", ADAM),
                                                # ring attention groups of 2 GPUs for every DeepSpeed model
-                                               ("train ppo hybrid.sh", RING)])
+                                               ("train ppo hybrid.sh", RING),
+                                               ("train ppo hybrid.sh", RING_TP)])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -184,14 +187,15 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
     assert checked["lora"] == lora
     again, plan_again, scenario_again = imported(cli, job, out, out="again", name="job")
     # rows packed without padding, as OpenRLHF parsed it (ring attention turns packing on)
-    packed = overrides in (("ds.packing_samples=true",), RING)
+    packed = overrides in (("ds.packing_samples=true",), RING, RING_TP)
     assert checked["packing_samples"] is packed and scenario_again["training"]["padding_free"] is packed
     # ring attention's groups: every DeepSpeed call's sp, the one size OpenRLHF parsed
-    ring = 2 if overrides == RING else 1
+    ring, tp = (2 if RING[0] in overrides else 1), (2 if overrides == RING_TP else 1)
     assert checked["ring_attn_size"] == ring and checked["ring_attn_head_stride"] == 1
     for name in ("actor_train", "ref_inf", "critic_train", "critic_inf", "reward_inf"):
         if name in plan["calls"]:
-            assert (plan["calls"][name].get("sp", 1), plan["calls"][name].get("ring", False)) == (ring, ring > 1)
+            assert (plan["calls"][name].get("sp", 1), plan["calls"][name].get("ring"), plan["calls"][name]["tp"]) == \
+                (ring, "allgather" if ring > 1 else None, tp)
     # --ds.enable_sleep: the trained models' optimizers offloaded, as OpenRLHF parsed it
     asleep = overrides == SLEEP
     assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config)
@@ -233,12 +237,12 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
     (("vllm.gpu_memory_utilization=0.000001",), "--vllm.gpu_memory_utilization", "the engine does not start"),
-    # ring attention: beside DeepSpeed's tp, with another head stride (the kernels' buffers priced
-    # for 1), a group that does not divide a role's GPUs
-    (("ds.ring_attn_size=2", "ds.tensor_parallel_size=2", "ds.zero_stage=2"), "--ds.ring_attn_size",
-     "without tensor parallelism"),
+    # ring attention: with another head stride (the kernels' buffers priced for 1), a group that
+    # does not divide a role's GPUs, or beside tp
     (("ds.ring_attn_size=2", "ds.ring_attn_head_stride=2"), "--ds.ring_attn_head_stride", "does not price it"),
     (("ds.ring_attn_size=3",), "--ds.ring_attn_size", "3 does not divide the actor's 8 GPUs"),
+    (("ds.ring_attn_size=8", "ds.tensor_parallel_size=2", "ds.zero_stage=2"),
+     "--ds.ring_attn_size", "8 x --ds.tensor_parallel_size 2 = 16 does not divide the actor's 8 GPUs"),
     (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
     (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),
     (("ds.tensor_parallel_size=2",), "--ds.zero_stage", "AutoTP trains under ZeRO 0 to 2"),
@@ -314,12 +318,19 @@ def test_ring_attention_groups_are_read_as_openrlhf_forms_them_by_hand(cli, job)
     _, plan, scenario = imported(cli, job, "train ppo hybrid.sh", *RING, name="ring")
     assert scenario["training"]["padding_free"] is True
     assert plan["calls"]["actor_train"] == {"mesh": "n0", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4,
-                                            "activation_checkpointing": True, "zero": 3, "sp": 2, "ring": True}
+                                            "activation_checkpointing": True, "zero": 3, "sp": 2, "ring": "allgather"}
     assert plan["calls"]["ref_inf"] == {"mesh": "n0", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4, "zero": 3,
-                                        "sp": 2, "ring": True}
+                                        "sp": 2, "ring": "allgather"}
     _, packed, _ = imported(cli, job, "train ppo hybrid.sh", *RING, "train.dynamic_batch_enable=true",
                             "train.max_tokens_per_gpu=192", name="ring-dynamic")
     assert packed["calls"]["actor_train"]["micro_batches"] == 2 and packed["calls"]["actor_train"]["dp"] == 4
+    # beside DeepSpeed's tp 2: 2 data-parallel ranks of 2 x 2 GPUs, each a rank's 8 rows of a step in
+    # micro-batches of 1 (8), the forwards' 32 rows in chunks of 4 (8)
+    _, both, _ = imported(cli, job, "train ppo hybrid.sh", *RING_TP, name="ring-tp")
+    assert both["calls"]["actor_train"] == {"mesh": "n0", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 8,
+                                            "activation_checkpointing": True, "zero": 2, "sp": 2, "ring": "allgather"}
+    assert both["calls"]["ref_inf"] == {"mesh": "n0", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 8,
+                                        "sp": 2, "ring": "allgather"}
 
 
 def test_ring_attention_lets_openrlhf_train_the_long_tailed_grpo_job_without_recomputation():
@@ -336,7 +347,7 @@ def test_ring_attention_lets_openrlhf_train_the_long_tailed_grpo_job_without_rec
     est, mesh = Estimator(scenario), Mesh(0, 4, 0, 8)
 
     def estimate(dp: int, sp: int, m: int, recompute: bool):
-        ring = sp > 1
+        ring = "allgather" if sp > 1 else ""
         forward = Option(mesh, Strategy(dp, 1, 1, 1, zero=3, sp=sp, ring=ring))
         options = {"actor_gen": Option(mesh, Strategy(8, 4, 1, 1)), "reward_inf": forward, "ref_inf": forward,
                    "actor_train": Option(mesh, Strategy(dp, 1, 1, m, recompute, zero=3, sp=sp, ring=ring))}
@@ -385,7 +396,11 @@ def test_every_plan_of_openrlhfs_space_is_one_openrlhf_runs(job):
     scenario = load_scenario(str(scenario_path))
     rings = [p for p in openrlhf.configurations(scenario) if p["actor_train"].strategy.sp > 1]
     assert {p["actor_train"].strategy.sp for p in rings} == {2, 4, 8}
-    for i, options in enumerate(rng.sample(rings, 2)):
+    # beside DeepSpeed's tp too, tp x ring GPUs of a node (the tiny model's 2 KV heads: tp 1 or 2)
+    assert {(p["actor_train"].strategy.sp, p["actor_train"].strategy.tp) for p in rings} == \
+        {(2, 1), (4, 1), (8, 1), (2, 2), (4, 2)}
+    beside_tp = [p for p in rings if p["actor_train"].strategy.tp > 1]
+    for i, options in enumerate(rng.sample(rings, 2) + rng.sample(beside_tp, 1)):
         assert all(o.strategy.ring and o.strategy.sp == options["actor_train"].strategy.sp
                    for n, o in options.items() if n != "actor_gen")  # (every model a DeepSpeed one)
         _, settings = openrlhf.to_config(scenario, options, paths)

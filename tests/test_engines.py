@@ -97,6 +97,9 @@ MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
 # Ulysses: the actor's (the reference's follows it), or each role's engine its own
 ULYSSES = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",)
+# Megatron's context parallelism: the actor's (the reference's block follows it) and the critic's,
+# one process-global size
+CONTEXT_PARALLEL = ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "critic.megatron.context_parallel_size=2")
 ULYSSES_EACH = ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",
                 "critic.fsdp.ulysses_sequence_parallel_size=2")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -236,7 +239,14 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("grpo_qwen_fsdp.yaml", DYNAMIC),
                                                # Ulysses sequence parallelism, with dynamic batching too
                                                ("grpo_qwen_fsdp.yaml", ULYSSES + DYNAMIC),
-                                               ("ppo-rm.yaml", ULYSSES_EACH)])
+                                               ("ppo-rm.yaml", ULYSSES_EACH),
+                                               # Megatron's context parallelism (rows padded too)
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
+                                                                      *CONTEXT_PARALLEL)),
+                                               ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
+                                                                      *CONTEXT_PARALLEL,
+                                                                      "actor_rollout_ref.model.use_remove_padding=false",
+                                                                      "critic.model.use_remove_padding=false"))])
 def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
@@ -317,9 +327,17 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert (checked["ulysses"], checked["ref_ulysses"], checked["critic_ulysses"]) == \
         ((sp["actor"] if fsdp_roles else None), sp["ref"] if fsdp_roles and checked["ref"] else None,
          sp["critic"] if fsdp_roles and critic else None)
+    # Megatron's context parallelism: every engine built with the actor's rings (process-global)
+    cp = 2 if CONTEXT_PARALLEL[0] in overrides else 1
+    megatron = "megatron" in config
+    assert (checked["context_parallel"], checked["ref_context_parallel"], checked["critic_context_parallel"]) == \
+        ((cp, cp if checked["ref"] else None, cp if critic else None) if megatron else (None, None, None))
+    if megatron:
+        sp = {"actor": cp, "ref": cp, "critic": cp}
     for name, role in (("actor_train", "actor"), ("ref_inf", "ref"), ("critic_train", "critic"), ("critic_inf", "critic")):
         if name in plan["calls"]:
             assert plan["calls"][name].get("sp", 1) == sp[role], name
+            assert plan["calls"][name].get("ring") == ("p2p" if megatron and cp > 1 else None), name
             assert plan["calls"][name]["dp"] * sp[role] * plan["calls"][name]["tp"] * plan["calls"][name]["pp"] == \
                 checked["n_gpus"], name
     assert plan_again["calls"] == plan["calls"]
@@ -361,6 +379,53 @@ def test_ulysses_groups_are_read_as_verl_forms_them_by_hand(cli, job):
 def test_ulysses_groups_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)
     code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+    assert not (job / "refused").exists()
+
+
+def test_context_parallel_rings_are_read_as_verls_megatron_forms_them_by_hand(cli, job):
+    """verl's Megatron engine with tp 2 x pp 2 x context_parallel_size 2 on 16 GPUs: 2 data-parallel
+    ranks (Megatron's dp, GPUs / (tp pp cp)), each a ring of 2 x (tp 2 x pp 2) GPUs: a step's 16
+    rows (64 over 4 steps) 8 a rank, in micro-batches of 2 a GPU (ppo_micro_batch_size_per_gpu):
+    4 (2 without the rings); the reference's 64 rows 32 a rank, 4 each: 8. The critic packs a rank's
+    rows to its budget times 2 (verl's sp_size is cp): 8 rows of 256 tokens within 512 x 2, 2
+    micro-batches, as many as a GPU's 4 within 512 without the rings. Every call attends by
+    Megatron's p2p ring."""
+    result, plan, _ = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
+                               *CONTEXT_PARALLEL, out="cp", name="cp")
+    calls = plan["calls"]
+    assert {n: (calls[n]["dp"], calls[n]["tp"], calls[n]["pp"], calls[n]["sp"], calls[n]["ring"],
+                calls[n]["micro_batches"]) for n in ("actor_train", "ref_inf", "critic_train", "critic_inf")} == {
+        "actor_train": (2, 2, 2, 2, "p2p", 4), "ref_inf": (2, 2, 2, 2, "p2p", 8),
+        "critic_train": (2, 2, 2, 2, "p2p", 2), "critic_inf": (2, 2, 2, 2, "p2p", 8)}
+    _, flat, _ = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
+                          out="cp", name="flat")
+    assert (flat["calls"]["actor_train"]["micro_batches"], flat["calls"]["critic_train"]["micro_batches"]) == (2, 2)
+    # the HTML report names how each call splits its sequences
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "html", "--out",
+                       job / "cp" / "cp report.html", "--force")
+    assert code == 0, err
+    assert "2 (context parallel p2p ring sp 2)" in (job / "cp" / "cp report.html").read_text()
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (("critic.megatron.context_parallel_size=1",), "critic.megatron.context_parallel_size",
+     "verl's Megatron state is process-global, the actor's (2) wins"),
+    (("critic.megatron.context_parallel_size=2", "actor_rollout_ref.actor.megatron.dynamic_context_parallel=true"),
+     "actor_rollout_ref.actor.megatron.dynamic_context_parallel", "dynamic context parallelism"),
+    (("critic.megatron.context_parallel_size=2", "actor_rollout_ref.actor.megatron.context_parallel_size=3",
+      "critic.megatron.context_parallel_size=3"), "actor_rollout_ref.actor.megatron.context_parallel_size",
+     "tp x pp x cp = 12 does not divide the 16 GPUs"),
+    # Megatron's other ring exchanges (a2a, all_gather, a2a+p2p), set through verl's pass-through
+    (("critic.megatron.context_parallel_size=2",
+      "+actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type=a2a"),
+     "actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type",
+     "a Megatron TransformerConfig field verl passes through, which realbench does not price"),
+])
+def test_context_parallel_settings_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
+    os.chdir(job)
+    code, out, err = cli("import", "verl", "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
+                         CONTEXT_PARALLEL[0], *overrides, "--out", "refused")
     assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
     assert not (job / "refused").exists()
 
@@ -725,6 +790,7 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
     """Random plans of every group the search explores pass the space's rules and are written as
     a configuration (micro-batch divisibility and the critic's token budget included)."""
     import random
+    from dataclasses import replace
 
     from realbench.engines import import_config
     from realbench.plan import load_scenario
@@ -747,12 +813,30 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
                     assert all(written[verl.SEQUENCE_PARALLEL[role][1]] == options[name].strategy.sp
                                for role, name in (("actor", "actor_train"), ("ref", "ref_inf"),
                                                   ("critic", "critic_train")) if name in options)
+                else:  # (Megatron's rings: one size, the actor's block and the critic's)
+                    assert {o.strategy.sp for n, o in options.items() if n in ("actor_train", "ref_inf", "critic_train", "critic_inf")} == \
+                        {written["actor_rollout_ref.actor.megatron.context_parallel_size"]}
+                    assert written.get("critic.megatron.context_parallel_size",
+                                       options["actor_train"].strategy.sp) == options["actor_train"].strategy.sp
                 if "critic_train" in options:  # (its rows packed: the budget its memory is planned for)
                     assert options["critic_train"].strategy.max_tokens == options["critic_inf"].strategy.max_tokens \
                         == written["critic.ppo_infer_max_token_len_per_gpu"]
         assert engines == {"dp", "megatron"}, engines  # both training engines are searched
-        # FSDP with Ulysses groups of 2 and 4 GPUs (the checkpoint's 4 heads split no further)
-        assert {g["actor_train"][0].strategy.sp for g in groups} == {1, 2, 4}
+        # FSDP with Ulysses groups of 2 and 4 GPUs (the checkpoint's 4 heads split no further);
+        # Megatron with context-parallel rings of any size its layout leaves (the heads need not split)
+        fsdp = {g["actor_train"][0].strategy.sp for g in groups if g["actor_train"][0].strategy.zero >= 2}
+        rings = {(g["actor_train"][0].strategy.sp, g["actor_train"][0].strategy.ring)
+                 for g in groups if g["actor_train"][0].strategy.zero < 2}
+        N = scenario.cluster.nodes * scenario.cluster.gpus_per_node
+        assert fsdp == {1, 2, 4} and rings == {(1, "")} | {(cp, "p2p") for cp in (2, 4, 8, 16) if cp <= N}, rings
+        # a reference whose rings differ from the actor's: verl's Megatron state is process-global
+        ringed = next({n: opts[0] for n, opts in g.items()} for g in groups if g["actor_train"][0].strategy.ring)
+        if "ref_inf" in ringed:
+            ref = ringed["ref_inf"]
+            ringed["ref_inf"] = replace(ref, strategy=replace(ref.strategy, dp=ref.strategy.dp * ref.strategy.sp, sp=1,
+                                                              ring=""))
+            key, why = verl.space_problem(scenario, ringed)
+            assert key == "calls.ref_inf.sp" and "one context_parallel_size" in why, why
         # both engines' offloads are searched, and written as verl's settings
         for group in groups:
             options = {name: opts[-1] for name, opts in group.items()}
@@ -917,18 +1001,27 @@ def test_the_engines_that_offload_otherwise_refuse_a_reference_offloaded_as_verl
         key, why = module.space_problem(scenario, plan)
         assert key == "calls.actor_train.sp" and ("--ds.ring_attn_size" if module is openrlhf else
                                                   "without tensor parallelism") in why, why
+        # OpenRLHF's DeepSpeed has no Megatron p2p ring either
+        if module is openrlhf:
+            plan["actor_train"] = replace(actor, strategy=replace(half, zero=1, ring="p2p"))
+            key, why = module.space_problem(scenario, plan)
+            assert key == "calls.actor_train.sp" and "not by Megatron's p2p ring" in why, why
         # and AReaL's writer refuses ring attention (OpenRLHF's), as verl's does
         if module is areal:
-            plan["actor_train"] = replace(actor, strategy=replace(half, ring=True))
+            plan["actor_train"] = replace(actor, strategy=replace(half, ring="allgather"))
             key, why = module.space_problem(scenario, plan)
             assert key == "calls.actor_train.ring" and "not ring attention" in why, why
     from realbench.engines import verl
 
     plan = verl.default_plan(job)
     actor = plan["actor_train"]
-    plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2, ring=True))
+    plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2, ring="allgather"))
     key, why = verl.space_problem(job, plan)
     assert key == "calls.actor_train.ring" and "not by ring attention" in why, why
+    # and Megatron's p2p ring under FSDP (verl's Megatron engine writes it: context_parallel_size)
+    plan["actor_train"] = replace(actor, strategy=replace(actor.strategy, dp=actor.strategy.dp // 2, sp=2, ring="p2p"))
+    key, why = verl.space_problem(job, plan)
+    assert key == "calls.actor_train.ring" and "Ulysses' head exchanges under FSDP" in why, why
 
 
 def test_a_rollout_server_is_an_engines_and_openrlhf_serves_with_vllm(cli, tmp_path):

@@ -15,10 +15,12 @@ t / sp of a micro-batch's t tokens through the layer with its whole weights, and
 the whole sequences for 1/sp of the heads: the flops and element-wise bytes of t / sp tokens, the
 weights read whole, plus two all-to-alls a layer forward (queries, keys and values to head shards,
 q + 2 kv bf16 values a token, the output back, q; a backward as many again), the sharded state
-over dp x sp devices. Ring attention over the sp devices (`Strategy.ring`, OpenRLHF's): the same
-share of the tokens, all heads a device, the exchanges an all-gather of the group's keys and
-values a layer forward (2 kv values a token of the whole group's), a backward twice that (the
-gather again and the reduce-scatter of their gradients).
+over dp x sp devices. Ring attention over the sp devices (`Strategy.ring`): the same share of the
+tokens, a device's (tp share of the) heads kept, the exchanges an all-gather of the group's keys
+and values a layer forward (allgather, OpenRLHF's: 2 kv values a token of the whole group's), or
+sp - 1 sends of a device's chunk of them around the ring (p2p, Megatron's context parallelism,
+beside tp and pp: 2 kv / tp values a token of its own), a backward twice that (the keys and values
+again and their gradients).
 
 Element-wise work (`elementwise_bytes`): every kernel that is not a matmul reads its inputs and
 writes its outputs once (fused kernels, as torch.compile or Megatron's fused kernels make them).
@@ -216,6 +218,11 @@ def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: flo
     return count * comm.all_reduce(cluster, tp, tokens * model.hidden * BF16, spans_nodes=False)
 
 
+def _kv_chunk_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
+    """Keys and values of `tokens` tokens on a device: its tp share of the KV heads, bf16."""
+    return tokens * 2 * model.n_kv_heads / tp * model.head_dim * BF16
+
+
 def _sequence_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tokens: float) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's exchanges inside a sequence-parallel group on a
     device's `tokens` (its 1/sp of a micro-batch's).
@@ -223,16 +230,30 @@ def _sequence_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tok
     output back after it (all-to-alls); the KV heads repeated up to the group first where it has
     more devices than they (verl's repeat_kv, models/transformers/monkey_patch.py:126-128). A
     backward moves as much.
-    Ring attention (`s.ring`, ring-flash-attention's llama3_flash_attn_varlen_func, which OpenRLHF
-    substitutes for flash attention): every device gathers the group's keys and values, all KV
-    heads of sp x tokens, before attending with its own queries; the backward gathers them again
-    and reduce-scatters their gradients (as much again). Priced as if the gathers ran apart from
-    attention: the kernels gather the next stride of heads while attending over the last, which
-    realbench does not credit."""
+    allgather (`s.ring`, ring-flash-attention's llama3_flash_attn_varlen_func, which OpenRLHF
+    substitutes for flash attention): every device gathers the group's keys and values, its tp
+    share of the KV heads of sp x tokens, before attending with its own queries; the backward
+    gathers them again and reduce-scatters their gradients (as much again). A group of tp x sp
+    devices wider than a node gathers over the NICs too (its sp devices G / tp a node).
+    p2p (Megatron's context parallelism, Transformer Engine's AttnFuncWithCPAndKVP2P,
+    attention/dot_product_attention/context_parallel.py): sp steps, each attending over the chunk
+    of keys and values (C bytes: the tp share of the KV heads of `tokens`) it holds while sending it
+    to the next device and receiving the previous one's: sp - 1 sends of C forward; the backward
+    sends C, then C and its gradient (2 C) sp - 2 times, then the gradient, C. A ring of tp x sp
+    devices wider than a node sends over the NICs (its slowest link sets every step's pace).
+    Priced as if the exchanges ran apart from attention: both kernels overlap them with the next
+    step's attention, which realbench does not credit (an upper bound)."""
     if s.sp == 1:
         return 0.0, 0.0
+    if s.ring == "p2p":
+        chunk, spans = _kv_chunk_bytes(model, s.tp, tokens), s.tp * s.sp > cluster.gpus_per_node
+        forward = (s.sp - 1) * comm.p2p(cluster, chunk, spans)
+        backward = 2 * comm.p2p(cluster, chunk, spans) + (s.sp - 2) * comm.p2p(cluster, 2 * chunk, spans)
+        return forward, backward
     if s.ring:
-        gather = comm.all_gather(cluster, s.sp, s.sp * tokens * 2 * model.n_kv_heads * model.head_dim * BF16, False)
+        G = cluster.gpus_per_node
+        gather = comm.all_gather(cluster, s.sp, s.sp * _kv_chunk_bytes(model, s.tp, tokens), s.tp * s.sp > G,
+                                 max(1, G // s.tp))
         return gather, 2 * gather
     q = model.n_heads * model.head_dim
     kv = max(model.n_kv_heads, s.sp) * model.head_dim
@@ -241,12 +262,22 @@ def _sequence_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tok
 
 
 def _ring_buffers(model: ModelSpec, s: Strategy, tokens: float, backward: bool) -> float:
-    """Ring attention's gather buffers on a device of `tokens` (its 1/sp): keys and values of one
-    KV head (OpenRLHF's default --ds.ring_attn_head_stride 1) for the whole group's sp x tokens,
-    twice (the next stride gathered while the last is used), and in a backward their gradients
-    once more (llama3_flash_attn_varlen.py: kv_buffer, kv_buffer_copy, dkv_buffer)."""
+    """Ring attention's exchange buffers on a device of `tokens` (its 1/sp), for one layer at a time.
+    allgather: keys and values of one KV head (OpenRLHF's default --ds.ring_attn_head_stride 1)
+    for the whole group's sp x tokens, twice (the next stride gathered while the last is used), and
+    in a backward their gradients once more (llama3_flash_attn_varlen.py: kv_buffer,
+    kv_buffer_copy, dkv_buffer).
+    p2p: the forward keeps every step's received chunk of keys and values (sp chunks C) and every
+    step's output (sp x the queries' size, a device's heads of `tokens`; the upper-triangle steps'
+    are half that, counted whole: an upper bound) until it combines them; the backward, two
+    buffers of a chunk and its gradient (4 C: context_parallel.py's p2p_comm_buffers). A train
+    call's peak is the larger."""
     if not s.ring:
         return 0.0
+    if s.ring == "p2p":
+        chunk = _kv_chunk_bytes(model, s.tp, tokens)
+        forward = s.sp * (chunk + tokens * model.n_heads / s.tp * model.head_dim * BF16)
+        return max(forward, 4 * chunk) if backward else forward
     return (3 if backward else 2) * 2 * s.sp * tokens * model.head_dim * BF16
 
 

@@ -27,7 +27,12 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
   refused);
   Megatron tp x pp with its distributed optimizer (`megatron.ddp.use_distributed_optimizer`,
   default on: zero 1) and `megatron.virtual_pipeline_parallel_size` (engine/megatron_engine.py:216-245,
-  1276-1283); `gradient_checkpointing` per engine.
+  1276-1283), and with `c` Megatron's context parallelism (realbench's `sp` with ring p2p): rings of
+  c GPUs (Megatron's tp-cp-ep-dp-pp order, :236), the data split over Megatron's d ranks, each
+  rank's packed micro-batches aligned to 2 x tp x c tokens a sequence and split over its ring
+  (:2060-2084: `max_tokens_per_mb` the rank's, "max_tokens_per_mb / cp_size" a GPU), attended by
+  Transformer Engine's p2p ring (Megatron's default cp_comm_type; AReaL sets none), the
+  gradients reduced over d x c (:952-958); `gradient_checkpointing` per engine.
 * **Batches**: `train_dataset.batch_size` prompts x `gconfig.n_samples` samples a step, split over
   the data-parallel ranks (utils/seqpack.py:558-562: the prompt groups divide evenly), in
   `actor.ppo_n_minibatches` optimizer steps (trainer/ppo/actor.py:336-366); each call's micro-batches
@@ -56,7 +61,7 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
 Not priced, and said so wherever an AReaL plan is read or written (`PRICING_GAPS`). Refused by name
 (a setting changed from its default that realbench neither prices nor knows to leave time and memory
 alone): the rollout colocated with the actor (disk weight updates and offloading), offloading,
-LoRA on a critic, Megatron's context parallelism (and FSDP's beside tensor parallelism), expert
+LoRA on a critic, FSDP's context parallelism beside tensor parallelism, expert
 parallelism, the archon engine, a teacher, the experimental v2 gateway,
 a reference or critic on GPUs of its own (AReaL runs the trainer's calls one after another, which
 realbench prices as concurrent on separate GPUs).
@@ -297,10 +302,7 @@ def allocation(text: Any, key: str, source: str, servers: bool) -> dict[str, Any
     if backend == "fsdp" and (dims["p"] > 1 or dims["e"] > 1):
         raise ConfigError(f"{text!r}: FSDP has no pipeline or expert parallelism (api/alloc_mode.py:274-283)", key,
                           source)
-    if dims["c"] > 1 and backend == "megatron":
-        raise ConfigError(f"{text!r}: Megatron's context parallelism (context_parallel_size, attention over a "
-                          "sequence split in chunks) is not priced; FSDP's c (Ulysses) is", key, source)
-    if dims["c"] > 1 and dims["t"] > 1:
+    if dims["c"] > 1 and dims["t"] > 1 and backend == "fsdp":
         raise ConfigError(f"{text!r}: realbench prices FSDP's context parallelism (Ulysses groups) without tensor "
                           "parallelism (t1)", key, source)
     if dims["e"] > 1:
@@ -423,12 +425,15 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             out["zero"] = int(bool(s.get(f"{role}.megatron.ddp.use_distributed_optimizer", True))) if trained else 0
         else:
             out["zero"] = 3
-        if a["c"] > 1:  # FSDP's Ulysses groups: each of the d ranks' micro-batches split over c GPUs
+        if a["c"] > 1:  # each of the d ranks' micro-batches split over c GPUs: FSDP's Ulysses groups,
+            # Megatron's context-parallel rings (Transformer Engine's p2p ring, Megatron's default)
             out["sp"] = a["c"]
+            if megatron:
+                out["ring"] = "p2p"
         # memory: the largest micro-batch of the plan's count, the budget realbench writes (_engine_settings),
         # or another call's (`budget`: the critic's values pack under its training's); a GPU's share
-        # of a Ulysses group's (fsdp_engine.py:1915-1948 pads the packed micro-batch to a multiple of
-        # c and slices it)
+        # of a group's (fsdp_engine.py:1915-1948 pads the packed micro-batch to a multiple of c and
+        # slices it; megatron_engine.py:2060-2064, "max_tokens_per_mb / cp_size" a GPU)
         out["max_tokens"] = budget or _ceil(step.budget(per_rank, dp, out["micro_batches"]), a["c"])
         return out
 
@@ -516,7 +521,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
 def _backend(name: str, s: Strategy, trained: bool) -> str:
     """FSDP (every shard: zero 3, or one replica) or Megatron (a pipeline, or the optimizer states
     sharded at most: zero 0 or 1) for a call's strategy."""
-    if s.pp == 1 and (s.zero == 3 or s.dp == 1):
+    if s.ring != "p2p" and s.pp == 1 and (s.zero == 3 or s.shards == 1):
         return "fsdp"
     if s.zero in (0, 1) and (trained or s.zero == 0):
         return "megatron"
@@ -528,7 +533,7 @@ def _same_budget(name: str, s: Strategy, budget: int) -> None:
     """A plan's token budget for a call (a GPU's) is the one realbench writes for its count (a
     data-parallel rank's: a Ulysses group's, sp GPUs, to_plan), or unset."""
     if s.max_tokens not in (None, _ceil(budget, s.sp)):
-        group = f", {_ceil(budget, s.sp)} a GPU of a Ulysses group of {s.sp}" if s.sp > 1 else ""
+        group = f", {_ceil(budget, s.sp)} a GPU of a group of {s.sp} splitting sequences" if s.sp > 1 else ""
         raise ConfigError(f"{s.max_tokens}: AReaL runs the plan's {s.micro_batches} micro-batches on every step drawn "
                           f"under the budget realbench writes, the largest group its packer forms ({budget} tokens"
                           f"{group}; realbench.engines.areal_packer)", f"calls.{name}.max_tokens")
@@ -542,10 +547,11 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     step drawn (areal_packer.budget_for), at least a whole row (AReaL's packer refuses a longer
     sequence, utils/seqpack.py:234-242)."""
     backend = _backend(name, s, trained)
-    if s.ring:
-        raise ConfigError("AReaL's context parallelism (an allocation's c) is Ulysses' head exchanges under FSDP, not "
-                          "ring attention (OpenRLHF's)", f"calls.{name}.ring")
-    if s.sp > 1 and (backend != "fsdp" or s.tp > 1):
+    if s.ring == "allgather" or (s.sp > 1 and (s.ring == "p2p") != (backend == "megatron")):
+        raise ConfigError("AReaL's context parallelism (an allocation's c) is Ulysses' head exchanges under FSDP and "
+                          "Megatron's p2p ring under Megatron (ring: p2p), not ring attention's all-gathers (OpenRLHF's)",
+                          f"calls.{name}.ring")
+    if s.sp > 1 and backend == "fsdp" and s.tp > 1:
         raise ConfigError(f"{s.sp}: AReaL splits sequences (an allocation's c) under FSDP without tensor parallelism "
                           "as realbench prices it", f"calls.{name}.sp")
     if backend == "megatron" and s.pp > 1 and (s.micro_batches < 2 * s.pp or s.micro_batches % s.pp):
@@ -562,7 +568,7 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     if backend == "megatron":
         out[f"{role}.megatron.virtual_pipeline_parallel_size"] = s.virtual_stages
         if trained:
-            out[f"{role}.megatron.ddp.use_distributed_optimizer"] = s.zero == 1 or s.dp == 1
+            out[f"{role}.megatron.ddp.use_distributed_optimizer"] = s.zero == 1 or s.shards == 1
     return out
 
 
@@ -622,7 +628,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                                                          budget, t.pp),
                         False, t.virtual_stages,
                         3 if _backend("critic_train", t, True) == "fsdp" and t.shards > 1 else 0,
-                        max_tokens=i.max_tokens, sp=t.sp)
+                        max_tokens=i.max_tokens, sp=t.sp, ring=t.ring)
         if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
                               f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
@@ -724,14 +730,21 @@ def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]) -> Iter
     """(backend, dp, tp, pp, cp) of the actor (and the roles colocated with it, as AReaL's examples
     write them: `${actor.backend}`) running `calls` on `size` GPUs: FSDP dp x tp, or dp x cp (Ulysses
     groups inside a node, the heads split as sequence_parallel_problem checks them), Megatron
-    dp x tp x pp."""
+    dp x cp x tp x pp (its context-parallel rings of any size whose tp x cp GPUs divide a node or
+    span whole ones, as sequence_parallel_problem checks them)."""
     c, df = scenario.cluster, scenario.dataflow
     models = [scenario.model_of(df.call(n)) for n in calls]
     heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
     for t in (t for t in divisors(c.gpus_per_node) if size % t == 0 and heads(t)):
         yield "fsdp", size // t, t, 1, 1
-        for p in (p for p in divisors(size // t) if p > 1 and all(m.n_layers % p == 0 for m in models)):
-            yield "megatron", size // t // p, t, p, 1
+        # Megatron with a pipeline or context-parallel rings (of any size its layout leaves; without
+        # either, FSDP's layout)
+        for p in (p for p in divisors(size // t) if all(m.n_layers % p == 0 for m in models)):
+            for cp in (cp for cp in divisors(size // t // p) if p > 1 or cp > 1):
+                rings = Strategy(size // t // p // cp, t, p, zero=1, sp=cp, ring="p2p" if cp > 1 else "")
+                if cp == 1 or all(sequence_parallel_problem(df.call(n), scenario.model_of(df.call(n)), c, rings) is None
+                                  for n in calls):
+                    yield "megatron", size // t // p // cp, t, p, cp
     for cp in divisors(math.gcd(size, c.gpus_per_node))[1:]:
         groups = Strategy(size // cp, 1, 1, zero=3, sp=cp)
         if all(sequence_parallel_problem(df.call(n), scenario.model_of(df.call(n)), c, groups) is None for n in calls):
@@ -788,7 +801,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             micros = [m for m in divisors(per_step) if (m & (m - 1) == 0 or m == per_step)
                       and (pp == 1 or (m >= 2 * pp and m % pp == 0))]
             zero = 3 if backend == "fsdp" and dp * cp > 1 else 0
-            trained_zero = 1 if backend == "megatron" and dp > 1 else zero
+            ring = "p2p" if backend == "megatron" and cp > 1 else ""
+            trained_zero = 1 if backend == "megatron" and dp * cp > 1 else zero
             # a forward-only call: micro-batches of the training's size over the whole batch; the
             # critic's values, what AReaL's packer forms under the critic's training budget
             counts = {m: {name: m if df.call(name).kind.value == "train" else m * steps for name in trainer_calls}
@@ -811,7 +825,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         count = counts[m][name]
                         row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
                                                                     trained_zero if trained else zero,
-                                                                    max_tokens=budgets[m][name], sp=cp)))
+                                                                    max_tokens=budgets[m][name], sp=cp,
+                                                                    ring=ring)))
                     first = {n: options[n][row[n]] for n in row}
                     first["actor_gen"] = gens[0]
                     if space_problem(scenario, first) is not None:

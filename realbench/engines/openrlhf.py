@@ -20,7 +20,8 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   gradient checkpointing for actor and critic together (`--actor.gradient_checkpointing_enable`);
   `--ds.ring_attn_size` (RING), ring attention: each model's GPUs in groups of that many, a group
   one data-parallel rank whose packed micro-batches are split by sequence over its GPUs (priced
-  as realbench's `sp` with `ring`, without DeepSpeed's tp; packing forced on);
+  as realbench's `sp` with `ring: allgather`; packing forced on), beside DeepSpeed's tp in the
+  (dp, sp, tp) mesh: a group's GPUs tp apart, each attending over its tp share of the heads;
   `--ds.enable_sleep`, both trained models' DeepSpeed states in host memory between updates
   (SLEEP: `offload_optimizer` on their train calls); `--ds.adam_offload`, DeepSpeed's ZeRO-Offload:
   both trained models' states in host memory for good and Adam run there on one thread a rank
@@ -59,7 +60,7 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
-memory alone): ring attention beside DeepSpeed's tp or with another head stride, partial
+memory alone): ring attention with another head stride, partial
 rollouts, agents and remote reward servers, LoRA on a critic, a hybrid
 engine whose vLLM keeps its memory while DeepSpeed trains (without `--vllm.enable_sleep`).
 
@@ -375,9 +376,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     ring = int(s[RING])
     if ring < 1:
         raise ConfigError(f"{ring}: a ring attention group is 1 GPU or more", f"--{RING}", source)
-    if ring > 1 and T > 1:
-        raise ConfigError(f"{ring} with --ds.tensor_parallel_size {T}: realbench prices ring attention without tensor "
-                          "parallelism", f"--{RING}", source)
     host_adam = bool(s[ADAM_OFFLOAD])
     sleep = bool(s[SLEEP]) and not host_adam  # (beside CPU Adam the sleep moves nothing)
     if sleep and zero == 0:
@@ -461,11 +459,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             raise ConfigError(f"{T} does not divide the {role}'s {size} GPUs (utils/deepspeed/deepspeed.py:103-107)",
                               "--ds.tensor_parallel_size", source)
         if size % (T * ring):
-            raise ConfigError(f"{ring} does not divide the {role}'s {size} GPUs (utils/deepspeed/deepspeed.py:103-107)",
-                              f"--{RING}", source)
+            times = f" x --ds.tensor_parallel_size {T} = {T * ring}" if T > 1 else ""
+            raise ConfigError(f"{ring}{times} does not divide the {role}'s {size} GPUs "
+                              "(utils/deepspeed/deepspeed.py:103-107)", f"--{RING}", source)
         return size // (T * ring)
 
-    groups = {"sp": ring, "ring": True} if ring > 1 else {}
+    groups = {"sp": ring, "ring": "allgather"} if ring > 1 else {}
 
     def trained(role: str) -> dict:
         dp = dp_of(role)
@@ -575,9 +574,10 @@ def _ring_size(options: dict[str, Option], ds_calls: list[str]) -> int:
     """The one ring attention group size (RING) of every DeepSpeed model's calls, or ConfigError:
     OpenRLHF splits sequences by ring attention only, one size for every model."""
     for name, o in options.items():
-        if o.strategy.sp > 1 and not o.strategy.ring:
-            raise ConfigError(f"{o.strategy.sp}: OpenRLHF splits sequences by ring attention (--{RING}), not by "
-                              "Ulysses' head exchanges (ring: true)", f"calls.{name}.sp")
+        if o.strategy.sp > 1 and o.strategy.ring != "allgather":
+            raise ConfigError(f"{o.strategy.sp}: OpenRLHF splits sequences by ring attention (--{RING}: ring: "
+                              "allgather), not by " + ("Megatron's p2p ring" if o.strategy.ring else
+                                                       "Ulysses' head exchanges"), f"calls.{name}.sp")
     ring = options["actor_train"].strategy.sp
     for name in ds_calls:
         if options[name].strategy.sp != ring:
@@ -632,8 +632,6 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                               f"calls.{name}.zero")
     if T > 1 and zero == 3:
         raise ConfigError("DeepSpeed's AutoTP trains under ZeRO 0 to 2", "calls.actor_train.zero")
-    if ring > 1 and T > 1:
-        raise ConfigError("realbench writes OpenRLHF's ring attention without tensor parallelism", "calls.actor_train.tp")
     if ring > 1 and not packs(scenario, "openrlhf", PADDING_FREE):  # (a scenario not OpenRLHF's: padded, priced_as)
         raise ConfigError("OpenRLHF's ring attention packs the rows (cli/train_ppo_ray.py:686-689), and this scenario "
                           "prices them padded (training.padding_free)", "calls.actor_train.ring")
@@ -897,10 +895,10 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     fn_reward = isinstance(scenario.models["reward"], FunctionSpec)
     heads = lambda role, t: scenario.models[role].n_heads % t == 0 and scenario.models[role].n_kv_heads % t == 0  # noqa
     ds_roles = ["actor"] + (["critic"] if critic else []) + ([] if fn_reward else ["reward"])
-    # DeepSpeed's tensor parallel size, or (where the rows are packed) ring attention groups of 2, 4,
-    # ... GPUs of a node without it: (tp, ring)
-    layouts = [(t, 1) for t in divisors(G) if all(heads(r, t) for r in ds_roles)]
-    layouts += [(1, r) for r in divisors(G)[1:] if scenario.training.padding_free]
+    # DeepSpeed's tensor parallel size, and (where the rows are packed) ring attention groups of 2, 4,
+    # ... beside it, tp x ring GPUs of a node: (tp, ring)
+    layouts = [(t, r) for t in divisors(G) if all(heads(role, t) for role in ds_roles)
+               for r in divisors(G // t) if r == 1 or scenario.training.padding_free]
     rollout_tps = [t for t in divisors(G) if heads("actor", t)]
     names = list(df.call_names)
     listed = PlanTable(names)
@@ -917,7 +915,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             if any(m.size % (T * ring) for m in groups.values()):
                 continue
             dps = {n: m.size // (T * ring) for n, m in groups.items()}
-            split = {"sp": ring, "ring": ring > 1}
+            split = {"sp": ring, "ring": "allgather" if ring > 1 else ""}
             widest = max(dps.values())
             if batch % widest or rows % widest:
                 continue

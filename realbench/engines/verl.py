@@ -18,9 +18,15 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   (`fsdp_size: -1`, FULL_SHARD, workers/engine/fsdp/utils.py:35-53) = zero 3, or with
   `reshard_after_forward: false` the weights kept whole between forward and backward
   (SHARD_GRAD_OP) = zero 2. Megatron: `tensor_model_parallel_size`,
-  `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
+  `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`, `context_parallel_size`,
   `use_distributed_optimizer` (zero 1), one process-global layout for all three roles
-  (workers/engine/megatron/transformer_impl.py:239-256: the first engine built wins).
+  (workers/engine/megatron/transformer_impl.py:239-256: the first engine built wins). Context
+  parallelism (Strategy.sp with ring p2p): rings of cp GPUs, tp apart (Megatron's tp-cp-dp-pp
+  order), each a data-parallel rank's rows (dp = GPUs / (tp pp cp)), every sequence split in 2 cp
+  chunks, two a GPU (models/mcore/util.py:62-70), attended by Transformer Engine's p2p ring
+  (Megatron's default cp_comm_type; verl sets none), the distributed optimizer over dp x cp, its
+  dynamic batching's budget cp times a GPU's (megatron/transformer_impl.py:836, engine/utils.py:
+  104-111); `dynamic_context_parallel` (a ring size per micro-batch) refused.
   Activation recomputation: FSDP `model.enable_gradient_checkpointing`; Megatron
   `override_transformer_config.recompute_granularity: full` with `recompute_method: uniform`,
   `recompute_num_layers: 1` (every layer's input kept, the layer recomputed).
@@ -327,6 +333,9 @@ def _nest(flat: dict[str, Any]) -> dict:
 
 
 def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
+    if ".override_transformer_config." in key:  # (verl hands these to Megatron's TransformerConfig as given)
+        return ConfigError("a Megatron TransformerConfig field verl passes through, which realbench does not price "
+                           "(it reads the recompute_* fields)", key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -600,6 +609,7 @@ READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), 
         *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                  "context_parallel_size", "dynamic_context_parallel",
                   "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
                   "override_transformer_config.recompute_method", "override_transformer_config.recompute_num_layers")}
 
@@ -714,28 +724,41 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         meg = f"{A}.megatron"
         tp, pp = int(s[f"{meg}.tensor_model_parallel_size"]), int(s[f"{meg}.pipeline_model_parallel_size"])
         v = int(s[f"{meg}.virtual_pipeline_model_parallel_size"] or 1)
-        for block in ("critic.megatron", "actor_rollout_ref.ref.megatron") if critic else ("actor_rollout_ref.ref.megatron",):
+        cp = int(s[f"{meg}.context_parallel_size"] or 1)
+        blocks = (meg, "critic.megatron", "actor_rollout_ref.ref.megatron") if critic else \
+            (meg, "actor_rollout_ref.ref.megatron")
+        for block in blocks[1:]:
             for k, want in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                            ("virtual_pipeline_model_parallel_size", v)):
+                            ("virtual_pipeline_model_parallel_size", v), ("context_parallel_size", cp)):
                 if int(s[f"{block}.{k}"] or 1) != want:
                     raise ConfigError(f"{s[f'{block}.{k}']}: verl's Megatron state is process-global, the actor's "
                                       f"({want}) wins (verl/workers/engine/megatron/transformer_impl.py:239-256)",
                                       f"{block}.{k}", source)
-        if N % (tp * pp):
-            raise ConfigError(f"tp x pp = {tp * pp} does not divide the {N} GPUs", f"{meg}.tensor_model_parallel_size",
-                              source)
+        for block in blocks:
+            if s[f"{block}.dynamic_context_parallel"]:
+                raise ConfigError("True: Megatron's dynamic context parallelism (a ring size chosen per micro-batch "
+                                  "by its scheduler) is not priced; context_parallel_size is",
+                                  f"{block}.dynamic_context_parallel", source)
+        if cp < 1 or N % (tp * pp * cp):
+            raise ConfigError(f"tp x pp x cp = {tp * pp * cp} does not divide the {N} GPUs",
+                              f"{meg}.context_parallel_size" if cp > 1 else f"{meg}.tensor_model_parallel_size", source)
         zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
                  "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
         ref_zero = 0
     dp = N // (tp * pp)
-    # Ulysses: each role's data-parallel groups of sp GPUs (FSDP's; 1 under Megatron)
-    sps = _sequence_parallel(s, N, per_node, {"actor": True, "ref": with_ref, "critic": critic}, source)
+    # each role's data-parallel groups of sp GPUs: FSDP's Ulysses groups, or Megatron's context
+    # parallel rings (one size, process-global; sequence_parallel)
+    roles = {"actor": True, "ref": with_ref, "critic": critic}
+    sps = _sequence_parallel(s, N, per_node, roles, source) if engine == "dp" else \
+        {role: cp if there else 1 for role, there in roles.items()}
     groups = {role: dp // sp for role, sp in sps.items()}
+    split = "ulysses_sequence_parallel_size" if engine == "dp" else "context_parallel_size"
 
     def budget(key: str, role: str = "actor") -> Optional[int]:
-        # (verl packs a Ulysses group's rows to a GPU's budget times its size, workers/engine/utils.py:104-111)
+        # (verl packs a Ulysses group's or a context-parallel ring's rows to a GPU's budget times its
+        # size: its engines pass sp_size, workers/engine/utils.py:104-111, megatron/transformer_impl.py:836)
         sp, per_gpu = sps[role], s[key]
-        group = f" for a ulysses_sequence_parallel_size {sp} group, {sp} x this" if sp > 1 else ""
+        group = f" for a {split} {sp} group, {sp} x this" if sp > 1 else ""
         whole_row_budget(None if per_gpu is None else int(per_gpu) * sp, L, key, source,
                          f"verl asserts a budget at least that{group} (verl/utils/seqlen_balancing.py:384-386)")
         return None if per_gpu is None else int(per_gpu)
@@ -755,8 +778,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             return packed_count(per_gpu, f"{A}.ppo_max_token_len_per_gpu")
         return _divide(per_gpu, s[f"{A}.ppo_micro_batch_size_per_gpu"], f"{A}.ppo_micro_batch_size_per_gpu", source)
 
-    def sequence_parallel(role: str) -> dict[str, int]:
-        return {"sp": sps[role]} if sps[role] > 1 else {}
+    def sequence_parallel(role: str) -> dict[str, Any]:
+        # (Megatron's context parallelism: Transformer Engine's p2p ring, Megatron's default cp_comm_type)
+        return {} if sps[role] == 1 else {"sp": sps[role]} if engine == "dp" else {"sp": sps[role], "ring": "p2p"}
 
     def offloads(role: str) -> dict[str, bool]:
         block = OFFLOAD_BLOCK[engine][role]
@@ -963,15 +987,19 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                          != (actor.tp, actor.pp, actor.virtual_stages)):
             return f"calls.{name}.tp", ("verl's Megatron layout is process-global: actor, reference and critic share "
                                         "tp, pp and virtual stages (verl/workers/engine/megatron/transformer_impl.py)")
+        if not fsdp and s.sp != actor.sp:
+            return f"calls.{name}.sp", (f"verl's Megatron layout is process-global: actor, reference and critic share "
+                                        f"one context_parallel_size (the actor's, {actor.sp})")
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if (name == "critic_inf" and s.offload_params) or (name == "ref_inf" and fsdp
                                                            and s.offload_params != (s.shards > 1)):
             return f"calls.{name}.offload_params", FORWARD_OFFLOAD
-        if s.ring:
-            return f"calls.{name}.ring", ("verl splits sequences by Ulysses' head exchanges (ulysses_sequence_parallel_"
-                                          "size), not by ring attention (OpenRLHF's)")
-        if s.sp > 1 and not _remove_padding(scenario)["critic" in name]:
+        if s.ring == "allgather" or (s.ring == "p2p" and fsdp):
+            return f"calls.{name}.ring", ("verl splits sequences by Ulysses' head exchanges under FSDP (ulysses_"
+                                          "sequence_parallel_size) and by Megatron's p2p ring (context_parallel_size, "
+                                          "ring: p2p), not by ring attention's all-gathers (OpenRLHF's)")
+        if s.sp > 1 and not s.ring and not _remove_padding(scenario)["critic" in name]:
             return f"calls.{name}.sp", ("verl runs Ulysses sequence parallelism on packed rows only "
                                         "(use_remove_padding, verl/workers/engine/fsdp/transformer_impl.py:148-152): "
                                         "the scenario pads this model's rows (training.padding_free, padded_models)")
@@ -1216,7 +1244,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             meg = f"{block}.megatron"
             out.update({f"{meg}.tensor_model_parallel_size": s.tp, f"{meg}.pipeline_model_parallel_size": s.pp,
                         f"{meg}.virtual_pipeline_model_parallel_size": s.virtual_stages if s.virtual_stages > 1 else None,
-                        f"{meg}.use_distributed_optimizer": s.zero == 1})
+                        f"{meg}.context_parallel_size": s.sp, f"{meg}.use_distributed_optimizer": s.zero == 1})
             if role == "actor" and "ref_inf" in options:  # (it would follow the actor's: written as planned)
                 out[REF_MEGATRON_OFFLOAD] = options["ref_inf"].strategy.offload_params
             o = f"{meg}.override_transformer_config"
@@ -1334,7 +1362,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
-    # tp, pp, v, train zeros, forward zero, Ulysses sp (one for every role: verl sets it per role)
+    # tp, pp, v, train zeros, forward zero, sp: FSDP's Ulysses groups (one for every role: verl
+    # sets it per role) or Megatron's context-parallel rings (ring p2p: process-global)
     layouts: list[tuple[int, int, int, tuple[int, ...], int, int]] = []
     actor = scenario.models["actor"]
     if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
@@ -1346,9 +1375,11 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                and actor.lora is None):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
-                layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, 1))  # Megatron
+                for cp in divisors(N // (tp * pp)):  # (its rings inside a node or across whole nodes)
+                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, cp))  # Megatron
     for tp, pp, v, zeros, forward_zero, sp in layouts:
         dp = N // (tp * pp * sp)
+        ring = "p2p" if forward_zero == 0 and sp > 1 else ""
         if rows % (steps * dp):
             continue
 
@@ -1360,7 +1391,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             unpriced = lora or (fsdp2 and 3 in zero_options)
             offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
-                                                   offload_optimizer=moments, sp=sp))
+                                                   offload_optimizer=moments, sp=sp, ring=ring))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
                                 for params, moments in offloads if not params or z != 2])
 
@@ -1369,7 +1400,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
             offloaded = (forward_zero == 3 and dp * sp > 1,) if forward_zero == 3 else (False, True)
             group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off,
-                                                                    sp=sp))
+                                                                    sp=sp, ring=ring))
                                                  for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
@@ -1389,7 +1420,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                                      for o in trained("critic_train")
                                                      if o.strategy.micro_batches == train_m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
-                                                                                 max_tokens=tokens, sp=sp))])}
+                                                                                 max_tokens=tokens, sp=sp, ring=ring))])}
             if all(with_critic.values()):
                 yield with_critic
 

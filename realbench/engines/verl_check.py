@@ -159,6 +159,9 @@ def validate(config: str, overrides: list[str]) -> dict:
             # the Ulysses sequence parallel size each FSDP engine is built with (its engine config's,
             # after the role config's __post_init__: realbench's sp); None for Megatron's or a role not run
             **_ulysses(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
+            # the context parallel size each Megatron engine is built with (its engine config's: realbench's
+            # sp with ring p2p); None under FSDP or for a role not run
+            **_context_parallel(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
 
@@ -222,6 +225,14 @@ def _ulysses(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
     return {"ulysses": actor.engine.ulysses_sequence_parallel_size,
             "ref_ulysses": to_dataclass(ref_block).engine.ulysses_sequence_parallel_size if ref else None,
             "critic_ulysses": to_dataclass(cfg.critic).engine.ulysses_sequence_parallel_size if critic else None}
+
+
+def _context_parallel(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
+    if actor.strategy != "megatron":
+        return {"context_parallel": None, "ref_context_parallel": None, "critic_context_parallel": None}
+    return {"context_parallel": actor.megatron.context_parallel_size,
+            "ref_context_parallel": arr.ref.megatron.context_parallel_size if ref else None,
+            "critic_context_parallel": to_dataclass(cfg.critic).megatron.context_parallel_size if critic else None}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:

@@ -25,6 +25,8 @@ from realbench.plan.scenario import Scenario
 from realbench.report import figures
 
 WIDTH = 900
+# how a call's sp group splits its sequences (Strategy.ring)
+SEQUENCE_SPLITS = {"": "Ulysses", "allgather": "ring attention", "p2p": "context parallel p2p ring"}
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -62,7 +64,7 @@ def report_layout(scenario: Scenario, options: Mapping[str, Option], plan: Optio
                   "start s", "end s", "alone s", "realloc s"],
                  [[n, call.model, call.kind.value, call.seqs, call.seq_len, options[n].mesh.label(G),
                    options[n].strategy.dp if options[n].strategy.sp == 1 else
-                   f"{options[n].strategy.dp} ({'ring attention' if options[n].strategy.ring else 'Ulysses'} "
+                   f"{options[n].strategy.dp} ({SEQUENCE_SPLITS[options[n].strategy.ring]} "
                    f"sp {options[n].strategy.sp})",
                    options[n].strategy.tp, options[n].strategy.pp,
                    options[n].strategy.micro_batches, f"{t.start_s:.4g}", f"{t.end_s:.4g}", f"{t.time_s:.4g}",

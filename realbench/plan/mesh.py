@@ -119,6 +119,11 @@ def all_meshes(cluster: ClusterSpec) -> Iterator[Mesh]:
             yield Mesh(node, nodes, 0, G)
 
 
+# how a ring-attention group exchanges keys and values (Strategy.ring; realbench.cost.calls prices both)
+RING_KINDS = {"allgather": "ring attention (ring-flash-attention's all-gathers, OpenRLHF's ring_attn_size)",
+              "p2p": "context parallelism (Transformer Engine's ring of point-to-point sends, Megatron's)"}
+
+
 @dataclass(frozen=True, slots=True)
 class Strategy:
     dp: int
@@ -167,11 +172,14 @@ class Strategy:
     # other device (the sharding group is dp x sp); verl's ulysses_sequence_parallel_size. An
     # engine's, which realbench's runtime does not run
     sp: int = 1
-    # with sp > 1: the group attends by ring attention instead (OpenRLHF's --ds.ring_attn_size,
-    # ring-flash-attention's llama3 kernels): each device keeps all heads of its 1/sp of the tokens
-    # and gathers the whole group's keys and values layer by layer, under any data-parallel sharding
-    # (DeepSpeed's ZeRO stages); an engine's, which realbench's runtime does not run
-    ring: bool = False
+    # with sp > 1: the group attends by ring attention instead of Ulysses' head exchanges, each
+    # device keeping its heads of its 1/sp of the tokens (RING_KINDS): "allgather", the whole group's
+    # keys and values gathered layer by layer (OpenRLHF's --ds.ring_attn_size, ring-flash-attention's
+    # llama3 kernels, under any DeepSpeed ZeRO stage, without tp or pp); "p2p", the keys and values
+    # passed around the ring chunk by chunk (Megatron's context parallelism, Transformer Engine's
+    # default cp_comm_type, beside tp and pp); "": Ulysses. An engine's, which realbench's runtime
+    # does not run
+    ring: str = ""
 
     @property
     def size(self) -> int:
@@ -188,7 +196,7 @@ class Strategy:
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
                 + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
-                + (f"sp{self.sp}" if self.sp > 1 else "") + ("ring" if self.ring else ""))
+                + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
-from realbench.plan.mesh import Mesh, Option, Strategy, mesh_problem
+from realbench.plan.mesh import RING_KINDS, Mesh, Option, Strategy, mesh_problem
 
 SEARCHED_MICRO_BATCHES = 16  # powers of two up to this, for every layout
 SEARCHED_VIRTUAL_STAGES = (2, 3, 4)  # interleaved schedules offered to train calls on pipelines
@@ -101,7 +101,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
                 s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring) != (1, 1, 1, 1, 0, False, False, False,
-                                                                                  False, None, 1, False):
+                                                                                  False, None, 1, ""):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -117,6 +117,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
+    if s.ring and s.ring not in RING_KINDS:
+        return "ring", f"{s.ring!r} is not a ring kind ({', '.join(RING_KINDS)})"
     if s.ring and s.sp == 1:
         return "ring", "ring attention splits a sequence over a group: sp 2 or more"
     if s.sp > 1:
@@ -205,24 +207,39 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
 
 
 def sequence_parallel_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
-    """Why a call cannot split its sequences over s.sp devices (Ulysses, or ring attention with
-    s.ring: realbench.cost.calls), or None: a forward or training; Ulysses an FSDP layout's (zero 2
-    or 3, no tensor or pipeline parallelism, as verl runs it: workers/engine/fsdp/transformer_impl.py:
-    242-252), ring attention without tensor or pipeline parallelism under any sharding (as OpenRLHF's
-    DeepSpeed runs it); the group inside a node (its exchanges priced over NVLink); for Ulysses the
-    heads split over the group: every query head's group whole, the KV heads split too or repeated
-    up to the group (verl asserts both, models/transformers/monkey_patch.py:343-350)."""
-    how = "ring attention" if s.ring else "Ulysses sequence parallelism"
+    """Why a call cannot split its sequences over s.sp devices (Ulysses, or ring attention by
+    s.ring's kind: realbench.cost.calls), or None: a forward or training.
+    * Ulysses: an FSDP layout's (zero 2 or 3, no tensor or pipeline parallelism, as verl runs it:
+      workers/engine/fsdp/transformer_impl.py:242-252), the group inside a node (its all-to-alls
+      priced over NVLink), the heads split over the group: every query head's group whole, the KV
+      heads split too or repeated up to the group (verl asserts both, models/transformers/
+      monkey_patch.py:343-350).
+    * allgather (OpenRLHF's DeepSpeed, a (dp, sp, tp) mesh): beside DeepSpeed's tp, without
+      pipeline parallelism, under any sharding.
+    * p2p (Megatron's context parallelism): beside any tp and pp, under Megatron's sharding (zero
+      0, or 1: its distributed optimizer).
+    Both order ranks tp innermost, so a ring is tp x sp consecutive devices, which must divide a
+    node or span whole ones (its exchanges then cross them; a layout of whole nodes, such as 3,
+    could otherwise put a ring astride two). Every device keeps its tp share of the heads."""
+    how = {"allgather": "ring attention", "p2p": "context parallelism (a p2p ring)"}.get(
+        s.ring, "Ulysses sequence parallelism")
     if call.kind == CallKind.GENERATE:
         return f"{how} splits a forward's sequences: an inference or train call's, not generation's"
-    if s.ring and (s.tp, s.pp) != (1, 1):
-        return "ring attention is priced without tensor or pipeline parallelism: tp 1 and pp 1"
-    if not s.ring and (s.zero not in (2, 3) or (s.tp, s.pp) != (1, 1)):
+    G = cluster.gpus_per_node
+    if s.ring:
+        if s.ring == "p2p" and s.zero > 1:
+            return f"{how} runs under Megatron's sharding: zero 0 or 1 (its distributed optimizer)"
+        if s.ring == "allgather" and s.pp > 1:
+            return f"{how} runs under DeepSpeed, which has no pipeline parallelism: pp 1"
+        span = s.tp * s.sp
+        if G % span if span <= G else span % G:
+            return (f"a ring of tp x sp = {span} devices neither divides a node of {G} nor spans whole ones "
+                    "(tp innermost, as Megatron and OpenRLHF order ranks, makes it consecutive devices)")
+        return None  # (every device keeps its tp share of the heads: nothing more to split)
+    if s.zero not in (2, 3) or (s.tp, s.pp) != (1, 1):
         return "Ulysses sequence parallelism runs under FSDP: zero 2 or 3, tp 1 and pp 1"
-    if cluster.gpus_per_node % s.sp:
-        return f"sp {s.sp} does not divide the {cluster.gpus_per_node} devices of a node (its group stays inside one)"
-    if s.ring:  # (every device keeps every head: nothing to split)
-        return None
+    if G % s.sp:
+        return f"sp {s.sp} does not divide the {G} devices of a node (its group stays inside one)"
     if model.n_heads % s.sp or (model.n_kv_heads % s.sp and s.sp % model.n_kv_heads):
         return (f"sp {s.sp} does not split the {model.n_heads} attention heads and {model.n_kv_heads} KV heads of "
                 f"{model.name} (each divisible by it, or the KV heads dividing it)")

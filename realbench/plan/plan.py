@@ -15,8 +15,9 @@
       # on inference and train calls of rows packed without padding: max_tokens: 8192 (an engine's
       #   micro-batches formed by tokens, each within so many a device; priced, not run here)
       # on inference and train calls under FSDP (zero 2 or 3): sp: 4 (Ulysses sequence parallelism,
-      #   dp x sp devices; verl's; priced, not run here); with ring: true, under any zero, ring
-      #   attention over the sp devices instead (OpenRLHF's; priced, not run here)
+      #   dp x sp devices; verl's; priced, not run here); with ring: allgather, under any zero, ring
+      #   attention over the sp devices instead (OpenRLHF's), with ring: p2p, beside tp and pp under
+      #   zero 0 or 1, Megatron's context parallelism (verl's and AReaL's; priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional, Union
 
 from pydantic import ConfigDict, Field
 
@@ -73,9 +74,11 @@ class Placement(FileModel):
     # each data-parallel group (dp x sp x tp x pp devices; verl's ulysses_sequence_parallel_size);
     # absent: 1
     sp: Optional[int] = Field(default=None, ge=1)
-    # with sp: the group attends by ring attention (each device gathers the group's keys and values
-    # layer by layer; OpenRLHF's --ds.ring_attn_size), not Ulysses' all-to-alls; absent: Ulysses
-    ring: Optional[bool] = None
+    # with sp: the group attends by ring attention, not Ulysses' all-to-alls: allgather (each device
+    # gathers the group's keys and values layer by layer; OpenRLHF's --ds.ring_attn_size; true, as
+    # realbench wrote it before p2p, reads as allgather) or p2p (the keys and values passed around
+    # the ring chunk by chunk; Megatron's context_parallel_size); absent: Ulysses
+    ring: Optional[Union[Literal["allgather", "p2p"], bool]] = None
 
 
 class Origin(FileModel):
@@ -124,7 +127,7 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 offload_optimizer=True if o.strategy.offload_optimizer else None,
                                 host_adam=True if o.strategy.host_adam else None,
                                 max_tokens=o.strategy.max_tokens, sp=o.strategy.sp if o.strategy.sp > 1 else None,
-                                ring=True if o.strategy.ring else None,
+                                ring=o.strategy.ring or None,
                                 slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -157,12 +160,18 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
-                                        p.max_tokens, p.sp or 1, bool(p.ring)))
+                                        p.max_tokens, p.sp or 1, _ring_of(p)))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
         out[name] = option
     return out
+
+
+def _ring_of(p: Placement) -> str:
+    """The placement's ring kind (Strategy.ring): `true` is what realbench wrote for ring attention
+    before Megatron's p2p ring was priced beside it (allgather); false or absent, Ulysses."""
+    return "allgather" if p.ring is True else (p.ring or "")
 
 
 def _micro_batches_of(p: Placement, call, name: str) -> int:

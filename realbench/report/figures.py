@@ -97,7 +97,7 @@ def mesh_map_figure(scenario: Scenario, options: Mapping[str, Option], width: in
         rows.append(dict(call=name, left=o.mesh.start(G), right=o.mesh.start(G) + o.mesh.size,
                          model=call.model, color=colors[call.model], mesh=o.mesh.label(G),
                          strategy=f"dp{s.dp} tp{s.tp} pp{s.pp} m{s.micro_batches}"
-                         + (f" sp{s.sp}" if s.sp > 1 else "") + (" ring" if s.ring else "")
+                         + (f" sp{s.sp}" if s.sp > 1 else "") + (f" ring ({s.ring})" if s.ring else "")
                          + (" checkpointed" if s.checkpointing else "")
                          + (f" v{s.virtual_stages} (interleaved)" if s.virtual_stages > 1 else "")))
     src = ColumnDataSource({k: [r[k] for r in rows] for k in rows[0]})
