@@ -175,7 +175,7 @@ class Strategy:
     # with sp > 1: the group attends by ring attention instead of Ulysses' head exchanges, each
     # device keeping its heads of its 1/sp of the tokens (RING_KINDS): "allgather", the whole group's
     # keys and values gathered layer by layer (OpenRLHF's --ds.ring_attn_size, ring-flash-attention's
-    # llama3 kernels, under any DeepSpeed ZeRO stage, without tp or pp); "p2p", the keys and values
+    # llama3 kernels, under any DeepSpeed ZeRO stage, beside its tp, without pp); "p2p", the keys and values
     # passed around the ring chunk by chunk (Megatron's context parallelism, Transformer Engine's
     # default cp_comm_type, beside tp and pp); "": Ulysses. An engine's, which realbench's runtime
     # does not run
