@@ -245,15 +245,14 @@ def _sequence_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tok
     step's attention, which realbench does not credit (an upper bound)."""
     if s.sp == 1:
         return 0.0, 0.0
-    if s.ring == "p2p":
-        chunk, spans = _kv_chunk_bytes(model, s.tp, tokens), s.tp * s.sp > cluster.gpus_per_node
-        forward = (s.sp - 1) * comm.p2p(cluster, chunk, spans)
-        backward = 2 * comm.p2p(cluster, chunk, spans) + (s.sp - 2) * comm.p2p(cluster, 2 * chunk, spans)
-        return forward, backward
     if s.ring:
         G = cluster.gpus_per_node
-        gather = comm.all_gather(cluster, s.sp, s.sp * _kv_chunk_bytes(model, s.tp, tokens), s.tp * s.sp > G,
-                                 max(1, G // s.tp))
+        chunk, spans = _kv_chunk_bytes(model, s.tp, tokens), s.tp * s.sp > G
+        if s.ring == "p2p":
+            forward = (s.sp - 1) * comm.p2p(cluster, chunk, spans)
+            backward = 2 * comm.p2p(cluster, chunk, spans) + (s.sp - 2) * comm.p2p(cluster, 2 * chunk, spans)
+            return forward, backward
+        gather = comm.all_gather(cluster, s.sp, s.sp * chunk, spans, max(1, G // s.tp))
         return gather, 2 * gather
     q = model.n_heads * model.head_dim
     kv = max(model.n_kv_heads, s.sp) * model.head_dim

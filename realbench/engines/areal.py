@@ -735,19 +735,18 @@ def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]) -> Iter
     c, df = scenario.cluster, scenario.dataflow
     models = [scenario.model_of(df.call(n)) for n in calls]
     heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
+    splits = lambda groups: all(sequence_parallel_problem(df.call(n), m, c, groups) is None  # noqa: E731
+                                for n, m in zip(calls, models))
     for t in (t for t in divisors(c.gpus_per_node) if size % t == 0 and heads(t)):
         yield "fsdp", size // t, t, 1, 1
         # Megatron with a pipeline or context-parallel rings (of any size its layout leaves; without
         # either, FSDP's layout)
         for p in (p for p in divisors(size // t) if all(m.n_layers % p == 0 for m in models)):
             for cp in (cp for cp in divisors(size // t // p) if p > 1 or cp > 1):
-                rings = Strategy(size // t // p // cp, t, p, zero=1, sp=cp, ring="p2p" if cp > 1 else "")
-                if cp == 1 or all(sequence_parallel_problem(df.call(n), scenario.model_of(df.call(n)), c, rings) is None
-                                  for n in calls):
+                if cp == 1 or splits(Strategy(size // t // p // cp, t, p, zero=1, sp=cp, ring="p2p")):
                     yield "megatron", size // t // p // cp, t, p, cp
     for cp in divisors(math.gcd(size, c.gpus_per_node))[1:]:
-        groups = Strategy(size // cp, 1, 1, zero=3, sp=cp)
-        if all(sequence_parallel_problem(df.call(n), scenario.model_of(df.call(n)), c, groups) is None for n in calls):
+        if splits(Strategy(size // cp, 1, 1, zero=3, sp=cp)):
             yield "fsdp", size // cp, 1, 1, cp
 
 
