@@ -416,6 +416,9 @@ def test_context_parallel_rings_are_read_as_verls_megatron_forms_them_by_hand(cl
     (("critic.megatron.context_parallel_size=2", "actor_rollout_ref.actor.megatron.context_parallel_size=3",
       "critic.megatron.context_parallel_size=3"), "actor_rollout_ref.actor.megatron.context_parallel_size",
      "tp x pp x cp = 12 does not divide the 16 GPUs"),
+    # no ring at all (0 is not read as 1)
+    (("critic.megatron.context_parallel_size=0", "actor_rollout_ref.actor.megatron.context_parallel_size=0"),
+     "actor_rollout_ref.actor.megatron.context_parallel_size", "0: a context-parallel ring is 1 GPU or more"),
     # Megatron's other ring exchanges (a2a, all_gather, a2a+p2p), set through verl's pass-through
     (("critic.megatron.context_parallel_size=2",
       "+actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type=a2a"),

@@ -724,7 +724,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         meg = f"{A}.megatron"
         tp, pp = int(s[f"{meg}.tensor_model_parallel_size"]), int(s[f"{meg}.pipeline_model_parallel_size"])
         v = int(s[f"{meg}.virtual_pipeline_model_parallel_size"] or 1)
-        cp = int(s[f"{meg}.context_parallel_size"] or 1)
+        cp = 1 if s[f"{meg}.context_parallel_size"] is None else int(s[f"{meg}.context_parallel_size"])
+        if cp < 1:
+            raise ConfigError(f"{cp}: a context-parallel ring is 1 GPU or more", f"{meg}.context_parallel_size", source)
         blocks = (meg, "critic.megatron", "actor_rollout_ref.ref.megatron") if critic else \
             (meg, "actor_rollout_ref.ref.megatron")
         for block in blocks[1:]:
@@ -739,7 +741,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                 raise ConfigError("True: Megatron's dynamic context parallelism (a ring size chosen per micro-batch "
                                   "by its scheduler) is not priced; context_parallel_size is",
                                   f"{block}.dynamic_context_parallel", source)
-        if cp < 1 or N % (tp * pp * cp):
+        if N % (tp * pp * cp):
             raise ConfigError(f"tp x pp x cp = {tp * pp * cp} does not divide the {N} GPUs",
                               f"{meg}.context_parallel_size" if cp > 1 else f"{meg}.tensor_model_parallel_size", source)
         zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
