@@ -94,6 +94,8 @@ FSDP2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
+# no reward function named (and no reward model): verl scores with its built-in rule-based scorers
+BUILTIN_SCORER = "reward.custom_reward_function.path=null"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
 # Ulysses: the actor's (the reference's follows it), or each role's engine its own
 ULYSSES = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",)
@@ -189,6 +191,48 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
     assert same["calls"]["ref_inf"]["offload_params"] is True
 
 
+def test_a_launch_script_composed_by_verls_own_hydra_imports_scored_by_verls_own_scorers(cli, job):
+    """A launch script as verl's examples write them (overrides, then "$@"), run with Hydra's
+    `--cfg job`, prints the configuration verl 0.9.1's main_ppo composes without starting the
+    job; that file imports. It names no reward function and no reward model: verl scores with its
+    own rule-based scorers, which the scenario names by realbench's stand-in."""
+    script = job / "run grpo gsm8k.sh"
+    script.write_text(f"#!/usr/bin/env bash\nset -e\n{shlex.quote(str(VERL_PYTHON))} -m verl.trainer.main_ppo "
+                      "algorithm.adv_estimator=grpo data.train_batch_size=32 data.max_prompt_length=64 "
+                      "data.max_response_length=128 actor_rollout_ref.model.path=ckpt "
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.actor.use_dynamic_bsz=true "
+                      "actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.rollout.name=vllm "
+                      "actor_rollout_ref.rollout.n=4 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
+                      "trainer.n_gpus_per_node=8 trainer.nnodes=1 \"$@\"\n")
+    done = subprocess.run(["bash", str(script), "--cfg", "job"], capture_output=True, text=True, cwd=job, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (job / "composed.yaml").write_text(done.stdout)
+    _, plan, scenario = imported(cli, job, "composed.yaml")
+    assert scenario["models"]["reward"] == {"function": verl.BUILTIN_REWARD}
+    assert scenario["dataflow"]["prompts"] == 32 and scenario["dataflow"]["group_size"] == 4
+    assert plan["calls"]["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1}
+    assert plan["calls"]["actor_train"]["max_tokens"] == 16384  # (verl's default budget)
+
+
+def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_said(cli, job):
+    """verl's own PPO examples set critic.ppo_max_token_len_per_gpu (24576 in
+    examples/ppo_trainer/run_qwen3_8b_fsdp.sh), which verl 0.9.1's trainer does not read: it packs
+    both critic calls to critic.ppo_infer_max_token_len_per_gpu (512 here). The import prices the
+    budget verl packs to, the same plan and estimate as without the setting, and says which setting
+    verl ignores and what it reads instead."""
+    ignored = ("critic.ppo_max_token_len_per_gpu=24576", "critic.forward_max_token_len_per_gpu=4096")
+    base, plan, _ = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512")
+    result, same, _ = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512", *ignored)
+    assert same["calls"] == plan["calls"] and same["calls"]["critic_train"]["max_tokens"] == 512
+    assert result["time_per_iter_s"] == base["time_per_iter_s"] and base["unread_by_engine"] == []
+    assert [u.split(":")[0] for u in result["unread_by_engine"]] == list(ignored)
+    assert all("critic.ppo_infer_max_token_len_per_gpu=512" in u for u in result["unread_by_engine"])
+    code, out, err = cli("import", "verl", "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
+                         ignored[0], "--out", "said", "--force")
+    assert code == 0, err
+    assert f"not read by verl: {ignored[0]}: verl 0.9.1's trainer does not read it" in out
+
+
 def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
     """16 GPUs, Megatron tp 2 x pp 2 (dp 4), 2 virtual stages, distributed optimizer (zero 1),
     full recomputation: 64 rows, 4 steps, 4 rows a GPU a step in micro-batches of 2; the
@@ -214,6 +258,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # no KL term: verl builds no reference; PPO with 2 samples a prompt
                                                ("grpo_qwen_fsdp.yaml", ("actor_rollout_ref.actor.use_kl_loss=false",)),
                                                ("ppo-rm.yaml", ("actor_rollout_ref.rollout.n=2",)),
+                                               # no reward function and no reward model: verl's own scorers
+                                               ("grpo_qwen_fsdp.yaml", (BUILTIN_SCORER,)),
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
@@ -280,6 +326,13 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
+    # the scorer: the user's function, or verl's own (named by realbench's stand-in, written back as none)
+    builtin = BUILTIN_SCORER in overrides
+    assert checked["builtin_scorer"] == ("default_compute_score" if builtin else None)
+    if "reward_model" not in (job / config).read_text():
+        assert checked["reward_function"] == (None if builtin else str(job / "scoring" / "reward.py"))
+        assert scenario_again["models"]["reward"]["function"] == \
+            (verl.BUILTIN_REWARD if builtin else f"{job / 'scoring' / 'reward.py'}:compute_score")
     # the rollout server's share of each GPU's memory: verl's default, or the user's, read and written back
     fraction = 0.7 if MEMORY in overrides else 0.5
     assert checked["memory_fraction"] == scenario_again["dataflow"]["memory_fraction"] == fraction
@@ -560,6 +613,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
      "models.actor.lora.target_modules", "no module 'qkv'"),
+    # `+` adds a key verl's config does not hold: Hydra refuses it for one it holds
+    (("+actor_rollout_ref.actor.use_dynamic_bsz=true",), "+actor_rollout_ref.actor.use_dynamic_bsz=true",
+     "give actor_rollout_ref.actor.use_dynamic_bsz=... without +"),
     # a token budget that holds no whole row (64 + 128 tokens): verl's own assert, at run time
     (("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"),
      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "100 tokens hold no whole row of 192"),
@@ -1213,6 +1269,15 @@ def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):
     assert wb.editor.scenario.engine == "verl" and wb.editor.scenario.cluster.n_devices == 8
     assert wb.viewer.options["actor_gen"].strategy.tp == 1  # the override (the file says 2) reached the plan shown
     assert "verl configuration grpo_qwen_fsdp.yaml" in wb.viewer.title.value
+    assert "not read by" not in e.status.value
+    # a setting verl's trainer does not read: opened, priced as verl runs, and said
+    e.overrides_box.value = "critic.ppo_max_token_len_per_gpu=24576"
+    e.overwrite_box.value = True
+    assert e.open(), e.status.value
+    assert "not read by verl: critic.ppo_max_token_len_per_gpu=24576: verl 0.9.1&#x27;s trainer does not read it" in \
+        e.status.value
+    e.overrides_box.value = "actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.experiment_name=from-the-lab"
+    assert e.open(), e.status.value
     # written back: the user's own settings with it
     e.export_box.value = "lab/written.yaml"
     assert e.write(), e.status.value

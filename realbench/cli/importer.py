@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from realbench.cli.estimate import print_estimate
     from realbench.cost import Estimator
-    from realbench.engines import engine_module, import_config
+    from realbench.engines import engine_module, import_config, unread_settings
     from realbench.plan import load_plan
 
     scenario_path, plan_path = import_config(args.engine, args.file, args.overrides, args.out, args.device,
@@ -43,12 +43,16 @@ def run(args) -> int:
     choice = est.choice_of(options)
     result = est.estimate(choice)
     gaps = list(engine_module(args.engine).PRICING_GAPS)
+    unread = unread_settings(args.engine, args.file, args.overrides)
     if args.json:
-        emit_json({"scenario": str(scenario_path), "plan": str(plan_path), **result.to_json(), "not_priced": gaps})
+        emit_json({"scenario": str(scenario_path), "plan": str(plan_path), **result.to_json(), "not_priced": gaps,
+                   "unread_by_engine": unread})
         return 0
     log(f"wrote {scenario_path}")
     log(f"wrote {plan_path}")
     print_estimate(scenario, est, choice, result, f"{args.engine} configuration {args.file}")
     for gap in gaps:
         print(f"not priced: {gap}")
+    for setting in unread:
+        print(f"not read by {args.engine}: {setting}")
     return 0

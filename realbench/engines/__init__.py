@@ -36,6 +36,17 @@ def engine_module(name: str):
         raise ConfigError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})") from None
 
 
+def unread_settings(engine: str, path: str, overrides: list[str]) -> list[str]:
+    """The settings a configuration gives that its engine itself does not read, each said with
+    what the engine reads instead (verl's `IGNORED_BY_VERL`): realbench prices what the engine
+    runs, and says so where the user set something else."""
+    module = engine_module(engine)
+    if not hasattr(module, "unread"):
+        return []
+    _, settings, given = module.read_config(path, overrides)
+    return module.unread(settings, given)
+
+
 def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
                   name: Optional[str] = None, overwrite: bool = False, gpus_per_node: Optional[int] = None
                   ) -> tuple[Path, Path]:

@@ -42,6 +42,10 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   `max_num_seqs` sequences decode together per replica, or as many as the server's paged KV cache
   holds in its `gpu_memory_utilization` share of each GPU (MEMORY: the generation call's
   memory_fraction, realbench.cost.calls.serving_slots).
+* **Scorers**: a reward model (`reward.reward_model.enable`, served like the rollout), a reward
+  function (`reward.custom_reward_function.path`), or with neither verl's own rule-based scorers
+  by each row's data_source (trainer/ppo/reward.py:124-149, utils/reward_score/__init__.py:
+  BUILTIN_REWARD, realbench.engines.verl_reward, written back as no function).
 * **Calls one after another** (trainer/ppo/v1/trainer_base.py:562-612: generate, reward,
   old log-probs, reference, values, advantages, critic update, actor update, weight sync), which
   is what realbench's simulator does with calls that share every GPU.
@@ -171,8 +175,33 @@ MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_re
 # algorithm.adv_estimator (verl/trainer/ppo/core_algos.py, AdvantageEstimator) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
+# a job that names no reward function and no reward model: verl's built-in rule-based scorers
+# (verl/utils/reward_score/__init__.py, default_compute_score, by each row's data_source), named in
+# the scenario by realbench's stand-in (realbench.engines.verl_reward) and written back as no custom function
+BUILTIN_REWARD = f"{Path(__file__).with_name('verl_reward.py')}:default_compute_score"
+
+
+def unread(settings: dict[str, Any], given: set[str]) -> list[str]:
+    """The given settings verl's synchronous trainer does not read (IGNORED_BY_VERL), each with the
+    budget it packs the critic's calls to instead."""
+    if ROLLOUT_POOL[0] in settings:  # (the one-step-off entry reads them: a critic is refused there)
+        return []
+    return [f"{k}={settings[k]!r}: verl {VERSION}'s trainer does not read it; it packs both critic calls to "
+            f"{CRITIC_BUDGET}={settings[CRITIC_BUDGET]!r} (trainer/ppo/v1/trainer_base.py:266-268), as realbench "
+            "prices them" for k in IGNORED_BY_VERL if k in given]
+
+
+def _builtin_reward(function: str) -> bool:
+    """Whether a scenario's reward function is the stand-in for verl's own scorers (wherever
+    realbench was installed when the scenario was written)."""
+    file, _, name = function.rpartition(":")
+    return name == "default_compute_score" and Path(file).parts[-3:] == Path(BUILTIN_REWARD.rpartition(":")[0]).parts[-3:]
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
 CRITIC_BUDGET = "critic.ppo_infer_max_token_len_per_gpu"
+# settings verl's config holds and its synchronous V1 trainer does not read: the critic's budgets
+# (it packs both critic calls to CRITIC_BUDGET, trainer/ppo/v1/trainer_base.py:266-268; the
+# one-step-off entry's legacy trainer reads the first, and a critic is refused there)
+IGNORED_BY_VERL = ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu")
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.engines.verl_packer, its mean count "
@@ -275,6 +304,9 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            "data.shuffle", "data.seed", "data.filter_overlong_prompts", "data.truncation", "data.return_raw_chat",
            "data.tokenizer", "data.dataloader_num_workers", "data.val_batch_size",
            "actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path",
+           # (verl's V1 trainer packs both critic calls to critic.ppo_infer_max_token_len_per_gpu and reads
+           # neither of these, trainer/ppo/v1/trainer_base.py:266-268: IGNORED_BY_VERL says so on import)
+           *IGNORED_BY_VERL,
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
@@ -393,6 +425,9 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         value = load_yaml(raw) if raw else None
         if key.startswith("+"):
             key = key[1:]
+            if key in table:  # (Hydra: "Could not append to config. An item is already at ...")
+                raise ConfigError(f"+ adds a key verl's config does not hold, and it holds this one: give {key}=... "
+                                  "without + (Hydra refuses to add a key that is there)", o, "overrides")
             if key not in ADDED_KEYS:
                 raise _unknown(key, engine, "overrides", one_step_off)
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
@@ -877,9 +912,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         models["reward"] = {"path": s[f"{RM}.model_path"], "value_head": True}
     elif reward_fn:
         models["reward"] = {"function": f"{reward_fn}:{s['reward.custom_reward_function.name']}"}
-    else:
-        raise ConfigError("verl needs a scorer: a reward function (reward.custom_reward_function.path) or a reward "
-                          f"model ({RM}.enable)", "reward.custom_reward_function.path", source)
+    else:  # (verl's own rule-based scorers, by each row's data_source)
+        models["reward"] = {"function": BUILTIN_REWARD}
     padded = tuple(m for m, role in (("actor", "actor"), ("ref", "actor"), ("critic", "critic"))
                    if m in models and padding_free and not packed[role])
     return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
@@ -1182,8 +1216,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     if isinstance(reward, FunctionSpec):
         if len(reward.functions) > 1 or reward.model_score:
             raise ConfigError("verl scores with one reward function (reward.custom_reward_function)", "models.reward")
-        file, _, function = reward.functions[0].rpartition(":")
-        out.update({"reward.custom_reward_function.path": file, "reward.custom_reward_function.name": function})
+        if not _builtin_reward(reward.functions[0]):  # (verl's own scorers: no custom function)
+            file, _, function = reward.functions[0].rpartition(":")
+            out.update({"reward.custom_reward_function.path": file, "reward.custom_reward_function.name": function})
     else:
         if "reward" not in model_paths:
             raise ConfigError("verl loads a checkpoint folder: give the reward model's (--model-path reward=DIR)",

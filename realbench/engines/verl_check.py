@@ -133,6 +133,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             # the share of each GPU's memory the rollout's server takes (realbench's memory_fraction)
             "memory_fraction": rollout.gpu_memory_utilization,
             "calculate_log_probs": rollout.calculate_log_probs,
+            # the scorer: the user's reward function, or with neither it nor a reward model verl's own
+            # rule-based scorers (the function its reward manager gets, trainer/ppo/reward.py:124-149)
+            "reward_function": cfg.reward.custom_reward_function.path,
+            "builtin_scorer": _builtin_scorer(cfg),
             # a user's own settings, carried through realbench (engine_settings)
             "actor_lr": arr.actor.optim.lr, "train_files": OmegaConf.to_container(cfg.data.train_files)
             if OmegaConf.is_config(cfg.data.train_files) else cfg.data.train_files,
@@ -164,6 +168,16 @@ def validate(config: str, overrides: list[str]) -> dict:
             **_context_parallel(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
+
+
+def _builtin_scorer(cfg):
+    """The name of the score function verl's reward manager gets where the config names no reward
+    function and no reward model (verl's own, by data_source), by verl's own lookup; None else."""
+    if cfg.reward.custom_reward_function.path is not None or cfg.reward.reward_model.enable:
+        return None
+    from verl.utils.reward_score import get_default_compute_score
+
+    return get_default_compute_score(cfg.reward.reward_manager.name).__name__
 
 
 def _pools(cfg) -> dict:

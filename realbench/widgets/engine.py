@@ -50,7 +50,7 @@ class EngineConfig:
     def open(self) -> bool:
         """Import the configuration (writing <folder>/<name>.yaml and -plan.yaml) and hand the
         scenario and plan to the listeners."""
-        from realbench.engines import import_config
+        from realbench.engines import import_config, unread_settings
         from realbench.plan import load_plan
 
         engine, path = self.engine_box.value, self.file_box.value.strip()
@@ -64,13 +64,15 @@ class EngineConfig:
             _, plan_path = import_config(engine, path, overrides, self.out_box.value.strip() or ".",
                                          overwrite=self.overwrite_box.value, gpus_per_node=gpus)
             _, scenario, options = load_plan(str(plan_path))
+            unread = unread_settings(engine, path, overrides)
         except ConfigError as e:
             return self._error(e)
         self.shown = (scenario, options)
         name = f"{engine} configuration {Path(path).name}"
         for listener in self.listeners:
             listener(scenario, options, name)
-        self.status.value = f"opened {html.escape(path)}: wrote {html.escape(str(plan_path))}"
+        self.status.value = f"opened {html.escape(path)}: wrote {html.escape(str(plan_path))}" + "".join(
+            f"<br>not read by {engine}: {html.escape(u)}" for u in unread)
         return True
 
     def show(self, scenario: Scenario, options, method: str = "") -> None:
