@@ -214,6 +214,22 @@ def test_a_launch_script_composed_by_verls_own_hydra_imports_scored_by_verls_own
     assert plan["calls"]["actor_train"]["max_tokens"] == 16384  # (verl's default budget)
 
 
+def test_overrides_add_keys_as_hydra_adds_them(cli, job):
+    """`++key=value` sets a key verl's config holds (Hydra's add or override); `+` adds Megatron's
+    override_transformer_config fields, which Hydra adds (verl's examples do: the recompute ones
+    here, Megatron's full recomputation) and refuses on a key the config holds (the refusal test)."""
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "++actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          "++actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
+    assert plan["calls"]["actor_train"]["max_tokens"] == 384
+    recompute = [f"+actor_rollout_ref.actor.megatron.override_transformer_config.{k}={v}"
+                 for k, v in (("recompute_granularity", "full"), ("recompute_method", "uniform"),
+                              ("recompute_num_layers", 1))]
+    _, plain, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "model_engine=megatron")
+    _, recomputed, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "model_engine=megatron", *recompute)
+    assert plain["calls"]["actor_train"].get("activation_checkpointing", False) is False
+    assert recomputed["calls"]["actor_train"]["activation_checkpointing"] is True
+
+
 def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_said(cli, job):
     """verl's own PPO examples set critic.ppo_max_token_len_per_gpu (24576 in
     examples/ppo_trainer/run_qwen3_8b_fsdp.sh), which verl 0.9.1's trainer does not read: it packs

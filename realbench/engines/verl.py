@@ -407,8 +407,9 @@ def _engine_of(doc: dict, overrides: list[str], source: str) -> tuple[str, bool]
 def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[str, Any], set[str]]:
     """(model_engine, every setting resolved as verl resolves them, the keys given) of a verl
     config file and Hydra-style overrides (`key=value`; `+key=value` only for keys verl reads
-    beyond its YAML). A composed config gives every key: those equal to verl's default are not
-    counted as given."""
+    beyond its YAML and Megatron's override_transformer_config fields, as Hydra adds them;
+    `++key=value` either way). A composed config gives every key: those equal to verl's default
+    are not counted as given."""
     source = str(path)
     doc = read_document(path, schema=False)
     overrides = list(overrides)
@@ -423,12 +424,16 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         if key == "model_engine":
             continue
         value = load_yaml(raw) if raw else None
-        if key.startswith("+"):
+        if key.startswith("++"):  # (Hydra's add or override)
+            key = key[2:]
+        elif key.startswith("+"):
             key = key[1:]
-            if key in table:  # (Hydra: "Could not append to config. An item is already at ...")
+            # (Hydra: "Could not append to config. An item is already at ..."; Megatron's
+            # override_transformer_config fields are not there yet when Hydra applies overrides: tested)
+            if key in table and ".override_transformer_config." not in key:
                 raise ConfigError(f"+ adds a key verl's config does not hold, and it holds this one: give {key}=... "
                                   "without + (Hydra refuses to add a key that is there)", o, "overrides")
-            if key not in ADDED_KEYS:
+            if key not in ADDED_KEYS and key not in table:
                 raise _unknown(key, engine, "overrides", one_step_off)
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
