@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from realbench.engines import verl
+from realbench.plan.mesh import Mesh, Option, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 VERL_PYTHON = Path(os.environ.get("REALBENCH_VERL_PYTHON", ROOT / ".venv-verl" / "bin" / "python"))
@@ -94,6 +95,8 @@ FSDP2 = ("actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2")
 BYPASS = ("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true")
 SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.name=sglang")
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
+# the weight sync's buffer a GPU (verl's examples/grpo_trainer/run_qwen3_4b_fsdp.sh sets 4096 MB)
+BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"
 # no reward function named (and no reward model): verl scores with its built-in rule-based scorers
 BUILTIN_SCORER = "reward.custom_reward_function.path=null"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
@@ -230,6 +233,64 @@ def test_overrides_add_keys_as_hydra_adds_them(cli, job):
     assert recomputed["calls"]["actor_train"]["activation_checkpointing"] is True
 
 
+@pytest.mark.parametrize("overrides, says", [
+    # 0.02 of an 80 GiB H100 is 1.6 GiB (the tiny model's weights a few hundred kB), less than the
+    # default 2048 MB buffer and the largest tensor (6 bytes x 176 x 64): refused
+    (("actor_rollout_ref.rollout.gpu_memory_utilization=0.02",),
+     "2048 MB: verl's weight sync holds its buffer, the largest tensor gathered (2.0 GiB a GPU) beside the rollout's "
+     "weights, more than the KV cache it runs without (1.6 GiB at gpu_memory_utilization 0.02, tp 2)"),
+    (("actor_rollout_ref.rollout.gpu_memory_utilization=0.02",
+      "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1024"), None),
+    (("actor_rollout_ref.rollout.gpu_memory_utilization=0.03",), None),  # (2.4 GiB)
+    (("actor_rollout_ref.rollout.gpu_memory_utilization=0.03", BUCKET),
+     "4096 MB: verl's weight sync holds its buffer, the largest tensor gathered (4.0 GiB a GPU)"),
+])
+def test_the_weight_syncs_buffer_must_fit_in_the_cache_it_runs_without(cli, job, overrides, says):
+    """verl syncs the weights with the rollout's KV cache released (resume weights, send them
+    through its buffer, resume the cache): realbench prices the generation's share of each GPU,
+    and a buffer that would outgrow the cache it replaces is refused by name (the sync would set
+    the peak); one that fits is read, carried and priced as the same plan."""
+    os.chdir(job)
+    code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "sync", "--force", "--json")
+    if says is None:
+        assert code == 0, err
+        carried = yaml.safe_load(Path(json.loads(out)["scenario"]).read_text()).get("engine_settings", {})
+        assert carried.get(verl.BUCKET) == (1024 if any(o.endswith("=1024") for o in overrides) else None)
+    else:
+        assert code == 2 and err.count("\n") == 1, err
+        assert verl.BUCKET in err and says in err, err
+
+
+def test_an_offloaded_actors_shard_counts_in_the_sync_and_the_search_offers_only_syncs_that_fit():
+    """grpo-7b-16gpu as verl runs it, its rollout taking 0.125 of each 80 GiB GPU: at tp 2 the
+    rollout's weights are 6,738,415,616 B (LLaMA-7B in bf16 over 2), its cache 10,737,418,240 -
+    6,738,415,616 = 3,999,002,624 B (3.7 GiB). The sync needs the 2048 MB buffer (2,147,483,648 B)
+    and the largest tensor, the embedding's 32,000 x 4,096 at 6 bytes (786,432,000 B): 2.7 GiB,
+    which fits; with the actor's parameters offloaded its fp32 shard comes in too (6,738,415,616
+    x 4 / 16 = 1,684,603,904 B): 4,618,519,552 B, 4.3 GiB, which does not. The search offers tp 2
+    only in groups none of whose actor options offloads."""
+    from realbench.engines import priced_as
+    from realbench.plan.builtin import BUILTIN
+    from realbench.plan.scenario import scenario_from_document
+
+    scenario = priced_as(scenario_from_document({"schema": "realbench.scenario/1", **BUILTIN["grpo-7b-16gpu"]}),
+                         "verl").with_memory_fraction(0.125)
+    whole = Mesh(0, 2, 0, 8)
+    gen = Option(whole, Strategy(8, 2, 1))
+    for offload, problem in ((False, None), (True, (verl.BUCKET, "2048 MB: verl's weight sync holds its buffer, the "
+                                                    "largest tensor gathered and the offloaded actor's shard (4.3 GiB a "
+                                                    "GPU) beside the rollout's weights, more than the KV cache it runs "
+                                                    "without (3.7 GiB at gpu_memory_utilization 0.125, tp 2)"))):
+        train = Option(whole, Strategy(16, 1, 1, zero=3, offload_params=offload))
+        got = verl.sync_buffer_problem(scenario, {"actor_gen": gen, "actor_train": train})
+        assert (got if got is None else (got[0], got[1][:len(problem[1])])) == problem
+    groups = list(verl.plan_groups(scenario))
+    for group in groups:
+        offloads = any(o.strategy.offload_params for o in group["actor_train"])
+        assert offloads is not any(o.strategy.tp == 2 for o in group["actor_gen"]) or not group["actor_gen"]
+    assert any(o.strategy.tp == 2 for g in groups for o in g["actor_gen"])
+
+
 def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_said(cli, job):
     """verl's own PPO examples set critic.ppo_max_token_len_per_gpu (24576 in
     examples/ppo_trainer/run_qwen3_8b_fsdp.sh), which verl 0.9.1's trainer does not read: it packs
@@ -276,6 +337,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo-rm.yaml", ("actor_rollout_ref.rollout.n=2",)),
                                                # no reward function and no reward model: verl's own scorers
                                                ("grpo_qwen_fsdp.yaml", (BUILTIN_SCORER,)),
+                                               # the weight sync's buffer: carried and written back
+                                               ("ppo-rm.yaml", (BUCKET,)),
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
@@ -342,6 +405,7 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["use_remove_padding"] is packed and checked["critic_use_remove_padding"] in (None, packed)
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
+    assert checked["bucket_mb"] == (4096 if BUCKET in overrides else 2048)
     # the scorer: the user's function, or verl's own (named by realbench's stand-in, written back as none)
     builtin = BUILTIN_SCORER in overrides
     assert checked["builtin_scorer"] == ("default_compute_score" if builtin else None)

@@ -94,6 +94,9 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
         raise ConfigError(f"the plan {engine} would run is not one realbench can price: {e.message}", e.field,
                           str(path)) from None
     _refuse_unstartable_rollout(module, read, options["actor_gen"], str(path))
+    problem = module.read_problem(read, options) if hasattr(module, "read_problem") else None
+    if problem is not None:
+        raise ConfigError(problem[1], problem[0], str(path))
     folder = Path(out)
     targets = (folder / f"{name}.yaml", folder / f"{name}-plan.yaml")
     refuse_existing(targets, overwrite)

@@ -102,7 +102,8 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
 
 How realbench prices what verl runs (its cost model, realbench.cost): FSDP as zero 3 (or 2),
 Megatron's distributed optimizer as zero 1, the weight sync to the rollout as the FSDP
-all-gather of the model (realbench.cost.realloc), the rollout by continuous batching in at most
+all-gather of the model (realbench.cost.realloc; its buffer checked to fit in the KV cache the sync
+runs without: BUCKET, sync_buffer_problem), the rollout by continuous batching in at most
 max_num_seqs slots a replica, fewer where its KV cache holds fewer (realbench.runtime.rollout
 prices what vLLM does; the server holds its memory share while it generates), the reference's
 parameters under FSDP in host memory (verl's FSDP always offloads a forward-only model,
@@ -137,6 +138,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from realbench.cost.calls import BF16, FP32, shard_adapter_params, shard_params
 from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
@@ -198,6 +200,19 @@ def _builtin_reward(function: str) -> bool:
     return name == "default_compute_score" and Path(file).parts[-3:] == Path(BUILTIN_REWARD.rpartition(":")[0]).parts[-3:]
 CRITIC_TOKENS = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu (verl/workers/config/critic.py)
 CRITIC_BUDGET = "critic.ppo_infer_max_token_len_per_gpu"
+# The weight sync's buffer. verl sends the trainer's weights to its colocated rollout through one
+# GPU buffer of this many MB (workers/rollout/vllm_rollout/vllm_rollout.py:235-241,
+# bucketed_weight_transfer.py:179-199; a tensor larger than it goes alone, :140-146), each tensor
+# gathered whole in bf16 (workers/engine/fsdp/transformer_impl.py:940-945), with the rollout's
+# weights resumed, its KV cache still released, and an offloaded trainer's shard brought in
+# (workers/engine_workers.py:768-823: resume weights, update_weights, offload the model, resume
+# kv_cache). realbench prices a rollout's memory as its whole share of each GPU while it generates;
+# the sync never sets the peak where the buffer, the largest tensor (its fp32 shard gathered and
+# its bf16 copy: 6 bytes a parameter) and an offloaded shard fit in the KV cache's part of that
+# share (sync_buffer_problem: checked on every plan read, searched or written, refused by name
+# otherwise). The setting is carried as the user gave it.
+BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+BUCKET_MB = 2048  # RolloutConfig's CheckpointEngineConfig default (workers/config/rollout.py:135)
 # settings verl's config holds and its synchronous V1 trainer does not read: the critic's budgets
 # (it packs both critic calls to CRITIC_BUDGET, trainer/ppo/v1/trainer_base.py:266-268; the
 # one-step-off entry's legacy trainer reads the first, and a critic is refused there)
@@ -307,6 +322,7 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            # (verl's V1 trainer packs both critic calls to critic.ppo_infer_max_token_len_per_gpu and reads
            # neither of these, trainer/ppo/v1/trainer_base.py:266-268: IGNORED_BY_VERL says so on import)
            *IGNORED_BY_VERL,
+           BUCKET,  # (read by sync_buffer_problem, carried as given)
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
@@ -969,10 +985,43 @@ def _same_rank(adapter: str, rank: int, source: str) -> None:
 
 
 # -- a plan as a configuration ------------------------------------------------------------------------
+def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """(setting, why) where verl's weight sync to its colocated rollout could hold more of a GPU
+    than the generation realbench prices there (BUCKET), or None: the sync's buffer (the scenario's
+    carried BUCKET, or verl's default), the largest tensor gathered (6 bytes a parameter) and an
+    offloaded trainer shard brought in for it (fp32 over the shards) must fit in the KV cache's
+    part of the rollout's share of each GPU, which the sync runs without."""
+    gen = scenario.dataflow.call("actor_gen")
+    if scenario.dataflow.max_staleness or gen.memory_fraction is None:
+        return None  # (the one-step-off entry sends over NCCL to a pool of its own)
+    model, c = scenario.model_of(gen), scenario.cluster
+    tp = options["actor_gen"].strategy.tp
+    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+    cache = min(gen.memory_fraction * c.device.memory_bytes, c.usable_memory_bytes) - weights
+    bucket_mb = int(scenario.engine_settings.get(BUCKET, BUCKET_MB))
+    largest = max(model.vocab * model.hidden, model.ffn * model.hidden, model.hidden * model.hidden)
+    train = options["actor_train"].strategy
+    shard = model.n_params * FP32 / train.shards if train.offload_params else 0.0
+    need = bucket_mb * 2 ** 20 + 6 * largest + shard
+    if need <= cache:
+        return None
+    gib = 2 ** 30
+    return BUCKET, (f"{bucket_mb} MB: verl's weight sync holds its buffer, the largest tensor gathered"
+                    + (" and the offloaded actor's shard" if shard else "") + f" ({need / gib:.1f} GiB a GPU) beside "
+                    f"the rollout's weights, more than the KV cache it runs without ({max(cache, 0) / gib:.1f} GiB at "
+                    f"gpu_memory_utilization {gen.memory_fraction:g}, tp {tp}): the sync would set the peak, which "
+                    "realbench does not price (a smaller buffer, or a larger memory share)")
+
+
+def read_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """What of a configuration read realbench cannot price as verl runs it, beyond its keys."""
+    return sync_buffer_problem(scenario, options)
+
+
 def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """(plan key, what verl cannot do) for the first part of a plan outside verl's space, or None."""
     c = scenario.cluster
-    problem = space_problem_of_scenario(scenario)
+    problem = space_problem_of_scenario(scenario) or sync_buffer_problem(scenario, options)
     if problem:
         return problem
     trainer, pool = pools(scenario, options)
@@ -1364,6 +1413,23 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         yield from _groups_on(scenario, trainer, pool)
 
 
+def _syncs_that_fit(scenario: Scenario, group: dict[str, list[Option]]) -> Iterator[dict[str, list[Option]]]:
+    """A group with only the rollout layouts whose weight sync fits (sync_buffer_problem): one
+    group, or, where an offloaded actor's shard leaves fewer of them, one for the actor's options
+    that offload and one for those that do not (a group is every combination of its options)."""
+    split = {off: [o for o in group["actor_train"] if o.strategy.offload_params is off] for off in (False, True)}
+    fitting = {off: [g for g in group["actor_gen"] if sync_buffer_problem(
+        scenario, {"actor_gen": g, "actor_train": train[0]}) is None] for off, train in split.items() if train}
+    if len(set(map(tuple, fitting.values()))) == 1:
+        gens = next(iter(fitting.values()))
+        if gens:
+            yield {**group, "actor_gen": gens}
+        return
+    for off, gens in fitting.items():
+        if gens:
+            yield {**group, "actor_train": split[off], "actor_gen": gens}
+
+
 def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
     """The (trainer's, rollout's) pools a search offers the one-step-off entry point, every GPU
     used: on one node, half each; on several, the trainer's first 1, 2, ... nodes and the
@@ -1446,7 +1512,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                                  for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
-                yield group
+                yield from _syncs_that_fit(scenario, group)
             continue
         formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
         for m in divisors(rows // steps // dp):
@@ -1464,7 +1530,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
                                                                                  max_tokens=tokens, sp=sp, ring=ring))])}
             if all(with_critic.values()):
-                yield with_critic
+                yield from _syncs_that_fit(scenario, with_critic)
 
 
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
