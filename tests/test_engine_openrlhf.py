@@ -139,6 +139,53 @@ def test_dynamic_batching_counts_micro_batches_by_first_fit_as_openrlhf_does(cli
     assert done.returncode == 0 and json.loads(done.stdout) == [22, 3], done.stderr[-2000:]
 
 
+# the quick-start's job as OpenRLHF's newer examples write it: the flags gathered in bash arrays,
+# sizes in variables, comments inside, a value bash computes, run by srun through bash -c
+ARRAYS = """\
+#!/bin/bash
+MODEL=ckpt  # the checkpoint
+GPUS=8
+WORK_DIR=$(cd "$(dirname "$0")" && pwd)
+ENGINE_ARGS=(
+   --ref.num_nodes 1 --ref.num_gpus_per_node ${GPUS}
+   --reward.num_nodes 1 --reward.num_gpus_per_node $GPUS
+   --critic.num_nodes 1 --critic.num_gpus_per_node "${GPUS}"
+   --actor.num_nodes 1 --actor.num_gpus_per_node ${GPUS}   # the actor's
+   # --ds.adam_offload
+   --vllm.num_engines 4 --vllm.tensor_parallel_size 2
+   --train.colocate_all --vllm.gpu_memory_utilization 0.5 --vllm.enable_sleep
+   --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
+)
+MODEL_ARGS=( --actor.model_name_or_path ${MODEL} --reward.model_name_or_path "$MODEL" )
+BATCH_ARGS=(
+   --train.micro_batch_size 1 --train.batch_size 16
+   --rollout.micro_batch_size 4 --rollout.batch_size 64
+   --data.max_len 192 --rollout.max_new_tokens 128
+   --algo.advantage.estimator gae
+)
+srun --overlap -w "$node" bash -c "pip install ray && ray job submit -- python3 -m openrlhf.cli.train_ppo_ray \
+   ${ENGINE_ARGS[@]} ${MODEL_ARGS[@]} \
+   ${BATCH_ARGS[@]} --ckpt.output_dir ${WORK_DIR}/ckpt" &>> log
+echo done
+"""
+
+
+def test_a_launch_script_of_bash_arrays_reads_as_bash_expands_it(cli, job):
+    """The flags a script gathers in bash arrays and variables read as bash expands them (a value
+    bash would compute stays as written), inside srun's bash -c too: the same plan as the
+    quick-start's flat command line."""
+    words = openrlhf.flags_of(ARRAYS)
+    assert words[:4] == ["--ref.num_nodes", "1", "--ref.num_gpus_per_node", "8"]
+    assert "--ds.adam_offload" not in words and words[-2:] == ["--ckpt.output_dir", "${WORK_DIR}/ckpt"]
+    assert words[words.index("--reward.model_name_or_path") + 1] == "ckpt"
+    assert openrlhf.flags_of("A=(--x 1 '--y' \"two words\")\npython -m openrlhf.cli.train_ppo_ray \"${A[@]}\" \"$@\"") == \
+        ["--x", "1", "--y", "two words"]
+    (job / "train with arrays.sh").write_text(ARRAYS)
+    _, flat, _ = imported(cli, job, "train ppo hybrid.sh", name="flat")
+    _, arrays, _ = imported(cli, job, "train with arrays.sh", name="arrays")
+    assert arrays["calls"] == flat["calls"]
+
+
 def test_separate_groups_are_placed_largest_first(cli, job):
     """The actor's 8 GPUs, the reference's 4, vLLM's 4: a whole node, then blocks of the next one
     (largest first, in OpenRLHF's order of creation)."""

@@ -77,6 +77,7 @@ import argparse
 import difflib
 import json
 import math
+import re
 import shlex
 from functools import lru_cache
 from pathlib import Path
@@ -225,14 +226,65 @@ def _parser(source: str) -> _Parser:
     return p
 
 
+# a shell assignment, NAME=value or an array NAME=( ... ), and a use of a variable: ${NAME[@]}
+# (quoted or not), ${NAME} or $NAME
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)=(.*)$")
+_USE = re.compile(r'"\$\{(\w+)\[@\]\}"|\$\{(\w+)\[@\]\}|\$\{(\w+)\}|\$(\w+)')
+
+
+def _uncommented(line: str) -> str:
+    return line.split("#")[0].rstrip()  # (a flag's words hold no '#')
+
+
+def _expanded(text: str, scalars: dict[str, str], arrays: dict[str, list[str]]) -> str:
+    """`text` with the script's own variables put in as bash puts them: an array's words (each
+    quoted, so that "${ARGS[@]}" stays its words), a value; any other `$...` (the environment's, a
+    command's output) as written."""
+    def one(m: re.Match) -> str:
+        array = m.group(1) or m.group(2)
+        if array is not None:
+            return " ".join(shlex.quote(w) for w in arrays[array]) if array in arrays else m.group(0)
+        name = m.group(3) or m.group(4)
+        return scalars.get(name, m.group(0))
+    return _USE.sub(one, text)
+
+
 def flags_of(text: str) -> list[str]:
-    """The words of the train_ppo_ray call in a launch script (everything in a file of flags)."""
+    """The words of the train_ppo_ray call in a launch script (everything in a file of flags), with
+    the variables the script sets before it expanded as bash expands them: `NAME=value`, arrays
+    `NAME=( ... )` over one line or several (comments inside), used as $NAME, ${NAME} or
+    ${NAME[@]} (OpenRLHF's examples gather their flags in such arrays). A value bash computes (a
+    command's output, the environment's) stays as written."""
+    lines = text.replace("\\\n", " ").splitlines()
+    scalars: dict[str, str] = {}
+    arrays: dict[str, list[str]] = {}
+    i = 0
     try:
-        words = shlex.split(text.replace("\\\n", " "), comments=True)
+        while i < len(lines):
+            line, i = lines[i], i + 1
+            if MODULE in _uncommented(line):
+                words = shlex.split(_expanded(line, scalars, arrays), comments=True)
+                inner = next((w for w in words if MODULE in w and MODULE not in words), None)
+                if inner is not None:  # (a command run by `bash -c "..."`, srun's say)
+                    words = shlex.split(inner, comments=True)
+                words = words[words.index(MODULE) + 1:] if MODULE in words else words
+                break
+            m = _ASSIGNMENT.match(line)
+            if not m:
+                continue
+            name, value = m.groups()
+            if value.startswith("("):  # (an array: to the line that closes it)
+                body = [value[1:]]
+                while not _uncommented(body[-1]).endswith(")") and i < len(lines):
+                    body, i = body + [lines[i]], i + 1
+                inner = "\n".join(map(_uncommented, body)).removesuffix(")")
+                arrays[name] = shlex.split(_expanded(inner, scalars, arrays))
+            elif "$(" not in value and "`" not in value:  # (a command's output: not run here)
+                scalars[name] = " ".join(shlex.split(_expanded(value, scalars, arrays), comments=True))
+        else:  # a file of flags
+            words = shlex.split(_expanded(text.replace("\\\n", " "), scalars, arrays), comments=True)
     except ValueError as e:
         raise ConfigError(f"not a command line: {e}") from None
-    if MODULE in words:
-        words = words[words.index(MODULE) + 1:]
     words = [w for w in words if w != "$@"]  # (a launch script passes its own arguments on)
     for i, w in enumerate(words):
         if w in ("&&", "||", ";", "|", "&"):
