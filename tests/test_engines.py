@@ -97,6 +97,8 @@ SGLANG = ("actor_rollout_ref.rollout.name=sglang", "reward.reward_model.rollout.
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 # the weight sync's buffer a GPU (verl's examples/grpo_trainer/run_qwen3_4b_fsdp.sh sets 4096 MB)
 BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"
+# a keyword argument of the chat template, added as Qwen3 jobs add it
+THINKING = "+data.apply_chat_template_kwargs.enable_thinking=false"
 # no reward function named (and no reward model): verl scores with its built-in rule-based scorers
 BUILTIN_SCORER = "reward.custom_reward_function.path=null"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
@@ -339,6 +341,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("grpo_qwen_fsdp.yaml", (BUILTIN_SCORER,)),
                                                # the weight sync's buffer: carried and written back
                                                ("ppo-rm.yaml", (BUCKET,)),
+                                               # the chat template's own keyword arguments (Hydra's +): carried
+                                               ("grpo_qwen_fsdp.yaml", (THINKING,)),
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
@@ -406,6 +410,7 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
     assert checked["bucket_mb"] == (4096 if BUCKET in overrides else 2048)
+    assert checked["chat_template_kwargs"] == ({"enable_thinking": False} if THINKING in overrides else {})
     # the scorer: the user's function, or verl's own (named by realbench's stand-in, written back as none)
     builtin = BUILTIN_SCORER in overrides
     assert checked["builtin_scorer"] == ("default_compute_score" if builtin else None)
@@ -693,6 +698,12 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "realbench does not price it"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
      "models.actor.lora.target_modules", "no module 'qkv'"),
+    # what verl passes through to the serving engine or the model's HF config: not priced
+    (("+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096",),
+     "actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len",
+     "an argument verl passes to the rollout's serving engine (rollout.engine_kwargs)"),
+    (("+actor_rollout_ref.model.override_config.max_position_embeddings=4096",),
+     "actor_rollout_ref.model.override_config.max_position_embeddings", "a field of the model's HF config verl overrides"),
     # `+` adds a key verl's config does not hold: Hydra refuses it for one it holds
     (("+actor_rollout_ref.actor.use_dynamic_bsz=true",), "+actor_rollout_ref.actor.use_dynamic_bsz=true",
      "give actor_rollout_ref.actor.use_dynamic_bsz=... without +"),

@@ -244,7 +244,7 @@ def with_carried(scenario: Scenario, engine: str, settings_engine: str, settings
     out = settings if nested else dict(settings)
     for key, value in carried.items():
         field = f"engine_settings.{key}"
-        if key not in known:
+        if key not in known and not key.startswith(getattr(module, "OPEN_SECTIONS", ())):
             raise ConfigError(f"not a setting of the configuration realbench writes for this plan "
                               f"({module.__name__.rsplit('.', 1)[-1]} {settings_engine})", field)
         if key in module.REQUIRED and flat.get(key, value) != value:

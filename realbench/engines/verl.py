@@ -217,6 +217,11 @@ BUCKET_MB = 2048  # RolloutConfig's CheckpointEngineConfig default (workers/conf
 # (it packs both critic calls to CRITIC_BUDGET, trainer/ppo/v1/trainer_base.py:266-268; the
 # one-step-off entry's legacy trainer reads the first, and a critic is refused there)
 IGNORED_BY_VERL = ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu")
+# sections of verl's config whose keys are the user's own (Hydra's `+key=value` adds them): the
+# chat template's keyword arguments (data.apply_chat_template_kwargs, handed to the tokenizer's
+# apply_chat_template: enable_thinking, say), which shape the prompts' text; realbench prices
+# prompts and responses at their configured lengths, so they are carried as given (NEUTRAL)
+OPEN_SECTIONS = ("data.apply_chat_template_kwargs.",)
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.engines.verl_packer, its mean count "
@@ -323,6 +328,7 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            # neither of these, trainer/ppo/v1/trainer_base.py:266-268: IGNORED_BY_VERL says so on import)
            *IGNORED_BY_VERL,
            BUCKET,  # (read by sync_buffer_problem, carried as given)
+           *OPEN_SECTIONS,
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
@@ -384,6 +390,12 @@ def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> 
     if ".override_transformer_config." in key:  # (verl hands these to Megatron's TransformerConfig as given)
         return ConfigError("a Megatron TransformerConfig field verl passes through, which realbench does not price "
                            "(it reads the recompute_* fields)", key, source)
+    if ".engine_kwargs." in key:  # (verl hands these to vLLM's or SGLang's engine as given)
+        return ConfigError("an argument verl passes to the rollout's serving engine (rollout.engine_kwargs), which "
+                           "realbench does not price", key, source)
+    if ".override_config." in key:  # (verl overrides the checkpoint's HF config with these)
+        return ConfigError("a field of the model's HF config verl overrides; realbench reads the model from its "
+                           "checkpoint's config.json and does not price an override", key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -449,12 +461,12 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
             if key in table and ".override_transformer_config." not in key:
                 raise ConfigError(f"+ adds a key verl's config does not hold, and it holds this one: give {key}=... "
                                   "without + (Hydra refuses to add a key that is there)", o, "overrides")
-            if key not in ADDED_KEYS and key not in table:
+            if key not in ADDED_KEYS and key not in table and not key.startswith(OPEN_SECTIONS):
                 raise _unknown(key, engine, "overrides", one_step_off)
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
     for key in given:
-        if key not in known:
+        if key not in known and not key.startswith(OPEN_SECTIONS):
             raise _unknown(key, engine, source, one_step_off)
     changed = {k for k, v in given.items() if v != known.get(k)}
     return engine, resolve(engine, given, one_step_off), changed

@@ -135,6 +135,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             "calculate_log_probs": rollout.calculate_log_probs,
             # the weight sync's buffer a GPU, in MB (realbench checks it fits in the KV cache the sync runs without)
             "bucket_mb": rollout.checkpoint_engine.update_weights_bucket_megabytes,
+            # the chat template's keyword arguments, the user's own (carried)
+            "chat_template_kwargs": OmegaConf.to_container(cfg.data.apply_chat_template_kwargs),
             # the scorer: the user's reward function, or with neither it nor a reward model verl's own
             # rule-based scorers (the function its reward manager gets, trainer/ppo/reward.py:124-149)
             "reward_function": cfg.reward.custom_reward_function.path,
