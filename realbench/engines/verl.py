@@ -138,7 +138,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from realbench.cost.calls import BF16, FP32, shard_adapter_params, shard_params
+from realbench.cost.calls import BF16, serving_cache_problem, shard_adapter_params, shard_params
 from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
@@ -204,13 +204,13 @@ CRITIC_BUDGET = "critic.ppo_infer_max_token_len_per_gpu"
 # GPU buffer of this many MB (workers/rollout/vllm_rollout/vllm_rollout.py:235-241,
 # bucketed_weight_transfer.py:179-199; a tensor larger than it goes alone, :140-146), each tensor
 # gathered whole in bf16 (workers/engine/fsdp/transformer_impl.py:940-945), with the rollout's
-# weights resumed, its KV cache still released, and an offloaded trainer's shard brought in
-# (workers/engine_workers.py:768-823: resume weights, update_weights, offload the model, resume
-# kv_cache). realbench prices a rollout's memory as its whole share of each GPU while it generates;
-# the sync never sets the peak where the buffer, the largest tensor (its fp32 shard gathered and
-# its bf16 copy: 6 bytes a parameter) and an offloaded shard fit in the KV cache's part of that
-# share (sync_buffer_problem: checked on every plan read, searched or written, refused by name
-# otherwise). The setting is carried as the user gave it.
+# weights resumed and its KV cache still released (workers/engine_workers.py:768-823: resume
+# weights, update_weights, offload the model, resume kv_cache). realbench prices a rollout's memory
+# as its whole share of each GPU while it generates; the sync never sets the peak where the buffer
+# and the largest tensor (its fp32 shard gathered and its bf16 copy: 6 bytes a parameter) fit in
+# the KV cache's part of that share (sync_buffer_problem: checked on every plan read, searched or
+# written, refused by name otherwise). An offloaded actor's parameters brought in for the sync are
+# priced in time, not in memory (PRICING_GAPS). The setting is carried as the user gave it.
 BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
 BUCKET_MB = 2048  # RolloutConfig's CheckpointEngineConfig default (workers/config/rollout.py:135)
 # settings verl's config holds and its synchronous V1 trainer does not read: the critic's budgets
@@ -231,7 +231,10 @@ PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.en
                 "a reward model on its own pool scores each response as its generation ends (verl's reward "
                 "loop); realbench scores the batch after generation, beside the reference's and critic's "
                 "forwards on the trainer's GPUs: a step at most the reward call's time too long",
-                serving_gap("max_num_seqs", "gpu_memory_utilization"))
+                serving_gap("max_num_seqs", "gpu_memory_utilization"),
+                "an actor whose parameters are offloaded (param_offload) brings them in for the weight sync, priced "
+                "in time over the host link, not in memory: the sync holds them beside the rollout's weights, with "
+                "its KV cache released")
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
@@ -1000,29 +1003,28 @@ def _same_rank(adapter: str, rank: int, source: str) -> None:
 def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """(setting, why) where verl's weight sync to its colocated rollout could hold more of a GPU
     than the generation realbench prices there (BUCKET), or None: the sync's buffer (the scenario's
-    carried BUCKET, or verl's default), the largest tensor gathered (6 bytes a parameter) and an
-    offloaded trainer shard brought in for it (fp32 over the shards) must fit in the KV cache's
-    part of the rollout's share of each GPU, which the sync runs without."""
+    carried BUCKET, or verl's default) and the largest tensor gathered (6 bytes a parameter) must
+    fit in the KV cache's part of the rollout's share of each GPU, which the sync runs without."""
     gen = scenario.dataflow.call("actor_gen")
     if scenario.dataflow.max_staleness or gen.memory_fraction is None:
         return None  # (the one-step-off entry sends over NCCL to a pool of its own)
     model, c = scenario.model_of(gen), scenario.cluster
     tp = options["actor_gen"].strategy.tp
+    if serving_cache_problem(gen, model, c, options["actor_gen"].strategy) is not None:
+        return None  # (its server does not start: refused, and priced, as such)
     weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
     cache = min(gen.memory_fraction * c.device.memory_bytes, c.usable_memory_bytes) - weights
     bucket_mb = int(scenario.engine_settings.get(BUCKET, BUCKET_MB))
     largest = max(model.vocab * model.hidden, model.ffn * model.hidden, model.hidden * model.hidden)
-    train = options["actor_train"].strategy
-    shard = model.n_params * FP32 / train.shards if train.offload_params else 0.0
-    need = bucket_mb * 2 ** 20 + 6 * largest + shard
+    need = bucket_mb * 2 ** 20 + 6 * largest
     if need <= cache:
         return None
     gib = 2 ** 30
-    return BUCKET, (f"{bucket_mb} MB: verl's weight sync holds its buffer, the largest tensor gathered"
-                    + (" and the offloaded actor's shard" if shard else "") + f" ({need / gib:.1f} GiB a GPU) beside "
-                    f"the rollout's weights, more than the KV cache it runs without ({max(cache, 0) / gib:.1f} GiB at "
-                    f"gpu_memory_utilization {gen.memory_fraction:g}, tp {tp}): the sync would set the peak, which "
-                    "realbench does not price (a smaller buffer, or a larger memory share)")
+    return BUCKET, (f"{bucket_mb} MB: verl's weight sync holds its buffer and the largest tensor gathered "
+                    f"({need / gib:.1f} GiB a GPU) beside the rollout's weights, more than the KV cache it runs without "
+                    f"({max(cache, 0) / gib:.1f} GiB at gpu_memory_utilization {gen.memory_fraction:g}, tp {tp}): the "
+                    "sync would set the peak, which realbench does not price (a smaller buffer, or a larger memory "
+                    "share)")
 
 
 def read_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
@@ -1425,23 +1427,6 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
         yield from _groups_on(scenario, trainer, pool)
 
 
-def _syncs_that_fit(scenario: Scenario, group: dict[str, list[Option]]) -> Iterator[dict[str, list[Option]]]:
-    """A group with only the rollout layouts whose weight sync fits (sync_buffer_problem): one
-    group, or, where an offloaded actor's shard leaves fewer of them, one for the actor's options
-    that offload and one for those that do not (a group is every combination of its options)."""
-    split = {off: [o for o in group["actor_train"] if o.strategy.offload_params is off] for off in (False, True)}
-    fitting = {off: [g for g in group["actor_gen"] if sync_buffer_problem(
-        scenario, {"actor_gen": g, "actor_train": train[0]}) is None] for off, train in split.items() if train}
-    if len(set(map(tuple, fitting.values()))) == 1:
-        gens = next(iter(fitting.values()))
-        if gens:
-            yield {**group, "actor_gen": gens}
-        return
-    for off, gens in fitting.items():
-        if gens:
-            yield {**group, "actor_train": split[off], "actor_gen": gens}
-
-
 def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
     """The (trainer's, rollout's) pools a search offers the one-step-off entry point, every GPU
     used: on one node, half each; on several, the trainer's first 1, 2, ... nodes and the
@@ -1476,7 +1461,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role, mesh)
                 for m in divisors(rows // (size // t)) if rows % (size // t) == 0 for merge in (False, True)]
 
-    common = {"actor_gen": valid("actor_gen", served("actor", rollout or W))}
+    common = {"actor_gen": [o for o in valid("actor_gen", served("actor", rollout or W))  # (its sync's buffer fits)
+                            if sync_buffer_problem(scenario, {"actor_gen": o}) is None]}
     if isinstance(scenario.models["reward"], FunctionSpec):
         scorer = _function_mesh(rows, rollout or W)
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
@@ -1524,7 +1510,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                                  for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
-                yield from _syncs_that_fit(scenario, group)
+                yield group
             continue
         formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
         for m in divisors(rows // steps // dp):
@@ -1542,7 +1528,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
                                                                                  max_tokens=tokens, sp=sp, ring=ring))])}
             if all(with_critic.values()):
-                yield from _syncs_that_fit(scenario, with_critic)
+                yield with_critic
 
 
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
