@@ -353,6 +353,20 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 
+def serving_weight_bytes(model: ModelSpec, tp: int) -> float:
+    """A serving replica's bf16 weights on each of its tp GPUs (a LoRA model's adapters too)."""
+    return (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+
+
+def served_share_beyond_weights(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int) -> float:
+    """What an engine's serving engine holds of each GPU beyond its replica's weights while it
+    generates: its share (`call.memory_fraction`, at most the plan's usable memory: the engine
+    keeps its own headroom inside the fraction) less the weights; its KV cache and activations.
+    Negative where the weights outgrow the share."""
+    share = min(call.memory_fraction * cluster.device.memory_bytes, cluster.usable_memory_bytes)
+    return share - serving_weight_bytes(model, tp)
+
+
 def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int, slots: int) -> float:
     """The tokens a replica's paged KV cache holds where an engine's serving engine takes
     `call.memory_fraction` f of each GPU's memory: f x the device's memory, less the shard's
@@ -363,7 +377,7 @@ def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     loading the weights less total x (1 - mem_fraction_static) (model_executor/model_runner.py,
     profile_max_num_token), its activations in that rest (counted here inside the fraction, as
     vLLM counts them: a few percent of the cache)."""
-    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+    weights = serving_weight_bytes(model, tp)
     activations = _activation_bytes(model, tp, SERVED_TOKENS) * 2 / 8 + _logits_bytes(model, tp, slots)
     free = call.memory_fraction * cluster.device.memory_bytes - weights - activations
     return max(free, 0.0) / (model.kv_bytes_per_token_layer() * model.n_layers / tp)
@@ -426,11 +440,11 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     compute = plan.prefills * prefill + plan.steps * (layers * layer_step + head)
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
                + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
-    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+    weights = serving_weight_bytes(model, tp)
     if serving_cache_problem(call, model, cluster, s):
         working = math.inf  # the server does not start: no plan holds it
     elif call.memory_fraction is not None:
-        working = max(min(call.memory_fraction * cluster.device.memory_bytes, cluster.usable_memory_bytes) - weights, 0)
+        working = max(served_share_beyond_weights(call, model, cluster, tp), 0)
     else:
         kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
         working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)

@@ -264,9 +264,9 @@ def flags_of(text: str) -> list[str]:
             line, i = lines[i], i + 1
             if MODULE in _uncommented(line):
                 words = shlex.split(_expanded(line, scalars, arrays), comments=True)
-                inner = next((w for w in words if MODULE in w and MODULE not in words), None)
-                if inner is not None:  # (a command run by `bash -c "..."`, srun's say)
-                    words = shlex.split(inner, comments=True)
+                if MODULE not in words:  # (a command run by `bash -c "..."`, srun's say: its string's words)
+                    inner = next((w for w in words if MODULE in w), None)
+                    words = words if inner is None else shlex.split(inner, comments=True)
                 words = words[words.index(MODULE) + 1:] if MODULE in words else words
                 break
             m = _ASSIGNMENT.match(line)

@@ -138,7 +138,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from realbench.cost.calls import BF16, serving_cache_problem, shard_adapter_params, shard_params
+from realbench.cost.calls import served_share_beyond_weights, serving_cache_problem
 from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
@@ -389,16 +389,20 @@ def _nest(flat: dict[str, Any]) -> dict:
     return out
 
 
+# sections whose keys verl hands on as given, and what realbench says of a key it does not read there
+PASSED_THROUGH = {
+    ".override_transformer_config.": "a Megatron TransformerConfig field verl passes through, which realbench does not "
+                                     "price (it reads the recompute_* fields)",
+    ".engine_kwargs.": "an argument verl passes to the rollout's serving engine (rollout.engine_kwargs), which "
+                       "realbench does not price",
+    ".override_config.": "a field of the model's HF config verl overrides; realbench reads the model from its "
+                         "checkpoint's config.json and does not price an override"}
+
+
 def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
-    if ".override_transformer_config." in key:  # (verl hands these to Megatron's TransformerConfig as given)
-        return ConfigError("a Megatron TransformerConfig field verl passes through, which realbench does not price "
-                           "(it reads the recompute_* fields)", key, source)
-    if ".engine_kwargs." in key:  # (verl hands these to vLLM's or SGLang's engine as given)
-        return ConfigError("an argument verl passes to the rollout's serving engine (rollout.engine_kwargs), which "
-                           "realbench does not price", key, source)
-    if ".override_config." in key:  # (verl overrides the checkpoint's HF config with these)
-        return ConfigError("a field of the model's HF config verl overrides; realbench reads the model from its "
-                           "checkpoint's config.json and does not price an override", key, source)
+    for section, what in PASSED_THROUGH.items():
+        if section in key:
+            return ConfigError(what, key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -1012,8 +1016,7 @@ def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optio
     tp = options["actor_gen"].strategy.tp
     if serving_cache_problem(gen, model, c, options["actor_gen"].strategy) is not None:
         return None  # (its server does not start: refused, and priced, as such)
-    weights = (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
-    cache = min(gen.memory_fraction * c.device.memory_bytes, c.usable_memory_bytes) - weights
+    cache = served_share_beyond_weights(gen, model, c, tp)
     bucket_mb = int(scenario.engine_settings.get(BUCKET, BUCKET_MB))
     largest = max(model.vocab * model.hidden, model.ffn * model.hidden, model.hidden * model.hidden)
     need = bucket_mb * 2 ** 20 + 6 * largest
