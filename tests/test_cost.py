@@ -703,3 +703,37 @@ def test_offloads_move_what_each_engine_keeps_in_host_memory_by_hand():
         assert plain.master_bytes - optimizer.master_bytes == pytest.approx(states, abs=2)
     # by hand for FSDP: 6,738,415,616 / 8 x 4 = 3,369,207,808 bytes, 52.6 ms each way
     assert shard_params(M7, 1, 1) / 8 * 4 / bw == pytest.approx(0.052644, rel=1e-4)
+
+
+def test_logits_an_engine_computes_a_chunk_at_a_time_are_priced_as_it_holds_them_worked_by_hand():
+    """An engine's way of computing the log-probabilities (CallDef.logits, verl's fused kernels:
+    12 bytes a logit of a 512-token chunk at a forward's peak, 20 at a train pass's, 62 element-wise
+    bytes moved a logit, the chunk's logits computed again in the backward) against realbench's
+    default (the micro-batch's fp32 logits: 4 bytes a logit in a forward, 8 in training, 14 moved).
+    LLaMA-7B (32,000 logits a token) on 8 H100s, dp 8, 4 micro-batches of 16 rows x 1024 tokens."""
+    from realbench.dataflow.core import LogitsPath
+
+    path = LogitsPath(forward_bytes=12, train_bytes=20, moved_bytes=62, chunk_tokens=512, recomputed=True)
+    V, T, h = 32000, 16 * 1024, 4096
+    bw = 3.35e12 * 0.772  # H100's memory bandwidth, as used
+    head_matmul = 2 * T * h * V / (989e12 * 0.7908)  # (FLAT: no small-matmul overhead)
+    option = Option(Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 4))
+    train = train_call()
+    plain, fused = (call_cost(c, M7, FLAT, option) for c in (train, train.model_copy(update={"logits": path})))
+    assert plain.working_bytes - fused.working_bytes == pytest.approx(8 * T * V - 20 * 512 * V, rel=1e-9)
+    # each of 4 slots: a forward and a backward (twice its element-wise bytes) at 62 bytes a logit, not
+    # 14, and the output layer again (its matmul and 62 bytes a logit)
+    assert fused.compute_s - plain.compute_s == pytest.approx(4 * (3 * 48 * T * V / bw + head_matmul + 62 * T * V / bw),
+                                                              rel=1e-9)
+    # a forward-only call: 4 bytes a logit of the micro-batch against 12 of a chunk; no recomputation
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    plain, fused = (call_cost(c, M7, FLAT, option) for c in (ref, ref.model_copy(update={"logits": path.model_copy(
+        update={"train_bytes": None})})))
+    assert plain.working_bytes - fused.working_bytes == pytest.approx(4 * T * V - 12 * 512 * V, rel=1e-9)
+    assert fused.compute_s - plain.compute_s == pytest.approx(4 * 48 * T * V / bw, rel=1e-9)
+    # a policy's update with forwards for its old log-probabilities holds the larger of both passes
+    policy = CallDef(name="p", model="m", kind="train", inputs=("logprobs",), seqs=512, seq_len=1024,
+                     old_logprobs="whole_batch", logits=path.model_copy(update={"forward_bytes": 40}))
+    lean = policy.model_copy(update={"logits": path})
+    assert call_cost(policy, M7, FLAT, option).working_bytes - call_cost(lean, M7, FLAT, option).working_bytes == \
+        pytest.approx((40 - 20) * 512 * V, rel=1e-9)

@@ -99,6 +99,12 @@ MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"
 # a keyword argument of the chat template, added as Qwen3 jobs add it
 THINKING = "+data.apply_chat_template_kwargs.enable_thinking=false"
+# verl's fused kernels, with the entropy settings of verl's GSPO example
+# (examples/gspo_trainer/run_qwen3_8b_fsdp.sh), which the kernels or the reference make moot
+FUSED = "actor_rollout_ref.model.use_fused_kernels=true"
+GSPO_ENTROPY = ("actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.actor.entropy_checkpointing=true",
+                "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+                "actor_rollout_ref.ref.use_torch_compile=false")
 # no reward function named (and no reward model): verl scores with its built-in rule-based scorers
 BUILTIN_SCORER = "reward.custom_reward_function.path=null"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
@@ -301,12 +307,59 @@ def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_
     result, same, _ = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512", *ignored)
     assert same["calls"] == plan["calls"] and same["calls"]["critic_train"]["max_tokens"] == 512
     assert result["time_per_iter_s"] == base["time_per_iter_s"] and base["unread_by_engine"] == []
-    assert [u.split(":")[0] for u in result["unread_by_engine"]] == list(ignored)
+    assert [u.split(":")[0] for u in result["unread_by_engine"]] == sorted(ignored)
     assert all("critic.ppo_infer_max_token_len_per_gpu=512" in u for u in result["unread_by_engine"])
     code, out, err = cli("import", "verl", "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
                          ignored[0], "--out", "said", "--force")
     assert code == 0, err
     assert f"not read by verl: {ignored[0]}: verl 0.9.1's trainer does not read it" in out
+
+
+def test_verls_fused_kernels_are_priced_a_chunk_at_a_time_as_measured_in_verls_own_code(cli, job):
+    """use_fused_kernels: verl's FusedLinearForPPO computes 512 tokens' logits at a time, never the
+    micro-batch's; its peak, measured running verl's own kernels, is what realbench prices (12 bytes
+    a chunk's logit in a forward, 20 in training, 28 with the entropy's gradient). The import prices
+    both the actor's and the reference's calls so, holds less at the actor's peak than without, and
+    says which of the GSPO example's entropy settings verl reads to no effect: the role-level
+    torch.compile (verl's own composition leaves the engine's on) and the entropy's chunking under the
+    kernels, the reference's (no entropy)."""
+    for mode, entropy, priced in (("forward", "entropy", verl.FUSED_FORWARD_BYTES),
+                                  ("train", "none", verl.FUSED_TRAIN_BYTES_NO_ENTROPY),
+                                  ("train", "entropy", verl.FUSED_TRAIN_BYTES)):
+        measured = verl_check("fused", mode, entropy)
+        assert measured["chunk_tokens"] == verl.FUSED_CHUNK and measured["above_before"], measured
+        assert measured["bytes_per_chunk_logit"] == pytest.approx(priced, rel=0.05), (mode, entropy, measured)
+    base, _, _ = imported(cli, job, "grpo_qwen_fsdp.yaml")
+    result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", FUSED, *GSPO_ENTROPY,
+                                      "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true")
+    path = {"forward_bytes": 12.0, "moved_bytes": 62.0, "chunk_tokens": 512, "recomputed": True}
+    assert scenario["training"]["logits"] == {"actor_train": {**path, "train_bytes": 20.0}, "ref_inf": path}
+    assert [u.split(":")[0] for u in result["unread_by_engine"]] == [
+        "actor_rollout_ref.actor.entropy_checkpointing=True", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+        "actor_rollout_ref.actor.use_torch_compile=False", "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
+        "actor_rollout_ref.ref.use_torch_compile=False"]
+    checked = verl_check("validate", job / "grpo_qwen_fsdp.yaml", FUSED, *GSPO_ENTROPY)
+    assert checked["engine_use_torch_compile"] is True and checked["use_fused_kernels"] is True
+    # the search inside verl offers FSDP layouts only (the kernels realbench prices are FSDP's)
+    from realbench.plan import load_scenario
+
+    fused = load_scenario(result["scenario"])
+    assert {o.strategy.zero for g in verl.plan_groups(fused) for o in g["actor_train"]} == {2, 3}
+    megatron = next(g for g in verl.plan_groups(fused.without_logits()) if g["actor_train"][0].strategy.zero < 2)
+    assert verl.space_problem(fused, {name: options[0] for name, options in megatron.items()})[0] == \
+        "calls.actor_train.zero"
+    # priced as another engine runs it: that engine's own way of computing the logits (realbench's default)
+    from realbench.engines import priced_as
+
+    other = priced_as(fused, "openrlhf")
+    assert other.training.logits == {} and all(c.logits is None for c in other.dataflow.calls)
+    assert priced_as(fused, "verl").dataflow.call("actor_train").logits.chunk_tokens == 512
+    # without the kernels the chunked entropy shapes only the actor's forward for its old
+    # log-probabilities, which never holds more than its update: priced as verl's default, unsaid
+    chunked, same_plan, chunked_scenario = imported(cli, job, "grpo_qwen_fsdp.yaml",
+                                                    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
+    assert "logits" not in chunked_scenario["training"] and chunked["unread_by_engine"] == []
+    assert chunked["time_per_iter_s"] == base["time_per_iter_s"] and chunked["peak_mem_bytes"] == base["peak_mem_bytes"]
 
 
 def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
@@ -340,6 +393,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                ("ppo-rm.yaml", (BUCKET,)),
                                                # the chat template's own keyword arguments (Hydra's +): carried
                                                ("grpo_qwen_fsdp.yaml", (THINKING,)),
+                                               # verl's fused kernels (the entropy's settings carried as given)
+                                               ("grpo_qwen_fsdp.yaml", (FUSED, *GSPO_ENTROPY)),
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
@@ -408,6 +463,11 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert scenario_again["rollout_server"] == checked["rollout_name"]
     assert checked["bucket_mb"] == (4096 if BUCKET in overrides else 2048)
     assert checked["chat_template_kwargs"] == ({"enable_thinking": False} if THINKING in overrides else {})
+    # the log-probabilities: verl's fused kernels written back where read, their torch backend
+    fused = FUSED in overrides
+    assert (checked["use_fused_kernels"], checked["fused_backend"]) == (fused, "torch")
+    assert ("logits" in scenario_again["training"]) is fused
+    assert checked["engine_entropy_chunking"] is (GSPO_ENTROPY[2] in overrides)
     # the scorer: the user's function, or verl's own (named by realbench's stand-in, written back as none)
     builtin = BUILTIN_SCORER in overrides
     assert checked["builtin_scorer"] == ("default_compute_score" if builtin else None)
@@ -707,6 +767,18 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     # a token budget that holds no whole row (64 + 128 tokens): verl's own assert, at run time
     (("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"),
      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "100 tokens hold no whole row of 192"),
+    # the log-probabilities: fused kernels realbench has not priced; the entropy chunked or
+    # checkpointed where the update computes it (what it keeps for the backward)
+    (("model_engine=megatron", FUSED), "actor_rollout_ref.model.use_fused_kernels", "Megatron's fused forward"),
+    ((FUSED, "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"),
+     "actor_rollout_ref.model.fused_kernel_options.impl_backend", "'triton': the Triton kernels"),
+    (("actor_rollout_ref.actor.entropy_coeff=0.001", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"),
+     "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking", "entropy in the actor's update"),
+    (("actor_rollout_ref.actor.entropy_coeff=0.001", "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing=true"),
+     "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing", "what it keeps for the backward is not priced"),
+    # the engine config's own torch.compile (the role-level one is not read): eager entropy, not priced
+    (("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",),
+     "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "realbench does not price it"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)
@@ -773,6 +845,48 @@ def test_padded_models_verl_cannot_express_are_refused_by_name(cli, job, trainin
     path.write_text(yaml.safe_dump(scenario))
     code, _, err = cli("search", "--scenario", path, "--engine", "verl", "--method", "mcmc", "--time-budget", 1)
     assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+
+
+FUSED_PATH = {"forward_bytes": 12.0, "moved_bytes": 62.0, "chunk_tokens": 512, "recomputed": True}
+
+
+@pytest.mark.parametrize("logits, key, says", [
+    ({"actor_trian": FUSED_PATH}, "training.logits", "'actor_trian' is not a call of the dataflow"),
+    ({"reward_inf": FUSED_PATH}, "training.logits.reward_inf", "a function call computes no log-probabilities"),
+    ({"ref_inf": {**FUSED_PATH, "train_bytes": 20.0}}, "training.logits.ref_inf",
+     "give train_bytes for a train call's passes, and only for them"),
+    ({"ref_inf": {**FUSED_PATH, "chunk_tokens": None}}, "recomputed", "logits computed chunk by chunk"),
+])
+def test_logits_paths_a_scenario_cannot_have_are_refused_by_name(cli, job, logits, key, says):
+    """A scenario's training.logits: only its own scoring and training calls of a model with logits,
+    train_bytes for train calls only, recomputation only of chunks."""
+    result, _, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", out="logits-edit", name="edited")
+    scenario["training"]["logits"] = logits
+    path = Path(result["scenario"]).with_name("logits edited by hand.yaml")
+    path.write_text(yaml.safe_dump(scenario))
+    code, _, err = cli("search", "--scenario", path, "--engine", "verl", "--method", "mcmc", "--time-budget", 1)
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+
+
+def test_a_way_of_computing_logits_verl_does_not_have_is_not_written_and_realbenchs_runtime_has_none(cli, job):
+    """export writes use_fused_kernels for verl's fused kernels as priced, and nothing else: a
+    scenario edited to another path is refused by name, and so is one of realbench's own runtime."""
+    result, _, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", FUSED, out="logits-other", name="other")
+    scenario["training"]["logits"]["actor_train"]["train_bytes"] = 8.0
+    Path(result["scenario"]).write_text(yaml.safe_dump(scenario))
+    out = job / "logits-other" / "verl.yaml"
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", out)
+    assert code == 2 and err.count("\n") == 1 and "training.logits.actor_train" in err and \
+        "or with its fused kernels (actor_rollout_ref.model.use_fused_kernels)" in err, err
+    assert not out.exists()
+    from realbench.errors import ConfigError
+    from realbench.plan import get_builtin
+    from realbench.plan.scenario import scenario_from_document
+
+    document = get_builtin("grpo-7b-16gpu").to_document()
+    document["training"]["logits"] = {"actor_train": {**FUSED_PATH, "train_bytes": 20.0}}
+    with pytest.raises(ConfigError, match="a scenario of realbench's own runtime has its own"):
+        scenario_from_document(document)
 
 
 def test_a_megatron_critic_with_its_own_layout_and_a_typo_in_the_file_are_refused(cli, job):

@@ -73,7 +73,9 @@ master copy 16 per parameter (bf16 weights and grads, fp32 master weights and tw
 moments), less where a strategy shards them over data parallelism (`zero`, ZeRO / FSDP:
 realbench.cost.sharding, which also prices their collectives); activations of the micro-batches in flight on the first stage (min(m, pp) in 1F1B, see above), taken as
 t h (10 + 24 / tp) per layer (Korthikanti et al. without sequence parallelism, with flash
-attention); fp32 logits of a micro-batch; and for generation the KV cache, 2 x kv_heads x
+attention); fp32 logits of a micro-batch (their gradient too in training), or as an engine holds
+them (`CallDef.logits`: verl's fused kernels hold a chunk's only and compute them again in the
+backward); and for generation the KV cache, 2 x kv_heads x
 head_dim bf16 values per token per layer: the decode slots at the full width (continuous
 batching), or the rows alive of the whole per-device batch (a pipeline's micro-batched loop).
 """
@@ -193,11 +195,11 @@ def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: floa
             + cluster.device.kernel_overhead_s)
 
 
-def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens):
-    """The output layer on `tokens` tokens and the log-softmax over its logits (a number or a
-    numpy array of them)."""
+def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens, moved: float = LOGIT_BYTES):
+    """The output layer on `tokens` tokens and the log-softmax over its logits, `moved` bytes a
+    logit (a number or a numpy array of them)."""
     flops = 2 * tokens * model.hidden * model.head_out / tp
-    softmax = 0.0 if model.value_head else tokens * model.head_out / tp * LOGIT_BYTES
+    softmax = 0.0 if model.value_head else tokens * model.head_out / tp * moved
     return (np.maximum(matmul_time(cluster, flops, tokens), memory_time(cluster, model.head_params * BF16 / tp))
             + memory_time(cluster, softmax))
 
@@ -286,6 +288,18 @@ def _activation_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
 
 def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
     return tokens * model.head_out * FP32 / tp
+
+
+def _logits_held(call: CallDef, model: ModelSpec, tp: int, tokens: float, train: bool) -> float:
+    """Bytes of logits (and what the log-probabilities' computation keeps beside them) a device
+    holds at the peak of a train pass or a forward over `tokens` tokens: realbench's runtime's fp32
+    logits (and their gradient in training), or the engine's way (`call.logits`, LogitsPath: over
+    a chunk of tokens only where it never holds them whole)."""
+    path = call.logits
+    if path is None:
+        return (2 if train else 1) * _logits_bytes(model, tp, tokens)
+    held = min(tokens, path.chunk_tokens) if path.chunk_tokens else tokens
+    return held * model.head_out / tp * (path.train_bytes if train else path.forward_bytes)
 
 
 # -- calls ----------------------------------------------------------------------------------------
@@ -510,7 +524,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # the heads: the flops, element-wise bytes and activations of tokens / sp, the weights read whole
     u = s.sp
     tokens = b * width / u
-    fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens)
+    moved = call.logits.moved_bytes if call.logits else LOGIT_BYTES
+    fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens, moved)
     # the model-parallel exchanges of one forward: tp's two all-reduces a layer (a backward as many
     # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers)
     seq_fwd, seq_bwd = _sequence_exchanges(cluster, model, s, tokens)
@@ -540,7 +555,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                    if s.zero == 3 else 0.0)
         weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_bytes(model, tp, peak_tokens)
+        working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_held(call, model, tp, peak_tokens, False)
                    + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards)
                    + _ring_buffers(model, s, peak_tokens, backward=False))
         # unsharded and offloaded (a Megatron forward-only model's param_offload): the whole bf16
@@ -571,7 +586,10 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # the old-log-probability forwards, term by term (early_s where the engine runs them early)
     behaviour_compute = behaviour * slots * fwd
     behaviour_tp = behaviour * slots * pass_comm
-    compute = steps * train_slots * fwd_bwd + behaviour_compute
+    # logits computed chunk by chunk and again in the backward (an engine's fused kernels): one more
+    # output-layer pass a slot
+    recomputed = _head_forward(cluster, model, tp, tokens, moved) if call.logits and call.logits.recomputed else 0.0
+    compute = steps * train_slots * (fwd_bwd + recomputed) + behaviour_compute
     tp_comm = steps * train_slots * ((2 if recompute else 1) * pass_comm + backward_comm) + behaviour_tp
     behaviour_pp = behaviour * slots * p2p_one
     pp_comm = steps * (m * v + pp - 1) * 2 * p2p_one + behaviour_pp
@@ -595,7 +613,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     in_flight = activations_in_flight(m, pp, v)
     kept = peak_tokens * model.hidden * BF16 if recompute else _activation_bytes(model, tp, peak_tokens)
     working = (in_flight * layers * kept + (_activation_bytes(model, tp, peak_tokens) if recompute else 0)
-               + 2 * _logits_bytes(model, tp, peak_tokens) + sharding.gathered_bytes(s.zero, layer, backward=True)
+               + max(_logits_held(call, model, tp, peak_tokens, True),
+                     _logits_held(call, model, tp, peak_tokens, False) if behaviour else 0.0)
+               + sharding.gathered_bytes(s.zero, layer, backward=True)
                + _ring_buffers(model, s, peak_tokens, backward=True))
     # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
     master = (params * sharding.weight_bytes_per_param(s.zero, shards)

@@ -37,6 +37,32 @@ SYNC_EVERY = 4  # a generation call's default sync_every
 OldLogprobs = Literal["later_steps", "whole_batch", "rollout"]
 
 
+class LogitsPath(FileModel):
+    """How an engine computes a scoring or training call's log-probabilities over the vocabulary,
+    where it does so otherwise than realbench prices by default (realbench.cost.calls: the logits of
+    a micro-batch held whole, FP32 bytes a logit in a forward and twice that in training, LOGIT_BYTES
+    moved a logit): bytes held a logit at the peak of a forward (a train call's forwards for its old
+    log-probabilities too) and of a train pass, over every token of the micro-batch or, where the
+    engine computes them chunk by chunk and never whole, over `chunk_tokens` tokens; the element-wise
+    bytes a logit moves in a forward (a backward moves twice as many); and whether the backward
+    computes a chunk's logits again (one more output-layer matmul a pass). Read from an engine's
+    settings (realbench.engines.verl.logits_paths: its fused kernels, its eager entropy)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    forward_bytes: float = Field(ge=0)
+    train_bytes: Optional[float] = Field(default=None, ge=0)
+    moved_bytes: float = Field(gt=0)
+    chunk_tokens: Optional[int] = Field(default=None, gt=0)
+    recomputed: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "LogitsPath":
+        if self.recomputed and self.chunk_tokens is None:
+            raise ValueError("recomputed is for logits computed chunk by chunk (give chunk_tokens)")
+        return self
+
+
 class CallDef(FileModel):
     """One model function call.
 
@@ -82,6 +108,9 @@ class CallDef(FileModel):
     # and a paged KV cache in the rest, which bounds the sequences that decode together
     # (realbench.cost.calls.serving_slots); None: realbench's rollout, a cache for every slot
     memory_fraction: Optional[float] = Field(default=None, gt=0, le=1)
+    # inference or train of a language model, an engine's: how it computes the log-probabilities
+    # over the vocabulary (None: as realbench prices its own runtime's)
+    logits: Optional[LogitsPath] = None
     # inference with the model's LoRA adapters switched off: its frozen base (the reference of a
     # policy trained with LoRA, as TRL and verl compute it), which never needs new weights
     adapters: bool = True
@@ -107,6 +136,10 @@ class CallDef(FileModel):
         elif self.lengths is not None and (self.kind == CallKind.FUNCTION or self.lengths.max >= self.seq_len):
             raise ValueError(f"response lengths up to {self.lengths.max} do not fit in sequences of {self.seq_len} "
                              f"tokens of a {self.kind.value} call")
+        if self.logits is not None and self.kind not in (CallKind.INFERENCE, CallKind.TRAIN):
+            raise ValueError(f"logits is for inference and train calls (this is a {self.kind.value} call)")
+        if self.logits is not None and (self.kind == CallKind.TRAIN) != (self.logits.train_bytes is not None):
+            raise ValueError("logits: train_bytes is given for a train call's passes, and only for them")
         if not self.adapters and self.kind != CallKind.INFERENCE:
             raise ValueError(f"adapters: false is for inference calls (this is a {self.kind.value} call)")
         if (self.optimizer_steps != 1 or self.iterations != 1 or self.old_logprobs != "later_steps") \

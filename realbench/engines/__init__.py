@@ -43,8 +43,8 @@ def unread_settings(engine: str, path: str, overrides: list[str]) -> list[str]:
     module = engine_module(engine)
     if not hasattr(module, "unread"):
         return []
-    _, settings, given = module.read_config(path, overrides)
-    return module.unread(settings, given)
+    settings_engine, settings, given = module.read_config(path, overrides)
+    return module.unread(settings_engine, settings, given)
 
 
 def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
@@ -140,6 +140,7 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
 def priced_as(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as `engine` runs it: the cost model prices what the engine does differently
     (OpenRLHF's and AReaL's weight broadcast to their servers) where the scenario names the engine,
+    the log-probabilities as realbench prices them by default where it names another (`logits`),
     the old log-probabilities as the engine takes them (`old_logprobs`), rows packed as it
     packs them (`padding_free`), and its rollout's serving engine taking the scenario's share of
     each GPU's memory, or the engine's default share (the module's MEMORY_FRACTION)."""
@@ -149,7 +150,8 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
     packed = padding_free(scenario, engine)
     # (models kept padded apart from the others: the engine's own setting, verl's; another engine has one)
     padded_apart = bool(scenario.training.padded_models) and scenario.engine != engine
-    scenario = scenario if scenario.engine == engine else scenario.model_copy(update={"engine": engine})
+    # (how an engine computes the log-probabilities is its own: verl's fused kernels are not another's)
+    scenario = scenario if scenario.engine == engine else scenario.without_logits().model_copy(update={"engine": engine})
     mode = old_logprobs(scenario, engine)
     scenario = scenario if mode == scenario.training.old_logprobs else scenario.with_old_logprobs(mode)
     if packed == scenario.training.padding_free and not padded_apart:

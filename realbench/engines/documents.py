@@ -23,11 +23,13 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
                   padding_free: bool, max_staleness: int = 0, with_ref: bool = True,
-                  padded_models: tuple[str, ...] = (), memory_fraction: Optional[float] = None) -> tuple[dict, dict]:
+                  padded_models: tuple[str, ...] = (), memory_fraction: Optional[float] = None,
+                  logits: Optional[dict[str, dict]] = None) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
     old log-probabilities from (realbench.dataflow.core.OldLogprobs); `padding_free` whether it packs
     the rows of its scoring and training calls without padding (but `padded_models`' calls, which keep
-    theirs); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes; `rollout_server` its rollout's
+    theirs); `logits` how it computes calls' log-probabilities where not as realbench prices by default
+(training.logits, by call); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes; `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -56,7 +58,8 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                 "rollout_server": rollout_server,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
                 "training": {"num_iterations": epochs, "old_logprobs": old_logprobs, "padding_free": padding_free,
-                             **({"padded_models": list(padded_models)} if padded_models else {})}}
+                             **({"padded_models": list(padded_models)} if padded_models else {}),
+                             **({"logits": logits} if logits else {})}}
     plan = {"schema": "realbench.plan/1", "scenario": f"{name}.yaml", "calls": calls, "origin": {"method": origin}}
     if max_staleness:
         plan["max_staleness"] = max_staleness

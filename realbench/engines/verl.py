@@ -111,7 +111,9 @@ workers/engine/fsdp/transformer_impl.py:429-463: `offload_params` on its call) a
 where its `param_offload` says so (loaded whole for its call and sent back after it), the actor's or
 critic's `optimizer_offload` as its optimizer's states in host memory between updates and
 `param_offload` as its parameters there between calls, under FSDP or Megatron (`offload_optimizer`,
-`offload_params` on its train call: OFFLOAD_BLOCK). What is not priced
+`offload_params` on its train call: OFFLOAD_BLOCK), the logits of FSDP's fused kernels
+(`use_fused_kernels`) a 512-token chunk at a time, as measured in verl's own kernel (`training.logits`:
+logits_paths, which also says which entropy settings verl reads to no effect). What is not priced
 is said wherever a verl plan is read or written (`PRICING_GAPS`). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
@@ -140,6 +142,7 @@ import yaml
 
 from realbench.cost.calls import served_share_beyond_weights, serving_cache_problem
 from realbench.dataflow import CallKind
+from realbench.dataflow.core import LogitsPath
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
 from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, serving_gap, whole_alpha,
@@ -154,6 +157,7 @@ from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
 
 VERSION = "0.9.1"
+A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 ENTRY = "python3 -m verl.trainer.main_ppo"
 # verl's one-step-off entry point (verl/experimental/one_step_off_policy: main_ppo.py, ray_trainer.py,
 # config/one_step_off_ppo_trainer.yaml): the rollout on its own pool of GPUs, `rollout.nnodes` x
@@ -183,14 +187,14 @@ ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 BUILTIN_REWARD = f"{Path(__file__).with_name('verl_reward.py')}:default_compute_score"
 
 
-def unread(settings: dict[str, Any], given: set[str]) -> list[str]:
-    """The given settings verl's synchronous trainer does not read (IGNORED_BY_VERL), each with the
-    budget it packs the critic's calls to instead."""
-    if ROLLOUT_POOL[0] in settings:  # (the one-step-off entry reads them: a critic is refused there)
-        return []
-    return [f"{k}={settings[k]!r}: verl {VERSION}'s trainer does not read it; it packs both critic calls to "
-            f"{CRITIC_BUDGET}={settings[CRITIC_BUDGET]!r} (trainer/ppo/v1/trainer_base.py:266-268), as realbench "
-            "prices them" for k in IGNORED_BY_VERL if k in given]
+def unread(engine: str, settings: dict[str, Any], given: set[str]) -> list[str]:
+    """The given settings verl does not read, or reads to no effect on what it runs (IGNORED_BY_VERL,
+    and the entropy's settings where nothing computes the entropy they shape: _entropy_unread),
+    each with what verl runs instead."""
+    ignored = {} if ROLLOUT_POOL[0] in settings else dict(IGNORED_BY_VERL)  # (the one-step-off entry reads the
+    ignored.update(_entropy_unread(engine, settings))                       # critic's budgets: a critic is refused)
+    budget = repr(settings.get(CRITIC_BUDGET))
+    return [f"{k}={settings[k]!r}: {ignored[k].replace('{budget}', budget)}" for k in sorted(given) if k in ignored]
 
 
 def _builtin_reward(function: str) -> bool:
@@ -216,7 +220,104 @@ BUCKET_MB = 2048  # RolloutConfig's CheckpointEngineConfig default (workers/conf
 # settings verl's config holds and its synchronous V1 trainer does not read: the critic's budgets
 # (it packs both critic calls to CRITIC_BUDGET, trainer/ppo/v1/trainer_base.py:266-268; the
 # one-step-off entry's legacy trainer reads the first, and a critic is refused there)
-IGNORED_BY_VERL = ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu")
+_CRITIC_BUDGETS = (f"verl {VERSION}'s trainer does not read it; it packs both critic calls to {CRITIC_BUDGET}="
+                   "{budget} (trainer/ppo/v1/trainer_base.py:266-268), as realbench prices them")
+# and the role-level use_torch_compile: verl's FSDP engine compiles the entropy by its engine config's
+# (fsdp_config.use_torch_compile, trainer/config/engine/fsdp.yaml:54, which does not follow it;
+# workers/engine/fsdp/transformer_impl.py:182-186), its Megatron engine not at all (vocab_parallel_entropy)
+_COMPILE = ("verl {version}'s engines do not read it: the FSDP engine compiles the entropy by {block}.use_torch_compile "
+            "(trainer/config/engine/fsdp.yaml:54), the Megatron engine computes it uncompiled")
+IGNORED_BY_VERL = {"critic.ppo_max_token_len_per_gpu": _CRITIC_BUDGETS,
+                   "critic.forward_max_token_len_per_gpu": _CRITIC_BUDGETS,
+                   f"{A}.use_torch_compile": _COMPILE.format(version=VERSION, block=f"{A}.fsdp_config"),
+                   "actor_rollout_ref.ref.use_torch_compile": _COMPILE.format(
+                       version=VERSION, block="actor_rollout_ref.ref.fsdp_config")}
+# -- the log-probabilities over the vocabulary (CallDef.logits) --------------------------------------
+# verl's FSDP engine computes a micro-batch's log-probabilities from the model's bf16 logits, divided
+# by the temperature (workers/engine/fsdp/transformer_impl.py:1345-1395); the actor's forward for the
+# old log-probabilities computes the entropy too (trainer/ppo/v1/trainer_base.py:1545-1552), the
+# reference's never (:1591-1598), the actor's update only with entropy_coeff != 0 or calculate_entropy
+# (:1726-1728). realbench prices the logits as its runtime holds them (realbench.cost.calls: 4 bytes
+# a logit in a forward, 8 in training), and reads the settings that change that path:
+#   use_fused_kernels (actor_rollout_ref.model's, the actor's and the reference's engines,
+#   workers/engine_workers.py:114): the output layer, the log-probabilities and the entropy of
+#   FUSED_CHUNK tokens at a time in fp32, never the micro-batch's logits, and each chunk's logits
+#   computed again in the backward (models/transformers/dense_common.py:71-136,
+#   utils/experimental/torch_functional.py: FusedLinearForPPO, its torch backend, verl's default
+#   fused_kernel_options.impl_backend). FUSED_PATH: the bytes a chunk's logit holds at a forward's
+#   peak (its fp32 logits, softmax and one temporary: 12) and at a backward's (the recomputed logits,
+#   softmax, one-hot, their difference and the gradient's terms: 28 with the entropy's gradient,
+#   20 without), measured running verl's own functions (tests/verl_logits.py); and the element-wise
+#   bytes a logit moves in its forward, counted op by op in _fused_linear_for_ppo_fwd as run eagerly
+#   (divide 4, fp32 cast 6, softmax 8, logsumexp 24, probabilities x logits 12 and their sum 4, the
+#   cross-entropy 4: 62; its backward is priced at twice that plus the recomputed forward, 186 where
+#   the op count of _fused_linear_for_ppo_bwd is 148). The Triton backend and Megatron's fused forward
+#   (models/mcore/model_forward_fused.py) are other kernels, refused by name.
+#   entropy_from_logits_with_chunking / entropy_checkpointing (the engine config's, which follows the
+#   role's): they shape the entropy's computation. The actor's forward-only pass holds no more
+#   chunked than whole (never its train call's peak, which its update sets), so they are priced as
+#   they run where the update computes no entropy; with an entropy in the update (each chunk's fp32
+#   copy and softmax kept for the backward, or recomputed there) they are refused by name. The
+#   reference computes no entropy, and under the fused kernels nothing reads them: said on import
+#   (`unread`), carried as given.
+FUSED = "actor_rollout_ref.model.use_fused_kernels"
+FUSED_BACKEND = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+FUSED_CHUNK = 512  # FusedLinearForPPO's chunk_size (utils/experimental/torch_functional.py)
+FUSED_FORWARD_BYTES, FUSED_TRAIN_BYTES, FUSED_TRAIN_BYTES_NO_ENTROPY, FUSED_MOVED_BYTES = 12.0, 28.0, 20.0, 62.0
+ENTROPY_SETTINGS = ("entropy_from_logits_with_chunking", "entropy_checkpointing", "entropy_from_logits_chunk_size")
+ENTROPY_DEFAULTS = {"entropy_from_logits_with_chunking": False, "entropy_checkpointing": False,
+                    "entropy_from_logits_chunk_size": 2048}
+ENGINE_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config"},
+                "megatron": {"actor": f"{A}.megatron", "ref": "actor_rollout_ref.ref.megatron"}}
+ROLE_BLOCK = {"actor": A, "ref": "actor_rollout_ref.ref"}
+
+
+def _entropy_in_update(s: dict[str, Any]) -> bool:
+    """Whether the actor's update computes the entropy (trainer/ppo/v1/trainer_base.py:1726-1728)."""
+    return bool(s[f"{A}.calculate_entropy"]) or float(s[f"{A}.entropy_coeff"]) != 0.0
+
+
+def _entropy_keys(engine: str, role: str) -> list[str]:
+    return [f"{block}.{k}" for block in (ROLE_BLOCK[role], ENGINE_BLOCK[engine][role]) for k in ENTROPY_SETTINGS]
+
+
+def _entropy_unread(engine: str, s: dict[str, Any]) -> dict[str, str]:
+    """The entropy's settings verl reads to no effect, with why: the reference's (it computes no
+    entropy) and, under the fused kernels, the actor's (the kernels compute it)."""
+    out = {k: "the reference computes no entropy (verl/trainer/ppo/v1/trainer_base.py:1591-1598)"
+           for k in _entropy_keys(engine, "ref")}
+    if s.get(FUSED):
+        out.update({k: f"{FUSED} computes the entropy in its own kernels, which nothing else reads "
+                       "(workers/engine/fsdp/transformer_impl.py:1333-1343)" for k in _entropy_keys(engine, "actor")})
+    return out
+
+
+def logits_paths(engine: str, s: dict[str, Any], source: str) -> dict[str, LogitsPath]:
+    """How verl computes the actor's and the reference's log-probabilities, by call
+    (training.logits: only where it holds them otherwise than realbench prices by default), or a
+    ConfigError naming a setting whose way realbench does not price."""
+    actor_block = ENGINE_BLOCK[engine]["actor"]
+    if s[FUSED]:
+        if engine == "megatron":
+            raise ConfigError("True with model_engine megatron: Megatron's fused forward (verl/models/mcore/"
+                              "model_forward_fused.py, Triton kernels) is not priced; FSDP's torch backend is",
+                              FUSED, source)
+        if s[FUSED_BACKEND] != "torch":
+            raise ConfigError(f"{s[FUSED_BACKEND]!r}: the Triton kernels (verl/utils/kernel/linear_cross_entropy.py) "
+                              "are not priced; their torch backend is", FUSED_BACKEND, source)
+        train = FUSED_TRAIN_BYTES if _entropy_in_update(s) else FUSED_TRAIN_BYTES_NO_ENTROPY
+        path = dict(forward_bytes=FUSED_FORWARD_BYTES, moved_bytes=FUSED_MOVED_BYTES, chunk_tokens=FUSED_CHUNK,
+                    recomputed=True)
+        return {"actor_train": LogitsPath(**path, train_bytes=train), "ref_inf": LogitsPath(**path)}
+    if _entropy_in_update(s):
+        for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing"):
+            if s[f"{actor_block}.{k}"]:
+                raise ConfigError(f"True with an entropy in the actor's update ({A}.entropy_coeff "
+                                  f"{s[f'{A}.entropy_coeff']!r}): what it keeps for the backward is not priced",
+                                  f"{actor_block}.{k}", source)
+    return {}
+
+
 # sections of verl's config whose keys are the user's own (Hydra's `+key=value` adds them): the
 # chat template's keyword arguments (data.apply_chat_template_kwargs, handed to the tokenizer's
 # apply_chat_template: enable_thinking, say), which shape the prompts' text; realbench prices
@@ -255,7 +356,6 @@ SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 MEMORY_FRACTION = 0.5
 
-A, R, RM = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "reward.reward_model"
 # the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
 # name -> verl's; and whether the rollout receives the adapters merged into the base
 # (verl/workers/engine/fsdp/transformer_impl.py:995-1014: else the adapters alone once the base is there)
@@ -332,6 +432,8 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            *IGNORED_BY_VERL,
            BUCKET,  # (read by sync_buffer_problem, carried as given)
            *OPEN_SECTIONS,
+           # (the entropy's: what they may change is checked where a plan is read and written, logits_paths)
+           *(k for engine in ENGINE_BLOCK for role in ROLE_BLOCK for k in _entropy_keys(engine, role)),
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
@@ -681,7 +783,7 @@ READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), 
             for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         f"{RM}.enable_resource_pool", f"{RM}.nnodes", f"{RM}.n_gpus_per_node",
-        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH} | {
+        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH, FUSED, FUSED_BACKEND} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                   "context_parallel_size", "dynamic_context_parallel",
@@ -696,6 +798,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     cap; realbench.engines.verl_packer counts its micro-batches). `gpus_per_node`: the
     node size, for the one-step-off entry's two pools (the synchronous trainer's config gives it)."""
     refuse_unpriced(engine, s, given, source)
+    logits = logits_paths(engine, s, source)
     one_step_off = ROLLOUT_POOL[0] in s
     if one_step_off:
         if s[HYBRID]:
@@ -964,7 +1067,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          max_staleness=1 if one_step_off else 0,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=padding_free, padded_models=padded,
-                         memory_fraction=s[MEMORY])
+                         memory_fraction=s[MEMORY], logits={k: v.model_dump(exclude_defaults=True)
+                                                            for k, v in logits.items() if k in calls})
 
 
 POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
@@ -1067,6 +1171,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     if scenario.models["actor"].lora is not None and not fsdp:
         return "calls.actor_train.zero", ("realbench writes verl's FSDP LoRA (lora_rank): train the LoRA actor with "
                                           "FSDP (zero 2 or 3)")
+    if scenario.training.logits and not fsdp:
+        return "calls.actor_train.zero", (f"realbench writes verl's fused kernels ({FUSED}) for its FSDP engine, as it "
+                                          "prices them: train the actor with FSDP (zero 2 or 3)")
     for role, call in (("actor", "actor_train"), ("critic", "critic_train")):
         version = fsdp_version(scenario, role)
         if version is None or call not in options:
@@ -1359,7 +1466,31 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             out.update({f"{o}.recompute_granularity": "full" if s.checkpointing else None,
                         f"{o}.recompute_method": "uniform" if s.checkpointing else None,
                         f"{o}.recompute_num_layers": 1 if s.checkpointing else None})
+    if _fused_of(scenario, engine):
+        out[FUSED] = True
     return engine, out
+
+
+def _fused_of(scenario: Scenario, engine: str) -> bool:
+    """use_fused_kernels for the scenario's training.logits: verl's fused kernels where it gives
+    theirs (logits_paths, with the scenario's carried settings: the entropy in the update), none where
+    it gives none; another way of computing the log-probabilities is refused by name."""
+    given = scenario.training.logits
+    if not given:
+        return False
+    settings = resolve(engine, {**{k: v for k, v in scenario.engine_settings.items() if k in known_keys(engine)},
+                                FUSED: True})
+    try:
+        fused = logits_paths(engine, settings, "engine_settings")
+    except ConfigError as e:
+        raise ConfigError(f"{e.message} ({e.field}, for verl's fused kernels)", "training.logits") from None
+    calls = {c.name for c in scenario.dataflow.calls}
+    for name in sorted((set(fused) & calls) | set(given)):
+        if fused.get(name) != given.get(name):
+            raise ConfigError("verl computes the log-probabilities as realbench prices by default, or with its fused "
+                              f"kernels ({FUSED}), priced as {fused.get(name)}: not otherwise",
+                              f"training.logits.{name}")
+    return True
 
 
 def config_document(engine: str, settings: dict[str, Any]) -> dict:
@@ -1479,9 +1610,9 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         packed = all(_remove_padding(scenario)[:2 if critic else 1])
         # (groups the model's heads do not split are dropped with their options: `valid`)
         layouts += [(1, 1, 1, (3, 2), 3, sp) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed]
-    # (a LoRA actor: verl's FSDP LoRA only, see space_problem)
+    # (a LoRA actor: verl's FSDP LoRA only; its fused kernels: FSDP's only; see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
-               and actor.lora is None):
+               and actor.lora is None and not scenario.training.logits):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 for cp in divisors(N // (tp * pp)):  # (its rings inside a node or across whole nodes)

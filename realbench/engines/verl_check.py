@@ -5,6 +5,9 @@ OmegaConf only, never realbench.
     .venv-verl/bin/python realbench/engines/verl_check.py defaults
         every key of verl's composed ppo_trainer config and its default value, per model_engine
         (dp: FSDP, megatron), interpolations unresolved: realbench/engines/verl-0.9.1.json
+    .venv-verl/bin/python realbench/engines/verl_check.py fused forward|train entropy|none
+        the peak memory of verl's fused kernels (FSDP's use_fused_kernels, torch backend) on 2048
+        tokens, in bytes a logit of one of its chunks (realbench.engines.verl.FUSED_*_BYTES)
     .venv-verl/bin/python realbench/engines/verl_check.py validate CONFIG.yaml [overrides...]
         composes CONFIG.yaml (a Hydra primary config whose defaults list names ppo_trainer) with
         the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
@@ -135,6 +138,14 @@ def validate(config: str, overrides: list[str]) -> dict:
             "calculate_log_probs": rollout.calculate_log_probs,
             # the weight sync's buffer a GPU, in MB (realbench checks it fits in the KV cache the sync runs without)
             "bucket_mb": rollout.checkpoint_engine.update_weights_bucket_megabytes,
+            # the log-probabilities' path as the engines read it: the model's fused kernels (each
+            # engine's engine_config.use_fused_kernels, workers/engine_workers.py:114) and their
+            # backend; the actor engine config's entropy settings and torch.compile
+            "use_fused_kernels": arr.model.use_fused_kernels,
+            "fused_backend": arr.model.fused_kernel_options.get("impl_backend"),
+            "engine_use_torch_compile": getattr(actor.engine, "use_torch_compile", None),
+            "engine_entropy_chunking": actor.engine.entropy_from_logits_with_chunking,
+            "engine_entropy_checkpointing": getattr(actor.engine, "entropy_checkpointing", None),
             # the chat template's keyword arguments, the user's own (carried)
             "chat_template_kwargs": OmegaConf.to_container(cfg.data.apply_chat_template_kwargs),
             # the scorer: the user's reward function, or with neither it nor a reward model verl's own
@@ -286,7 +297,45 @@ def count(path: str) -> dict:
     return {"counts": counts, "tokens": tokens}
 
 
+def fused_peak(train: bool, entropy: bool, tokens: int = 2048, vocab: int = 65536, hidden: int = 32) -> dict:
+    """The peak memory of verl's fused kernels (FusedLinearForPPO, the torch backend FSDP's
+    use_fused_kernels runs) on `tokens` tokens, over what was there before, in bytes a logit of one
+    of its chunks: its forward alone, or with `train` its forward and backward (the entropy's
+    gradient too with `entropy`, as an update with an entropy term takes it). Measured as the
+    process's peak resident memory (ru_maxrss: run it in a fresh process) above the resident memory
+    before the call, CPU allocations being returned to the system at free at these sizes."""
+    import resource
+
+    import torch
+    from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+    def resident() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def run(n: int) -> None:
+        states = torch.randn(n, hidden, dtype=torch.bfloat16, requires_grad=train)
+        kernel = FusedLinearForPPO()
+        with torch.set_grad_enabled(train):
+            log_probs, entropy_out = kernel(states, weights, labels[:n], temperature=1.0)
+            if train:  # (an unused entropy gets no gradient: the kernel skips its terms)
+                (log_probs.sum() + (entropy_out.sum() if entropy else 0)).backward()
+
+    torch.manual_seed(0)
+    weights = (torch.randn(vocab, hidden) * 0.02).to(torch.bfloat16).requires_grad_(train)
+    labels = torch.randint(0, vocab, (tokens,))
+    run(64)  # (the kernels' first call allocates what every call reuses)
+    weights.grad = None
+    before, high = resident(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    run(tokens)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    chunk = FusedLinearForPPO().chunk_size
+    return {"chunk_tokens": chunk, "bytes_per_chunk_logit": (peak - before) / (chunk * vocab), "above_before": peak > high}
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["fused"] and len(argv) == 3:
+        print(json.dumps(fused_peak(argv[1] == "train", argv[2] == "entropy")))
+        return 0
     if argv[:1] == ["defaults"]:
         print(json.dumps(defaults(), sort_keys=True, default=str))
         return 0

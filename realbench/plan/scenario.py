@@ -196,7 +196,8 @@ class Scenario(DerivedValues):
         old_logprobs = training.old_logprobs if isinstance(training, TrainingSpec) else "later_steps"
         padding_free = isinstance(training, TrainingSpec) and training.padding_free
         padded = training.padded_models if padding_free else ()
-        if functions or own or iterations > 1 or old_logprobs != "later_steps" or padding_free:
+        logits = training.logits if isinstance(training, TrainingSpec) else {}
+        if functions or own or iterations > 1 or old_logprobs != "later_steps" or padding_free or logits:
             v = validate_model(Dataflow, v) if isinstance(v, dict) else v
             calls = []
             for c in v.calls:
@@ -207,6 +208,8 @@ class Scenario(DerivedValues):
                     c = c.model_copy(update={"old_logprobs": old_logprobs})
                 if padding_free and _packs_rows(c):  # (a document's calls may say otherwise: the section wins)
                     c = c.model_copy(update={"padding_free": c.model not in padded})
+                if c.name in logits:
+                    c = _with_logits(c, logits[c.name], models)
                 if c.model in beside and c.kind == CallKind.INFERENCE and set(c.outputs) <= SCORES:
                     # the model's score goes to the functions' call, which adds theirs (weighted)
                     calls.append(c.model_copy(update={"outputs": tuple(f"model_{k}" for k in c.outputs)}))
@@ -231,6 +234,13 @@ class Scenario(DerivedValues):
         if self.training.padding_free and not self.engine:
             raise ConfigError("realbench's runtime pads a micro-batch to its longest row: rows packed without "
                               "padding are an engine's (give engine:, or leave it out)", "training.padding_free")
+        if self.training.logits and not self.engine:
+            raise ConfigError("how an engine computes the log-probabilities: a scenario of realbench's own runtime "
+                              "has its own (leave them out, or give engine:)", "training.logits")
+        for name in self.training.logits:
+            if name not in {c.name for c in self.dataflow.calls}:
+                raise ConfigError(f"{name!r} is not a call of the dataflow ({', '.join(c.name for c in self.dataflow.calls)})",
+                                  "training.logits")
         for model in self.training.padded_models:
             if model not in self.models:
                 raise ConfigError(f"{model!r} is not a model of the scenario ({', '.join(self.models)})",
@@ -338,6 +348,17 @@ class Scenario(DerivedValues):
         training = self.training.model_copy(update={"padding_free": packed, "padded_models": ()})
         flow = self.dataflow.with_calls([c.model_copy(update={"padding_free": packed}) if _packs_rows(c) else c
                                          for c in self.dataflow.calls])
+        copy = self.model_copy(update={"training": training, "dataflow": flow})
+        copy.__dict__.pop("options", None)  # (option sets hold the calls)
+        return copy
+
+    def without_logits(self) -> "Scenario":
+        """The scenario whose calls compute their log-probabilities as realbench prices by default
+        (no training.logits: another engine's way of computing them)."""
+        if not self.training.logits:
+            return self
+        training = self.training.model_copy(update={"logits": {}})
+        flow = self.dataflow.with_calls([c.model_copy(update={"logits": None}) for c in self.dataflow.calls])
         copy = self.model_copy(update={"training": training, "dataflow": flow})
         copy.__dict__.pop("options", None)  # (option sets hold the calls)
         return copy
@@ -503,6 +524,20 @@ def _scorers(role: str, entries: list, base: Path) -> dict:
     except ConfigError as e:
         raise e.within("0") from None
     return {role: model, FUNCTIONS_OF.format(role): function_spec(merged, base, role, model_score=True)}
+
+
+def _with_logits(call: CallDef, path: Any, models: dict) -> CallDef:
+    """`call` with the engine's way of computing its log-probabilities (training.logits)."""
+    where = f"training.logits.{call.name}"
+    if call.kind not in (CallKind.INFERENCE, CallKind.TRAIN):
+        raise ConfigError(f"a {call.kind.value} call computes no log-probabilities", where)
+    model = models.get(call.model)
+    if isinstance(model, FunctionSpec) or getattr(model, "value_head", False):
+        raise ConfigError(f"{call.model!r} has a value head, no logits over a vocabulary", where)
+    if (call.kind == CallKind.TRAIN) != (path.train_bytes is not None):
+        raise ConfigError(f"give train_bytes for a train call's passes, and only for them (this is a "
+                          f"{call.kind.value} call)", where)
+    return call.model_copy(update={"logits": path})
 
 
 def _reference_from_base(df: Any, models: dict) -> Any:

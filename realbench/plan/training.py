@@ -26,7 +26,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from realbench.dataflow.core import OldLogprobs
+from realbench.dataflow.core import LogitsPath, OldLogprobs
 from realbench.errors import ConfigError
 from realbench.schema import refuse_unknown_keys
 
@@ -116,6 +116,10 @@ class TrainingSpec(OptimizerSettings):
     # models whose scoring and training calls keep their padding where padding_free packs the
     # others' (verl's use_remove_padding is per model: actor_rollout_ref.model's, critic.model's)
     padded_models: tuple[str, ...] = ()
+    # an engine's scenario: how it computes the log-probabilities of a call's rows over the
+    # vocabulary, by call name (realbench.dataflow.core.LogitsPath: verl's fused kernels, its eager
+    # entropy); a call not named here is priced as realbench's runtime computes them
+    logits: dict[str, LogitsPath] = Field(default_factory=dict)
     loss_type: Optional[Literal["grpo", "dr_grpo", "dapo", "bnpo", "rloo"]] = None  # None: DEFAULTS
     normalize_advantages: bool = False  # RLOO's: whitened over the batch (TRL's RLOOConfig)
     scale_rewards: Literal["group", "batch", "none"] = "group"
