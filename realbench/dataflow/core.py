@@ -46,7 +46,7 @@ class LogitsPath(FileModel):
     engine computes them chunk by chunk and never whole, over `chunk_tokens` tokens; the element-wise
     bytes a logit moves in a forward (a backward moves twice as many); and whether the backward
     computes a chunk's logits again (one more output-layer matmul a pass). Read from an engine's
-    settings (realbench.engines.verl.logits_paths: its fused kernels, its eager entropy)."""
+    settings (realbench.engines.verl.logits_paths: its fused kernels)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -244,10 +244,10 @@ IGNORED_BY_VERL = {"critic.ppo_max_token_len_per_gpu": _CRITIC_BUDGETS,
 #   FUSED_CHUNK tokens at a time in fp32, never the micro-batch's logits, and each chunk's logits
 #   computed again in the backward (models/transformers/dense_common.py:71-136,
 #   utils/experimental/torch_functional.py: FusedLinearForPPO, its torch backend, verl's default
-#   fused_kernel_options.impl_backend). FUSED_PATH: the bytes a chunk's logit holds at a forward's
+#   fused_kernel_options.impl_backend). FUSED_*_BYTES: the bytes a chunk's logit holds at a forward's
 #   peak (its fp32 logits, softmax and one temporary: 12) and at a backward's (the recomputed logits,
 #   softmax, one-hot, their difference and the gradient's terms: 28 with the entropy's gradient,
-#   20 without), measured running verl's own functions (tests/verl_logits.py); and the element-wise
+#   20 without), measured running verl's own kernel (verl_check.py fused); and the element-wise
 #   bytes a logit moves in its forward, counted op by op in _fused_linear_for_ppo_fwd as run eagerly
 #   (divide 4, fp32 cast 6, softmax 8, logsumexp 24, probabilities x logits 12 and their sum 4, the
 #   cross-entropy 4: 62; its backward is priced at twice that plus the recomputed forward, 186 where
@@ -265,8 +265,6 @@ FUSED_BACKEND = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
 FUSED_CHUNK = 512  # FusedLinearForPPO's chunk_size (utils/experimental/torch_functional.py)
 FUSED_FORWARD_BYTES, FUSED_TRAIN_BYTES, FUSED_TRAIN_BYTES_NO_ENTROPY, FUSED_MOVED_BYTES = 12.0, 28.0, 20.0, 62.0
 ENTROPY_SETTINGS = ("entropy_from_logits_with_chunking", "entropy_checkpointing", "entropy_from_logits_chunk_size")
-ENTROPY_DEFAULTS = {"entropy_from_logits_with_chunking": False, "entropy_checkpointing": False,
-                    "entropy_from_logits_chunk_size": 2048}
 ENGINE_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config"},
                 "megatron": {"actor": f"{A}.megatron", "ref": "actor_rollout_ref.ref.megatron"}}
 ROLE_BLOCK = {"actor": A, "ref": "actor_rollout_ref.ref"}

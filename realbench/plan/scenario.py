@@ -237,10 +237,10 @@ class Scenario(DerivedValues):
         if self.training.logits and not self.engine:
             raise ConfigError("how an engine computes the log-probabilities: a scenario of realbench's own runtime "
                               "has its own (leave them out, or give engine:)", "training.logits")
+        calls = [c.name for c in self.dataflow.calls]
         for name in self.training.logits:
-            if name not in {c.name for c in self.dataflow.calls}:
-                raise ConfigError(f"{name!r} is not a call of the dataflow ({', '.join(c.name for c in self.dataflow.calls)})",
-                                  "training.logits")
+            if name not in calls:
+                raise ConfigError(f"{name!r} is not a call of the dataflow ({', '.join(calls)})", "training.logits")
         for model in self.training.padded_models:
             if model not in self.models:
                 raise ConfigError(f"{model!r} is not a model of the scenario ({', '.join(self.models)})",
