@@ -327,8 +327,8 @@ def test_verls_fused_kernels_are_priced_a_chunk_at_a_time_as_measured_in_verls_o
                                   ("train", "none", verl.FUSED_TRAIN_BYTES_NO_ENTROPY),
                                   ("train", "entropy", verl.FUSED_TRAIN_BYTES)):
         measured = verl_check("fused", mode, entropy)
-        assert measured["chunk_tokens"] == verl.FUSED_CHUNK and measured["above_before"], measured
-        assert measured["bytes_per_chunk_logit"] == pytest.approx(priced, rel=0.1), (mode, entropy, measured)
+        assert measured["chunk_tokens"] == verl.FUSED_CHUNK and measured["allocations"] > 0, measured
+        assert measured["bytes_per_chunk_logit"] == pytest.approx(priced, rel=0.02), (mode, entropy, measured)
     base, _, _ = imported(cli, job, "grpo_qwen_fsdp.yaml")
     result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", FUSED, *GSPO_ENTROPY,
                                       "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true")

@@ -301,16 +301,12 @@ def fused_peak(train: bool, entropy: bool, tokens: int = 2048, vocab: int = 6553
     """The peak memory of verl's fused kernels (FusedLinearForPPO, the torch backend FSDP's
     use_fused_kernels runs) on `tokens` tokens, over what was there before, in bytes a logit of one
     of its chunks: its forward alone, or with `train` its forward and backward (the entropy's
-    gradient too with `entropy`, as an update with an entropy term takes it). Measured as the
-    process's peak resident memory (ru_maxrss: run it in a fresh process) above the resident memory
-    before the call, CPU allocations being returned to the system at free at these sizes."""
-    import resource
-
+    gradient too with `entropy`, as an update with an entropy term takes it). Measured at torch's
+    CPU allocator (the profiler's memory events, summed in order): the same on every machine, where
+    the process's resident memory depends on how the C library returns freed pages."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
     from verl.utils.experimental.torch_functional import FusedLinearForPPO
-
-    def resident() -> int:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     def run(n: int) -> None:
         states = torch.randn(n, hidden, dtype=torch.bfloat16, requires_grad=train)
@@ -325,11 +321,16 @@ def fused_peak(train: bool, entropy: bool, tokens: int = 2048, vocab: int = 6553
     labels = torch.randint(0, vocab, (tokens,))
     run(64)  # (the kernels' first call allocates what every call reuses)
     weights.grad = None
-    before, high = resident(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    run(tokens)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run(tokens)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    held = peak = 0
+    for event in events:  # (nbytes: positive where allocated, negative where freed)
+        held += event.nbytes()
+        peak = max(peak, held)
     chunk = FusedLinearForPPO().chunk_size
-    return {"chunk_tokens": chunk, "bytes_per_chunk_logit": (peak - before) / (chunk * vocab), "above_before": peak > high}
+    return {"chunk_tokens": chunk, "bytes_per_chunk_logit": peak / (chunk * vocab), "allocations": len(events)}
 
 
 def main(argv: list[str]) -> int:
