@@ -98,6 +98,61 @@ def test_zero_stages_shard_memory_and_price_their_collectives_worked_by_hand():
     assert few.dp_comm_s == pytest.approx(gather + host - few.compute_s + first + M7.layer_params / 8 * 4 / 64e9)
 
 
+def test_hybrid_sharding_shards_within_a_node_and_all_reduces_across_worked_by_hand():
+    """FSDP's hybrid sharding (verl's fsdp_size 8) of a 7B model over 2 nodes of 8 (dp 16), 4
+    micro-batches (realbench.cost.sharding): the state sharded over a node's 8 devices, 16/8 bytes a
+    parameter, Adam over 1/8 of them; each micro-batch's 3 passes over the shard gather on NVLink
+    (7/8 x 2P over 455.4 GB/s) and the 2P/8 gradient shard is all-reduced with the other node's
+    copy over the network (2 nodes, one device each: 2P/8 bytes over 36.6 GB/s plus two latencies),
+    beside the compute; against full sharding over both nodes, 16/16 bytes a parameter and
+    NCCL's two-level gathers."""
+    from realbench.plan.options import strategy_problem
+
+    call, P = train_call(), M7.n_params
+    mesh = Mesh(0, 2, 0, 8)
+    full = call_cost(call, M7, H100, Option(mesh, Strategy(16, 1, 1, 4, zero=3)))
+    hybrid = call_cost(call, M7, H100, Option(mesh, Strategy(16, 1, 1, 4, zero=3, shard_group=8)))
+    assert full.master_bytes == pytest.approx(P, rel=1e-6) and hybrid.master_bytes == pytest.approx(2 * P, rel=1e-6)
+    assert hybrid.weights_bytes == pytest.approx(2 * P / 8, rel=1e-6)
+    assert hybrid.optimizer_s == pytest.approx(2 * full.optimizer_s, rel=1e-9)
+    assert hybrid.compute_s == full.compute_s
+    bw, lat, out_bw, out_lat = H100.intra_bw, H100.intra_latency_s, H100.inter_bw, H100.inter_latency_s
+    assert (bw, out_bw) == (455.4e9, 36.585e9)
+    gather = 7 / 8 * 2 * P / bw + 7 * lat
+    across = 2 * P / 8 / out_bw + 2 * out_lat
+    first = 7 / 8 * 2 * M7.layer_params / bw + 7 * lat
+    per_micro_batch = hybrid.compute_s / 4
+    assert hybrid.dp_comm_s == pytest.approx(4 * max(0.0, 3 * gather + across - per_micro_batch) + first, rel=1e-9)
+    assert full.dp_comm_s == pytest.approx(4 * max(0.0, 3 * comm.all_gather(H100, 16, 2 * P, True, 8) - per_micro_batch)
+                                           + comm.all_gather(H100, 16, 2 * M7.layer_params, True, 8), rel=1e-9)
+    # on micro-batches of few rows the collectives outlast the compute: the all-reduce in the open
+    few = train_call(seqs=16, seq_len=128)
+    small = call_cost(few, M7, H100, Option(mesh, Strategy(16, 1, 1, 1, zero=3, shard_group=8)))
+    assert 3 * gather + across > small.compute_s
+    assert small.dp_comm_s == pytest.approx(3 * gather + across - small.compute_s + first, rel=1e-9)
+    # a forward-only call gathers inside the node and reduces nothing
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+    inf = call_cost(ref, M7, H100, Option(mesh, Strategy(16, 1, 1, 4, zero=3, shard_group=8)))
+    assert inf.weights_bytes == pytest.approx(2 * P / 8, rel=1e-6)
+    assert inf.dp_comm_s == pytest.approx(4 * max(0.0, gather - inf.compute_s / 4) + first, rel=1e-9)
+    # the weight sync to a rollout on the same GPUs gathers each node's shards on NVLink
+    rollout = Option(mesh, Strategy(8, 2, 1))
+    assert realloc_time(M7, H100, Option(mesh, Strategy(16, 1, 1, 4, zero=3, shard_group=8)), rollout) == \
+        pytest.approx(7 / 8 * 2 * P / bw + 7 * lat, rel=1e-12)
+    # zero 2 (FSDP's _HYBRID_SHARD_ZERO2): 4 reduce-scatters and a gather in the node, 4 all-reduces across
+    zero2 = call_cost(call, M7, H100, Option(mesh, Strategy(16, 1, 1, 4, zero=2, shard_group=8)))
+    assert zero2.dp_comm_s == pytest.approx(5 * gather + 4 * across, rel=1e-9)
+    assert zero2.master_bytes == pytest.approx((2 + 14 / 8) * P, rel=1e-6)
+    # what hybrid sharding cannot be
+    for strategy, reason in ((Strategy(16, 1, 1, 4, zero=1, shard_group=8), "FSDP's: zero 2 or 3"),
+                             (Strategy(16, 1, 1, 4, zero=3, shard_group=16), "all of them is full sharding"),
+                             (Strategy(16, 1, 1, 4, zero=3, shard_group=6), "into equal groups"),
+                             (Strategy(24, 1, 1, 4, zero=3, shard_group=12), "neither divides a node of 8")):
+        field, message = strategy_problem(call, M7, H100, mesh if strategy.dp < 24 else Mesh(0, 3, 0, 8), strategy)
+        assert field == "shard_group" and reason in message, (strategy, message)
+    assert strategy_problem(call, M7, H100, mesh, Strategy(4, 1, 1, 4, zero=3, sp=4, shard_group=4)) is None
+
+
 def test_ulysses_splits_a_micro_batch_by_sequence_worked_by_hand():
     """dp 4 x sp 2 against dp 8, 4 micro-batches each (realbench.cost.calls): a Ulysses group's 32
     rows a micro-batch, each device 16 x 1024 tokens of them, as each of dp 8's 16 rows; so the

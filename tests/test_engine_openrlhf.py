@@ -303,6 +303,8 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
     (("ds.enable_sleep=true", "ds.zero_stage=0"), "--ds.enable_sleep", "ZeRO optimizers only"),
     # CPU Adam runs under DeepSpeed's ZeRO optimizers (stage 0 keeps fp32 copies on the GPU)
     (("ds.adam_offload=true", "ds.zero_stage=0"), "--ds.adam_offload", "runs under its ZeRO optimizers"),
+    # ZeRO++'s hierarchical partition (read under stage 3, the script's)
+    (("ds.zpg=8",), "--ds.zpg", "hierarchical partitioning"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, flag, says):
     os.chdir(job)
@@ -310,6 +312,31 @@ def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overri
     assert code == 2 and err.count("\n") == 1, err
     assert flag in err and says in err, err
     assert not (job / "refused").exists()
+
+
+def test_zeropp_hierarchical_partitioning_is_carried_where_deepspeed_does_not_read_it(cli, job):
+    """--ds.zpg (ZeRO++'s zero_hpz_partition_size) is read by DeepSpeed under stage 3 only: beside
+    stage 2 it is carried to the exported command line as given, and the search inside OpenRLHF
+    then offers no stage 3, which would turn it on; a stage-3 plan with it is refused by name."""
+    from dataclasses import replace
+
+    from realbench.engines import import_config
+    from realbench.plan import load_scenario
+
+    os.chdir(job)
+    result, _, scenario = imported(cli, job, "grpo.args", "ds.zpg=8", name="zpg")
+    assert scenario["engine_settings"]["ds.zpg"] == 8
+    loaded = load_scenario(result["scenario"])
+    plans = list(openrlhf.configurations(loaded))
+    assert plans and {o.strategy.zero for p in plans for o in p.values()} == {0, 1, 2}
+    stage3 = {n: replace(o, strategy=replace(o.strategy, zero=3)) if n == "actor_train" else o
+              for n, o in plans[0].items()}
+    stage3 = {n: replace(o, strategy=replace(o.strategy, zero=3)) if n == "ref_inf" and o.strategy.shards > 1 else o
+              for n, o in stage3.items()}
+    problem = openrlhf.space_problem(loaded, stage3)
+    assert problem and problem[0] == "engine_settings.ds.zpg" and "hierarchical copy" in problem[1], problem
+    scenario_path, _ = import_config("openrlhf", "grpo.args", [], "no-zpg", overwrite=True)
+    assert 3 in {o.strategy.zero for p in openrlhf.configurations(load_scenario(str(scenario_path))) for o in p.values()}
 
 
 def test_a_hub_name_for_a_checkpoint_is_refused_naming_the_flag(cli, job):

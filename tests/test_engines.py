@@ -115,6 +115,8 @@ ULYSSES = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",)
 CONTEXT_PARALLEL = ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "critic.megatron.context_parallel_size=2")
 ULYSSES_EACH = ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",
                 "critic.fsdp.ulysses_sequence_parallel_size=2")
+# FSDP's hybrid sharding: the actor's state within groups of 4 GPUs, the critic's of 2 (the reference's: all 8)
+HSDP = ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "critic.fsdp.fsdp_size=2")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -362,6 +364,49 @@ def test_verls_fused_kernels_are_priced_a_chunk_at_a_time_as_measured_in_verls_o
     assert chunked["time_per_iter_s"] == base["time_per_iter_s"] and chunked["peak_mem_bytes"] == base["peak_mem_bytes"]
 
 
+def test_hybrid_sharding_is_read_from_fsdp_size_priced_within_a_node_and_searched(cli, job):
+    """fsdp_size 8 on 2 nodes of 8 (verl's Qwen3.5 FSDP examples set it): verl builds a (2, 8) mesh
+    and HYBRID_SHARD for the actor, read as shard_group 8 on its update only (the reference keeps
+    its own fsdp_size, -1). On LLaMA-7B (grpo-7b-16gpu as verl runs it) the actor holds its state
+    over 8 GPUs, not 16 (twice the bytes), and gathers it on NVLink instead of across the nodes: less
+    communication; the search inside verl offers both, and only across nodes."""
+    from dataclasses import replace
+
+    from realbench.cost.calls import call_cost
+    from realbench.engines import priced_as
+    from realbench.plan import Option, get_builtin
+
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "trainer.nnodes=2",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                          "actor_rollout_ref.actor.fsdp_config.fsdp_size=8", name="hybrid")
+    assert plan["calls"]["actor_train"]["shard_group"] == 8 and "shard_group" not in plan["calls"]["ref_inf"]
+    scenario = priced_as(get_builtin("grpo-7b-16gpu"), "verl")
+    default = verl.default_plan(scenario)["actor_train"]
+    assert default.mesh.nodes == 2 and default.strategy.zero == 3 and default.strategy.shards == 16
+    call, model = scenario.dataflow.call("actor_train"), scenario.models["actor"]
+    full, hybrid = (call_cost(call, model, scenario.cluster, Option(default.mesh, replace(default.strategy, shard_group=f)))
+                    for f in (0, 8))
+    assert hybrid.master_bytes == pytest.approx(2 * full.master_bytes, rel=1e-6)
+    assert hybrid.dp_comm_s < full.dp_comm_s and hybrid.compute_s == full.compute_s
+    offered = {o.strategy.shard_group for g in verl.plan_groups(scenario) for o in g["actor_train"]}
+    assert offered == {0, 8}
+    one_node = priced_as(get_builtin("grpo-7b-lora-8gpu"), "verl")
+    assert {o.strategy.shard_group for g in verl.plan_groups(one_node) for o in g["actor_train"]} == {0}
+
+
+def test_a_setting_written_out_as_verl_would_resolve_it_changes_nothing(cli, job):
+    """verl's examples write the reference's strategy out as the actor's (ref.strategy=fsdp2 beside
+    actor.strategy=fsdp2, run_seed_oss_36b_fsdp.sh), which it follows by interpolation anyway: the
+    same plan and estimate as without it. Set otherwise than the actor's, it changes what verl runs
+    and is refused by name."""
+    base, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *FSDP2[:1])
+    same, same_plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *FSDP2[:1], "actor_rollout_ref.ref.strategy=fsdp2")
+    assert same_plan["calls"] == plan["calls"] and same["time_per_iter_s"] == base["time_per_iter_s"]
+    code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *FSDP2[:1], "actor_rollout_ref.ref.strategy=fsdp",
+                       "--out", "refused")
+    assert code == 2 and "actor_rollout_ref.ref.strategy: 'fsdp'" in err and "realbench does not price it" in err, err
+
+
 def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
     """16 GPUs, Megatron tp 2 x pp 2 (dp 4), 2 virtual stages, distributed optimizer (zero 1),
     full recomputation: 64 rows, 4 steps, 4 rows a GPU a step in micro-batches of 2; the
@@ -421,6 +466,8 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # Ulysses sequence parallelism, with dynamic batching too
                                                ("grpo_qwen_fsdp.yaml", ULYSSES + DYNAMIC),
                                                ("ppo-rm.yaml", ULYSSES_EACH),
+                                               # hybrid sharding, each role's own group
+                                               ("ppo-rm.yaml", HSDP),
                                                # Megatron's context parallelism (rows padded too)
                                                ("ppo megatron.yaml", ("+critic.ppo_infer_max_token_len_per_gpu=512",
                                                                       *CONTEXT_PARALLEL)),
@@ -522,6 +569,17 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert (checked["ulysses"], checked["ref_ulysses"], checked["critic_ulysses"]) == \
         ((sp["actor"] if fsdp_roles else None), sp["ref"] if fsdp_roles and checked["ref"] else None,
          sp["critic"] if fsdp_roles and critic else None)
+    # hybrid sharding: each FSDP engine's device mesh and sharding as verl builds them on the 8 GPUs
+    # (a fake process group), from the plan's shard groups
+    hsdp = {"actor_train": 4, "critic_train": 2, "critic_inf": 2} if HSDP[0] in overrides else {}
+    for key, call in (("fsdp_mesh", "actor_train"), ("ref_fsdp_mesh", "ref_inf"), ("critic_fsdp_mesh", "critic_train")):
+        if not fsdp_roles or call not in plan["calls"]:
+            assert checked[key] is None, (key, checked[key])
+            continue
+        f = hsdp.get(call)
+        assert checked[key] == ({"dims": {"ddp": 8 // f, "fsdp": f}, "sharding": "HYBRID_SHARD"} if f else
+                                {"dims": {"fsdp": 8}, "sharding": "FULL_SHARD"}), (key, checked[key])
+    assert {n: c["shard_group"] for n, c in plan["calls"].items() if "shard_group" in c} == hsdp
     # Megatron's context parallelism: every engine built with the actor's rings (process-global)
     cp = 2 if CONTEXT_PARALLEL[0] in overrides else 1
     megatron = "megatron" in config
@@ -779,6 +837,13 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     # the engine config's own torch.compile (the role-level one is not read): eager entropy, not priced
     (("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",),
      "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "realbench does not price it"),
+    # hybrid sharding groups verl's device mesh does not cover the GPUs with, or that straddle nodes
+    (("actor_rollout_ref.actor.fsdp_config.fsdp_size=3",), "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+     "3 does not divide the trainer's 8 GPUs"),
+    (("actor_rollout_ref.ref.fsdp_config.fsdp_size=0",), "actor_rollout_ref.ref.fsdp_config.fsdp_size",
+     "0 does not divide"),
+    (("trainer.nnodes=3", "actor_rollout_ref.actor.fsdp_config.fsdp_size=12"),
+     "actor_rollout_ref.actor.fsdp_config.fsdp_size", "divides a node of 8 GPUs or spans whole ones"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)

@@ -159,8 +159,19 @@ def adapter_flops_share(model: ModelSpec) -> float:
 
 def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
     """Ranks of one dp group are tp apart and cover dp*tp consecutive devices (a sharding group,
-    dp*sp*tp: Ulysses' groups are inside it)."""
-    return option.mesh.nodes > 1 and option.strategy.shards * option.strategy.tp > cluster.gpus_per_node
+    dp*sp*tp: Ulysses' groups are inside it; a hybrid shard group, its shard_group*tp)."""
+    return option.mesh.nodes > 1 and option.strategy.state_shards * option.strategy.tp > cluster.gpus_per_node
+
+
+def hybrid_replicas(cluster: ClusterSpec, option: Option) -> sharding.Replicas:
+    """Hybrid sharding's groups that hold the same shard (realbench.cost.sharding): one device of
+    each, shard_group*tp apart, so they span nodes with the mesh, a node holding
+    gpus_per_node / (shard_group*tp) of them."""
+    s = option.strategy
+    if not s.shard_group:
+        return sharding.FULL_SHARD
+    apart = s.shard_group * s.tp
+    return sharding.Replicas(s.shards // s.shard_group, option.mesh.nodes > 1, max(1, cluster.gpus_per_node // apart))
 
 
 def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
@@ -540,9 +551,12 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
 
     params = shard_params(model, tp, pp)
     # the group the sharded state and the gradients' reduction span: every device of a Ulysses group
-    # holds its own share (FSDP shards over all of them) and computes gradients of its own tokens
-    shards = s.shards
+    # holds its own share (FSDP shards over all of them) and computes gradients of its own tokens;
+    # hybrid sharding splits the state within groups of shard_group devices, the replicas of each
+    # shard all-reducing its gradients
+    shards = s.state_shards
     dp_spans, per_node = dp_group_spans_nodes(cluster, option), max(1, cluster.gpus_per_node // tp)
+    replicas = hybrid_replicas(cluster, option)
     layer = model.layer_params / tp  # one layer's parameters on a device (zero 3 gathers them)
     if call.kind == CallKind.INFERENCE:
         compute = slots * fwd
@@ -599,13 +613,13 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         if s.zero == 3 else 0.0
     early = behaviour_compute + behaviour_tp + behaviour_pp + behaviour_dp if early_old_logprobs else 0.0
     if s.zero == 3:
-        dp_comm = steps * sharding.overlapped_step(cluster, shards, params, layer, m, fwd_bwd, 3, dp_spans, per_node) \
-            + behaviour_dp
+        dp_comm = steps * sharding.overlapped_step(cluster, shards, params, layer, m, fwd_bwd, 3, dp_spans, per_node,
+                                                   replicas=replicas) + behaviour_dp
     else:
-        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, params, m, dp_spans, per_node)
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, params, m, dp_spans, per_node, replicas)
     trained = adapters if lora else params  # what has gradients and optimizer state
     if lora and s.zero != 3:
-        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, trained, m, dp_spans, per_node)
+        dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, trained, m, dp_spans, per_node, replicas)
     updated = trained / shards if s.zero else trained  # ZeRO: each replica updates its share
     optimizer = steps * memory_time(cluster, updated * ADAM_BYTES_MOVED_PER_PARAM)
     # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,

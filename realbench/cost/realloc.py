@@ -52,46 +52,49 @@ BYTES_PER_TOKEN_PER_KEY = 4
 
 @dataclass(frozen=True)
 class Layouts:
-    """Many layouts as arrays, one entry each: first device, device count, tp, pp and the zero
-    stage (only 3 matters: the weights sharded over dp). (dp and micro-batches do not matter
-    otherwise: every dp replica holds the same shards.)"""
+    """Many layouts as arrays, one entry each: first device, device count, tp, pp, the zero
+    stage (only 3 matters: the weights sharded over dp) and the devices a zero-3 layout shards
+    them over (dp x sp, or hybrid sharding's group: Strategy.state_shards). (dp and
+    micro-batches do not matter otherwise: every dp replica holds the same shards.)"""
 
     start: np.ndarray
     size: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
     zero: np.ndarray
+    shard: np.ndarray
 
     @classmethod
     def of(cls, options: list[Option], gpus_per_node: int) -> "Layouts":
         col = lambda f: np.array([f(o) for o in options], dtype=np.int64)  # noqa: E731
         return cls(col(lambda o: o.mesh.start(gpus_per_node)), col(lambda o: o.mesh.size),
-                   col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp), col(lambda o: o.strategy.zero))
+                   col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp), col(lambda o: o.strategy.zero),
+                   col(lambda o: o.strategy.state_shards))
 
     def rows(self, which: np.ndarray) -> "Layouts":
         """The entries `which` selects (a boolean mask or indices)."""
-        return Layouts(self.start[which], self.size[which], self.tp[which], self.pp[which], self.zero[which])
+        return Layouts(self.start[which], self.size[which], self.tp[which], self.pp[which], self.zero[which],
+                       self.shard[which])
 
 
 def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
     """Per pair: whether every destination device already holds its shard (no transfer)."""
     src_whole = src.zero != 3
     same_layout = (src.start == dst.start) & (src.size == dst.size) & (src.tp == dst.tp) & (src.pp == dst.pp) \
-        & (src_whole == (dst.zero != 3))
+        & (src_whole == (dst.zero != 3)) & (src_whole | (src.shard == dst.shard))
     inside = src_whole & (src.pp == 1) & (dst.pp == 1) & ((src.tp == 1) | (src.tp == dst.tp)) \
         & (src.start <= dst.start) & (dst.start + dst.size <= src.start + src.size)
     return same_layout | inside
 
 
 def gather_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, adapters_only: bool = False) -> np.ndarray:
-    """Seconds for each zero-3 source's data-parallel group to all-gather its tp shard of the
-    weights (module doc), or of the LoRA adapters alone; 0 for the others. Zero 3 runs without
-    pipelines (pp 1): the group is every tp-th device of the mesh, G / tp of them on each node
-    when it spans nodes."""
+    """Seconds for each zero-3 source's sharding group to all-gather its tp shard of the weights
+    (module doc), or of the LoRA adapters alone; 0 for the others. Zero 3 runs without pipelines
+    (pp 1): the group is every tp-th device of the mesh (of a hybrid shard group's consecutive
+    devices, which every replica gathers at once), G / tp of them on each node when it spans nodes."""
     G = cluster.gpus_per_node
-    dp = src.size // (src.tp * src.pp)
     nbytes = float(model.adapter_params if adapters_only else model.n_params) * BF16 / src.tp
-    t = comm.all_gather(cluster, dp, nbytes, src.size > G, np.maximum(1, G // src.tp))
+    t = comm.all_gather(cluster, src.shard, nbytes, src.shard * src.tp > G, np.maximum(1, G // src.tp))
     return np.where(src.zero == 3, t, 0.0)
 
 
@@ -110,7 +113,8 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
         return np.zeros(0)
     # int32 halves the memory traffic of these (pairs x stages) grids (device and layer numbers are small)
     gather = gather_times(model, cluster, src, adapters_only)
-    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp, x.zero))) for x in (src, dst))
+    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp, x.zero, x.shard)))
+                for x in (src, dst))
     j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
     lo, hi = stage_start(L, pp, j), stage_start(L, pp, j + 1)
@@ -140,7 +144,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
 def _after_gather(src: Layouts, dst: Layouts, gather: np.ndarray, transfer: np.ndarray) -> np.ndarray:
     """Nothing where the destination already holds its shards; else the zero-3 source's gather,
     then `transfer` unless the gathered (unsharded) source holds them."""
-    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero))
+    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero), src.shard)
     return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, transfer))
 
 

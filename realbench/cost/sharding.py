@@ -74,6 +74,15 @@ realbench.cost.comm; a reduce-scatter moves what an all-gather does):
     zero 3   per micro-batch: the weights gathered for the forward and again for the backward (freed
              after each layer: FSDP's reshard_after_forward), the gradients reduce-scattered:
              3 (d-1)/d V per micro-batch, prefetched layer by layer while the previous layer computes
+Hybrid sharding (FSDP's HYBRID_SHARD and HSDP, verl's fsdp_size f): the d devices split into d / f
+groups of f consecutive ones; each group shards the state as above with f for d (memory 16 / f
+under zero 3, Adam over P / f), and its collectives run over f devices; after each micro-batch's
+reduce-scatter, each gradient shard is all-reduced across the r = d / f groups (the devices holding
+the same shard, f apart: FSDP1's post-backward hook, torch/distributed/fsdp/_runtime_utils.py
+_reduce_grad; FSDP2's, _fully_shard/_fsdp_collectives.py foreach_reduce, on a stream of its own,
+beside the backward like the reduce-scatter): 2 (r-1)/r V / f a micro-batch. With f the devices of a node, the gathers stay on NVLink
+and only the all-reduce of a 1/f shard crosses the network.
+
 Overlap: zero 3's gathers and reductions run beside the compute (the next layer's weights are
 fetched while this one computes), so a micro-batch takes max(compute, its collectives) plus one
 layer's gather that nothing hides; the other stages' collectives follow the backward, as the
@@ -81,6 +90,8 @@ cost model prices DDP's all-reduce. Adam updates P / d parameters with zero >= 1
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -168,11 +179,29 @@ def gathered_bytes(zero: int, layer_params: float, backward: bool, offloaded: bo
     return 2 * layer_params * BF16 * (2 if backward else 1) + (layer_params / dp * FP32 if offloaded else 0.0)
 
 
+@dataclass(frozen=True)
+class Replicas:
+    """Hybrid sharding's groups holding the same shard (module doc): how many, whether they span
+    nodes, and how many of them a node holds where they do. One (the default): full sharding."""
+
+    count: int = 1
+    spans_nodes: bool = False
+    per_node: int = 1
+
+    def all_reduce(self, cluster: ClusterSpec, shard_bytes: float) -> float:
+        """Seconds to all-reduce one gradient shard of `shard_bytes` across the replicas."""
+        return comm.all_reduce(cluster, self.count, shard_bytes, self.spans_nodes, self.per_node)
+
+
+FULL_SHARD = Replicas()
+
+
 def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, micro_batches: int,
-                       spans_nodes: bool, per_node: int) -> float:
+                       spans_nodes: bool, per_node: int, replicas: Replicas = FULL_SHARD) -> float:
     """Seconds of the data-parallel collectives of one optimizer step that follow the backward
-    (zero 0 to 2; module doc). Zero 3's run beside the compute: `overlapped_step`."""
-    if dp <= 1:
+    (zero 0 to 2; module doc), `dp` the devices the state is sharded over (a hybrid group's, with
+    the `replicas` of it). Zero 3's run beside the compute: `overlapped_step`."""
+    if dp * replicas.count <= 1:
         return 0.0
     nbytes = params * BF16
     gather = comm.all_gather(cluster, dp, nbytes, spans_nodes, per_node)
@@ -181,22 +210,26 @@ def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, 
     if zero == 1:
         return 2 * gather  # reduce-scatter, then all-gather
     if zero == 2:
-        return (micro_batches + 1) * gather
+        return (micro_batches + 1) * gather + micro_batches * replicas.all_reduce(cluster, nbytes / dp)
     return 0.0
 
 
 def overlapped_step(cluster: ClusterSpec, dp: int, params: float, layer_params: float, micro_batches: int,
                     compute_per_micro_batch: float, passes: int, spans_nodes: bool, per_node: int,
-                    offloaded: bool = False) -> float:
+                    offloaded: bool = False, replicas: Replicas = FULL_SHARD) -> float:
     """Zero 3: the seconds its collectives add to one optimizer step of `micro_batches`
     micro-batches, each `compute_per_micro_batch` seconds of compute, with `passes` collectives
     of the whole shard per micro-batch (3 for a train step: gather, gather, reduce-scatter; 1 for
-    a forward): m max(0, collectives - compute) plus the first layer's gather, which nothing
-    hides. Offloaded (a forward), each layer's share comes in from the host before its gather, in
-    the same stream: per micro-batch the shard's host copy plus the gather."""
-    if dp <= 1:
+    a forward) over the `dp` devices the state is sharded over, and in a train step the gradient
+    shard's all-reduce across hybrid sharding's `replicas`: m max(0, collectives - compute) plus
+    the first layer's gather, which nothing hides. Offloaded (a forward), each layer's share comes
+    in from the host before its gather, in the same stream: per micro-batch the shard's host copy
+    plus the gather."""
+    if dp <= 1 and replicas.count <= 1:
         return 0.0
     per_micro_batch = passes * comm.all_gather(cluster, dp, params * BF16, spans_nodes, per_node)
+    if passes > 1:  # (a backward's reduce-scatter: its shard then crosses the replicas)
+        per_micro_batch += replicas.all_reduce(cluster, params * BF16 / dp)
     first = comm.all_gather(cluster, dp, layer_params * BF16, spans_nodes, per_node)
     if offloaded:
         per_micro_batch += host_copy(cluster, dp, params)

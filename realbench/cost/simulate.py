@@ -55,7 +55,7 @@ from realbench.plan.mesh import Option
 from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
-COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "merge_lora", "offload_params",
+COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "shard", "merge_lora", "offload_params",
            "node", "mesh_id", "layout_id", "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
@@ -333,18 +333,20 @@ class Estimator:
     def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
         """Where options run: first and end device, the node (-1 across nodes), and ids that are
         equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
-        micro-batches, zero, merge_lora, offload_params, offload_optimizer, host_adam) per option, see
-        `_strategy_fields`."""
+        micro-batches, zero, merge_lora, offload_params, offload_optimizer, host_adam, the devices the
+        state is sharded over) per option, see `_strategy_fields`."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
-        # options of one layout (mesh, tp, pp, zero, merged LoRA or not, offloaded or not, Adam on the
-        # host or not) hold the same weights and states between calls: they differ in time and
-        # working memory only (the search's dominance pruning, SearchSpace.pruned)
-        layout_id = ((((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
-                      + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]
+        # options of one layout (mesh, tp, pp, zero and its shard group, merged LoRA or not, offloaded
+        # or not, Adam on the host or not) hold the same weights and states between calls: they
+        # differ in time and working memory only (the search's dominance pruning, SearchSpace.pruned)
+        layout_id = (((((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
+                       + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]) * 4096 \
+            + strategy[:, 8]
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
-                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "merge_lora": strategy[:, 4],
+                "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "shard": strategy[:, 8],
+                "merge_lora": strategy[:, 4],
                 "offload_params": strategy[:, 5], "node": node,
                 "mesh_id": mesh_id,
                 "layout_id": layout_id}
@@ -352,7 +354,7 @@ class Estimator:
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
         return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora, s.offload_params, s.offload_optimizer,
-                          s.host_adam) for s in strategies], dtype=np.int64).reshape(-1, 8)
+                          s.host_adam, s.state_shards) for s in strategies], dtype=np.int64).reshape(-1, 9)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""
@@ -446,7 +448,7 @@ class Estimator:
     # -- reallocation -------------------------------------------------------------------------------
     def _layouts(self, i: int, k: np.ndarray) -> Layouts:
         lo = self.lo[i][k]
-        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k], self.zero[i][k])
+        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k], self.zero[i][k], self.shard[i][k])
 
     def _realloc_columns(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(B, n) realloc seconds from the master's layout to each call's, and (B, n) whether

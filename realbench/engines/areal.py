@@ -547,6 +547,9 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     step drawn (areal_packer.budget_for), at least a whole row (AReaL's packer refuses a longer
     sequence, utils/seqpack.py:234-242)."""
     backend = _backend(name, s, trained)
+    if s.shard_group:
+        raise ConfigError(f"{s.shard_group}: AReaL's FSDP shards a model over its allocation's data-parallel GPUs "
+                          "(an allocation names no hybrid shard group)", f"calls.{name}.shard_group")
     if s.ring == "allgather" or (s.sp > 1 and (s.ring == "p2p") != (backend == "megatron")):
         raise ConfigError("AReaL's context parallelism (an allocation's c) is Ulysses' head exchanges under FSDP and "
                           "Megatron's p2p ring under Megatron (ring: p2p), not ring attention's all-gathers (OpenRLHF's)",

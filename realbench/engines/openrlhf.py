@@ -425,6 +425,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError("3 with --ds.tensor_parallel_size > 1: DeepSpeed's AutoTP trains under ZeRO 0 to 2 "
                           "(deepspeed.ai/tutorials/autotp-training)", "--ds.zero_stage", source)
     forward_zero = 3 if zero == 3 else 0  # the eval config (deepspeed_utils.py:78-118)
+    if zero == 3 and int(s["ds.zpg"]) > 1:  # (read under stage 3 only: deepspeed runtime/zero/stage3.py:261-267)
+        raise ConfigError(f"{s['ds.zpg']} with --ds.zero_stage 3: ZeRO++'s hierarchical partitioning keeps a second "
+                          "copy of the weights' shards in groups of this many GPUs and gathers the backward's from it "
+                          "(zero_hpz_partition_size); realbench does not price it", "--ds.zpg", source)
     ring = int(s[RING])
     if ring < 1:
         raise ConfigError(f"{ring}: a ring attention group is 1 GPU or more", f"--{RING}", source)
@@ -655,6 +659,11 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     # (an optimizer offloaded: --ds.enable_sleep, for actor and critic together; OpenRLHF's
     # parameter offloads keep other copies)
     refuse_offload({n: o for n, o in options.items() if n not in trained}, "OpenRLHF", "--ref.offload")
+    for name, o in options.items():
+        if o.strategy.shard_group:
+            raise ConfigError(f"{o.strategy.shard_group}: OpenRLHF's DeepSpeed shards a model over all its data-parallel "
+                              "GPUs (its --ds.zpg, ZeRO++'s second copy of the weights in a node, is not hybrid "
+                              "sharding, and realbench does not price it)", f"calls.{name}.shard_group")
     ring = _ring_size(options, ds_calls)
     for name in trained:
         if options[name].strategy.offload_params:
@@ -684,6 +693,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                               f"calls.{name}.zero")
     if T > 1 and zero == 3:
         raise ConfigError("DeepSpeed's AutoTP trains under ZeRO 0 to 2", "calls.actor_train.zero")
+    if zero == 3 and int(scenario.engine_settings.get("ds.zpg", 1)) > 1:
+        raise ConfigError(f"{scenario.engine_settings['ds.zpg']}: under this plan's ZeRO-3 DeepSpeed would keep ZeRO++'s "
+                          "hierarchical copy of the weights (zero_hpz_partition_size), which realbench does not price; "
+                          "remove it from the scenario's engine_settings", "engine_settings.ds.zpg")
     if ring > 1 and not packs(scenario, "openrlhf", PADDING_FREE):  # (a scenario not OpenRLHF's: padded, priced_as)
         raise ConfigError("OpenRLHF's ring attention packs the rows (cli/train_ppo_ray.py:686-689), and this scenario "
                           "prices them padded (training.padding_free)", "calls.actor_train.ring")
@@ -981,7 +994,9 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             sharded = any(dps[n] * ring > 1 for n in trained)
             # (under a ZeRO stage the trained models' optimizers on the device, offloaded between updates
             # by --ds.enable_sleep, or on the host with Adam run there by --ds.adam_offload)
-            variants = [(z, ckpt, states) for z in (((0, 1, 2, 3) if T == 1 else (0, 1, 2)) if sharded else (0,))
+            # (not stage 3 where the scenario carries ZeRO++'s hierarchical partition, which it would turn on)
+            stages = (0, 1, 2, 3) if T == 1 and int(scenario.engine_settings.get("ds.zpg", 1)) <= 1 else (0, 1, 2)
+            variants = [(z, ckpt, states) for z in (stages if sharded else (0,))
                         for ckpt in (False, True) for states in (("device", "sleep", "host") if z else ("device",))]
             scorer = Option(V, Strategy(V.size, 1, 1)) if fn_reward else None
             for micro in micros:

@@ -17,7 +17,9 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   GPUs are data parallel, the weights, gradients and optimizer states fully sharded
   (`fsdp_size: -1`, FULL_SHARD, workers/engine/fsdp/utils.py:35-53) = zero 3, or with
   `reshard_after_forward: false` the weights kept whole between forward and backward
-  (SHARD_GRAD_OP) = zero 2. Megatron: `tensor_model_parallel_size`,
+  (SHARD_GRAD_OP) = zero 2; `fsdp_size` below the GPUs, each role's engine its own (FSDP_SIZE):
+  hybrid sharding within groups of that many GPUs (HYBRID_SHARD, a (GPUs / fsdp_size, fsdp_size)
+  mesh, utils.py:56-86) = Strategy.shard_group. Megatron: `tensor_model_parallel_size`,
   `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`, `context_parallel_size`,
   `use_distributed_optimizer` (zero 1), one process-global layout for all three roles
   (workers/engine/megatron/transformer_impl.py:239-256: the first engine built wins). Context
@@ -191,8 +193,9 @@ def unread(engine: str, settings: dict[str, Any], given: set[str]) -> list[str]:
     """The given settings verl does not read, or reads to no effect on what it runs (IGNORED_BY_VERL,
     and the entropy's settings where nothing computes the entropy they shape: _entropy_unread),
     each with what verl runs instead."""
-    ignored = {} if ROLLOUT_POOL[0] in settings else dict(IGNORED_BY_VERL)  # (the one-step-off entry reads the
-    ignored.update(_entropy_unread(engine, settings))                       # critic's budgets: a critic is refused)
+    ignored = {**IGNORED_BY_VERL, **_entropy_unread(engine, settings)}
+    if ROLLOUT_POOL[0] in settings:  # (the one-step-off entry reads the critic's budgets: a critic is refused there)
+        ignored = {k: why for k, why in ignored.items() if not k.startswith("critic.")}
     budget = repr(settings.get(CRITIC_BUDGET))
     return [f"{k}={settings[k]!r}: {ignored[k].replace('{budget}', budget)}" for k in sorted(given) if k in ignored]
 
@@ -400,6 +403,11 @@ REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 # into the plan; what differs, the sync of an offloaded model's parameters (above), is refused by
 # name where a plan is read, searched and written. fsdp_turbo (another package's engine) is refused
 STRATEGY = {"actor": f"{A}.strategy", "critic": "critic.strategy"}
+# each FSDP engine's hybrid sharding group (Strategy.shard_group): -1, or the trainer's GPUs or more,
+# shards over all of them (verl/workers/engine/fsdp/utils.py:35-53 builds a one-dimensional mesh);
+# fewer, a (GPUs / fsdp_size, fsdp_size) mesh and HYBRID_SHARD (utils.py:56-86), FSDP2's HSDP
+FSDP_SIZE = {"actor": f"{A}.fsdp_config.fsdp_size", "ref": "actor_rollout_ref.ref.fsdp_config.fsdp_size",
+             "critic": "critic.fsdp.fsdp_size"}
 # Ulysses sequence parallelism of each FSDP role (Strategy.sp), as its engine reads it: the engine
 # config's (fsdp_config / fsdp) ulysses_sequence_parallel_size, which the actor's and the reference's
 # deprecated role-level one replaces where above 1 (FSDPActorConfig.__post_init__,
@@ -589,15 +597,19 @@ def resolve(engine: str, given: dict[str, Any], one_step_off: bool = False) -> d
 
 
 def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], source: str) -> None:
-    """Refuse by name the first setting given (and changed from verl's default) that realbench
-    neither reads (READ) nor knows to leave a step's time and memory alone (NEUTRAL). (Settings
-    that follow others by interpolation are checked through those.)"""
+    """Refuse by name the first setting given (and changed from what verl would give it) that
+    realbench neither reads (READ) nor knows to leave a step's time and memory alone (NEUTRAL).
+    (Settings that follow others by interpolation are checked through those.)"""
     one_step_off = ROLLOUT_POOL[0] in settings
     for key in sorted(given):
         if one_step_off and key in V1_KEYS:
             raise ConfigError(f"{settings[key]!r}: the one-step-off entry point runs its own trainer "
                               f"({ONE_STEP_OFF}/ray_trainer.py), not the V1 trainer this setting chooses", key, source)
         if key in READ or key.startswith(NEUTRAL):
+            continue
+        # (a value verl would give it anyway: the reference's strategy written out as the actor's,
+        # which it follows by interpolation, as verl's own examples write it)
+        if resolve(engine, {k: settings[k] for k in given if k != key}, one_step_off).get(key) == settings[key]:
             continue
         raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine, one_step_off).get(key)!r}) changes what "
                           "verl runs, and realbench does not price it", key, source)
@@ -762,6 +774,22 @@ def _sequence_parallel(s: dict, gpus: int, per_node: int, roles: dict[str, bool]
     return out
 
 
+def _shard_group(s: dict, role: str, gpus: int, per_node: int, source: str) -> dict[str, int]:
+    """A role's FSDP hybrid sharding group as the plan's `shard_group` ({} for full sharding):
+    FSDP_SIZE, refused where verl's device mesh cannot be built or realbench does not price it."""
+    key = FSDP_SIZE[role]
+    size = int(s[key])
+    if size < 0 or size >= gpus:
+        return {}
+    if size == 0 or gpus % size:
+        raise ConfigError(f"{size} does not divide the trainer's {gpus} GPUs (verl's (GPUs / fsdp_size, fsdp_size) "
+                          "device mesh, verl/workers/engine/fsdp/utils.py:35-53)", key, source)
+    if per_node % size if size <= per_node else size % per_node:
+        raise ConfigError(f"{size}: realbench prices a shard group that divides a node of {per_node} GPUs or spans "
+                          "whole ones", key, source)
+    return {"shard_group": size}
+
+
 V1_KEYS = ("trainer.use_v1", "trainer.v1.trainer_mode")  # the trainer verl.trainer.main_ppo runs
 READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), CRITIC_SP_UNREAD,
         "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
@@ -781,7 +809,7 @@ READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), 
             for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         f"{RM}.enable_resource_pool", f"{RM}.nnodes", f"{RM}.n_gpus_per_node",
-        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH, FUSED, FUSED_BACKEND} | {
+        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH, FUSED, FUSED_BACKEND, *FSDP_SIZE.values()} | {
         f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                   "context_parallel_size", "dynamic_context_parallel",
@@ -927,6 +955,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     # each role's data-parallel groups of sp GPUs: FSDP's Ulysses groups, or Megatron's context
     # parallel rings (one size, process-global; sequence_parallel)
     roles = {"actor": True, "ref": with_ref, "critic": critic}
+    # each FSDP role's hybrid shard group (read first: a group verl cannot form is named before the batch rules)
+    hybrid = {role: _shard_group(s, role, N, per_node, source) if there and engine == "dp" else {}
+              for role, there in roles.items()}
     sps = _sequence_parallel(s, N, per_node, roles, source) if engine == "dp" else \
         {role: cp if there else 1 for role, there in roles.items()}
     groups = {role: dp // sp for role, sp in sps.items()}
@@ -982,12 +1013,13 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                       "micro_batches": _rounds(rows // replicas, int(s[f"{R}.max_num_seqs"]))},
         "actor_train": {"dp": groups["actor"], "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
-                        "zero": zeros["actor"], **offloads("actor"), **sequence_parallel("actor")},
+                        "zero": zeros["actor"], **offloads("actor"), **sequence_parallel("actor"),
+                        **hybrid["actor"]},
     }
     if with_ref:  # (verl's FSDP offloads a forward-only model's parameters: FORWARD_OFFLOAD; Megatron as set)
         calls["ref_inf"] = {"dp": groups["ref"], "tp": tp, "pp": pp, "micro_batches": ref_m, "zero": ref_zero,
                             "offload_params": engine == "dp" or bool(s[REF_MEGATRON_OFFLOAD]),
-                            **sequence_parallel("ref")}
+                            **sequence_parallel("ref"), **hybrid["ref"]}
     reward_model = bool(s[f"{RM}.enable"])
     pool = _reward_pool(s, reward_model, nodes, per_node, source)
     if reward_model:  # vLLM / SGLang replicas of the reward model: on the same GPUs after generation, or its pool's
@@ -1004,10 +1036,12 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         train_m = train_micro_batches("critic")
         calls["critic_train"] = {"dp": groups["critic"], "tp": tp, "pp": pp, "micro_batches": train_m,
                                  "activation_checkpointing": _checkpointing(engine, s, "critic"), "virtual_stages": v,
-                                 "zero": zeros["critic"], **offloads("critic"), **sequence_parallel("critic")}
+                                 "zero": zeros["critic"], **offloads("critic"), **sequence_parallel("critic"),
+                                 **hybrid["critic"]}
         calls["critic_inf"] = {"dp": groups["critic"], "tp": tp, "pp": pp,
                                "micro_batches": packed_count(rows // groups["critic"], CRITIC_BUDGET, "critic"),
-                               "zero": 3 if engine == "dp" else 0, **sequence_parallel("critic")}
+                               "zero": 3 if engine == "dp" else 0, **sequence_parallel("critic"),
+                               **hybrid["critic"]}
     for c in calls.values():
         c.setdefault("mesh", whole)
     actor_path = s["actor_rollout_ref.model.path"]
@@ -1215,6 +1249,9 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
             return f"calls.{name}.sp", ("verl runs Ulysses sequence parallelism on packed rows only "
                                         "(use_remove_padding, verl/workers/engine/fsdp/transformer_impl.py:148-152): "
                                         "the scenario pads this model's rows (training.padding_free, padded_models)")
+    if "critic_inf" in options and options["critic_inf"].strategy.shard_group != options["critic_train"].strategy.shard_group:
+        return "calls.critic_inf.shard_group", ("verl's critic runs both its calls on one engine: one hybrid shard "
+                                                f"group ({FSDP_SIZE['critic']})")
     if "critic_inf" in options and options["critic_inf"].strategy.sp != options["critic_train"].strategy.sp:
         return "calls.critic_inf.sp", ("verl's critic runs both its calls on one engine: one Ulysses sequence parallel "
                                        f"size ({SEQUENCE_PARALLEL['critic'][1]})")
@@ -1430,6 +1467,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     out["actor_rollout_ref.model.path"] = model_paths["actor"]
     if engine == "dp" and "ref_inf" in options:
         out[SEQUENCE_PARALLEL["ref"][1]] = options["ref_inf"].strategy.sp
+        out[FSDP_SIZE["ref"]] = options["ref_inf"].strategy.shard_group or -1
     lora = scenario.models["actor"].lora
     if lora is not None:
         out.update({LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "verl"),
@@ -1452,6 +1490,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             fsdp = f"{block}.fsdp_config" if role == "actor" else f"{block}.fsdp"
             out[f"{fsdp}.reshard_after_forward"] = s.zero == 3
             out[SEQUENCE_PARALLEL[role][1]] = s.sp
+            out[FSDP_SIZE[role]] = s.shard_group or -1
             out[f"{model_block}.enable_gradient_checkpointing"] = s.checkpointing
         else:
             meg = f"{block}.megatron"
@@ -1600,22 +1639,26 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
-    # tp, pp, v, train zeros, forward zero, sp: FSDP's Ulysses groups (one for every role: verl
-    # sets it per role) or Megatron's context-parallel rings (ring p2p: process-global)
-    layouts: list[tuple[int, int, int, tuple[int, ...], int, int]] = []
+    # tp, pp, v, train zeros, forward zero, sp, shard group: FSDP's Ulysses groups (one for every
+    # role: verl sets it per role) or Megatron's context-parallel rings (ring p2p: process-global);
+    # FSDP's state sharded over every GPU or, across nodes, hybrid within each node (fsdp_size:
+    # verl sets it per role, the search one for all)
+    layouts: list[tuple[int, int, int, tuple[int, ...], int, int, int]] = []
     actor = scenario.models["actor"]
     if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
         packed = all(_remove_padding(scenario)[:2 if critic else 1])
+        hybrid = (0, c.gpus_per_node) if N > c.gpus_per_node else (0,)
         # (groups the model's heads do not split are dropped with their options: `valid`)
-        layouts += [(1, 1, 1, (3, 2), 3, sp) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed]
+        layouts += [(1, 1, 1, (3, 2), 3, sp, f) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed
+                    for f in hybrid]
     # (a LoRA actor: verl's FSDP LoRA only; its fused kernels: FSDP's only; see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
                and actor.lora is None and not scenario.training.logits):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 for cp in divisors(N // (tp * pp)):  # (its rings inside a node or across whole nodes)
-                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, cp))  # Megatron
-    for tp, pp, v, zeros, forward_zero, sp in layouts:
+                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, cp, 0))  # Megatron
+    for tp, pp, v, zeros, forward_zero, sp, f in layouts:
         dp = N // (tp * pp * sp)
         ring = "p2p" if forward_zero == 0 and sp > 1 else ""
         if rows % (steps * dp):
@@ -1629,7 +1672,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             unpriced = lora or (fsdp2 and 3 in zero_options)
             offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
-                                                   offload_optimizer=moments, sp=sp, ring=ring))
+                                                   offload_optimizer=moments, sp=sp, ring=ring, shard_group=f))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
                                 for params, moments in offloads if not params or z != 2])
 
@@ -1638,7 +1681,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
             offloaded = (forward_zero == 3 and dp * sp > 1,) if forward_zero == 3 else (False, True)
             group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off,
-                                                                    sp=sp, ring=ring))
+                                                                    sp=sp, ring=ring, shard_group=f))
                                                  for m in divisors(rows // dp) for off in offloaded])
         if not critic:
             if all(group.values()):
@@ -1658,7 +1701,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                                      for o in trained("critic_train")
                                                      if o.strategy.micro_batches == train_m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
-                                                                                 max_tokens=tokens, sp=sp, ring=ring))])}
+                                                                                 max_tokens=tokens, sp=sp, ring=ring,
+                                                                                 shard_group=f))])}
             if all(with_critic.values()):
                 yield with_critic
 

@@ -176,8 +176,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             "critic_engine_strategy": omega_conf_to_dataclass(cfg.critic).engine.strategy if critic else None,
             "ref_strategy": arr.ref.strategy if ref else None,
             # the Ulysses sequence parallel size each FSDP engine is built with (its engine config's,
-            # after the role config's __post_init__: realbench's sp); None for Megatron's or a role not run
-            **_ulysses(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
+            # after the role config's __post_init__: realbench's sp), and its device mesh and sharding
+            # (realbench's shard_group: HYBRID_SHARD's fsdp dimension); None for Megatron's or a role not run
+            **_ulysses(actor, arr, cfg, critic, ref, omega_conf_to_dataclass,
+                       cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes),
             # the context parallel size each Megatron engine is built with (its engine config's: realbench's
             # sp with ring p2p); None under FSDP or for a role not run
             **_context_parallel(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
@@ -237,13 +239,16 @@ def _one_step_off(cfg) -> dict:
             "rollout_mode": rollout.mode, "critic_in_use": trainer.use_critic}
 
 
-def _ulysses(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
-    """The engines' Ulysses sizes; the reference's config built as the worker builds it, its
-    log_prob_* keys renamed first (verl/workers/engine_workers.py:545-553)."""
+def _ulysses(actor, arr, cfg, critic: bool, ref: bool, to_dataclass, world: int) -> dict:
+    """The engines' Ulysses sizes, and the device mesh and sharding strategy each FSDP engine builds
+    on the trainer's `world` GPUs by verl's own code (create_device_mesh and get_sharding_strategy,
+    workers/engine/fsdp/utils.py, in a fake process group of that many ranks); the reference's config
+    built as the worker builds it, its log_prob_* keys renamed first (verl/workers/engine_workers.py:545-553)."""
     from omegaconf import open_dict
 
     if actor.strategy == "megatron":
-        return {"ulysses": None, "ref_ulysses": None, "critic_ulysses": None}
+        return {"ulysses": None, "ref_ulysses": None, "critic_ulysses": None,
+                "fsdp_mesh": None, "ref_fsdp_mesh": None, "critic_fsdp_mesh": None}
     ref_block = arr.ref.copy()
     with open_dict(ref_block):
         ref_block.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
@@ -251,9 +256,22 @@ def _ulysses(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
         ref_block.ppo_micro_batch_size_per_gpu = ref_block.pop("log_prob_micro_batch_size_per_gpu", None)
         ref_block.use_dynamic_bsz = ref_block.pop("log_prob_use_dynamic_bsz", False)
         ref_block.ppo_max_token_len_per_gpu = ref_block.pop("log_prob_max_token_len_per_gpu", None)
-    return {"ulysses": actor.engine.ulysses_sequence_parallel_size,
-            "ref_ulysses": to_dataclass(ref_block).engine.ulysses_sequence_parallel_size if ref else None,
-            "critic_ulysses": to_dataclass(cfg.critic).engine.ulysses_sequence_parallel_size if critic else None}
+    engines = {"": actor.engine, "ref_": to_dataclass(ref_block).engine if ref else None,
+               "critic_": to_dataclass(cfg.critic).engine if critic else None}
+    return {**{f"{role}ulysses": e.ulysses_sequence_parallel_size if e else None for role, e in engines.items()},
+            **{f"{role}fsdp_mesh": _fsdp_mesh(world, e.fsdp_size) if e else None for role, e in engines.items()}}
+
+
+def _fsdp_mesh(world: int, fsdp_size: int) -> dict:
+    """The mesh verl's FSDP engine builds for `fsdp_size` on `world` ranks and its sharding strategy."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from verl.workers.engine.fsdp.utils import create_device_mesh, get_sharding_strategy
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    mesh = create_device_mesh(world, fsdp_size)
+    return {"dims": dict(zip(mesh.mesh_dim_names, mesh.shape)), "sharding": get_sharding_strategy(mesh).name}
 
 
 def _context_parallel(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:

@@ -180,6 +180,11 @@ class Strategy:
     # default cp_comm_type, beside tp and pp); "": Ulysses. An engine's, which realbench's runtime
     # does not run
     ring: str = ""
+    # under zero 2 or 3: the state sharded within groups of this many consecutive devices of the
+    # dp x sp, each group a whole replica, and each backward's gradient shards all-reduced across the
+    # groups (FSDP's hybrid sharding, HYBRID_SHARD or HSDP; verl's fsdp_size); 0: over all dp x sp
+    # devices. An engine's, which realbench's runtime does not run
+    shard_group: int = 0
 
     @property
     def size(self) -> int:
@@ -187,8 +192,13 @@ class Strategy:
 
     @property
     def shards(self) -> int:
-        """The devices a model's sharded state (zero) and its gradients' reduction span: dp x sp."""
+        """The devices a model's gradients are reduced over: dp x sp."""
         return self.dp * self.sp
+
+    @property
+    def state_shards(self) -> int:
+        """The devices a model's sharded state (zero) is split over: its shard group, or dp x sp."""
+        return self.shard_group or self.shards
 
     def label(self) -> str:
         return (f"dp{self.dp}tp{self.tp}pp{self.pp}m{self.micro_batches}" + ("ac" if self.checkpointing else "")
@@ -196,7 +206,8 @@ class Strategy:
                 + (f"z{self.zero}" if self.zero else "") + ("merged" if self.merge_lora else "")
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
                 + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
-                + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, "")))
+                + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, ""))
+                + (f"h{self.shard_group}" if self.shard_group else ""))
 
 
 @dataclass(frozen=True, slots=True)

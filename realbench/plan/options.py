@@ -100,8 +100,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"{named} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring) != (1, 1, 1, 1, 0, False, False, False,
-                                                                                  False, None, 1, ""):
+                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group) != (
+                    1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -117,6 +117,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = zero_problem(call, s)
         if problem:
             return "zero", problem
+    if s.shard_group:
+        problem = shard_group_problem(cluster, s)
+        if problem:
+            return "shard_group", problem
     if s.ring and s.ring not in RING_KINDS:
         return "ring", f"{s.ring!r} is not a ring kind ({', '.join(RING_KINDS)})"
     if s.ring and s.sp == 1:
@@ -203,6 +207,24 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
         return f"zero {s.zero} does not run with pipeline parallelism (pp {s.pp}): only zero 1 does"
     if s.shards == 1:
         return "zero shards over data parallelism: dp is 1"
+    return None
+
+
+def shard_group_problem(cluster: ClusterSpec, s: Strategy) -> Optional[str]:
+    """Why the state cannot be sharded within groups of s.shard_group devices (hybrid sharding:
+    realbench.cost.sharding), or None. FSDP's (zero 2 or 3: HYBRID_SHARD and its zero-2 form); the
+    groups split dp x sp evenly (verl's device mesh, workers/engine/fsdp/utils.py:35-53, is
+    (dp x sp / fsdp_size, fsdp_size)) into more than one; a group of shard_group x tp consecutive
+    devices divides a node or spans whole ones, as the cost model prices its collectives."""
+    f, d = s.shard_group, s.shards
+    if s.zero not in (2, 3):
+        return "hybrid sharding is FSDP's: zero 2 or 3"
+    if f < 1 or f >= d or d % f:
+        return (f"shard_group {f} does not split the {d} devices of dp x sp into equal groups of fewer (all of "
+                "them is full sharding: leave shard_group out)")
+    span, G = f * s.tp, cluster.gpus_per_node
+    if G % span if span <= G else span % G:
+        return (f"a shard group of {span} consecutive devices neither divides a node of {G} nor spans whole ones")
     return None
 
 

@@ -18,6 +18,9 @@
       #   dp x sp devices; verl's; priced, not run here); with ring: allgather, under any zero, ring
       #   attention over the sp devices instead (OpenRLHF's), with ring: p2p, beside tp and pp under
       #   zero 0 or 1, Megatron's context parallelism (verl's and AReaL's; priced, not run here)
+      # on inference and train calls under zero 2 or 3: shard_group: 8 (the state sharded within
+      #   groups of 8 devices, replicated across them: FSDP's hybrid sharding, verl's fsdp_size;
+      #   priced, not run here)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -79,6 +82,10 @@ class Placement(FileModel):
     # realbench wrote it before p2p, reads as allgather) or p2p (the keys and values passed around
     # the ring chunk by chunk; Megatron's context_parallel_size); absent: Ulysses
     ring: Optional[Union[Literal["allgather", "p2p"], bool]] = None
+    # an inference or train call under zero 2 or 3: its state sharded within groups of this many
+    # consecutive devices of its dp x sp, each group a replica, the gradient shards all-reduced
+    # across them (FSDP's hybrid sharding; verl's fsdp_size); absent: over all dp x sp devices
+    shard_group: Optional[int] = Field(default=None, ge=1)
 
 
 class Origin(FileModel):
@@ -127,7 +134,7 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 offload_optimizer=True if o.strategy.offload_optimizer else None,
                                 host_adam=True if o.strategy.host_adam else None,
                                 max_tokens=o.strategy.max_tokens, sp=o.strategy.sp if o.strategy.sp > 1 else None,
-                                ring=o.strategy.ring or None,
+                                ring=o.strategy.ring or None, shard_group=o.strategy.shard_group or None,
                                 slots=decode_slots(call, o) if continuous else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
@@ -160,7 +167,7 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
-                                        p.max_tokens, p.sp or 1, _ring_of(p)))
+                                        p.max_tokens, p.sp or 1, _ring_of(p), p.shard_group or 0))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")

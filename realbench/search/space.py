@@ -45,8 +45,8 @@ class SearchSpace:
     # -- exhaustive search's view ------------------------------------------------------------------
     @cached_property
     def pruned(self) -> list[np.ndarray]:
-        """Per call, the options left after dominance within each (mesh, tp, pp, zero, merged or
-        kept LoRA base) layout.
+        """Per call, the options left after dominance within each (mesh, tp, pp, zero and its shard
+        group, merged or kept LoRA base) layout.
 
         Options of one layout differ only in time and working memory. An option is dropped when
         another is no slower and needs no more working memory, or when it is no faster than an
@@ -86,7 +86,7 @@ class SearchSpace:
 
     def _pruned_blocks(self, i: int, opts: OptionSet, resident: float) -> np.ndarray:
         """Pruning of an OptionSet: every position of a block costs the same, so the strategies a
-        block keeps (within each tp, pp) are kept at every position."""
+        block keeps (within each layout) are kept at every position."""
         est, kept = self.est, []
         for j, b in enumerate(opts.blocks):
             costs, _ = est._block(i, j)
@@ -95,7 +95,7 @@ class SearchSpace:
             groups: dict[tuple[int, int], list] = {}
             for s, st in enumerate(b.strategies):
                 if alone[s]:
-                    groups.setdefault((st.tp, st.pp, st.zero, st.merge_lora), []).append(
+                    groups.setdefault((st.tp, st.pp, st.zero, st.state_shards, st.merge_lora), []).append(
                         (float(costs["dur"][s]), float(costs["working"][s]), float(costs["weights"][s]), s))
             chosen = sorted(s for members in groups.values() for s in self._undominated(members, resident))
             if chosen:
