@@ -1866,16 +1866,20 @@ def test_one_step_off_on_nodes_of_their_own_syncs_the_weights_by_a_broadcast(cli
     pool's size): the rollout on node 1, its weights sent each step as verl's NCCL checkpoint
     engine sends them, gathered from the trainer's FSDP shards and broadcast from its first GPU
     across the nodes: the 8-way all-gather, then the model's bf16 bytes over the inter-node link
-    once, with its latency. Written back, the launch script names the node size to read it again."""
+    once, with its latency. Written back, the launch script names the node size to read it again.
+    The role-level torch.compile this entry's examples turn off is said as not read, as beside the
+    synchronous trainer (the same FSDP engine)."""
     from realbench.cost import comm
     from realbench.plan import load_scenario
 
     pools = ("trainer.n_gpus_per_node=8", "rollout.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=8")
     os.chdir(job)
-    code, stdout, err = cli("import", "verl", one_step_off_yaml, *ONE_STEP_OFF, *pools, "--gpus-per-node", 8,
+    code, stdout, err = cli("import", "verl", one_step_off_yaml, *ONE_STEP_OFF, *pools,
+                            "actor_rollout_ref.actor.use_torch_compile=False", "--gpus-per-node", 8,
                             "--out", "apart", "--json", "--force")
     assert code == 0, err
     result = json.loads(stdout)
+    assert [u.split(":")[0] for u in result["unread_by_engine"]] == ["actor_rollout_ref.actor.use_torch_compile=False"]
     plan = yaml.safe_load(Path(result["plan"]).read_text())
     assert (plan["calls"]["actor_gen"]["mesh"], plan["calls"]["actor_train"]["mesh"]) == ("n1", "n0")
     scenario = load_scenario(result["scenario"])

@@ -38,6 +38,7 @@ producer (4 bytes per token per key) over the slowest link between the two meshe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -54,15 +55,20 @@ BYTES_PER_TOKEN_PER_KEY = 4
 class Layouts:
     """Many layouts as arrays, one entry each: first device, device count, tp, pp, the zero
     stage (only 3 matters: the weights sharded over dp) and the devices a zero-3 layout shards
-    them over (dp x sp, or hybrid sharding's group: Strategy.state_shards). (dp and
-    micro-batches do not matter otherwise: every dp replica holds the same shards.)"""
+    them over (dp x sp, or hybrid sharding's group: Strategy.state_shards; left out, all of its
+    data-parallel devices). (dp and micro-batches do not matter otherwise: every dp replica holds
+    the same shards.)"""
 
     start: np.ndarray
     size: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
     zero: np.ndarray
-    shard: np.ndarray
+    shard: Optional[np.ndarray] = None
+
+    def __post_init__(self):
+        if self.shard is None:
+            object.__setattr__(self, "shard", self.size // (self.tp * self.pp))
 
     @classmethod
     def of(cls, options: list[Option], gpus_per_node: int) -> "Layouts":
