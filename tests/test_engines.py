@@ -105,6 +105,8 @@ FUSED = "actor_rollout_ref.model.use_fused_kernels=true"
 GSPO_ENTROPY = ("actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.actor.entropy_checkpointing=true",
                 "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
                 "actor_rollout_ref.ref.use_torch_compile=false")
+# GSPO's sequence-level policy loss (the same example), carried as given
+GSPO_LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"
 # no reward function named (and no reward model): verl scores with its built-in rule-based scorers
 BUILTIN_SCORER = "reward.custom_reward_function.path=null"
 DYNAMIC = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=384")
@@ -439,7 +441,7 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # the chat template's own keyword arguments (Hydra's +): carried
                                                ("grpo_qwen_fsdp.yaml", (THINKING,)),
                                                # verl's fused kernels (the entropy's settings carried as given)
-                                               ("grpo_qwen_fsdp.yaml", (FUSED, *GSPO_ENTROPY)),
+                                               ("grpo_qwen_fsdp.yaml", (FUSED, *GSPO_ENTROPY, GSPO_LOSS)),
                                                # LoRA: the reference is the actor with its adapters off; the
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
@@ -515,6 +517,7 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert (checked["use_fused_kernels"], checked["fused_backend"]) == (fused, "torch")
     assert ("logits" in scenario_again["training"]) is fused
     assert checked["engine_entropy_chunking"] is (GSPO_ENTROPY[2] in overrides)
+    assert checked["loss_mode"] == ("gspo" if GSPO_LOSS in overrides else "vanilla")
     # the scorer: the user's function, or verl's own (named by realbench's stand-in, written back as none)
     builtin = BUILTIN_SCORER in overrides
     assert checked["builtin_scorer"] == ("default_compute_score" if builtin else None)
@@ -837,6 +840,11 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     # the engine config's own torch.compile (the role-level one is not read): eager entropy, not priced
     (("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",),
      "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "realbench does not price it"),
+    # the rollout decoding without CUDA graphs, or keeping its share of the GPUs through training
+    (("actor_rollout_ref.rollout.enforce_eager=true",), "actor_rollout_ref.rollout.enforce_eager",
+     "decodes without CUDA graphs"),
+    (("actor_rollout_ref.rollout.free_cache_engine=false",), "actor_rollout_ref.rollout.free_cache_engine",
+     "keeps its share of every GPU through training"),
     # hybrid sharding groups verl's device mesh does not cover the GPUs with, or that straddle nodes
     (("actor_rollout_ref.actor.fsdp_config.fsdp_size=3",), "actor_rollout_ref.actor.fsdp_config.fsdp_size",
      "3 does not divide the trainer's 8 GPUs"),

@@ -447,7 +447,11 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            f"{A}.grad_clip", "critic.grad_clip", "critic.cliprange_value", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
            "algorithm.kl_ctrl.", "algorithm.kl_penalty", "algorithm.gamma", "algorithm.lam",
            "algorithm.norm_adv_by_std_in_grpo", f"{R}.temperature", f"{R}.top_p", f"{R}.top_k",
-           f"{R}.val_kwargs.", f"{R}.enforce_eager", f"{R}.free_cache_engine",
+           f"{R}.val_kwargs.",
+           # (the policy loss's mode and coefficients: another function of the same tensors, the old
+           # log-probabilities computed whatever it is: workers/utils/losses.py:86-111,
+           # trainer/ppo/v1/trainer_base.py:584-586)
+           f"{A}.policy_loss.",
            f"{R}.enable_chunked_prefill", f"{R}.enable_prefix_caching", f"{R}.max_num_batched_tokens",
            f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
            f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu",
@@ -611,8 +615,19 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
         # which it follows by interpolation, as verl's own examples write it)
         if resolve(engine, {k: settings[k] for k in given if k != key}, one_step_off).get(key) == settings[key]:
             continue
+        why = f": {UNPRICED_BECAUSE[key]}" if key in UNPRICED_BECAUSE else ""
         raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine, one_step_off).get(key)!r}) changes what "
-                          "verl runs, and realbench does not price it", key, source)
+                          f"verl runs, and realbench does not price it{why}", key, source)
+
+
+# what the settings most often refused would change (refuse_unpriced)
+UNPRICED_BECAUSE = {
+    f"{R}.enforce_eager": ("the rollout's server then decodes without CUDA graphs, launching every kernel of every "
+                           "step (workers/rollout/vllm_rollout/vllm_async_server.py:339), where realbench prices a "
+                           "decode step's launches as CUDA graphs run them"),
+    f"{R}.free_cache_engine": ("the rollout's server then keeps its share of every GPU through training (its sleep "
+                               "and wake-up skipped, vllm_async_server.py:853-862), where realbench prices a "
+                               "colocated rollout's memory released while the trainer runs")}
 
 
 # -- a configuration as a scenario and a plan ---------------------------------------------------------

@@ -146,6 +146,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             "engine_use_torch_compile": getattr(actor.engine, "use_torch_compile", None),
             "engine_entropy_chunking": actor.engine.entropy_from_logits_with_chunking,
             "engine_entropy_checkpointing": getattr(actor.engine, "entropy_checkpointing", None),
+            # the policy loss's mode (carried as given)
+            "loss_mode": arr.actor.policy_loss.loss_mode,
             # the chat template's keyword arguments, the user's own (carried)
             "chat_template_kwargs": OmegaConf.to_container(cfg.data.apply_chat_template_kwargs),
             # the scorer: the user's reward function, or with neither it nor a reward model verl's own
