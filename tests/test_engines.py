@@ -371,7 +371,7 @@ def test_hybrid_sharding_is_read_from_fsdp_size_priced_within_a_node_and_searche
     and HYBRID_SHARD for the actor, read as shard_group 8 on its update only (the reference keeps
     its own fsdp_size, -1). On LLaMA-7B (grpo-7b-16gpu as verl runs it) the actor holds its state
     over 8 GPUs, not 16 (twice the bytes), and gathers it on NVLink instead of across the nodes: less
-    communication; the search inside verl offers both, and only across nodes."""
+    communication; the search inside verl offers both, groups of whole nodes only across nodes."""
     from dataclasses import replace
 
     from realbench.cost.calls import call_cost
@@ -390,8 +390,22 @@ def test_hybrid_sharding_is_read_from_fsdp_size_priced_within_a_node_and_searche
                     for f in (0, 8))
     assert hybrid.master_bytes == pytest.approx(2 * full.master_bytes, rel=1e-6)
     assert hybrid.dp_comm_s < full.dp_comm_s and hybrid.compute_s == full.compute_s
+    # (its collectives hide behind the compute either way, and Adam runs over twice the parameters)
+    assert hybrid.time_s > full.time_s
     offered = {o.strategy.shard_group for g in verl.plan_groups(scenario) for o in g["actor_train"]}
     assert offered == {0, 8}
+    # a 70B actor on 16 nodes: groups of 1, 2, 4 and 8 nodes
+    big = priced_as(get_builtin("ppo-70b-7b-128gpu"), "verl")
+    assert {o.strategy.shard_group for g in verl.plan_groups(big) for o in g["actor_train"]} == {0, 8, 16, 32, 64}
+    # where full sharding's gathers across 16 nodes are in the open, groups of 2 nodes and of one
+    # take less time and hold more (one node's: more state than an H100 holds)
+    update = verl.default_plan(big)["actor_train"]
+    seventy = {f: call_cost(big.dataflow.call("actor_train"), big.models["actor"], big.cluster,
+                            Option(update.mesh, replace(update.strategy, shard_group=f))) for f in (0, 16, 8)}
+    assert seventy[0].time_s > seventy[16].time_s > seventy[8].time_s
+    assert seventy[0].dp_comm_s > seventy[16].dp_comm_s > seventy[8].dp_comm_s
+    assert seventy[16].master_bytes / 2 ** 30 == pytest.approx(64.2, abs=0.05)
+    assert seventy[8].master_bytes > big.cluster.device.memory_bytes
     one_node = priced_as(get_builtin("grpo-7b-lora-8gpu"), "verl")
     assert {o.strategy.shard_group for g in verl.plan_groups(one_node) for o in g["actor_train"]} == {0}
 

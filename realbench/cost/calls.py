@@ -166,12 +166,14 @@ def dp_group_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
 def hybrid_replicas(cluster: ClusterSpec, option: Option) -> sharding.Replicas:
     """Hybrid sharding's groups that hold the same shard (realbench.cost.sharding): one device of
     each, shard_group*tp apart, so they span nodes with the mesh, a node holding
-    gpus_per_node / (shard_group*tp) of them."""
+    gpus_per_node / (shard_group*tp) of them; on links of their own where the groups fit a node
+    and the replicas cross nodes."""
     s = option.strategy
     if not s.shard_group:
         return sharding.FULL_SHARD
-    apart = s.shard_group * s.tp
-    return sharding.Replicas(s.shards // s.shard_group, option.mesh.nodes > 1, max(1, cluster.gpus_per_node // apart))
+    apart, across = s.shard_group * s.tp, option.mesh.nodes > 1
+    return sharding.Replicas(s.shards // s.shard_group, across, max(1, cluster.gpus_per_node // apart),
+                             own_links=across and apart <= cluster.gpus_per_node)
 
 
 def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:

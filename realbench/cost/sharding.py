@@ -80,8 +80,13 @@ under zero 3, Adam over P / f), and its collectives run over f devices; after ea
 reduce-scatter, each gradient shard is all-reduced across the r = d / f groups (the devices holding
 the same shard, f apart: FSDP1's post-backward hook, torch/distributed/fsdp/_runtime_utils.py
 _reduce_grad; FSDP2's, _fully_shard/_fsdp_collectives.py foreach_reduce, on a stream of its own,
-beside the backward like the reduce-scatter): 2 (r-1)/r V / f a micro-batch. With f the devices of a node, the gathers stay on NVLink
-and only the all-reduce of a 1/f shard crosses the network.
+beside the backward like the reduce-scatter): 2 (r-1)/r V / f a micro-batch. With f the devices
+of a node, the gathers stay on NVLink and only the all-reduce of a 1/f shard crosses the network:
+2 (r-1)/r V / f over each device's NIC, against full sharding's 3 (N-1)/N V / f over them for its
+three passes on N nodes. The two then run on different links, layer after layer, so a
+micro-batch's collectives take the slower of the two (as NCCL's two-level collectives take the
+slower of their phases, realbench.cost.comm); groups that span nodes share the NICs with the
+all-reduce, which adds to them.
 
 Overlap: zero 3's gathers and reductions run beside the compute (the next layer's weights are
 fetched while this one computes), so a micro-batch takes max(compute, its collectives) plus one
@@ -187,6 +192,16 @@ class Replicas:
     count: int = 1
     spans_nodes: bool = False
     per_node: int = 1
+    # the shard groups inside a node and the replicas across nodes: the groups' collectives on
+    # NVLink, the all-reduce on the NICs, beside each other (module doc)
+    own_links: bool = False
+
+    def with_groups(self, group_seconds: float, shard_bytes: float, all_reduces: int, cluster: ClusterSpec) -> float:
+        """Seconds of a group's collectives (`group_seconds`) with `all_reduces` all-reduces of a
+        `shard_bytes` gradient shard across the replicas: the slower where they run on links of
+        their own, else one after the other."""
+        across = all_reduces * self.all_reduce(cluster, shard_bytes)
+        return max(group_seconds, across) if self.own_links else group_seconds + across
 
     def all_reduce(self, cluster: ClusterSpec, shard_bytes: float) -> float:
         """Seconds to all-reduce one gradient shard of `shard_bytes` across the replicas."""
@@ -210,7 +225,7 @@ def step_communication(cluster: ClusterSpec, zero: int, dp: int, params: float, 
     if zero == 1:
         return 2 * gather  # reduce-scatter, then all-gather
     if zero == 2:
-        return (micro_batches + 1) * gather + micro_batches * replicas.all_reduce(cluster, nbytes / dp)
+        return replicas.with_groups((micro_batches + 1) * gather, nbytes / dp, micro_batches, cluster)
     return 0.0
 
 
@@ -229,7 +244,7 @@ def overlapped_step(cluster: ClusterSpec, dp: int, params: float, layer_params: 
         return 0.0
     per_micro_batch = passes * comm.all_gather(cluster, dp, params * BF16, spans_nodes, per_node)
     if passes > 1:  # (a backward's reduce-scatter: its shard then crosses the replicas)
-        per_micro_batch += replicas.all_reduce(cluster, params * BF16 / dp)
+        per_micro_batch = replicas.with_groups(per_micro_batch, params * BF16 / dp, 1, cluster)
     first = comm.all_gather(cluster, dp, layer_params * BF16, spans_nodes, per_node)
     if offloaded:
         per_micro_batch += host_copy(cluster, dp, params)

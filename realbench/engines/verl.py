@@ -1656,13 +1656,14 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
     # tp, pp, v, train zeros, forward zero, sp, shard group: FSDP's Ulysses groups (one for every
     # role: verl sets it per role) or Megatron's context-parallel rings (ring p2p: process-global);
-    # FSDP's state sharded over every GPU or, across nodes, hybrid within each node (fsdp_size:
-    # verl sets it per role, the search one for all)
+    # FSDP's state sharded over every GPU or, across nodes, hybrid within groups of 1, 2, 4, ...
+    # nodes (fsdp_size: verl sets it per role, the search one for all)
     layouts: list[tuple[int, int, int, tuple[int, ...], int, int, int]] = []
     actor = scenario.models["actor"]
     if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
         packed = all(_remove_padding(scenario)[:2 if critic else 1])
-        hybrid = (0, c.gpus_per_node) if N > c.gpus_per_node else (0,)
+        G = c.gpus_per_node  # (hybrid groups of whole nodes, doubling: 1, 2, 4, ... nodes)
+        hybrid = (0, *(G << k for k in range((N // G).bit_length()) if (G << k) < N and N % (G << k) == 0))
         # (groups the model's heads do not split are dropped with their options: `valid`)
         layouts += [(1, 1, 1, (3, 2), 3, sp, f) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed
                     for f in hybrid]
