@@ -153,7 +153,7 @@ from realbench.engines.verl_packer import mean_count
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors
+from realbench.plan.options import divisors, straddles_nodes
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -799,7 +799,7 @@ def _shard_group(s: dict, role: str, gpus: int, per_node: int, source: str) -> d
     if size == 0 or gpus % size:
         raise ConfigError(f"{size} does not divide the trainer's {gpus} GPUs (verl's (GPUs / fsdp_size, fsdp_size) "
                           "device mesh, verl/workers/engine/fsdp/utils.py:35-53)", key, source)
-    if per_node % size if size <= per_node else size % per_node:
+    if straddles_nodes(size, per_node):
         raise ConfigError(f"{size}: realbench prices a shard group that divides a node of {per_node} GPUs or spans "
                           "whole ones", key, source)
     return {"shard_group": size}

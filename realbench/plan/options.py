@@ -210,6 +210,12 @@ def zero_problem(call: CallDef, s: Strategy) -> Optional[str]:
     return None
 
 
+def straddles_nodes(span: int, per_node: int) -> bool:
+    """Whether a group of `span` consecutive devices, laid from a node's start, can sit astride two
+    nodes: it neither divides a node nor spans whole ones."""
+    return bool(per_node % span if span <= per_node else span % per_node)
+
+
 def shard_group_problem(cluster: ClusterSpec, s: Strategy) -> Optional[str]:
     """Why the state cannot be sharded within groups of s.shard_group devices (hybrid sharding:
     realbench.cost.sharding), or None. FSDP's (zero 2 or 3: HYBRID_SHARD and its zero-2 form); the
@@ -223,7 +229,7 @@ def shard_group_problem(cluster: ClusterSpec, s: Strategy) -> Optional[str]:
         return (f"shard_group {f} does not split the {d} devices of dp x sp into equal groups of fewer (all of "
                 "them is full sharding: leave shard_group out)")
     span, G = f * s.tp, cluster.gpus_per_node
-    if G % span if span <= G else span % G:
+    if straddles_nodes(span, G):
         return (f"a shard group of {span} consecutive devices neither divides a node of {G} nor spans whole ones")
     return None
 
@@ -254,7 +260,7 @@ def sequence_parallel_problem(call: CallDef, model: ModelSpec, cluster: ClusterS
         if s.ring == "allgather" and s.pp > 1:
             return f"{how} runs under DeepSpeed, which has no pipeline parallelism: pp 1"
         span = s.tp * s.sp
-        if G % span if span <= G else span % G:
+        if straddles_nodes(span, G):
             return (f"a ring of tp x sp = {span} devices neither divides a node of {G} nor spans whole ones "
                     "(tp innermost, as Megatron and OpenRLHF order ranks, makes it consecutive devices)")
         return None  # (every device keeps its tp share of the heads: nothing more to split)
