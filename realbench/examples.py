@@ -53,8 +53,8 @@ def save_model(folder: Path, family: str = "Llama", vocab: int = 64, hidden: int
     ids = {"pad_token_id": SPECIALS.index("<pad>"), "eos_token_id": SPECIALS.index("<eos>"), "bos_token_id": None}
     cfg = getattr(transformers, f"{family}Config")(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
-        **({"sliding_window": None} if family == "Mistral" else {}), **{**ids, **config})
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        **({"sliding_window": None} if family == "Mistral" else {}), **{"max_position_embeddings": 256, **ids, **config})
     torch.manual_seed(seed)
     model = getattr(transformers, cls or f"{family}ForCausalLM")(cfg)
     model.save_pretrained(folder, safe_serialization=True)

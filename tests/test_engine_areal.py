@@ -135,7 +135,7 @@ def job(tmp_path_factory):
     from realbench.examples import save_model
 
     folder = tmp_path_factory.mktemp("my areal job")
-    save_model(folder / "ckpt")
+    save_model(folder / "ckpt", max_position_embeddings=32_768)  # (Qwen2.5's positions, the servers' default context)
     (folder / "gsm8k grpo.yaml").write_text(GSM8K_GRPO)
     (folder / "ppo_megatron.yaml").write_text(PPO_MEGATRON)
     return folder
@@ -296,6 +296,12 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         share = c["gpu_memory_utilization" if scenario.rollout_server == "vllm" else "mem_fraction_static"]
         assert share == scenario.dataflow.call("actor_gen").memory_fraction == \
             load_scenario(again["scenario"]).dataflow.call("actor_gen").memory_fraction
+        # the servers' context as AReaL's config classes hold it: a vLLM's read (AReaL's default, 32,768),
+        # else the least the plan runs with, a sequence
+        gen = scenario.dataflow.call("actor_gen")
+        assert c["max_model_len" if scenario.rollout_server == "vllm" else "context_length"] == \
+            (gen.max_model_len or gen.seq_len) == (load_scenario(again["scenario"]).dataflow.call("actor_gen").max_model_len
+                                                   or gen.seq_len), path
         # the servers AReaL parses are the ones read (vLLM or SGLang)
         assert c["allocations"]["rollout"]["backend"] == (scenario.rollout_server or "sglang") == \
             load_scenario(again["scenario"]).rollout_server
@@ -366,6 +372,11 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
      "1e-06: the serving engine's KV cache at memory fraction 1e-06 holds 0 tokens"),
     (["rollout.backend=vllm:d4p1t1", "vllm.gpu_memory_utilization=0.000001"], "vllm.gpu_memory_utilization",
      "holds 0 tokens"),
+    # the servers' context: beyond the checkpoint's positions (either server refuses it), or short of a
+    # prompt and its response (1024 + 1024)
+    (["sglang.context_length=65536"], "sglang.context_length", "65536: beyond the checkpoint's max_position_embeddings"),
+    (["rollout.backend=vllm:d4p1t1", "vllm.max_model_len=2047"], "vllm.max_model_len",
+     "2047, short of a prompt and its response (2048 tokens)"),
     (["--gpus-per-node", "4"], "--gpus-per-node", "cluster.n_gpus_per_node"),
     (["critic.backend=fsdp:d4", "critic.ppo_n_minibatches=2", "critic.scheduling_strategy.type=colocation",
       "critic.scheduling_strategy.target=actor"], "critic.ppo_n_minibatches", "the actor's optimizer steps"),
@@ -444,7 +455,8 @@ def test_the_search_offers_ulysses_groups_the_heads_split(cli, tmp_path):
 
     os.chdir(tmp_path)
     for name, heads in (("four", 4), ("six", 6)):
-        save_model(tmp_path / name, hidden=96 if heads == 6 else 64, heads=heads, kv_heads=2)
+        save_model(tmp_path / name, hidden=96 if heads == 6 else 64, heads=heads, kv_heads=2,
+                   max_position_embeddings=32_768)
         (tmp_path / f"{name}.yaml").write_text(GSM8K_GRPO.replace("path: ckpt", f"path: {name}"))
         code, out, err = cli("import", "areal", f"{name}.yaml", "--out", "plans", "--json", "--force")
         assert code == 0, err

@@ -57,7 +57,7 @@ def job(tmp_path_factory):
     from realbench.examples import save_model
 
     folder = tmp_path_factory.mktemp("my openrlhf job")
-    save_model(folder / "ckpt")
+    save_model(folder / "ckpt", max_position_embeddings=32_768)  # (Qwen2.5's positions)
     (folder / "scoring").mkdir()
     (folder / "scoring" / "reward.py").write_text("def reward_func(queries, prompts, labels):\n    return {}\n")
     (folder / "train ppo hybrid.sh").write_text(HYBRID)
@@ -284,6 +284,8 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
     (("vllm.gpu_memory_utilization=0.000001",), "--vllm.gpu_memory_utilization", "the engine does not start"),
+    # vLLM's context (a prompt and its response) beyond the checkpoint's positions: vLLM refuses it
+    (("data.max_len=32769",), "--data.max_len", "32769: beyond the checkpoint's max_position_embeddings 32768"),
     # ring attention: with another head stride (the kernels' buffers priced for 1), a group that
     # does not divide a role's GPUs, or beside tp
     (("ds.ring_attn_size=2", "ds.ring_attn_head_stride=2"), "--ds.ring_attn_head_stride", "does not price it"),
@@ -353,7 +355,7 @@ def test_an_override_keeps_a_path_with_spaces_whole(cli, job):
     """A checkpoint folder named as a user names it, given as an override."""
     from realbench.examples import save_model
 
-    save_model(job / "my actor")
+    save_model(job / "my actor", max_position_embeddings=32_768)
     _, _, scenario = imported(cli, job, "grpo.args", "actor.model_name_or_path=my actor", out="spaces", name="spaces")
     assert scenario["models"]["actor"]["path"] == str(job / "my actor")
 

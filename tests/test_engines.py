@@ -130,7 +130,7 @@ def job(tmp_path_factory):
     from realbench.examples import save_model
 
     folder = tmp_path_factory.mktemp("my verl job")
-    save_model(folder / "ckpt")
+    save_model(folder / "ckpt", max_position_embeddings=32_768)  # (Qwen2.5's positions)
     (folder / "scoring").mkdir()
     (folder / "scoring" / "reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -187,8 +187,9 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
         "ref_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "zero": 3, "offload_params": True},
         "reward_inf": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1},
     }
+    # rollout.max_model_len unset: verl gives vLLM the checkpoint's max_position_embeddings, 32,768
     assert scenario["dataflow"] == {"algorithm": "grpo", "prompts": 32, "prompt_len": 64, "gen_len": 128,
-                                    "minibatches": 4, "group_size": 4, "memory_fraction": 0.5}
+                                    "minibatches": 4, "group_size": 4, "memory_fraction": 0.5, "max_model_len": 32_768}
     assert scenario["engine"] == "verl" and scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
     assert scenario["models"]["actor"]["path"] == str(job / "ckpt")
     assert scenario["models"]["reward"]["function"] == f"{job / 'scoring' / 'reward.py'}:compute_score"
@@ -204,6 +205,39 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
     # verl's examples set the reference's param_offload, which its FSDP engine does to a reference anyway
     _, same, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.ref.fsdp_config.param_offload=true")
     assert same["calls"]["ref_inf"]["offload_params"] is True
+
+
+def test_a_vllm_rollout_starts_where_its_cache_holds_one_request_of_its_context(cli, job, tmp_path):
+    """vLLM starts only where its KV cache holds one request of its max_model_len (verl's default:
+    the checkpoint's positions, 65,536 for this one). At the share of each GPU that leaves a cache
+    of 32,768 tokens, a sequence (192) fits but 65,536 do not: refused, naming max_model_len; at
+    max_model_len 32,768 it imports. SGLang starts with less: the same share imports with it."""
+    import shutil
+
+    from realbench.cost.calls import serving_cache_tokens
+    from realbench.plan import load_plan
+    from realbench.plan.options import decode_slots
+
+    long = tmp_path / "long context"
+    shutil.copytree(job / "ckpt", long)
+    config = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 65_536}))
+    given = (f"actor_rollout_ref.model.path={long}", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
+    result, _, read = imported(cli, job, "grpo_qwen_fsdp.yaml", *given)
+    assert read["dataflow"]["max_model_len"] == 65_536
+    _, scenario, options = load_plan(result["plan"])
+    gen = scenario.dataflow.call("actor_gen")
+    tokens = [serving_cache_tokens(gen.model_copy(update={"memory_fraction": f}), scenario.model_of(gen),
+                                   scenario.cluster, 2, decode_slots(gen, options["actor_gen"])) for f in (0.5, 1.0)]
+    share = 0.5 + (32_768.5 - tokens[0]) * 0.5 / (tokens[1] - tokens[0])  # (the cache grows with the share, linearly)
+    memory = f"actor_rollout_ref.rollout.gpu_memory_utilization={share!r}"
+    code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *given, memory, "--out", "plans", "--force")
+    assert code == 2 and "actor_rollout_ref.rollout.max_model_len: 65536:" in err, err
+    assert "holds 32768 tokens a replica of tp 2, fewer than one request of max_model_len 65536" in err, err
+    _, _, read = imported(cli, job, "grpo_qwen_fsdp.yaml", *given, memory, "actor_rollout_ref.rollout.max_model_len=32768")
+    assert read["dataflow"]["max_model_len"] == 32_768
+    _, _, read = imported(cli, job, "grpo_qwen_fsdp.yaml", *given, memory, "actor_rollout_ref.rollout.name=sglang")
+    assert "max_model_len" not in read["dataflow"]
 
 
 def test_a_launch_script_composed_by_verls_own_hydra_imports_scored_by_verls_own_scorers(cli, job):
@@ -542,6 +576,11 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     # the rollout server's share of each GPU's memory: verl's default, or the user's, read and written back
     fraction = 0.7 if MEMORY in overrides else 0.5
     assert checked["memory_fraction"] == scenario_again["dataflow"]["memory_fraction"] == fraction
+    # vLLM's context: the checkpoint's positions, which verl gives it where unset, written back; an
+    # SGLang rollout (which starts with less) written a sequence's, the least the plan runs with
+    sequence = scenario_again["dataflow"]["prompt_len"] + scenario_again["dataflow"]["gen_len"]
+    assert checked["max_model_len"] == scenario_again["dataflow"].get("max_model_len", sequence) == \
+        (32_768 if checked["rollout_name"] == "vllm" else sequence)
     # verl's optimizer_offload and param_offload, per trained role, as its engines read them
     critic = "ppo" in config
     for key, field in (("optimizer_offload", "offload_optimizer"), ("param_offload", "offload_params")):
@@ -822,7 +861,12 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "realbench does not price it"),
     # a rollout server whose share of each GPU holds no whole sequence: it would not start
     (("actor_rollout_ref.rollout.gpu_memory_utilization=0.000001",), "actor_rollout_ref.rollout.gpu_memory_utilization",
-     "fewer than one sequence of 192: the engine does not start"),
+     "fewer than one request of max_model_len 32768: the engine does not start"),
+    # a context short of a prompt and its response (verl would cut them), or beyond the checkpoint's
+    (("actor_rollout_ref.rollout.max_model_len=191",), "actor_rollout_ref.rollout.max_model_len",
+     "191, short of a prompt and its response (192 tokens)"),
+    (("actor_rollout_ref.rollout.max_model_len=32769",), "actor_rollout_ref.rollout.max_model_len",
+     "32769: beyond the checkpoint's max_position_embeddings 32768"),
     # a rollout realbench does not write
     (("actor_rollout_ref.rollout.name=trtllm",), "actor_rollout_ref.rollout.name", "vllm and sglang rollouts"),
     (("actor_rollout_ref.rollout.name=???",), "actor_rollout_ref.rollout.name", "is not set: verl needs it"),

@@ -492,6 +492,19 @@ def test_a_serving_engines_cache_at_its_memory_fraction_bounds_its_slots_by_hand
     assert "holds 1318 tokens a replica of tp 2, fewer than one sequence of 2048" in why, why
     assert call_cost(small, model, cluster, whole).working_bytes == float("inf")  # no plan holds it
     assert serving_cache_problem(small, model, cluster, Strategy(1, 4, 1, 1)) is None
+    # a vLLM server must hold one request of its max_model_len (verl's, where unset, is the
+    # checkpoint's positions): 132,390 tokens start, 132,391 do not, where a sequence of 2048 fits
+    assert serving_cache_problem(call.model_copy(update={"max_model_len": 132_390}), model, cluster,
+                                 Strategy(1, 2, 1, 1)) is None
+    longer = call.model_copy(update={"max_model_len": 132_391})
+    why = serving_cache_problem(longer, model, cluster, Strategy(1, 2, 1, 1))
+    assert "holds 132390 tokens a replica of tp 2, fewer than one request of max_model_len 132391" in why, why
+    assert call_cost(longer, model, cluster, whole).working_bytes == float("inf")
+    # (a context is a serving engine's, and at least a sequence: shorter, the server cuts responses)
+    with pytest.raises(ValueError, match="shorter than the call's sequences of 2048"):
+        call.model_validate({**call.model_dump(), "max_model_len": 2047})
+    with pytest.raises(ValueError, match="max_model_len is a serving engine's"):
+        call.model_validate({**call.model_dump(), "memory_fraction": None, "max_model_len": 4096})
     # (and realbench prices an engine's rollout server without a pipeline)
     assert strategy_problem(call, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 2, 2, 1))[0] == "pp"
 

@@ -412,18 +412,21 @@ def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
 
 def serving_cache_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
     """Why an engine's serving engine does not start on this layout, or None: its paged KV cache
-    (serving_cache_tokens) must hold one whole sequence (vLLM: "To serve at least one request with
-    the model's max seq len", vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory; SGLang:
-    "Not enough memory", profile_max_num_token). Such a call holds more memory than any device
-    (its working set is infinite): no plan fits with it."""
+    (serving_cache_tokens) must hold one whole sequence of its context, `call.max_model_len` where
+    given, else the call's seq_len (vLLM: "To serve at least one request with the model's max seq
+    len", vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory; SGLang: "Not enough memory",
+    profile_max_num_token). Such a call holds more memory than any device (its working set is
+    infinite): no plan fits with it."""
     if call.kind != CallKind.GENERATE or call.memory_fraction is None:
         return None
     tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)))
-    if tokens >= call.seq_len:
+    context = call.max_model_len or call.seq_len
+    if tokens >= context:
         return None
+    what = (f"one request of max_model_len {context}" if call.max_model_len else f"one sequence of {context}")
     return (f"the serving engine's KV cache at memory fraction {call.memory_fraction:g} holds {int(tokens)} tokens a "
-            f"replica of tp {s.tp}, fewer than one sequence of {call.seq_len}: the engine does not start (a larger "
-            "tp or memory fraction)")
+            f"replica of tp {s.tp}, fewer than {what}: the engine does not start (a larger tp or memory fraction"
+            + (", or a shorter max_model_len)" if call.max_model_len else ")"))
 
 
 def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option: Option) -> int:

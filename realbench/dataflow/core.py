@@ -108,6 +108,10 @@ class CallDef(FileModel):
     # and a paged KV cache in the rest, which bounds the sequences that decode together
     # (realbench.cost.calls.serving_slots); None: realbench's rollout, a cache for every slot
     memory_fraction: Optional[float] = Field(default=None, gt=0, le=1)
+    # generate by an engine's vLLM server: its max_model_len, the context one request may take, for
+    # which vLLM's KV cache must hold one whole sequence before the server starts (where verl leaves it
+    # unset, the checkpoint's max_position_embeddings); None: seq_len (SGLang starts with less)
+    max_model_len: Optional[int] = Field(default=None, gt=0)
     # inference or train of a language model, an engine's: how it computes the log-probabilities
     # over the vocabulary (None: as realbench prices its own runtime's)
     logits: Optional[LogitsPath] = None
@@ -125,6 +129,11 @@ class CallDef(FileModel):
             raise ValueError(f"sync_every is only for generate calls (this is a {self.kind.value} call)")
         if self.memory_fraction is not None and self.kind != CallKind.GENERATE:
             raise ValueError(f"memory_fraction is only for generate calls (this is a {self.kind.value} call)")
+        if self.max_model_len is not None and self.memory_fraction is None:
+            raise ValueError("max_model_len is a serving engine's (give memory_fraction, the share it takes)")
+        if self.max_model_len is not None and self.max_model_len < self.seq_len:
+            raise ValueError(f"max_model_len {self.max_model_len} is shorter than the call's sequences of "
+                             f"{self.seq_len} tokens: the server would cut their responses")
         if self.kind == CallKind.GENERATE:
             if not 0 < self.gen_len < self.seq_len:
                 raise ValueError(f"gen_len must be in 1..seq_len-1 for a generate call "

@@ -105,15 +105,25 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
 
 
 def _refuse_unstartable_rollout(module, scenario: Scenario, generation: Option, source: str) -> None:
-    """Refuse, naming the engine's own key (its memory share), a rollout server whose share of
-    each GPU leaves its KV cache no whole sequence: the server would not start
-    (cost.calls.serving_cache_problem)."""
+    """Refuse, naming the engine's own key, a rollout server whose share of each GPU leaves its KV
+    cache no whole sequence, or no request of its max_model_len: the server would not start
+    (cost.calls.serving_cache_problem). The key named is the context where a sequence fits, else
+    the memory share."""
     call = scenario.dataflow.call("actor_gen")
-    problem = serving_cache_problem(call, scenario.model_of(call), scenario.cluster, generation.strategy)
-    if problem is not None:
-        servers = getattr(module, "SERVER_MEMORY", None)  # (AReaL's: by the rollout's backend)
-        key = servers[scenario.rollout_server or "sglang"] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
-        raise ConfigError(f"{call.memory_fraction:g}: {problem}", key, source)
+    model, server = scenario.model_of(call), scenario.rollout_server or "sglang"
+    problem = serving_cache_problem(call, model, scenario.cluster, generation.strategy)
+    if problem is None:
+        return
+    fits_a_sequence = call.max_model_len is not None and serving_cache_problem(
+        call.model_copy(update={"max_model_len": None}), model, scenario.cluster, generation.strategy) is None
+    if fits_a_sequence:
+        contexts = getattr(module, "SERVER_CONTEXT", None)  # (AReaL's: by the rollout's backend)
+        key, value = contexts[server] if contexts else module.MAX_MODEL_LEN, call.max_model_len
+    else:
+        servers = getattr(module, "SERVER_MEMORY", None)
+        key = servers[server] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
+        value = call.memory_fraction
+    raise ConfigError(f"{value:g}: {problem}", key, source)
 
 
 def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,

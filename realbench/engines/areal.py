@@ -47,7 +47,8 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
   flight (default the consumer batch; infra/workflow_executor.py:761-765) spread over the servers
   round robin (rollout_controller.py:778-802); fewer where a server's paged KV cache, in its
   `sglang.mem_fraction_static` (`vllm.gpu_memory_utilization`) share of each GPU, holds fewer
-  (SERVER_MEMORY). Servers with a pipeline (`p` > 1) are refused: realbench prices a server's
+  (SERVER_MEMORY); a vLLM server starts where that cache holds one request of `vllm.max_model_len`
+  (SERVER_CONTEXT). Servers with a pipeline (`p` > 1) are refused: realbench prices a server's
   continuous batching without one.
 * **Calls**: the rollout runs on its own GPUs, up to `rollout.max_head_offpolicyness` (η) versions
   ahead of training (infra/staleness_manager.py:69-113: realbench's `max_staleness`; η 0 waits
@@ -88,8 +89,8 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, serving_gap, whole_alpha,
-                                         whole_row_budget)
+from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, served_context, serving_gap,
+                                         whole_alpha, whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _ceil, _nest, _rounds, _splits
@@ -115,6 +116,11 @@ SERVER_MODEL = {"sglang": "sglang.model_path", "vllm": "vllm.model"}  # the weig
 # vLLMConfig.gpu_memory_utilization, both 0.9): the generation call's memory_fraction, AReaL's default
 # where a scenario gives none
 SERVER_MEMORY = {"sglang": "sglang.mem_fraction_static", "vllm": "vllm.gpu_memory_utilization"}
+# the context a request to the servers may take (api/cli_args.py: SGLangConfig.context_length,
+# vLLMConfig.max_model_len, both 32768; None: the checkpoint's positions), on each server's command
+# line: both servers refuse one beyond the checkpoint's positions, and vLLM starts only where its KV
+# cache holds one request of it (the generation call's max_model_len); SGLang starts with less
+SERVER_CONTEXT = {"sglang": "sglang.context_length", "vllm": "vllm.max_model_len"}
 MEMORY_FRACTION = 0.9
 PRICING_GAPS = ("generation pauses while the weights are sent (requests aborted, resumed, re-prefilled); realbench "
                 "prices the transfer, not the re-prefill",
@@ -155,8 +161,8 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
             "rollout.scheduling_spec", "rollout.request_timeout", "rollout.request_retries", "rollout.setup_timeout",
             "rollout.pause_grace_period", "rollout.queue_size", "rollout.consumer_batch_size",
             "sglang.model_path", "sglang.random_seed", "sglang.skip_tokenizer_init", "sglang.dtype",
-            "sglang.context_length", "sglang.log_level", "sglang.disable_radix_cache",
-            "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype", "vllm.max_model_len",
+            "sglang.log_level", "sglang.disable_radix_cache",
+            "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype",
             "vllm.enforce_eager", "vllm.no_enable_prefix_caching",
             # the servers' side of the actor's LoRA (what the adapters need there, not a cost of their own)
             "rollout.use_lora", "sglang.enable_lora", "sglang.max_lora_rank", "vllm.enable_lora", "vllm.max_lora_rank",
@@ -183,7 +189,7 @@ READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.
         "vllm.max_num_seqs", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.max_tokens",
         "train_dataset.batch_size", "train_dataset.max_length", "actor.ppo_n_minibatches",
         "actor.reward_norm.mean_leave1out", "actor.use_lora", "actor.peft_type", *LORA_KEYS.values(),
-        *OLD_LOGPROBS_KEYS, *SERVER_MEMORY.values()}
+        *OLD_LOGPROBS_KEYS, *SERVER_MEMORY.values(), *SERVER_CONTEXT.values()}
 
 
 @lru_cache(maxsize=1)
@@ -467,14 +473,25 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         targets = list(s[LORA_KEYS["target_modules"]] or [])
         models["actor"]["lora"] = {"r": s[LORA_KEYS["r"]], "lora_alpha": s[LORA_KEYS["lora_alpha"]],
                                    "target_modules": "all-linear" if targets in ([], ["all-linear"]) else targets}
+    context = _server_context(s, server["backend"], L, source)  # (SGLang's refused too where too long or short)
     scenario, plan = job_documents(
         "areal", name, f"read from the AReaL {VERSION} experiment {Path(source).name}",
         f"AReaL {VERSION} experiment", algorithm=critic_alg, models=models, prompts=prompts, prompt_len=prompt_len,
         gen_len=gen_len, steps=steps, group_size=n, cluster={"nodes": nodes, "gpus_per_node": G, "device": device},
         epochs=1, calls=calls, max_staleness=int(s["rollout.max_head_offpolicyness"]), with_ref=with_ref,
         old_logprobs=_old_logprobs(s, source), rollout_server=server["backend"], padding_free=PADDING_FREE,
-        memory_fraction=_memory_fraction(s, server["backend"], source))
+        memory_fraction=_memory_fraction(s, server["backend"], source),
+        max_model_len=context if server["backend"] == "vllm" else None)
     return scenario, plan
+
+
+def _server_context(s: dict[str, Any], server: str, length: int, source: str) -> Optional[int]:
+    """The context the rollout's servers take (SERVER_CONTEXT: documents.served_context)."""
+    key = SERVER_CONTEXT[server]
+    return served_context(s[key], s["actor.path"], length, key, source,
+                          beyond=f"{'vLLM' if server == 'vllm' else 'SGLang'} refuses before it starts",
+                          cut="AReaL's requests of a prompt and its response would outrun the server's context "
+                              "(remote_inf_engine.py:810-821 asks for the full response)")
 
 
 def _memory_fraction(s: dict[str, Any], server: str, source: str) -> float:
@@ -611,7 +628,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                            "gconfig.n_samples": n, "gconfig.max_new_tokens": g.gen_len,
                            "gconfig.max_tokens": g.prompt_len + g.gen_len, "actor.ppo_n_minibatches": steps,
                            "rollout.max_head_offpolicyness": df.max_staleness,
-                           "rollout.backend": allocation_string(server, gen.dp, gen.tp, gen.pp)}
+                           "rollout.backend": allocation_string(server, gen.dp, gen.tp, gen.pp),
+                           # (the least AReaL runs the plan with: a sequence, where its default, 32768, could
+                           # outrun the checkpoint's positions, or ask more of vLLM's cache than was priced)
+                           SERVER_CONTEXT[server]: g.max_model_len or g.seq_len}
     step = StepRows(g.prompt_len, g.gen_len, df.call("actor_train").lengths)
     for name, role, trained in (("actor_train", "actor", True), ("ref_inf", "ref", False),
                                 ("critic_train", "critic", True)):

@@ -140,7 +140,9 @@ def validate(config: str, overrides: list[str]) -> dict:
             "actor_lr": cfg.actor.optimizer.lr, "train_dataset": cfg.train_dataset.path,
             "experiment_name": cfg.experiment_name,
             # the servers' share of each GPU's memory (realbench's memory_fraction)
-            "mem_fraction_static": cfg.sglang.mem_fraction_static, "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization}
+            "mem_fraction_static": cfg.sglang.mem_fraction_static, "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization,
+            # the context a request to the servers may take (realbench's max_model_len, vLLM's)
+            "context_length": cfg.sglang.context_length, "max_model_len": cfg.vllm.max_model_len}
 
 
 def pack(capacity: int, min_groups: int, batches: list[list[int]], divisor: int = 1) -> list[list[int]]:

@@ -24,12 +24,13 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
                   padding_free: bool, max_staleness: int = 0, with_ref: bool = True,
                   padded_models: tuple[str, ...] = (), memory_fraction: Optional[float] = None,
-                  logits: Optional[dict[str, dict]] = None) -> tuple[dict, dict]:
+                  max_model_len: Optional[int] = None, logits: Optional[dict[str, dict]] = None) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
     old log-probabilities from (realbench.dataflow.core.OldLogprobs); `padding_free` whether it packs
     the rows of its scoring and training calls without padding (but `padded_models`' calls, which keep
     theirs); `logits` how it computes calls' log-probabilities where not as realbench prices by default
-(training.logits, by call); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes; `rollout_server` its rollout's
+(training.logits, by call); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes, `max_model_len` the
+context its vLLM server must hold one request of to start (None: a sequence's); `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -54,6 +55,8 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
         dataflow["max_staleness"] = max_staleness
     if memory_fraction is not None:
         dataflow["memory_fraction"] = memory_fraction
+    if max_model_len is not None and max_model_len != prompt_len + gen_len:  # (a sequence's: the default)
+        dataflow["max_model_len"] = max_model_len
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,
                 "rollout_server": rollout_server,
                 "description": description, "cluster": cluster, "models": models, "dataflow": dataflow,
@@ -64,6 +67,46 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     if max_staleness:
         plan["max_staleness"] = max_staleness
     return scenario, plan
+
+
+def max_positions(folder: str) -> Optional[int]:
+    """The positions a checkpoint folder's config.json was made for (max_position_embeddings, or its
+    text_config's, where the engines look: verl/workers/rollout/utils.py, get_max_position_embeddings),
+    which the serving engines take for a request's context where none is given; None where the folder
+    is not here to read (import_config then refuses it)."""
+    from pathlib import Path
+
+    from realbench.models.hf import read_config
+
+    path = Path(folder or "").expanduser()
+    if not folder or not (path / "config.json").is_file():
+        return None
+    cfg = read_config(path)
+    positions = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        raise ConfigError(f"{positions!r}: the serving engines take the context of a request from it: a whole number",
+                          "max_position_embeddings", str(path / "config.json"))
+    return positions
+
+
+def served_context(given: Optional[int], folder: str, length: int, key: str, source: str, *, beyond: str,
+                   cut: str) -> Optional[int]:
+    """The context an engine's rollout server takes: `given` (the engine's `key`), or, unset, the
+    checkpoint's positions (max_positions), None where neither is known. Refused: a context beyond the
+    checkpoint's positions (the server refuses it before it starts: `beyond`, where) or short of a
+    prompt and its response of `length` tokens (the response would be cut: `cut`, how)."""
+    positions = max_positions(folder)
+    context = positions if given is None else int(given)
+    if context is None:
+        return None
+    if positions is not None and context > positions:
+        raise ConfigError(f"{context}: beyond the checkpoint's max_position_embeddings {positions}, which {beyond}",
+                          key, source)
+    if context < length:
+        what = f"{context}" if given is not None else f"unset: the checkpoint's max_position_embeddings {context}"
+        raise ConfigError(f"{what}, short of a prompt and its response ({length} tokens): {cut}, where realbench "
+                          "prices whole responses", key, source)
+    return context
 
 
 def lora_problem(scenario, engine: str, adapter_folders: bool = False) -> Optional[tuple[str, str]]:

@@ -43,7 +43,8 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   replica's GPUs fit a node or span whole nodes (workers/rollout/replica.py:107-117).
   `max_num_seqs` sequences decode together per replica, or as many as the server's paged KV cache
   holds in its `gpu_memory_utilization` share of each GPU (MEMORY: the generation call's
-  memory_fraction, realbench.cost.calls.serving_slots).
+  memory_fraction, realbench.cost.calls.serving_slots). A vLLM server starts where that cache
+  holds one request of `max_model_len` (MAX_MODEL_LEN: unset, the checkpoint's positions).
 * **Scorers**: a reward model (`reward.reward_model.enable`, served like the rollout), a reward
   function (`reward.custom_reward_function.path`), or with neither verl's own rule-based scorers
   by each row's data_source (trainer/ppo/reward.py:124-149, utils/reward_score/__init__.py:
@@ -147,8 +148,8 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.core import LogitsPath
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, serving_gap, whole_alpha,
-                                         whole_row_budget)
+from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, served_context,
+                                         serving_gap, whole_alpha, whole_row_budget)
 from realbench.engines.verl_packer import mean_count
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
@@ -356,6 +357,11 @@ SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one
 # where a scenario gives none
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 MEMORY_FRACTION = 0.5
+# the context a request to the rollout's server may take; unset, the actor checkpoint's
+# max_position_embeddings (workers/rollout/vllm_rollout/vllm_async_server.py:1102-1111,
+# sglang_rollout/async_sglang_server.py:167-172). vLLM starts only where its KV cache holds one
+# request of it (the generation call's max_model_len); SGLang starts with less
+MAX_MODEL_LEN = f"{R}.max_model_len"
 
 # the actor's LoRA under FSDP (verl/workers/config/model.py:122-135: lora_rank 0 is none), PEFT's
 # name -> verl's; and whether the rollout receives the adapters merged into the base
@@ -806,7 +812,7 @@ def _shard_group(s: dict, role: str, gpus: int, per_node: int, source: str) -> d
 
 
 V1_KEYS = ("trainer.use_v1", "trainer.v1.trainer_mode")  # the trainer verl.trainer.main_ppo runs
-READ = {BYPASS, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), CRITIC_SP_UNREAD,
+READ = {BYPASS, MAX_MODEL_LEN, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), CRITIC_SP_UNREAD,
         "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",
@@ -914,6 +920,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           f"rollout's ({server!r})", f"{RM}.rollout.name", source)
     prompt_len, gen_len = int(s[f"{R}.prompt_length"]), int(s[f"{R}.response_length"])
     L = prompt_len + gen_len
+    context = _max_model_len(s, L, source)
     step = StepRows(prompt_len, gen_len, lengths)
     rows = prompts * n
 
@@ -1114,11 +1121,20 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                          max_staleness=1 if one_step_off else 0,
                          calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=padding_free, padded_models=padded,
-                         memory_fraction=s[MEMORY], logits={k: v.model_dump(exclude_defaults=True)
+                         memory_fraction=s[MEMORY], max_model_len=context if server == "vllm" else None,
+                         logits={k: v.model_dump(exclude_defaults=True)
                                                             for k, v in logits.items() if k in calls})
 
 
 POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
+
+
+def _max_model_len(s: dict[str, Any], length: int, source: str) -> Optional[int]:
+    """The context verl's rollout server takes (MAX_MODEL_LEN: documents.served_context)."""
+    return served_context(s[MAX_MODEL_LEN], s["actor_rollout_ref.model.path"], length, MAX_MODEL_LEN, source,
+                          beyond="verl refuses (vllm_async_server.py:1106-1110)",
+                          cut="verl's rollout would cut responses at max_model_len less the prompt "
+                              "(vllm_async_server.py:589-599)")
 
 
 def _reward_pool(s: dict[str, Any], reward_model: bool, nodes: int, per_node: int, source: str) -> Optional[Mesh]:
@@ -1425,6 +1441,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
         f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches), MEMORY: g.memory_fraction or MEMORY_FRACTION,
+        # (the least verl runs the plan with: a sequence, where the checkpoint's positions could ask
+        # more of the KV cache than the plan was priced with)
+        MAX_MODEL_LEN: g.max_model_len or g.seq_len,
         f"{A}.ppo_mini_batch_size": prompts // steps, f"{A}.ppo_epochs": scenario.training.num_iterations,
     }
     ref = "actor_rollout_ref.ref"

@@ -135,6 +135,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode), "rollout_name": rollout.name,
             # the share of each GPU's memory the rollout's server takes (realbench's memory_fraction)
             "memory_fraction": rollout.gpu_memory_utilization,
+            # the context a request to it may take (realbench's max_model_len, vLLM's)
+            "max_model_len": rollout.max_model_len,
             "calculate_log_probs": rollout.calculate_log_probs,
             # the weight sync's buffer a GPU, in MB (realbench checks it fits in the KV cache the sync runs without)
             "bucket_mb": rollout.checkpoint_engine.update_weights_bucket_megabytes,

@@ -158,10 +158,15 @@ class Scenario(DerivedValues):
             v = {**v, "gen_len": gen_len}
         staleness = None
         if isinstance(v, dict) and "algorithm" in v:
-            args = {k: x for k, x in v.items() if k not in ("algorithm", "max_staleness", "sync_every", "memory_fraction")}
+            args = {k: x for k, x in v.items()
+                    if k not in ("algorithm", "max_staleness", "sync_every", "memory_fraction", "max_model_len")}
             staleness = v.get("max_staleness")
             sync_every = v.get("sync_every")
             fraction = v.get("memory_fraction")
+            context = v.get("max_model_len")
+            if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
+                raise ConfigError(f"{context!r}: the context a request to the rollout's vLLM server may take "
+                                  "must be a whole number of tokens", "max_model_len")
             if fraction is not None and (not isinstance(fraction, (int, float)) or isinstance(fraction, bool)
                                          or not 0 < fraction <= 1):
                 raise ConfigError(f"{fraction!r}: the share of each GPU's memory the rollout's serving engine takes "
@@ -176,7 +181,8 @@ class Scenario(DerivedValues):
             v = build_algorithm(v["algorithm"], **args)
             if staleness is not None:
                 v = {**v.model_dump(), "max_staleness": staleness}
-            generation = {k: x for k, x in (("sync_every", sync_every), ("memory_fraction", fraction)) if x is not None}
+            generation = {k: x for k, x in (("sync_every", sync_every), ("memory_fraction", fraction),
+                                            ("max_model_len", context)) if x is not None}
             if generation:
                 v = validate_model(Dataflow, v) if isinstance(v, dict) else v
                 v = v.with_calls([c.model_copy(update=generation) if c.kind == CallKind.GENERATE else c
@@ -365,8 +371,9 @@ class Scenario(DerivedValues):
 
     def with_memory_fraction(self, fraction: Optional[float]) -> "Scenario":
         """The scenario whose generation calls' serving engine takes `fraction` of each GPU's memory
-        (CallDef.memory_fraction; None: realbench's rollout)."""
-        flow = self.dataflow.with_calls([c.model_copy(update={"memory_fraction": fraction})
+        (CallDef.memory_fraction; None: realbench's rollout, which has no max_model_len either)."""
+        update = {"memory_fraction": fraction} if fraction is not None else {"memory_fraction": None, "max_model_len": None}
+        flow = self.dataflow.with_calls([c.model_copy(update=update)
                                          if c.kind == CallKind.GENERATE else c for c in self.dataflow.calls])
         copy = self.model_copy(update={"dataflow": flow})
         copy.__dict__.pop("options", None)  # (option sets hold the calls)
@@ -418,9 +425,9 @@ def _max_new_tokens(v: dict) -> dict:
 
 def algorithm_keys(algorithm: str) -> tuple[str, ...]:
     """The keys of `dataflow: {algorithm: NAME, ...}`: the builder's arguments, max_staleness and
-    the generation calls' sync_every and memory_fraction."""
+    the generation calls' sync_every, memory_fraction and max_model_len."""
     return ("algorithm", *inspect.signature(ALGORITHMS[algorithm]).parameters, "max_staleness", "sync_every",
-            "memory_fraction")
+            "memory_fraction", "max_model_len")
 
 
 # The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.
