@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine_checks import CheckServer
 from realbench.engines import verl
 from realbench.plan.mesh import Mesh, Option, Strategy
 
@@ -141,11 +142,12 @@ def job(tmp_path_factory):
     return folder
 
 
-def verl_check(*args) -> dict:
-    assert VERL_PYTHON.is_file(), f"verl's environment is missing: run `make engines` ({VERL_PYTHON})"
-    done = subprocess.run([str(VERL_PYTHON), str(CHECK), *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def verl_check():
+    """verl's own checks (verl_check.py's commands), verl imported once for the module."""
+    server = CheckServer(VERL_PYTHON, CHECK)
+    yield server
+    server.close()
 
 
 def imported(cli, job, config, *overrides, out="plans", name=None):
@@ -165,7 +167,7 @@ def _keep_cwd():
     os.chdir(here)
 
 
-def test_the_settings_table_is_verls_own_composition():
+def test_the_settings_table_is_verls_own_composition(verl_check):
     """realbench reads verl's settings against verl-0.9.1.json; the installed verl composes the
     same keys with the same defaults (for both training engines)."""
     got = verl_check("defaults")
@@ -353,7 +355,7 @@ def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_
     assert f"not read by verl: {ignored[0]}: verl 0.9.1's trainer does not read it" in out
 
 
-def test_verls_fused_kernels_are_priced_a_chunk_at_a_time_as_measured_in_verls_own_code(cli, job):
+def test_verls_fused_kernels_are_priced_a_chunk_at_a_time_as_measured_in_verls_own_code(cli, job, verl_check):
     """use_fused_kernels: verl's FusedLinearForPPO computes 512 tokens' logits at a time, never the
     micro-batch's; its peak, measured running verl's own kernels, is what realbench prices (12 bytes
     a chunk's logit in a forward, 20 in training, 28 with the entropy's gradient). The import prices
@@ -525,7 +527,7 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                                       *CONTEXT_PARALLEL,
                                                                       "actor_rollout_ref.model.use_remove_padding=false",
                                                                       "critic.model.use_remove_padding=false"))])
-def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides):
+def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, job, config, overrides, verl_check):
     """The plan written as verl's configuration composes with verl's Hydra config and passes
     validate_config and its config dataclasses; imported again it is the same plan with the same
     estimate (round trip)."""
@@ -774,7 +776,7 @@ def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_refused(cli, jo
         "set critic.fsdp.ulysses_sequence_parallel_size" in err, err
 
 
-def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job):
+def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job, verl_check):
     """verl's lora_adapter_path (PeftModel.from_pretrained of the folder, its r with lora_rank) is
     realbench's `adapter:`: read, written, composed by verl, read back to the same plan and estimate;
     a rank other than the folder's, a folder without lora_rank, and a folder that is not there are
@@ -920,7 +922,7 @@ def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overri
 
 @pytest.mark.parametrize("flag, padded", [("critic.model.use_remove_padding=false", ["critic"]),
                                           ("actor_rollout_ref.model.use_remove_padding=false", ["actor", "ref"])])
-def test_a_critic_padded_beside_a_packed_actor_goes_to_verl_and_back(cli, job, flag, padded):
+def test_a_critic_padded_beside_a_packed_actor_goes_to_verl_and_back(cli, job, flag, padded, verl_check):
     """verl's critic and actor each pack their rows or not (use_remove_padding, per model block):
     read as padding_free with the other block's models kept padded (training.padded_models). Their
     calls are priced padded, as wide as their longest row, without a token budget in the plan,
@@ -1049,7 +1051,7 @@ POOL = ("reward.reward_model.enable_resource_pool=true", "reward.reward_model.nn
         "reward.reward_model.n_gpus_per_node=4")
 
 
-def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli, job):
+def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli, job, verl_check):
     """verl's reward pool (enable_resource_pool: nnodes x n_gpus_per_node GPUs beside the
     trainer's) is read as the nodes after the trainer's: 4 GPUs of a second node, 4 vLLM
     replicas of tp 1, each scoring 32 / 4 = 8 rows in batches of max_num_seqs 2 (4 of them).
@@ -1149,7 +1151,7 @@ def test_search_inside_verl_offers_the_reward_model_its_own_pool(cli, job):
         "trainer's pool or on its own" in err, err
 
 
-def test_search_inside_verl_finds_a_plan_verl_runs(cli, job):
+def test_search_inside_verl_finds_a_plan_verl_runs(cli, job, verl_check):
     """search --engine verl searches only plans verl can run: its best (exhaustive) is no slower
     than verl's default configuration and estimates as reported; written out, verl's own checks
     accept it. Compared with an imported plan, that plan's estimate is the one reported."""
@@ -1434,7 +1436,7 @@ MY_SETTINGS = ("actor_rollout_ref.actor.optim.weight_decay=1e-3", "data.train_fi
                "trainer.experiment_name=qwen-grpo-try3", "trainer.logger=[console,tensorboard]")
 
 
-def test_the_users_own_settings_go_from_their_config_to_the_exported_one(cli, job):
+def test_the_users_own_settings_go_from_their_config_to_the_exported_one(cli, job, verl_check):
     """What the user set that changes neither time nor memory (learning rate, data files, names,
     the logger) is read into the scenario's engine_settings and written back into the exported
     configuration, a searched plan's too, where verl composes it; what realbench reads into the
@@ -1646,7 +1648,7 @@ def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row()
     assert (actor.micro_batches, actor.max_tokens) == (2, 512 + 16384)
 
 
-def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms():
+def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms(verl_check):
     """realbench.engines.verl_packer against verl's rearrange_micro_batches (verl_check.py count, in
     verl's environment): the same count on each of 48 steps drawn from ppo-8b-16gpu-longtail's
     response lengths, 32 rows a GPU, under three budgets (one a Megatron pipeline of 2 with virtual
@@ -1880,7 +1882,8 @@ def one_step_off_yaml(job) -> str:
     return "one_step_off_ppo_trainer.yaml"
 
 
-def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gpus(cli, job, one_step_off_yaml):
+def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gpus(cli, job, one_step_off_yaml,
+                                                                                  verl_check):
     """verl's one-step-off entry point (its own YAML and an example's overrides, the trainer's 4
     GPUs and the rollout's 4 on one node): generation one step ahead (max_staleness 1) on the
     node's last 4 GPUs, 2 vLLM replicas of tp 2, the old log-probabilities the rollout's (its YAML
@@ -1927,7 +1930,7 @@ def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gp
     assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
 
 
-def test_one_step_off_on_nodes_of_their_own_syncs_the_weights_by_a_broadcast(cli, job, one_step_off_yaml):
+def test_one_step_off_on_nodes_of_their_own_syncs_the_weights_by_a_broadcast(cli, job, one_step_off_yaml, verl_check):
     """The trainer's node and the rollout's, given nodes of 8 GPUs (verl's config gives only each
     pool's size): the rollout on node 1, its weights sent each step as verl's NCCL checkpoint
     engine sends them, gathered from the trainer's FSDP shards and broadcast from its first GPU
@@ -1997,7 +2000,7 @@ def test_what_one_step_off_runs_that_realbench_cannot_place_or_price_is_refused_
 
 
 def test_the_synchronous_trainer_refuses_the_one_step_off_settings_and_search_offers_one_step_off_its_pools(
-        cli, job, one_step_off_yaml):
+        cli, job, one_step_off_yaml, verl_check):
     """The synchronous trainer's config: a rollout apart from the actor's GPUs, or a node size, is
     the one-step-off entry's (refused by name). A scenario whose generation runs one step ahead is
     searched inside verl on its one-step-off pools only (the node's halves), every plan of its

@@ -554,6 +554,15 @@ def test_a_memory_fraction_is_an_engines_and_each_engine_prices_its_own_default(
     path.write_text(TAIL_SCENARIO.replace("sync_every: 8", "sync_every: 8, memory_fraction: 1.5"))
     code, out, err = cli("validate", path)
     assert code == 2 and "memory_fraction: 1.5" in err and "(0, 1]" in err, err
+    # a vLLM server's context: a whole number, and at least a sequence (512 + 16,384 tokens)
+    engine = TAIL_SCENARIO.replace("name: grpo-tail", "name: grpo-tail\nengine: verl")
+    for context, says in (("long", "'long': the context a request to the rollout's vLLM server may take"),
+                          ("16895", "max_model_len 16895 is shorter than the call's sequences of 16896 tokens")):
+        path.write_text(engine.replace("sync_every: 8", f"sync_every: 8, memory_fraction: 0.6, max_model_len: {context}"))
+        code, out, err = cli("validate", path)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    path.write_text(engine.replace("sync_every: 8", "sync_every: 8, memory_fraction: 0.6, max_model_len: 16896"))
+    assert load_scenario(str(path)).dataflow.call("actor_gen").max_model_len == 16896
     s = load_scenario("grpo-7b-16gpu")
     assert s.dataflow.call("actor_gen").memory_fraction is None
     for engine, default in (("verl", 0.5), ("openrlhf", 0.5), ("areal", 0.9)):
