@@ -1590,6 +1590,12 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
         assert r["reallocation_gain"] == pytest.approx(r["best_s"] / r["realbench_zero_s"])
     assert rows[0]["realbench_zero_s"] == rows[1]["realbench_zero_s"]
     assert any("z" in label.rsplit("/", 1)[1] for label in rows[0]["realbench_zero_plan"].values())
+    # its progress, a row at a time (the CLI's bar on a terminal)
+    from realbench.bench import engines as bench_engines
+
+    done = []
+    bench_engines.run(scenarios=("grpo-7b-16gpu",), budget_s=0.2, on_progress=lambda *step: done.append(step))
+    assert done == [(1, 3), (2, 3), (3, 3)]
 
 
 def test_the_workbench_opens_a_verl_config_into_the_editor_and_the_viewer(job):

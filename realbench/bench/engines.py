@@ -15,6 +15,7 @@ rows), and realbench's own best of that job beside it."""
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 from realbench.cost import Estimator
 from realbench.engines import ENGINES, as_example, priced_as
@@ -27,7 +28,9 @@ SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-70b-7b
 QUICK = {"scenarios": ("grpo-7b-16gpu",), "budget_s": 2.0}
 
 
-def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
+def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0,
+        on_progress: Optional[Callable[[int, int], None]] = None) -> dict:
+    """The rows; `on_progress(done, total)` after each (the CLI's bar: a row takes a few searches)."""
     rows = []
     for name in scenarios:
         scenario = get_builtin(name)
@@ -68,4 +71,6 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0) -> dict:
                 # > 1: reallocation across calls beats the engine's best, both with the engines' sharding
                 "reallocation_gain": best.best_time_s / own_zero.best_time_s,
                 "not_priced": list(module.PRICING_GAPS)})
+            if on_progress:
+                on_progress(len(rows), len(scenarios) * len(ENGINES))
     return {"budget_s": budget_s, "seed": seed, "method": "mcmc", "rows": rows}

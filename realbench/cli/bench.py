@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 
-from realbench.cli import emit_json
+from realbench.cli import emit_json, progress_bar
 
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
@@ -35,7 +37,12 @@ def run(args) -> int:
 
         load_profile(args.profile)  # a bad file is a one-line error before any work starts
         kwargs["profile_path"] = args.profile
-    result = module.run(**kwargs)
+    # (a benchmark that reports its progress gets a bar on the terminal)
+    with progress_bar(f"bench {args.name}") if "on_progress" in inspect.signature(module.run).parameters \
+            else contextlib.nullcontext() as on_progress:
+        if on_progress:
+            kwargs["on_progress"] = on_progress
+        result = module.run(**kwargs)
     if args.json:
         emit_json(result)
     else:
