@@ -89,19 +89,26 @@ def max_positions(folder: str) -> Optional[int]:
     return positions
 
 
+def refuse_beyond_positions(context: Optional[int], folder: str, key: str, source: str, beyond: str) -> Optional[int]:
+    """The checkpoint's positions (max_positions), refusing a server's `context` beyond them (the
+    server refuses it before it starts: `beyond`, where) under the engine's `key`."""
+    positions = max_positions(folder)
+    if positions is not None and context is not None and context > positions:
+        raise ConfigError(f"{context}: beyond the checkpoint's max_position_embeddings {positions}, which {beyond}",
+                          key, source)
+    return positions
+
+
 def served_context(given: Optional[int], folder: str, length: int, key: str, source: str, *, beyond: str,
                    cut: str) -> Optional[int]:
     """The context an engine's rollout server takes: `given` (the engine's `key`), or, unset, the
     checkpoint's positions (max_positions), None where neither is known. Refused: a context beyond the
-    checkpoint's positions (the server refuses it before it starts: `beyond`, where) or short of a
-    prompt and its response of `length` tokens (the response would be cut: `cut`, how)."""
-    positions = max_positions(folder)
+    checkpoint's positions (refuse_beyond_positions) or short of a prompt and its response of `length`
+    tokens (the response would be cut: `cut`, how)."""
+    positions = refuse_beyond_positions(None if given is None else int(given), folder, key, source, beyond)
     context = positions if given is None else int(given)
     if context is None:
         return None
-    if positions is not None and context > positions:
-        raise ConfigError(f"{context}: beyond the checkpoint's max_position_embeddings {positions}, which {beyond}",
-                          key, source)
     if context < length:
         what = f"{context}" if given is not None else f"unset: the checkpoint's max_position_embeddings {context}"
         raise ConfigError(f"{what}, short of a prompt and its response ({length} tokens): {cut}, where realbench "

@@ -84,8 +84,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from realbench.engines import listing
-from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_offload, served_context, serving_gap,
-                                         whole_alpha)
+from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_beyond_positions, refuse_offload,
+                                         serving_gap, whole_alpha)
 from realbench.engines.listing import PlanTable, group_sizes
 from realbench.engines.verl import _rounds, _splits
 from realbench.errors import ConfigError
@@ -422,9 +422,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                           "--data.max_len", source)
     L = prompt_len + gen_len
     # (vLLM's max_model_len: cli/train_ppo_ray.py:53-74; vLLM refuses one beyond the checkpoint's positions)
-    served_context(L, s["actor.model_name_or_path"], L, "--data.max_len", source,
-                   beyond="vLLM refuses before it starts (OpenRLHF gives it as max_model_len, train_ppo_ray.py:53-74)",
-                   cut="")
+    refuse_beyond_positions(L, s["actor.model_name_or_path"], "--data.max_len", source,
+                            "vLLM refuses before it starts (OpenRLHF gives it as max_model_len, train_ppo_ray.py:53-74)")
     T, zero = int(s["ds.tensor_parallel_size"]), int(s["ds.zero_stage"])
     if T > 1 and zero == 3:
         raise ConfigError("3 with --ds.tensor_parallel_size > 1: DeepSpeed's AutoTP trains under ZeRO 0 to 2 "
