@@ -60,8 +60,10 @@ browser:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "note: no chromium: browser tests will be skipped (apt-get install chromium)"; fi; }
 
+# Two workers, a test file each at a time (module fixtures set up once); a test marked `alone`
+# (it reads the times it measures) runs while the other worker waits: tests/workers.py.
 test: $(STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(AREAL_STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	mkdir -p $(OUT)

@@ -31,6 +31,7 @@ def by_step(result, key):
     return [m[key] for m in result["metrics"]]
 
 
+@pytest.mark.alone  # the switch is decided on, and judged by, the step times it measures
 def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cli, est, tmp_path):
     plan = tmp_path / "poor.yaml"
     plan_from_options(est.scenario, poor_plan(est)).save(plan)
@@ -69,6 +70,7 @@ def test_a_poor_plan_switches_within_12_steps_runs_faster_and_trains_the_same(cl
         assert by_step(replanned, key) == pytest.approx(by_step(kept, key), abs=1e-5, rel=1e-5), key
 
 
+@pytest.mark.alone  # its replanner searches for a second of wall time
 def test_responses_that_grow_re_plan_for_the_lengths_they_have_now():
     """Rank 0's replanner, fed a run whose responses grow from a mean of 50 to 2,000 tokens
     (cap 4,096) with the seconds a device that is exactly the cost model would take: it
