@@ -1162,6 +1162,7 @@ def test_search_inside_verl_finds_a_plan_verl_runs(cli, job, verl_check):
     assert code == 0, err
     found = json.loads(out)
     assert found["engine"] == "verl" and found["groups"] > 1
+    assert found["groups_searched"] >= 1 and found["groups_searched"] + found["groups_ruled_out"] <= found["groups"]
     assert found["compared"]["name"] == "verl's default configuration" and found["compared"]["fits"]
     assert found["best_time_s"] <= found["compared"]["time_per_iter_s"] and found["speedup"] >= 1
     estimate = json.loads(cli("estimate", "--scenario", scenario, "--plan", job / "searched" / "best-plan.yaml",
@@ -1178,6 +1179,56 @@ def test_search_inside_verl_finds_a_plan_verl_runs(cli, job, verl_check):
     estimate = json.loads(cli("estimate", "--scenario", scenario, "--plan", job / "searched" / "ppo-rm-plan.yaml",
                               "--json")[1])
     assert json.loads(out)["compared"]["time_per_iter_s"] == pytest.approx(estimate["time_per_iter_s"], rel=1e-12)
+
+
+def test_verls_search_rules_out_only_groups_none_of_whose_plans_beats_its_best(cli, job, one_step_off_yaml):
+    """A group's bound (search.engine.group_bound): a device runs one call at a time, so no plan of
+    the group takes less than, on each device, the sum of the fastest options of the calls there.
+    On a group of one plan: colocated, the sum of its calls' times; generation (and the reward
+    function) a step ahead on a pool of their own, the larger of the two pools' sums. Random plans
+    of the groups of the imported jobs take no less. The search goes best bound first and stops
+    at the first group whose bound is not below its best: exhaustive on the imported PPO job, it
+    searches under a quarter of the groups, and the groups whose bound is below its best plan,
+    each searched whole, hold none better."""
+    import numpy as np
+
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import load_plan, load_scenario
+    from realbench.search import run_search
+    from realbench.search.engine import engine_search, group_bound
+
+    ppo, _, _ = imported(cli, job, "ppo-rm.yaml", out="bound")
+    ahead, _, _ = imported(cli, job, one_step_off_yaml, *ONE_STEP_OFF, out="bound-ahead")
+    for result, pools in ((ppo, 1), (ahead, 2)):
+        plan = load_plan(result["plan"], load_scenario(result["scenario"]))[2]
+        scenario = priced_as(load_scenario(result["scenario"]), "verl")
+        one = Estimator(scenario, only={n: [o] for n, o in plan.items()})
+        sums: dict = {}
+        for i, name in enumerate(one.call_names):
+            sums[plan[name].mesh] = sums.get(plan[name].mesh, 0.0) + float(one.dur[i][0])
+        assert len(sums) == pools and group_bound(one) == pytest.approx(max(sums.values()), rel=1e-12)
+        rng = np.random.default_rng(0)
+        for only in list(verl.plan_groups(scenario))[::7]:
+            est = Estimator(scenario, only=only)
+            bound = group_bound(est)
+            choices = np.stack([rng.choice(est.candidates(i), 32) for i in range(est.n)], axis=1)
+            assert (est.evaluate_batch(choices)[0] >= bound * (1 - 1e-12)).all()
+    scenario = load_scenario(ppo["scenario"])
+    events = []
+    found = engine_search(scenario, "verl", "exhaustive", 600, on_event=events.append)
+    assert [e.done for e in events].count(True) == 1 and events[-1].done  # one stream, the groups' counts added
+    assert (events[-1].evaluations, events[-1].best_time_s) == (found.evaluations, found.best_time_s)
+    assert all(a.seconds <= b.seconds and a.evaluations <= b.evaluations for a, b in zip(events, events[1:]))
+    priced = priced_as(scenario, "verl")
+    groups = list(verl.plan_groups(priced))
+    bounds = [group_bound(Estimator(priced, only=only)) for only in groups]
+    below = [only for only, bound in zip(groups, bounds) if bound < found.best_time_s]
+    assert found.groups == len(groups) and found.searched >= len(below) and found.searched < len(groups) / 4
+    assert found.searched + found.ruled_out == found.groups  # (none left unsearched for want of time)
+    # the groups that may hold a better plan (the others cannot: their bounds), each searched whole
+    assert min(run_search(Estimator(priced, only=only), "exhaustive", 600).best_time_s for only in below) == \
+        pytest.approx(found.best_time_s, rel=1e-12)
 
 
 def test_every_plan_of_verls_space_is_one_verl_runs(job):

@@ -152,6 +152,7 @@ def _engine_search(args, scenario) -> int:
     G = scenario.cluster.gpus_per_node
     out = {"scenario": scenario.name, "engine": args.engine, "method": args.method, "best_time_s": result.best_time_s,
            "plan": {n: o.label(G) for n, o in result.best.items()}, "groups": result.groups,
+           "groups_searched": result.searched, "groups_ruled_out": result.ruled_out,
            "evaluations": result.evaluations, "seconds": result.seconds,
            "compared": {"name": compared_name, "time_per_iter_s": compared_s if math.isfinite(compared_s) else None,
                         "fits": math.isfinite(compared_s), "plan": {n: o.label(G) for n, o in compared.items()}},
@@ -166,7 +167,8 @@ def _engine_search(args, scenario) -> int:
         emit_json(out)
         return 0
     versus = (f"{compared_s:.4f} s ({out['speedup']:.2f}x)" if math.isfinite(compared_s) else "does not fit in memory")
-    what = (f"of its {result.groups} plans" if result.method == "all plans" else f"({result.groups} engine layouts)")
+    what = (f"of its {result.groups} plans" if result.method == "all plans" else
+            f"({result.groups} engine layouts: {result.searched} searched, {result.ruled_out} bound to take longer)")
     print(f"{result.method} in {args.engine}: best {result.best_time_s:.4f} s per iteration after {result.evaluations} "
           f"plans {what} in {result.seconds:.1f} s; {compared_name}: {versus}")
     for name, label in out["plan"].items():

@@ -199,13 +199,17 @@ class Estimator:
     """Costs of a scenario's options and the simulation of plans. Caches; not thread-safe."""
 
     def __init__(self, scenario: Scenario, iterations: Optional[int] = None, profile=None,
-                 only: Optional[dict[str, Sequence[Option]]] = None, call_scale: Optional[dict[str, float]] = None):
+                 only: Optional[dict[str, Sequence[Option]]] = None, call_scale: Optional[dict[str, float]] = None,
+                 shared_costs: Optional[dict] = None):
         """`profile` (a realbench.hardware.profile.Profile) replaces the analytic call times
         where it has measurements (see `cost_source`) and the links by its measured ones.
         `only`: the options to consider per call instead of all of them. `call_scale`: per call,
         a factor on its time under every option (a run's measured time over the estimate of
-        the plan it ran: re-planning recalibrates the estimator this way)."""
+        the plan it ran: re-planning recalibrates the estimator this way). `shared_costs`: a dict
+        the costs of `only`'s options are kept in, given to every estimator of the same scenario
+        and profile that should share them (an engine search's groups, which repeat options)."""
         self.call_scale = dict(call_scale or {})
+        self.shared_costs = {} if shared_costs is None else shared_costs
         # asynchronous RL: generation may run `staleness` iterations ahead of training
         self.staleness = scenario.dataflow.max_staleness
         if iterations is None:
@@ -298,28 +302,38 @@ class Estimator:
     def _costs(self, i: int, options: Sequence[Option]) -> tuple[dict[str, np.ndarray], int]:
         """The cost columns of some options of call i, and how many came from the profile."""
         c = self.calls[i]
-        model = self.scenario.models[c.model]
-        master = self.scenario.engine in MASTER_IN_OPTIMIZER_ENGINES
-        early = self.scenario.engine in EARLY_OLD_LOGPROBS_ENGINES
-        costs = [call_cost(c, model, self.cluster, o, master_in_optimizer=master, early_old_logprobs=early)
-                 for o in options]
-        measured = 0
-        alone = [x.time_s for x in costs]
-        if self.profile is not None:
-            times = profiled_call_times(c, model, options, self.profile, cluster=self.cluster)
-            costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
-            measured = sum(t is not None for t in times)
-            alone = (profiled_call_times(c, model, options, self.profile, alone=True, cluster=self.cluster)
-                     if self.contended else times)
-            alone = [x.time_s if t is None else t for x, t in zip(costs, alone)]
-        own = [x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes for x in costs]
+        rows = self._cost_rows(i, options)
         scale = self.call_scale.get(c.name, 1.0)
-        return {"dur": np.array([x.time_s * scale for x in costs], dtype=np.float64),
-                "alone": np.array(alone, dtype=np.float64) * scale,
-                "early": np.array([x.early_s * scale for x in costs], dtype=np.float64),
-                "working": np.array([x.working_bytes for x in costs], dtype=np.float64),
-                "weights": np.array([x.weights_bytes for x in costs], dtype=np.float64),
-                "master_bytes": np.array(own, dtype=np.float64)}, measured
+        columns = np.array(rows, dtype=np.float64).reshape(-1, 7)  # (see _cost_rows)
+        return {"dur": columns[:, 0] * scale, "alone": columns[:, 1] * scale, "early": columns[:, 2] * scale,
+                "working": columns[:, 3], "weights": columns[:, 4], "master_bytes": columns[:, 5]}, \
+            int(columns[:, 6].sum())
+
+    def _cost_rows(self, i: int, options: Sequence[Option]) -> list[tuple[float, ...]]:
+        """Per option of call i: (seconds, seconds with no other call busy, seconds before its
+        outputs are ready, working bytes, weight bytes, the bytes its model's master holds,
+        whether the time is measured), from `shared_costs` where there."""
+        c = self.calls[i]
+        missing = [o for o in dict.fromkeys(options) if (c.name, o) not in self.shared_costs]
+        if missing:
+            model = self.scenario.models[c.model]
+            master = self.scenario.engine in MASTER_IN_OPTIMIZER_ENGINES
+            early = self.scenario.engine in EARLY_OLD_LOGPROBS_ENGINES
+            costs = [call_cost(c, model, self.cluster, o, master_in_optimizer=master, early_old_logprobs=early)
+                     for o in missing]
+            measured = [False] * len(costs)
+            alone = [x.time_s for x in costs]
+            if self.profile is not None:
+                times = profiled_call_times(c, model, missing, self.profile, cluster=self.cluster)
+                costs = [x if t is None else replace(x, time_s=t) for x, t in zip(costs, times)]
+                measured = [t is not None for t in times]
+                alone = (profiled_call_times(c, model, missing, self.profile, alone=True, cluster=self.cluster)
+                         if self.contended else times)
+                alone = [x.time_s if t is None else t for x, t in zip(costs, alone)]
+            for o, x, a, m in zip(missing, costs, alone, measured):
+                own = x.master_bytes if c.kind == CallKind.TRAIN else x.weights_bytes
+                self.shared_costs[(c.name, o)] = (x.time_s, a, x.early_s, x.working_bytes, x.weights_bytes, own, m)
+        return [self.shared_costs[(c.name, o)] for o in options]
 
     def _block(self, i: int, j: int) -> tuple[dict[str, np.ndarray], int]:
         """Costs of block j's strategies (every position of the block costs the same)."""

@@ -1624,12 +1624,13 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     problem = space_problem_of_scenario(scenario)
     if problem:
         raise ConfigError(problem[1], problem[0])
+    problems: dict[tuple[str, Option], bool] = {}  # (the pools' groups repeat options: each checked once)
     if scenario.dataflow.max_staleness:
         for trainer, rollout in one_step_off_pools(scenario):
-            yield from _groups_on(scenario, trainer, None, rollout)
+            yield from _groups_on(scenario, trainer, None, rollout, problems=problems)
         return
     for trainer, pool in reward_pools(scenario):
-        yield from _groups_on(scenario, trainer, pool)
+        yield from _groups_on(scenario, trainer, pool, problems=problems)
 
 
 def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
@@ -1643,10 +1644,11 @@ def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
     return [(Mesh(0, t, 0, G), Mesh(t, c.nodes - t, 0, G)) for t in range(1, c.nodes)]
 
 
-def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
-               rollout: Optional[Mesh] = None) -> Iterator[dict[str, list[Option]]]:
+def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optional[Mesh] = None,
+               problems: Optional[dict[tuple[str, Option], bool]] = None) -> Iterator[dict[str, list[Option]]]:
     """plan_groups with every role on the trainer's pool `W` but a reward model on `pool`, if any,
-    and generation on `rollout` (the one-step-off entry's; default `W`)."""
+    and generation on `rollout` (the one-step-off entry's; default `W`). `problems`: whether each
+    (call, option) checked so far is refused, kept across calls (groups repeat most options)."""
     from realbench.plan.options import option_problem
 
     c, df = scenario.cluster, scenario.dataflow
@@ -1654,10 +1656,17 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
     gen = df.call("actor_gen")
     rows, steps = gen.seqs, df.call("actor_train").optimizer_steps
     critic = "critic_train" in df.call_names
+    problems = {} if problems is None else problems
+
+    def refused(name: str, option: Option) -> bool:
+        known = problems.get((name, option))
+        if known is None:
+            call = df.call(name)
+            known = problems[(name, option)] = option_problem(call, scenario.models[call.model], c, option) is not None
+        return known
 
     def valid(name: str, options: list[Option]) -> list[Option]:
-        call = df.call(name)
-        return [o for o in options if option_problem(call, scenario.models[call.model], c, o) is None]
+        return [o for o in options if not refused(name, o)]
 
     def served(role: str, mesh: Mesh) -> list[Option]:  # replicas of tp GPUs, max_num_seqs rows decoding together
         # (a LoRA actor's: the adapters alone or merged into the base, lora.merge; `valid` keeps
@@ -1712,6 +1721,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
                                 for params, moments in offloads if not params or z != 2])
 
         group = {**common, "actor_train": trained("actor_train")}
+        critic_options = trained("critic_train") if critic else []  # (the same for every budget below)
         if "ref_inf" in df.call_names:
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
             offloaded = (forward_zero == 3 and dp * sp > 1,) if forward_zero == 3 else (False, True)
@@ -1733,7 +1743,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh],
             # (rows packed: each micro-batch within the budget, which memory is planned for)
             tokens = budget if df.call("critic_train").padding_free else None
             with_critic = {**group, "critic_train": [replace(o, strategy=replace(o.strategy, max_tokens=tokens))
-                                                     for o in trained("critic_train")
+                                                     for o in critic_options
                                                      if o.strategy.micro_batches == train_m],
                            "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
                                                                                  max_tokens=tokens, sp=sp, ring=ring,

@@ -1,16 +1,24 @@
-"""Search inside an engine's space (`realbench search --engine verl|openrlhf|areal`). verl's plans are
-groups of per-call options that share what the engine makes its calls share (one training engine
-and layout, a token budget); each group is searched with the chosen method on a share of the
-time budget, and the best plan of all groups is kept. OpenRLHF's settings are global (one
-DeepSpeed strategy, one micro-batch size, groups of GPUs): nearly every plan is its own group, so
-its plans are listed whole (`plan_table`) and evaluated in batches, in an order shuffled by
-the seed, until they are all evaluated or the budget ends; so are AReaL's (a rollout and a
-trainer layout per plan, a few thousand on the built-in scenarios). One event stream for the whole
-search: the groups' evaluations and seconds add up. Each plan is priced as the engine runs it
-(realbench.engines.priced_as)."""
+"""Search inside an engine's space (`realbench search --engine verl|openrlhf|areal`).
+
+verl's plans are groups of per-call options that share what the engine makes its calls share
+(one training engine and layout, a token budget): thousands at 128 GPUs. A group's bound
+(`group_bound`) is a time per iteration none of its plans beats. The groups are searched best
+bound first, each on an equal share of the budget (time, or evaluations) left among the groups
+whose bound is below the best plan found so far, and on at least 1/64 of it, so that the most
+promising ones get a real search; a group whose bound is not below the best plan found cannot
+hold a better one and is not searched. The groups' estimators share their options' costs
+(groups repeat most options).
+
+OpenRLHF's settings are global (one DeepSpeed strategy, one micro-batch size, groups of GPUs):
+nearly every plan is its own group, so its plans are listed whole (`plan_table`) and evaluated
+in batches, in an order shuffled by the seed, until they are all evaluated or the budget ends;
+so are AReaL's (a rollout and a trainer layout per plan, a few thousand on the built-in
+scenarios). One event stream for the whole search: the groups' evaluations and seconds add up.
+Each plan is priced as the engine runs it (realbench.engines.priced_as)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, replace
@@ -28,17 +36,6 @@ from realbench.search import run_search
 from realbench.search.events import EventSink, SearchEvent, Tracker
 
 
-@dataclass(frozen=True)
-class EngineSearchResult:
-    engine: str
-    method: str
-    best: dict[str, Option]
-    best_time_s: float
-    groups: int
-    evaluations: int
-    seconds: float
-
-
 def plan_time(est: Estimator, options: dict[str, Option]) -> float:
     """A plan's time per iteration, inf when it does not fit in memory (a configuration an engine
     would run, compared with the engine's best), its rollout server's cache included (one whose
@@ -51,6 +48,39 @@ def plan_time(est: Estimator, options: dict[str, Option]) -> float:
     return math.inf if result.oom else result.time_per_iter_s
 
 
+FOCUS = 64  # a group's search gets at least 1/FOCUS of the budget
+
+
+@dataclass(frozen=True)
+class EngineSearchResult:
+    engine: str
+    method: str
+    best: dict[str, Option]
+    best_time_s: float
+    groups: int
+    evaluations: int
+    seconds: float
+    searched: Optional[int] = None  # groups searched
+    ruled_out: Optional[int] = None  # groups not searched, none of whose plans beats the best (its bound)
+
+
+def group_bound(est: Estimator) -> float:
+    """A time per iteration that no plan of `est`'s options beats (inf: a call has no option that
+    fits alone). A device runs one call at a time, so an iteration takes at least, on each
+    device, the sum over the calls that run there of their fastest options (calls whose options
+    are all on one mesh: the others are left out, which keeps it a bound); reallocation and data
+    transfers only add to it."""
+    meshes: list[tuple[int, int, float]] = []
+    for i in range(est.n):
+        k = est.candidates(i)
+        if not len(k):
+            return math.inf
+        lo, hi = est.lo[i][k], est.hi[i][k]
+        if (lo == lo[0]).all() and (hi == hi[0]).all():
+            meshes.append((int(lo[0]), int(hi[0]), float(np.minimum(est.dur[i][k], est.alone[i][k]).min())))
+    return max((sum(t for lo, hi, t in meshes if lo <= d < hi) for d, _, _ in meshes), default=0.0)
+
+
 def engine_search(scenario: Scenario, engine: str, method: str, time_budget: float, seed: int = 0,
                   profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
                   max_evaluations: Optional[int] = None) -> EngineSearchResult:
@@ -59,35 +89,62 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
     scenario = priced_as(scenario, engine)
     if hasattr(module, "plan_table"):
         return _listed(scenario, engine, module, method, time_budget, seed, profile, on_event, stop, max_evaluations)
-    groups = list(module.plan_groups(scenario))
+    start = time.perf_counter()
+    costs: dict = {}
+    # the groups and their bounds (at 128 GPUs most of a 30 s search): the bar moves meanwhile
+    bounding = Tracker(f"{method} in {engine}", time_budget, on_event=on_event, start=start)
+    groups, estimators, bounds = [], [], []
+    for only in module.plan_groups(scenario):
+        groups.append(only)
+        estimators.append(Estimator(scenario, profile=profile, only=only, shared_costs=costs))
+        bounds.append(group_bound(estimators[-1]))
+        bounding.emit()
+        if stop is not None and stop():
+            break
     if not groups:
         raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
-    start = time.perf_counter()
+    order = sorted((g for g in range(len(groups)) if math.isfinite(bounds[g])), key=lambda g: (bounds[g], g))
+    ordered = [bounds[g] for g in order]
     best: tuple[float, Optional[dict[str, Option]]] = (math.inf, None)
-    evaluations, share = 0, time_budget / len(groups)
-    for i, only in enumerate(groups):
+    evaluations, searched = 0, set()
+    last_event: Optional[SearchEvent] = None
+    for k, g in enumerate(order):
+        if bounds[g] >= best[0] or (stop is not None and stop()):
+            break  # (the groups after it are bound no lower)
+        left_s = time_budget - (time.perf_counter() - start)
+        if searched and (left_s <= 0 or (max_evaluations is not None and evaluations >= max_evaluations)):
+            break
+        rest = bisect.bisect_left(ordered, best[0]) - k  # groups that may hold a better plan
+        share = max(left_s / rest, time_budget / FOCUS)
+        cap = None if max_evaluations is None else max(1, (max_evaluations - evaluations) // rest,
+                                                       max_evaluations // FOCUS)
         done = evaluations
 
         def forward(e: SearchEvent) -> None:  # the groups' counts and seconds add up
-            if on_event is not None:
-                on_event(replace(e, method=f"{method} in {engine}", seconds=time.perf_counter() - start,
+            nonlocal last_event
+            last_event = replace(e, method=f"{method} in {engine}", seconds=time.perf_counter() - start,
                                  evaluations=done + e.evaluations, budget_s=time_budget,
-                                 best_time_s=min(best[0], e.best_time_s), done=e.done and i == len(groups) - 1))
+                                 best_time_s=min(best[0], e.best_time_s), done=False)
+            if on_event is not None:
+                on_event(last_event)
 
-        est = Estimator(scenario, profile=profile, only=only)
-        left = None if max_evaluations is None else max(1, (max_evaluations - evaluations) // (len(groups) - i))
         try:
-            result = run_search(est, method, share, seed=seed, on_event=forward, stop=stop, max_evaluations=left)
+            result = run_search(estimators[g], method, share, seed=seed, on_event=forward, stop=stop,
+                                max_evaluations=cap)
         except ConfigError:  # (exhaustive over too large a group: the others are still searched)
             continue
+        searched.add(g)
         evaluations += result.evaluations
         if result.best_choice is not None and result.best_time_s < best[0]:
-            best = (result.best_time_s, est.options_of(result.best_choice))
-        if stop is not None and stop():
-            break
+            best = (result.best_time_s, estimators[g].options_of(result.best_choice))
     if best[1] is None:
         raise ConfigError(f"no plan {engine} can run fits in memory", "--engine")
-    return EngineSearchResult(engine, method, best[1], best[0], len(groups), evaluations, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if on_event is not None and last_event is not None:
+        on_event(replace(last_event, seconds=seconds, evaluations=evaluations, best_time_s=best[0], done=True))
+    ruled_out = sum(1 for g in range(len(groups)) if g not in searched and bounds[g] >= best[0])
+    return EngineSearchResult(engine, method, best[1], best[0], len(groups), evaluations, seconds, len(searched),
+                              ruled_out)
 
 
 CHUNK = 2048
