@@ -46,6 +46,32 @@ def small_ppo(memory_bytes=None, length=8, minibatches=1):
         dataflow=dict(algorithm="ppo", prompts=2, minibatches=minibatches, prompt_len=length, gen_len=length)))
 
 
+def test_layout_ids_are_digits_that_tell_layouts_apart_past_4096_devices():
+    """The pruning keeps options per (mesh, layout); a layout's id is its fields as digits, radix
+    D + 1 for tp, pp and the devices the state is sharded over, 4 for zero, 2 for each flag, so
+    every id decodes to its fields on 6,144 GPUs. There the state over all 6,144 GPUs without
+    Adam on the host and over 2,048 with it are two layouts: a fixed radix of 4,096 for the shards
+    gave them one id (2p x 4096 + 6144 = (2p + 1) x 4096 + 2048)."""
+    scenario = get_builtin("ppo-405b-70b-4096gpu")
+    scenario = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"nodes": 768})})
+    est = Estimator(scenario)
+    D = scenario.cluster.n_devices
+    assert D == 6144
+    rng = np.random.default_rng(0)
+    n = 4096
+    fields = np.stack([rng.integers(1, D + 1, n), rng.integers(1, D + 1, n), rng.integers(1, 9, n), rng.integers(0, 4, n),
+                       *(rng.integers(0, 2, n) for _ in range(4)), rng.integers(1, D + 1, n)], axis=1)
+    fields = np.vstack([fields, [1, 1, 1, 3, 0, 0, 0, 0, 6144], [1, 1, 1, 3, 0, 0, 0, 1, 2048]])
+    layout = est._placement(np.zeros(len(fields), dtype=np.int64), np.full(len(fields), D), fields)["layout_id"]
+    assert layout[-1] != layout[-2]
+    ids, digits = layout, []
+    for radix in (D + 1, 2, 2, 2, 2, 4):  # the shards, host Adam, optimizer and parameter offload, merged, zero
+        ids, digit = np.divmod(ids, radix)
+        digits.append(digit)
+    tp, pp = np.divmod(ids, D + 1)
+    assert np.array_equal(np.stack([tp, pp, *digits[::-1]], axis=1), fields[:, [0, 1, 3, 4, 5, 6, 7, 8]])
+
+
 @pytest.mark.parametrize("name", ["small-ppo", "small-ppo-memory-bound", "dpo-tiny-cpu", "dpo-7b-8gpu"])
 def test_pruned_exhaustive_equals_full_enumeration(name):
     scenario = {"small-ppo": lambda: small_ppo(minibatches=2),

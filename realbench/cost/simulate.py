@@ -345,19 +345,22 @@ class Estimator:
         return hit
 
     def _placement(self, lo: np.ndarray, size: np.ndarray, strategy: np.ndarray) -> dict[str, np.ndarray]:
-        """Where options run: first and end device, the node (-1 across nodes), and ids that are
-        equal exactly when two options share a mesh (across calls). `strategy`: (tp, pp,
-        micro-batches, zero, merge_lora, offload_params, offload_optimizer, host_adam, the devices the
-        state is sharded over) per option, see `_strategy_fields`."""
+        """Where options run: first and end device, the node (-1 across nodes), an id that is
+        equal exactly when two options share a mesh (across calls), and one equal exactly when two
+        options on one mesh share a layout. `strategy`: (tp, pp, micro-batches, zero, merge_lora,
+        offload_params, offload_optimizer, host_adam, the devices the state is sharded over) per
+        option, see `_strategy_fields`."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
-        # options of one layout (mesh, tp, pp, zero and its shard group, merged LoRA or not, offloaded
-        # or not, Adam on the host or not) hold the same weights and states between calls: they
-        # differ in time and working memory only (the search's dominance pruning, SearchSpace.pruned)
-        layout_id = (((((((mesh_id * 1024 + strategy[:, 0]) * 1024 + strategy[:, 1]) * 4 + strategy[:, 3]) * 2
-                       + strategy[:, 4]) * 2 + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]) * 4096 \
-            + strategy[:, 8]
+        # options of one layout (on one mesh: tp, pp, zero and its shard group, merged LoRA or not,
+        # offloaded or not, Adam on the host or not) hold the same weights and states between calls:
+        # they differ in time and working memory only (the search's dominance pruning,
+        # SearchSpace.pruned). Digits of radix D + 1 for the counts (each at most D), 2 and 4 for the
+        # flags and zero: 3 log2(D + 1) + 6 bits, exact in int64 up to 2^19 devices
+        R = D + 1
+        layout_id = (((((((strategy[:, 0] * R + strategy[:, 1]) * 4 + strategy[:, 3]) * 2 + strategy[:, 4]) * 2
+                        + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]) * R + strategy[:, 8])
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
                 "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "shard": strategy[:, 8],
                 "merge_lora": strategy[:, 4],

@@ -62,9 +62,9 @@ class SearchSpace:
             if isinstance(opts, OptionSet):  # decided per block and spread over its positions
                 out.append(self._pruned_blocks(i, opts, resident))
                 continue
-            groups: dict[int, list[int]] = {}
+            groups: dict[tuple[int, int], list[int]] = {}
             for k in cands:
-                groups.setdefault(int(est.layout_id[i][k]), []).append(int(k))
+                groups.setdefault((int(est.mesh_id[i][k]), int(est.layout_id[i][k])), []).append(int(k))
             keep = []
             for members in groups.values():
                 keep += self._undominated([(float(est.dur[i][k]), float(est.working[i][k]),
@@ -112,8 +112,8 @@ class SearchSpace:
         pos = np.searchsorted(kept, k)
         if pos < len(kept) and kept[pos] == k:
             return int(k)
-        layout = est.layout_id[call][kept]
-        same = kept[(layout == est.layout_id[call][k]) & (est.dur[call][kept] <= est.dur[call][k])]
+        layout = (est.mesh_id[call][kept] == est.mesh_id[call][k]) & (est.layout_id[call][kept] == est.layout_id[call][k])
+        same = kept[layout & (est.dur[call][kept] <= est.dur[call][k])]
         leaner = same[est.working[call][same] <= est.working[call][k]]
         pool = leaner if len(leaner) else same
         return int(min(pool.tolist(), key=lambda j: (float(est.dur[call][j]), j)))
