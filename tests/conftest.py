@@ -9,7 +9,9 @@ import os
 import pytest
 
 from realbench.cli import main
-from workers import flocked, run_lock_files
+
+pytest.register_assert_rewrite("workers")  # (imported here before pytest loads it as a plugin)
+from workers import flocked, run_lock_files  # noqa: E402
 
 pytest_plugins = ("workers",)  # the workers' hooks
 

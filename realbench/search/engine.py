@@ -103,6 +103,9 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
             break
     if not groups:
         raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
+    # the searches get what is left of the budget, and at least half of it (listing the groups of a
+    # long-tailed job runs verl's packer on every budget, which can take longer than the budget)
+    searching = time.perf_counter()
     order = sorted((g for g in range(len(groups)) if math.isfinite(bounds[g])), key=lambda g: (bounds[g], g))
     ordered = [bounds[g] for g in order]
     best: tuple[float, Optional[dict[str, Option]]] = (math.inf, None)
@@ -111,7 +114,8 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
     for k, g in enumerate(order):
         if bounds[g] >= best[0] or (stop is not None and stop()):
             break  # (the groups after it are bound no lower)
-        left_s = time_budget - (time.perf_counter() - start)
+        now = time.perf_counter()
+        left_s = max(time_budget - (now - start), time_budget / 2 - (now - searching))
         if searched and (left_s <= 0 or (max_evaluations is not None and evaluations >= max_evaluations)):
             break
         rest = bisect.bisect_left(ordered, best[0]) - k  # groups that may hold a better plan
