@@ -1611,7 +1611,7 @@ def test_a_configuration_whose_rollout_server_cannot_start_does_not_fit():
     assert serving_cache_problem(call, model, cluster, Strategy(16, 8, 1, 1)) is None
 
 
-@pytest.mark.alone  # OpenRLHF's and AReaL's plans all priced within the quick 2 s budget
+@pytest.mark.alone  # verl's 2 s search must reach a plan no slower than its example's and default's
 def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
     """Each engine's best is no slower than its example and default configurations (verl's search
     starts from neither, so this can fail; OpenRLHF's lists every plan, so its best is no slower
@@ -1630,7 +1630,7 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
         assert r["search_gain"] == pytest.approx(min(r["example_s"], r["default_s"]) / r["best_s"])
         assert r["realbench_gain"] == pytest.approx(r["best_s"] / r["realbench_s"])
         assert set(r["best_plan"]) == set(r["realbench_plan"]) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
-    for r in rows[1:]:  # OpenRLHF's and AReaL's plans are listed whole and all priced
+    for r in rows[1:]:  # OpenRLHF's and AReaL's plans are listed whole and all priced (quick: whatever the time)
         assert r["method"] == "all plans" and r["evaluations"] == r["plans"]
     # AReaL runs no reward model: its row is the job with the workflow's reward function, and realbench's
     # own best beside it is of that job (a reward model's forward less: no slower than the scenario's)
@@ -1737,6 +1737,19 @@ def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms(verl_
     for rows in range(1, 65):
         for n in range(1, rows + 1):
             assert max(map(len, partition([7] * rows, n))) == -(-rows // n)
+    # the partition itself, part by part, against verl's karmarkar_karp: workloads of rows at a few
+    # lengths (many ties, which verl breaks by the parts' sizes and then their rows) and drawn ones
+    rng = np.random.default_rng(0)
+    cases = [([int(v) for v in rng.choice(values, size=rows)], int(rng.integers(1, rows + 1)))
+             for values in ([5, 5, 9], [3, 4, 7, 11], list(range(1, 10 ** 6, 9973))) for rows in (2, 7, 40, 150)
+             for _ in range(6)]
+    job = Path(os.environ.get("TMPDIR", "/tmp")) / f"realbench-verl-partitions-{os.getpid()}.json"
+    job.write_text(json.dumps(cases))
+    try:
+        verls = verl_check("partitions", job)["partitions"]
+    finally:
+        job.unlink()
+    assert [partition(values, k) for values, k in cases] == verls
     assert count(np.array([[300] * 4]), 1000) == 2 and count(np.array([[950, 650, 300, 100]]), 1000) == 3
     assert count(np.array([[300] * 4, [950, 650, 300, 100]]), 1000) == 3
     assert count(np.array([[300] * 4, [950, 650, 300, 100]]), 1000, divided_by=2) == 4

@@ -25,7 +25,10 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 EARLY = 0.25  # a response "ends early" within this share of the cap
 

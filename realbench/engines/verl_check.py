@@ -21,6 +21,9 @@ OmegaConf only, never realbench.
     .venv-verl/bin/python realbench/engines/verl_check.py count STEPS.json
         verl's dynamic batching (rearrange_micro_batches) on each step's rows: the micro-batches
         it forms and their tokens (realbench.engines.verl_packer is checked against it)
+    .venv-verl/bin/python realbench/engines/verl_check.py partitions CASES.json
+        verl's largest differencing method (karmarkar_karp) on each case [values, k]: the parts,
+        largest first (realbench.engines.verl_packer.partition is checked against it)
     .venv-verl/bin/python realbench/engines/verl_check.py serve
         each line read, {"argv": one command's arguments above, "cwd": the folder it runs from},
         answered with a line {"status": exit status, "result": its JSON line}, until the input
@@ -325,6 +328,16 @@ def count(path: str) -> dict:
     return {"counts": counts, "tokens": tokens}
 
 
+def partitions(path: str) -> dict:
+    """verl's own largest differencing method (karmarkar_karp, verl/utils/seqlen_balancing.py,
+    equal_size False, as its dynamic batching calls it) on each case of a JSON file [[values, k],
+    ...]: each partition's parts in verl's order (largest first), each part's indices sorted."""
+    from verl.utils.seqlen_balancing import karmarkar_karp
+
+    cases = json.loads(Path(path).read_text())
+    return {"partitions": [[sorted(p) for p in karmarkar_karp(values, k, equal_size=False)] for values, k in cases]}
+
+
 def fused_peak(train: bool, entropy: bool, tokens: int = 2048, vocab: int = 16384, hidden: int = 32) -> dict:
     """The peak memory of verl's fused kernels (FusedLinearForPPO, the torch backend FSDP's
     use_fused_kernels runs) on `tokens` tokens, over what was there before, in bytes a logit of one
@@ -391,6 +404,9 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["count"] and len(argv) == 2:
         print(json.dumps(count(argv[1])))
+        return 0
+    if argv[:1] == ["partitions"] and len(argv) == 2:
+        print(json.dumps(partitions(argv[1])))
         return 0
     if argv[:1] == ["validate"] and len(argv) >= 2:
         try:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from functools import lru_cache
-from typing import Optional, Sequence
+from functools import lru_cache, partial
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -48,77 +48,83 @@ def workload(tokens: int) -> int:
     return LINEAR * tokens + SQUARE * tokens * tokens
 
 
-class _Set:
-    """One part of a partition: its items (index, value) and their sum; ordered by sum, then size,
-    then items (verl's Set)."""
+def _state(parts: list[tuple[int, int, int, tuple]], k: int) -> tuple:
+    """A state of k parts, of which `parts` are those holding rows, each (sum, size, first index,
+    rows); the rest are empty. Its parts largest first, keyed for the heap: the largest spread
+    first, ties to the state whose largest part is larger (verl's State.__lt__).
+    verl orders parts (its Sets) by sum, then size, then their (index, value) lists. Two parts
+    compared never share a row, so their lists differ at the first pair: comparing the first
+    indices is the same, and the rows (nested pairs, listed at the end) are never compared."""
+    parts.sort(reverse=True)
+    top = parts[0]
+    return ((parts[-1][0] if len(parts) == k else 0) - top[0], -top[0], -top[1], -top[2], parts)
 
-    __slots__ = ("sum", "items")
 
-    def __init__(self, items: list[tuple[int, int]], total: int) -> None:
-        self.items, self.sum = items, total
+def _merged(first: list, second: list, k: int) -> list:
+    """Each of the k parts of `first` joined with the part of the opposite rank of `second`
+    (largest with smallest): part i with second's part k - 1 - i, of which only the first
+    len(second) hold rows. A joined part's rows are the first's, then the second's."""
+    p, q = len(first), len(second)
+    out = [first[i] if i < k - q else
+           (first[i][0] + second[k - 1 - i][0], first[i][1] + second[k - 1 - i][1], first[i][2],
+            (first[i][3], second[k - 1 - i][3]))
+           for i in range(p)]
+    out += [second[k - 1 - i] for i in range(max(p, k - q), k)]
+    return out
 
-    def key(self) -> tuple:
-        return self.sum, len(self.items), self.items
 
-
-class _State:
-    """k parts, largest first; the heap pops the state with the largest spread first (ties: the
-    one whose largest part is larger)."""
-
-    __slots__ = ("sets",)
-
-    def __init__(self, sets: list[_Set]) -> None:
-        self.sets = sorted(sets, key=_Set.key, reverse=True)
-
-    @property
-    def spread(self) -> int:
-        return self.sets[0].sum - self.sets[-1].sum
-
-    def __lt__(self, other: "_State") -> bool:
-        if self.spread != other.spread:
-            return self.spread > other.spread
-        return self.sets[0].key() > other.sets[0].key()
-
-    def merged(self, other: "_State") -> "_State":
-        """Each part joined with the other state's part of the opposite rank (largest with smallest)."""
-        return _State([_Set(a.items + b.items, a.sum + b.sum) for a, b in zip(self.sets, reversed(other.sets))])
+def _indices(rows) -> list[int]:
+    """The row indices of a part's nested pairs."""
+    out, stack = [], [rows]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tuple):
+            stack.extend(node)
+        else:
+            out.append(node)
+    return sorted(out)
 
 
 def partition(values: Sequence[int], k: int) -> list[list[int]]:
     """The largest differencing method's k-way partition of `values` (their indices, each part
     sorted), parts of any size: start from one state per value (the value alone in a part), take
     the two states of largest spread, join them part by part (the one's largest with the other's
-    smallest), until one state is left."""
+    smallest), until one state is left. (A state keeps only its parts that hold rows: a merge of
+    states with few costs as little, whatever k.)"""
     if not 1 <= k <= len(values):
         raise ValueError(f"{len(values)} rows cannot make {k} non-empty micro-batches")
-    heap: list[_State] = []
-    for value, index in sorted((int(v), i) for i, v in enumerate(values)):
-        heapq.heappush(heap, _State([_Set([(index, value)], value)] + [_Set([], 0) for _ in range(k - 1)]))
+    heap = [_state([(value, 1, index, index)], k) for value, index in sorted((int(v), i) for i, v in enumerate(values))]
+    heapq.heapify(heap)
     while len(heap) > 1:
-        first, second = heapq.heappop(heap), heapq.heappop(heap)
-        heapq.heappush(heap, first.merged(second))
-    return [sorted(i for i, _ in s.items) for s in heap[0].sets]
+        first, second = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
+        heapq.heappush(heap, _state(_merged(first, second, k), k))
+    parts = [_indices(part[3]) for part in heap[0][-1]]
+    return parts + [[] for _ in range(k - len(parts))]
 
 
-def count(tokens: np.ndarray, budget: int, divided_by: Optional[int] = None) -> Optional[int]:
+def heaviest(tokens: np.ndarray, n: int) -> int:
+    """The most tokens of any of the `n` micro-batches one rank's rows (`tokens`) are partitioned
+    into by their workloads."""
+    if tokens.min() == tokens.max():  # rows alike: the partition is as even as can be (ceil(rows / n) a part)
+        return math.ceil(len(tokens) / n) * int(tokens[0])
+    return max(int(tokens[p].sum()) for p in partition([workload(int(s)) for s in tokens], n))
+
+
+def count(tokens: np.ndarray, budget: int, divided_by: Optional[int] = None,
+          heaviest_of: Optional[Callable[[int], int]] = None) -> Optional[int]:
     """The micro-batches verl forms of one step: `tokens` (ranks, rows), each rank's rows' tokens,
     within `budget` tokens a micro-batch (every row within it: verl asserts so); None where the
-    multiple it must be (`divided_by`) outgrows the rows, which verl refuses."""
+    multiple it must be (`divided_by`) outgrows the rows, which verl refuses. `heaviest_of(n)`:
+    the most tokens of a micro-batch of any rank in n (a partition does not depend on the
+    budget, so a caller pricing many budgets remembers them)."""
     ranks, rows = tokens.shape
     if int(tokens.max(initial=0)) > budget:
         raise ValueError(f"a row of {int(tokens.max())} tokens is longer than the budget of {budget}")
     n = max(min(rows, math.ceil(int(t.sum()) / budget)) for t in tokens)
     step = divided_by or 1
     n = math.ceil(n / step) * step
-    loads = [[workload(int(s)) for s in t] for t in tokens]
-
-    def within(t: np.ndarray, w: list[int]) -> bool:
-        if t.min() == t.max():  # rows alike: the partition is as even as can be (ceil(rows / n) a part)
-            return math.ceil(rows / n) * int(t[0]) <= budget
-        return all(int(t[p].sum()) <= budget for p in partition(w, n))
-
     while n <= rows:
-        if all(within(t, w) for t, w in zip(tokens, loads)):
+        if (heaviest_of(n) if heaviest_of else max(heaviest(t, n) for t in tokens)) <= budget:
             return n
         n += step
     return None
@@ -131,8 +137,21 @@ def mean_count(step: StepRows, rows: int, ranks: int, budget: int, divided_by: O
     return _mean_count(step, rows, ranks, int(budget), divided_by)
 
 
-# (a search's listing asks for the same few counts again and again: remembered)
+# (a search's listing asks for the same few counts again and again, and for each the same
+# partitions under many budgets: both remembered)
 @lru_cache(maxsize=4096)
 def _mean_count(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Optional[int]) -> Optional[float]:
-    counts = [count(t, budget, divided_by) for t in step.tokens(rows, ranks)[:DRAWS]]
+    draws = _draws(step, rows, ranks)
+    counts = [count(t, budget, divided_by, partial(_heaviest_of_draw, step, rows, ranks, d))
+              for d, t in enumerate(draws)]
     return None if None in counts else float(np.mean(counts))
+
+
+@lru_cache(maxsize=65536)
+def _heaviest_of_draw(step: StepRows, rows: int, ranks: int, draw: int, n: int) -> int:
+    return max(heaviest(t, n) for t in _draws(step, rows, ranks)[draw])
+
+
+@lru_cache(maxsize=64)
+def _draws(step: StepRows, rows: int, ranks: int) -> np.ndarray:
+    return step.tokens(rows, ranks)[:DRAWS]
