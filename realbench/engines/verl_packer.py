@@ -123,8 +123,9 @@ def count(tokens: np.ndarray, budget: int, divided_by: Optional[int] = None,
     n = max(min(rows, math.ceil(int(t.sum()) / budget)) for t in tokens)
     step = divided_by or 1
     n = math.ceil(n / step) * step
+    heaviest_of = heaviest_of or (lambda n: max(heaviest(t, n) for t in tokens))
     while n <= rows:
-        if (heaviest_of(n) if heaviest_of else max(heaviest(t, n) for t in tokens)) <= budget:
+        if heaviest_of(n) <= budget:
             return n
         n += step
     return None
