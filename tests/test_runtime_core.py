@@ -551,9 +551,9 @@ def test_row_draws_are_pcg_hashes_and_sampling_inverts_the_cdf():
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_a_resumed_or_moved_optimizer_keeps_its_step_count_where_torch_keeps_it(device):
     """After a resume or a plan switch writes the moments (`moved_in`), Adam's step count lies
-    where a fresh Adam puts it: on the GPU for the fused CUDA kernel, which refused a count on
-    the CPU (every CUDA resume failed so, seen on an H100); the update then equals the
-    uninterrupted one's."""
+    where torch.optim.Adam puts it: on the GPU for the fused CUDA kernel, which refused a count
+    on the CPU (every CUDA resume failed so, seen on an H100); the update then equals the
+    uninterrupted one's, and both equal torch.optim.Adam's, bit for bit."""
     from types import SimpleNamespace
 
     from realbench.runtime.optim import MixedPrecisionAdam
@@ -571,18 +571,26 @@ def test_a_resumed_or_moved_optimizer_keeps_its_step_count_where_torch_keeps_it(
         opt.step()
 
     straight, moved = MixedPrecisionAdam(placed(0)), MixedPrecisionAdam(placed(0))
+    # torch.optim.Adam itself (its fused kernel) on the same fp32 weights and gradients
+    weights = torch.nn.Parameter(straight.master.detach().clone())
+    torch_adam = torch.optim.Adam([weights], lr=straight.lr, fused=True)
+    weights.grad = torch.ones_like(weights)
     one_step(straight)
+    torch_adam.step()
     with torch.no_grad():  # what a resume writes: straight's state after step 1
         for kind, views in moved.state_views().items():
             for name, view in views.items():
                 view.copy_(straight.state_views()[kind][name])
     moved.moved_in(1)
-    reference = straight.adam.state[straight.master]["step"]
-    step = moved.adam.state[moved.master]["step"]
+    reference = torch_adam.state[weights]["step"]
+    step = moved.state["step"]
     assert (step.device, step.dtype, float(step)) == (reference.device, reference.dtype, 1.0)
     one_step(straight)
     one_step(moved)
+    torch_adam.step()
     assert torch.equal(straight.master, moved.master) and moved.steps_taken == 2
+    assert torch.equal(straight.master, weights) and torch.equal(moved.state["exp_avg_sq"],
+                                                                 torch_adam.state[weights]["exp_avg_sq"])
 
 
 def test_a_calls_measured_time_runs_from_its_last_rank_arriving_to_its_last_leaving():

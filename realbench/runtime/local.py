@@ -3,7 +3,13 @@ each, and collect what each returns. Used by the tests and benchmarks;
 `realbench run` launches through Accelerate instead.
 
 A worker that raises makes the others stop: every collective has a timeout, and the parent
-reports the first failure with its rank."""
+reports the first failure with its rank.
+
+The processes are forked from a server that imported torch and the runtime once (Python's
+"forkserver" start method): a fresh interpreter per process imports them again, about 3 s of CPU
+each, more than most of the work a test or a profile gives it. The server is single-threaded, so
+its forks are safe where a fork of the caller (a Jupyter kernel, a threaded program) is not; it
+started with the caller's environment of then, so each process takes the caller's of now."""
 
 from __future__ import annotations
 
@@ -21,6 +27,16 @@ import torch.multiprocessing as mp
 from realbench.runtime.device import init_process_group
 
 
+PRELOADED = ["realbench.runtime.worker"]  # torch with it
+
+
+def context():
+    """The multiprocessing context local processes start from (the fork server)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOADED)
+    return ctx
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -28,7 +44,9 @@ def free_port() -> int:
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results, timeout_s: float,
-           device: str) -> None:
+           device: str, environ: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
@@ -49,11 +67,12 @@ class WorkerError(RuntimeError):
 def spawn(fn: Callable, world: int, *args: Any, timeout_s: float = 120.0, device: str = "cpu") -> list[Any]:
     """Run fn(rank, world, *args) on `world` processes (on the CPU over gloo, or one GPU each over
     NCCL); returns the results by rank."""
-    ctx = mp.get_context("spawn")
+    ctx = context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results, timeout_s, device), daemon=True)
-             for r in range(world)]
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results, timeout_s, device, environ),
+                         daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}

@@ -16,6 +16,7 @@ checkpointed state cover that run alone; the frozen base has no gradients and no
 from __future__ import annotations
 
 import torch
+from torch.optim.adam import adam
 
 from realbench.models.shards import flat_views, trainable_start
 
@@ -39,26 +40,27 @@ class MixedPrecisionAdam:
         # fp32: one storage with the stage (updated in place); bf16: a copy that the stage follows
         self.master = torch.nn.Parameter(flat if flat.dtype == torch.float32 else flat.float())
         # the fused kernel (one pass over the flat tensor) where torch has it for the device
-        fused = {"fused": True} if flat.device.type in ("cpu", "cuda") else {}
+        self.fused = True if flat.device.type in ("cpu", "cuda") else None
         self.grad = torch.zeros_like(self.master)  # the stage's gradients, laid out as the master
-        if settings is None:
-            self.adam = torch.optim.Adam([self.master], lr=lr, **fused)
-            self.decay = None
-        else:
-            self.adam = torch.optim.Adam([self.master], lr=settings.learning_rate, **fused,
-                                         betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_epsilon)
-            self.decay = None
-            if settings.weight_decay:  # decoupled (AdamW): w <- w (1 - lr wd) before the Adam update
-                self.decay = torch.zeros_like(self.master, dtype=torch.bool)
-                tied_head = model.spec.tie_embeddings
-                for name, view in self._views(self.decay).items():
-                    embedding = name == "embed.weight" or (name == "head.weight" and tied_head)
-                    view.fill_(settings.weight_decay_embeddings if embedding else decays(name))
+        self.lr = lr if settings is None else settings.learning_rate
+        self.betas = (0.9, 0.999) if settings is None else (settings.adam_beta1, settings.adam_beta2)
+        self.eps = 1e-8 if settings is None else settings.adam_epsilon
+        # Adam's state as torch.optim.Adam keeps it ({"step", "exp_avg", "exp_avg_sq"}; empty
+        # before the first update), updated by torch's functional Adam: the same kernels, without
+        # the Optimizer class, whose first call imports torch._dynamo (2-3 s per process)
+        self.state: dict[str, torch.Tensor] = {}
+        self.decay = None
+        if settings is not None and settings.weight_decay:  # decoupled (AdamW): w <- w (1 - lr wd) before Adam
+            self.decay = torch.zeros_like(self.master, dtype=torch.bool)
+            tied_head = model.spec.tie_embeddings
+            for name, view in self._views(self.decay).items():
+                embedding = name == "embed.weight" or (name == "head.weight" and tied_head)
+                view.fill_(settings.weight_decay_embeddings if embedding else decays(name))
 
     def learning_rate(self) -> float:
         """The learning rate of the next update."""
         if self.settings is None:
-            return self.adam.param_groups[0]["lr"]
+            return self.lr
         return self.settings.learning_rate_at(self.steps_taken, self.total_updates)
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -94,13 +96,13 @@ class MixedPrecisionAdam:
                 views[name].zero_()
         if grad_scale != 1.0:
             grad.mul_(grad_scale)
-        self.master.grad = grad
         lr = self.learning_rate()
-        self.adam.param_groups[0]["lr"] = lr
         if self.decay is not None:
             self.master.data[self.decay] *= 1.0 - lr * self.settings.weight_decay
-        self.adam.step()
-        self.master.grad = None
+        state = self._adam_state()
+        adam([self.master], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
+             fused=self.fused, amsgrad=False, beta1=self.betas[0], beta2=self.betas[1], lr=lr, weight_decay=0.0,
+             eps=self.eps, maximize=False)
         self._sync_stage()
 
     def _sync_stage(self) -> None:
@@ -113,38 +115,39 @@ class MixedPrecisionAdam:
         """{"master", "exp_avg", "exp_avg_sq": shard views of the flat fp32 tensors}: what a plan
         switch moves (the moments start as zeros, step 0, before the first step: the state a
         fresh Adam builds)."""
-        state = self.adam.state[self.master]
-        if not state:
-            state.update(step=self._step_tensor(0), exp_avg=torch.zeros_like(self.master),
-                         exp_avg_sq=torch.zeros_like(self.master))
+        state = self._adam_state()
         return {"master": self._views(self.master), "exp_avg": self._views(state["exp_avg"]),
                 "exp_avg_sq": self._views(state["exp_avg_sq"])}
+
+    def _adam_state(self) -> dict[str, torch.Tensor]:
+        """Adam's state, made as a fresh torch.optim.Adam makes it (step 0, zero moments) when
+        there is none yet."""
+        if not self.state:
+            self.state.update(step=self._step_tensor(0), exp_avg=torch.zeros_like(self.master),
+                              exp_avg_sq=torch.zeros_like(self.master))
+        return self.state
 
     def _step_tensor(self, steps: int) -> torch.Tensor:
         """Adam's step count as torch keeps it: on the parameters' device for the fused kernel
         (which refuses a count on the CPU beside CUDA tensors), on the CPU otherwise."""
-        group = self.adam.param_groups[0]
-        on_device = group.get("fused") or group.get("capturable")
-        return torch.tensor(float(steps), dtype=torch.float32, device=self.master.device if on_device else "cpu")
+        return torch.tensor(float(steps), dtype=torch.float32, device=self.master.device if self.fused else "cpu")
 
     @property
     def steps_taken(self) -> int:
-        state = self.adam.state.get(self.master)
-        return int(state["step"]) if state else 0
+        return int(self.state["step"]) if self.state else 0
 
     @torch.no_grad()
     def moved_in(self, steps_taken: int) -> None:
         """After a switch or a resume wrote the master weights and moments: Adam's step count,
         and the stage's weights from the master's."""
-        self.state_views()  # the moments exist
-        self.adam.state[self.master]["step"] = self._step_tensor(steps_taken)
+        self._adam_state()["step"] = self._step_tensor(steps_taken)  # the moments exist
         self._sync_stage()
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def tensors(self) -> tuple[dict[str, torch.Tensor], int]:
         """{name, name/exp_avg, name/exp_avg_sq: fp32 tensors} of the stage's shards, and the step."""
         out = {k: v.detach() for k, v in self._views(self.master).items() if k not in self.model.stage.aliases}
-        state = self.adam.state.get(self.master)
+        state = self.state
         if not state:
             return out, 0
         for moment in ("exp_avg", "exp_avg_sq"):

@@ -503,15 +503,13 @@ def planned_measurements(req: ProfileRequest) -> int:
 
 def profile_machine(req: ProfileRequest, on_progress: Optional[Callable[[int, int], None]] = None) -> Profile:
     """Measure this machine; on_progress(done, total) is called as measurements finish."""
-    import multiprocessing as mp
-
     import torch
 
-    from realbench.runtime.local import spawn
+    from realbench.runtime.local import context, spawn
 
     check_request(req)
     total = planned_measurements(req)
-    progress = mp.get_context("spawn").Queue()
+    progress = context().Queue()
     result: dict = {}
 
     def work():
