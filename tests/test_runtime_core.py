@@ -478,6 +478,23 @@ def test_spawn_reports_a_process_that_died_without_a_result_at_once():
     assert time.monotonic() - t0 < 60  # not after the 150 s the parent would wait for a result
 
 
+def _environment_variable(rank, world, name):
+    import os
+
+    return os.environ.get(name)
+
+
+def test_spawned_processes_take_the_callers_environment_of_now(monkeypatch):
+    """The fork server started with the caller's environment of its first use; a variable set
+    after that still reaches the processes (a test's cache folder, a user's CUDA_VISIBLE_DEVICES
+    set in a notebook)."""
+    spawn(_environment_variable, 1, "REALBENCH_TEST_VARIABLE")  # the server runs from here on
+    monkeypatch.setenv("REALBENCH_TEST_VARIABLE", "set after the server started")
+    assert spawn(_environment_variable, 2, "REALBENCH_TEST_VARIABLE") == ["set after the server started"] * 2
+    monkeypatch.delenv("REALBENCH_TEST_VARIABLE")
+    assert spawn(_environment_variable, 1, "REALBENCH_TEST_VARIABLE") == [None]
+
+
 def _padded_generation_worker(rank, world, layouts, prompts, eos):
     from realbench.runtime.engine import generate
 

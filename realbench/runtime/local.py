@@ -31,7 +31,10 @@ PRELOADED = ["realbench.runtime.worker"]  # torch with it
 
 
 def context():
-    """The multiprocessing context local processes start from (the fork server)."""
+    """The multiprocessing context local processes start from: the fork server where the system
+    has one (not Windows), else fresh interpreters."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOADED)
     return ctx
