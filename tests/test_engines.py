@@ -1269,11 +1269,19 @@ def test_every_plan_of_verls_space_is_one_verl_runs(job):
         assert engines == {"dp", "megatron"}, engines  # both training engines are searched
         # FSDP with Ulysses groups of 2 and 4 GPUs (the checkpoint's 4 heads split no further);
         # Megatron with context-parallel rings of any size its layout leaves (the heads need not split)
-        fsdp = {g["actor_train"][0].strategy.sp for g in groups if g["actor_train"][0].strategy.zero >= 2}
-        rings = {(g["actor_train"][0].strategy.sp, g["actor_train"][0].strategy.ring)
-                 for g in groups if g["actor_train"][0].strategy.zero < 2}
+        fsdp = {o.strategy.sp for g in groups for o in g["actor_train"] if o.strategy.zero >= 2}
+        rings = {(o.strategy.sp, o.strategy.ring) for g in groups for o in g["actor_train"] if o.strategy.zero < 2}
         N = scenario.cluster.nodes * scenario.cluster.gpus_per_node
         assert fsdp == {1, 2, 4} and rings == {(1, "")} | {(cp, "p2p") for cp in (2, 4, 8, 16) if cp <= N}, rings
+        # FSDP's groups and shard groups are each role's own (verl's engine settings per role): one
+        # group of plans offers the actor, the reference and the critic each of them, apart
+        for name in ("actor_train", "ref_inf", "critic_train"):
+            offered = {(o.strategy.sp, o.strategy.shard_group) for g in groups for o in g.get(name, [])
+                       if o.strategy.zero >= 2 or (name == "ref_inf" and o.strategy.zero == 3)}
+            assert {sp for sp, _ in offered} == ({1, 2, 4} if name in groups[0] else set()), (name, offered)
+        if "critic_train" in groups[0]:
+            assert any(len({o.strategy.sp for o in g["actor_train"]}) == 3 and g["critic_train"][0].strategy.sp == 2
+                       for g in groups)
         # a reference whose rings differ from the actor's: verl's Megatron state is process-global
         ringed = next({n: opts[0] for n, opts in g.items()} for g in groups if g["actor_train"][0].strategy.ring)
         if "ref_inf" in ringed:

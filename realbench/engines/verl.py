@@ -1682,33 +1682,33 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
-    # tp, pp, v, train zeros, forward zero, sp, shard group: FSDP's Ulysses groups (one for every
-    # role: verl sets it per role) or Megatron's context-parallel rings (ring p2p: process-global);
-    # FSDP's state sharded over every GPU or, across nodes, hybrid within groups of 1, 2, 4, ...
-    # nodes (fsdp_size: verl sets it per role, the search one for all)
-    layouts: list[tuple[int, int, int, tuple[int, ...], int, int, int]] = []
+    # tp, pp, v, train zeros, forward zero, and the sequence splits and shard groups each role takes:
+    # FSDP's Ulysses groups and hybrid shard groups are the engine's settings of each role (verl sets
+    # them per role: SEQUENCE_PARALLEL, FSDP_SIZE), Megatron's context-parallel ring (ring p2p) is
+    # process-global, one for all. FSDP's state sharded over every GPU or, across nodes, hybrid
+    # within groups of 1, 2, 4, ... nodes
+    layouts: list[tuple[int, int, int, tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]] = []
     actor = scenario.models["actor"]
-    if N > 1:  # FSDP, and with its rows packed Ulysses groups of 2, 4, ... GPUs of a node
-        packed = all(_remove_padding(scenario)[:2 if critic else 1])
+    if N > 1:  # FSDP, and Ulysses groups of 2, 4, ... GPUs of a node (for a model whose rows are packed:
+        # `valid` drops the others, and the groups the model's heads do not split)
         G = c.gpus_per_node  # (hybrid groups of whole nodes, doubling: 1, 2, 4, ... nodes)
         hybrid = (0, *(G << k for k in range((N // G).bit_length()) if (G << k) < N and N % (G << k) == 0))
-        # (groups the model's heads do not split are dropped with their options: `valid`)
-        layouts += [(1, 1, 1, (3, 2), 3, sp, f) for sp in divisors(math.gcd(N, c.gpus_per_node)) if sp == 1 or packed
-                    for f in hybrid]
+        layouts.append((1, 1, 1, (3, 2), 3, tuple(divisors(math.gcd(N, c.gpus_per_node))), hybrid))
     # (a LoRA actor: verl's FSDP LoRA only; its fused kernels: FSDP's only; see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
                and actor.lora is None and not scenario.training.logits):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 for cp in divisors(N // (tp * pp)):  # (its rings inside a node or across whole nodes)
-                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, cp, 0))  # Megatron
-    for tp, pp, v, zeros, forward_zero, sp, f in layouts:
-        dp = N // (tp * pp * sp)
-        ring = "p2p" if forward_zero == 0 and sp > 1 else ""
-        if rows % (steps * dp):
-            continue
+                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, (cp,), (0,)))  # Megatron
+    for tp, pp, v, zeros, forward_zero, splits, shard_groups in layouts:
+        ring = "p2p" if forward_zero == 0 and splits != (1,) else ""
 
-        def trained(name: str, zero_options=zeros) -> list[Option]:
+        def data_parallel(sp: int) -> int:
+            return N // (tp * pp * sp)
+
+        def trained(name: str, sp: int, f: int, zero_options=zeros) -> list[Option]:
+            dp = data_parallel(sp)
             per_gpu = rows // steps // dp
             lora = scenario.models[df.call(name).model].lora is not None  # (its parameter offload: not priced)
             fsdp2 = fsdp_version(scenario, "actor" if name == "actor_train" else "critic") == "fsdp2"
@@ -1720,36 +1720,48 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
                                 for params, moments in offloads if not params or z != 2])
 
-        group = {**common, "actor_train": trained("actor_train")}
-        critic_options = trained("critic_train") if critic else []  # (the same for every budget below)
+        # each role's sequence splits and shard groups whose data-parallel ranks share the rows evenly
+        roles = [(sp, f) for sp in splits for f in shard_groups if rows % (steps * data_parallel(sp)) == 0]
+        if not roles:
+            continue
+        group = {**common, "actor_train": [o for sp, f in roles for o in trained("actor_train", sp, f)]}
         if "ref_inf" in df.call_names:
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
-            offloaded = (forward_zero == 3 and dp * sp > 1,) if forward_zero == 3 else (False, True)
-            group["ref_inf"] = valid("ref_inf", [Option(W, Strategy(dp, tp, pp, m, zero=forward_zero, offload_params=off,
-                                                                    sp=sp, ring=ring, shard_group=f))
-                                                 for m in divisors(rows // dp) for off in offloaded])
+            group["ref_inf"] = valid("ref_inf", [
+                Option(W, Strategy(data_parallel(sp), tp, pp, m, zero=forward_zero, offload_params=off, sp=sp,
+                                   ring=ring, shard_group=f))
+                for sp, f in roles
+                for off in ((forward_zero == 3 and N // (tp * pp) > 1,) if forward_zero == 3 else (False, True))
+                for m in divisors(rows // data_parallel(sp))])
         if not critic:
             if all(group.values()):
                 yield group
             continue
-        formed = set()  # (each budget from the mean tokens of m micro-batches; the counts verl forms under it)
-        for m in divisors(rows // steps // dp):
-            budget = _mean_budget(scenario, rows // steps // dp, m, sp)
-            counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, _divided_by(pp, v), budget, sp)
-            if None in counts or counts in formed:
-                continue
-            formed.add(counts)
-            train_m, inf_m = counts
-            # (rows packed: each micro-batch within the budget, which memory is planned for)
-            tokens = budget if df.call("critic_train").padding_free else None
-            with_critic = {**group, "critic_train": [replace(o, strategy=replace(o.strategy, max_tokens=tokens))
-                                                     for o in critic_options
-                                                     if o.strategy.micro_batches == train_m],
-                           "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m, zero=forward_zero,
-                                                                                 max_tokens=tokens, sp=sp, ring=ring,
-                                                                                 shard_group=f))])}
-            if all(with_critic.values()):
-                yield with_critic
+        # the critic's two calls run on one engine: one sequence split and one shard group for both
+        # (its groups apart), and one token budget (each from the mean tokens of m micro-batches; the
+        # counts verl forms under it)
+        for sp, f in roles:
+            dp = data_parallel(sp)
+            critic_options = trained("critic_train", sp, f)
+            formed = set()
+            for m in divisors(rows // steps // dp):
+                budget = _mean_budget(scenario, rows // steps // dp, m, sp)
+                counts = _critic_counts(scenario, rows // steps // dp, rows // dp, dp, _divided_by(pp, v), budget, sp)
+                if None in counts or counts in formed:
+                    continue
+                formed.add(counts)
+                train_m, inf_m = counts
+                # (rows packed: each micro-batch within the budget, which memory is planned for)
+                tokens = budget if df.call("critic_train").padding_free else None
+                with_critic = {**group, "critic_train": [replace(o, strategy=replace(o.strategy, max_tokens=tokens))
+                                                         for o in critic_options
+                                                         if o.strategy.micro_batches == train_m],
+                               "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m,
+                                                                                     zero=forward_zero,
+                                                                                     max_tokens=tokens, sp=sp,
+                                                                                     ring=ring, shard_group=f))])}
+                if all(with_critic.values()):
+                    yield with_critic
 
 
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
