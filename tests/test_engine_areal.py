@@ -173,7 +173,8 @@ def test_the_gsm8k_example_reads_into_separate_rollout_and_trainer_gpus(cli, job
     result, plan, scenario = imported(cli, job, "gsm8k grpo.yaml", name="gsm8k")
     calls = plan["calls"]
     # AReaL places the actor first, then the rollout: four GPUs each of one node
-    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 1}
+    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 1,
+                                  "memory_fraction": 0.8}  # (its sglang.mem_fraction_static, the plan's choice)
     # 256 prompts x 4 samples over 4 GPUs, one optimizer step: 256 rows of 2048 tokens a GPU packed to
     # 10,240 tokens: ceil(256 x 2048 / 10240) = 52 micro-batches, the fewest even splits at least as many: 64;
     # memory planned for the budget realbench writes for them, the largest group of 4 rows: 8,192 tokens
@@ -291,10 +292,14 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         mode = scenario.training.old_logprobs
         assert c["logprob_forward"] is (mode == "whole_batch") and load_scenario(again["scenario"]).training.old_logprobs == mode
         assert c["use_decoupled_loss"] is (mode == "whole_batch" and scenario.dataflow.max_staleness > 0)
-        # the servers' share of each GPU's memory, as AReaL's config classes hold it: the one read (the
-        # example's 0.8), or the default a plan of a built-in job is written with
+        # the servers' share of each GPU's memory, as AReaL's config classes hold it: the plan's (a
+        # searched one), else the one read (the example's 0.8), or the default a plan of a built-in job
+        # is written with; read back into the scenario and the plan
+        from realbench.plan.options import served_call
+
         share = c["gpu_memory_utilization" if scenario.rollout_server == "vllm" else "mem_fraction_static"]
-        assert share == scenario.dataflow.call("actor_gen").memory_fraction == \
+        planned = served_call(scenario.dataflow.call("actor_gen"), options["actor_gen"].strategy).memory_fraction
+        assert share == (planned or areal.MEMORY_FRACTION) == back["actor_gen"].strategy.memory_fraction == \
             load_scenario(again["scenario"]).dataflow.call("actor_gen").memory_fraction
         # the servers' context as AReaL's config classes hold it: a vLLM's read (AReaL's default, 32,768),
         # else the least the plan runs with, a sequence

@@ -98,7 +98,7 @@ def test_the_hybrid_engine_reads_into_every_call_on_the_actors_gpus(cli, job):
     calls = plan["calls"]
     assert {c["mesh"] for c in calls.values()} == {"n0"}
     # 4 engines of tp 2; 64 samples, 16 an engine: one vLLM batch (max_num_seqs 128)
-    assert calls["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1}
+    assert calls["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1, "memory_fraction": 0.5}
     # 16 samples an optimizer step over 8 GPUs, micro-batches of 1: 2 a GPU; ZeRO-3, checkpointed
     assert calls["actor_train"] == {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 2,
                                     "activation_checkpointing": True, "zero": 3}

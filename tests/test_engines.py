@@ -182,7 +182,8 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
     together (max_num_seqs 256: 1 batch); gradient checkpointing is verl's default."""
     result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml")
     assert plan["calls"] == {
-        "actor_gen": {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1},
+        # (the rollout's share of each GPU's memory, the plan's choice: its gpu_memory_utilization)
+        "actor_gen": {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1, "memory_fraction": 0.5},
         "actor_train": {"mesh": "n0", "dp": 8, "tp": 1, "pp": 1, "micro_batches": 1, "activation_checkpointing": True,
                         "zero": 3},
         # the reference's parameters in host memory: verl's FSDP offloads a forward-only model
@@ -261,7 +262,8 @@ def test_a_launch_script_composed_by_verls_own_hydra_imports_scored_by_verls_own
     _, plan, scenario = imported(cli, job, "composed.yaml")
     assert scenario["models"]["reward"] == {"function": verl.BUILTIN_REWARD}
     assert scenario["dataflow"]["prompts"] == 32 and scenario["dataflow"]["group_size"] == 4
-    assert plan["calls"]["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1}
+    assert plan["calls"]["actor_gen"] == {"mesh": "n0", "dp": 4, "tp": 2, "pp": 1, "micro_batches": 1,
+                                          "memory_fraction": 0.5}
     assert plan["calls"]["actor_train"]["max_tokens"] == 16384  # (verl's default budget)
 
 
@@ -315,7 +317,9 @@ def test_the_search_offers_only_rollout_layouts_whose_sync_buffer_fits_worked_by
     32,000 x 4,096 at 6 bytes (786,432,000 B): 2,933,915,648 B, 2.7 GiB. At rollout tp 2 the
     weights are 6,738,415,616 B (LLaMA-7B in bf16 over 2), the cache 1,851,518,976 B (1.7 GiB):
     refused; at tp 4, 3,369,207,808 B of weights leave 5,220,726,784 B: it fits. The search offers
-    tp 4 and 8, never 2 (tp 1 too, whose server does not start: priced as such)."""
+    tp 4 and 8 at that share, tp 1 and 2 from the least share it offers above it (0.3: 25,769,803,776
+    B, the cache of tp 2 19,031,388,160 B), never below: tp 1's weights (13,476,831,232 B) outgrow
+    0.1, and its server would not start."""
     from realbench.cost.calls import serving_cache_problem
     from realbench.engines import priced_as
     from realbench.plan.builtin import BUILTIN
@@ -330,10 +334,105 @@ def test_the_search_offers_only_rollout_layouts_whose_sync_buffer_fits_worked_by
         "tp 2): the sync would set the peak, which realbench does not price (a smaller buffer, or a larger memory "
         "share)")
     assert verl.sync_buffer_problem(scenario, {"actor_gen": Option(whole, Strategy(4, 4, 1))}) is None
-    offered = {o.strategy.tp for g in verl.plan_groups(scenario) for o in g["actor_gen"]}
-    assert offered == {1, 4, 8}  # (at tp 1 the weights, 13.5 GB, outgrow the share: no server, priced as such)
+    least: dict[int, float] = {}
+    for g in verl.plan_groups(scenario):
+        for o in g["actor_gen"]:
+            least[o.strategy.tp] = min(least.get(o.strategy.tp, 1.0), o.strategy.memory_fraction)
+    assert least == {1: 0.3, 2: 0.3, 4: 0.1, 8: 0.1}
     gen = scenario.dataflow.call("actor_gen")
     assert serving_cache_problem(gen, scenario.model_of(gen), scenario.cluster, Strategy(16, 1, 1)) is not None
+
+
+def test_the_search_offers_each_servers_least_share_of_each_slot_count_worked_by_hand():
+    """ppo-7b-7b-16gpu's 512 rows of 1024 tokens on one replica of tp 2 (LLaMA-7B on 80 GiB H100s):
+    at a share f the cache holds (f x 85,899,345,920 - 6,738,415,616 of weights - 184,549,376 of
+    activations - 32,768,000 of logits) / 262,144 tokens, 71,770 at 0.3 and 32,768 more a tenth,
+    so 70, 102, 134, 166, 198, 230 and 262 sequences of 1024 from 0.3 to 0.9: each share its own
+    count, all offered. In 4 micro-batches the server admits at most 128: 0.5 and above give 128,
+    so 0.3, 0.4 and 0.5 are offered. Shares the caller's check refuses are left out."""
+    from realbench.cost.calls import serving_slots
+    from realbench.engines import priced_as
+    from realbench.engines.listing import served_shares
+    from realbench.plan import load_scenario
+
+    scenario = priced_as(load_scenario("ppo-7b-7b-16gpu"), "verl")
+    gen = scenario.dataflow.call("actor_gen")
+    assert gen.memory_fraction == verl.MEMORY_FRACTION == 0.5  # (verl's default, in the searched ones)
+
+    def offered(m: int, fits=None) -> dict[float, int]:
+        shares = served_shares(scenario, Option(Mesh(0, 1, 0, 2), Strategy(1, 2, 1, m)), fits)
+        return {o.strategy.memory_fraction: serving_slots(gen, scenario.model_of(gen), scenario.cluster, o)
+                for o in shares}
+
+    assert offered(1) == {0.3: 70, 0.4: 102, 0.5: 134, 0.6: 166, 0.7: 198, 0.8: 230, 0.9: 262}
+    assert offered(4) == {0.3: 70, 0.4: 102, 0.5: 128}
+    assert offered(4, lambda o: o.strategy.memory_fraction >= 0.4) == {0.4: 102, 0.5: 128}
+
+
+def test_a_plans_share_is_raised_to_the_largest_that_fits_and_takes_no_longer():
+    """The engines' searches offer each slot count at its least share; the plan they return takes
+    the largest share offered that fits and is no slower (search.engine.widest_share). verl's default
+    plan of ppo-7b-7b-16gpu-long (rollout tp 2, 64 rows a replica): 8 slots at 0.3, 12 at 0.4
+    (slower: the rows' waves), 16 at 0.5 and 0.6, and from 0.7 the colocated plan does not fit. From
+    0.3 or 0.5 the plan is raised to 0.6; grpo-7b-16gpu's (64 slots at every share) to 0.7, where
+    0.8 does not fit; a plan without a share is left as it is."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import load_scenario
+    from realbench.search.engine import plan_time, widest_share
+
+    def at(options, share):
+        g = options["actor_gen"]
+        return {**options, "actor_gen": Option(g.mesh, replace(g.strategy, memory_fraction=share))}
+
+    def time_of(scenario, options):
+        return plan_time(Estimator(scenario, only={n: [o] for n, o in options.items()}), options)
+
+    long = priced_as(load_scenario("ppo-7b-7b-16gpu-long"), "verl")
+    plan = verl.default_plan(long)
+    times = {f: time_of(long, at(plan, f)) for f in (0.3, 0.4, 0.5, 0.6, 0.7)}
+    assert times[0.4] > times[0.3] > times[0.5] == times[0.6] and times[0.7] == math.inf, times
+    for start in (0.3, 0.4, 0.5):
+        raised = widest_share(long, at(plan, start), times[start])
+        assert raised["actor_gen"].strategy.memory_fraction == 0.6
+        assert {n: o for n, o in raised.items() if n != "actor_gen"} == {n: o for n, o in plan.items() if n != "actor_gen"}
+    grpo = priced_as(load_scenario("grpo-7b-16gpu"), "verl")
+    plan = verl.default_plan(grpo)
+    t = time_of(grpo, at(plan, 0.3))
+    assert time_of(grpo, at(plan, 0.7)) == t and time_of(grpo, at(plan, 0.8)) == math.inf
+    assert widest_share(grpo, at(plan, 0.3), t)["actor_gen"].strategy.memory_fraction == 0.7
+    assert plan["actor_gen"].strategy.memory_fraction is None and widest_share(grpo, plan, t) == plan
+
+
+def test_an_engines_search_starts_from_the_leanest_plan_where_the_first_does_not_fit():
+    """verl's default plan of ppo-7b-7b-16gpu-long with its rollout offered in tp 2 at 0.7 of each
+    GPU's memory first (fits alone, but beside the trainer's state the plan does not: the test
+    above), then in tp 4 at 0.3: the search starts from each call's leanest option, the second,
+    which fits; the first plan is the next start. (They are different layouts: neither stands in
+    for the other where the space prunes.)"""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.engines import priced_as
+    from realbench.plan import load_scenario
+    from realbench.plan.mesh import Strategy
+    from realbench.search.space import SearchSpace
+
+    long = priced_as(load_scenario("ppo-7b-7b-16gpu-long"), "verl")
+    plan = verl.default_plan(long)
+    g = plan["actor_gen"]
+    assert (g.strategy.dp, g.strategy.tp) == (8, 2)
+    rollouts = [Option(g.mesh, replace(g.strategy, memory_fraction=0.7)),
+                Option(g.mesh, Strategy(4, 4, 1, 1, memory_fraction=0.3))]
+    est = Estimator(long, only={**{n: [o] for n, o in plan.items()}, "actor_gen": rollouts})
+    space = SearchSpace(est)
+    gen = est.call_names.index("actor_gen")
+    assert list(space.candidates[gen]) == [0, 1]  # (each fits alone)
+    starts = space.plain_starts()
+    assert [est.options_of(c)["actor_gen"] for c in starts] == rollouts[::-1]
+    assert est.evaluate(starts[0])[1] <= est.capacity < est.evaluate(starts[1])[1]
 
 
 def test_a_critic_budget_verls_trainer_does_not_read_is_priced_as_verl_runs_and_said(cli, job):
@@ -468,7 +567,7 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
     _, plan, scenario = imported(cli, job, "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512")
     layout = {"mesh": "n0-1", "dp": 4, "tp": 2, "pp": 2}
     assert plan["calls"] == {
-        "actor_gen": {"mesh": "n0-1", "dp": 8, "tp": 2, "pp": 1, "micro_batches": 1},
+        "actor_gen": {"mesh": "n0-1", "dp": 8, "tp": 2, "pp": 1, "micro_batches": 1, "memory_fraction": 0.5},
         "actor_train": {**layout, "micro_batches": 2, "activation_checkpointing": True, "virtual_stages": 2, "zero": 1},
         "ref_inf": {**layout, "micro_batches": 4},
         "reward_inf": {"mesh": "n0-1", "dp": 16, "tp": 1, "pp": 1, "micro_batches": 1},
@@ -1977,7 +2076,7 @@ def test_verls_one_step_off_entry_reads_as_generation_a_step_ahead_on_its_own_gp
     assert (scenario["dataflow"]["max_staleness"], plan["max_staleness"]) == (1, 1)
     assert scenario["training"]["old_logprobs"] == "rollout" and scenario["dataflow"]["memory_fraction"] == 0.6
     calls = plan["calls"]
-    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 1}
+    assert calls["actor_gen"] == {"mesh": "n0:4-7", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 1, "memory_fraction": 0.6}
     assert calls["reward_inf"]["mesh"] == "n0:4-7"
     assert {calls[c]["mesh"] for c in ("actor_train", "ref_inf")} == {"n0:0-3"}
     assert (calls["actor_train"]["dp"], calls["actor_train"]["micro_batches"]) == (4, 2)

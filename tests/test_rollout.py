@@ -509,6 +509,56 @@ def test_a_serving_engines_cache_at_its_memory_fraction_bounds_its_slots_by_hand
     assert strategy_problem(call, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 2, 2, 1))[0] == "pp"
 
 
+def test_a_plans_memory_share_is_its_servers_over_the_scenarios_by_hand():
+    """The share a plan gives its generation's server (Strategy.memory_fraction, the plan key
+    memory_fraction) replaces the scenario's: the job of the test above, whose scenario says 0.485
+    (64 slots), planned at 0.9 holds 131 sequences and the plan's usable memory; on a scenario that
+    names no share the plan's 0.485 makes it the served call of 64 slots. A share is a generation's,
+    served without a pipeline, and realbench's runtime does not run it."""
+    from realbench.cost.calls import call_cost, serving_cache_problem, serving_slots
+    from realbench.errors import ConfigError
+    from realbench.plan import load_scenario
+    from realbench.plan.mesh import Mesh, Option, Strategy
+    from realbench.plan.options import strategy_problem
+    from realbench.plan.plan import plan_from_options, refuse_unrunnable, resolve_plan
+
+    s = load_scenario("ppo-7b-7b-16gpu")
+    model, cluster = s.models["actor"], s.cluster
+    mesh = Mesh(0, 1, 0, 2)
+    call = _gen(seqs=512, prompt=1024, gen=1024).model_copy(update={"memory_fraction": 0.485})
+    wide = Option(mesh, Strategy(1, 2, 1, 1, memory_fraction=0.9))
+    assert serving_slots(call, model, cluster, wide) == 131
+    assert call_cost(call, model, cluster, wide) == call_cost(call.model_copy(update={"memory_fraction": 0.9}), model,
+                                                              cluster, Option(mesh, Strategy(1, 2, 1, 1)))
+    cost = call_cost(call, model, cluster, wide)
+    assert cost.weights_bytes + cost.working_bytes == pytest.approx(cluster.usable_memory_bytes, abs=1)
+    plain = call.model_copy(update={"memory_fraction": None})
+    served = Option(mesh, Strategy(1, 2, 1, 1, memory_fraction=0.485))
+    assert serving_slots(plain, model, cluster, served) == 64
+    assert serving_slots(plain, model, cluster, Option(mesh, Strategy(1, 2, 1, 1))) == 512
+    assert call_cost(plain, model, cluster, served).compute_s == call_cost(call, model, cluster,
+                                                                           Option(mesh, Strategy(1, 2, 1, 1))).compute_s
+    # 0.085 of the GPU holds no sequence (the test above), whatever the scenario's share
+    assert "fewer than one sequence" in serving_cache_problem(call, model, cluster,
+                                                              Strategy(1, 2, 1, 1, memory_fraction=0.085))
+    assert strategy_problem(call, model, cluster, mesh, Strategy(1, 2, 1, 1, memory_fraction=0.9)) is None
+    assert strategy_problem(plain, model, cluster, Mesh(0, 1, 0, 4), Strategy(1, 2, 2, 1, memory_fraction=0.9))[0] == "pp"
+    scoring = s.dataflow.call("ref_inf")
+    why = strategy_problem(scoring, s.model_of(scoring), cluster, Mesh(0, 1, 0, 8), Strategy(8, 1, 1, 1, memory_fraction=0.5))
+    assert why == ("memory_fraction", "a share of each GPU's memory is a serving engine's: a generation's")
+    assert wide.label(8) == "n0:0-1/dp1tp2pp1m1f0.9"
+    # the plan file keeps it (calls.<generation>.memory_fraction), and realbench's runtime refuses it by name
+    options = {n: Option(Mesh(0, 2, 0, 8), Strategy(16, 1, 1, 1)) for n in s.dataflow.call_names}
+    gen = s.dataflow.call("actor_gen")
+    options["actor_gen"] = Option(Mesh(0, 2, 0, 8), Strategy(8, 2, 1, 1, memory_fraction=0.7))
+    plan = plan_from_options(s, options)
+    assert plan.calls["actor_gen"].memory_fraction == 0.7 and plan.calls["actor_train"].memory_fraction is None
+    assert resolve_plan(plan, s)["actor_gen"].strategy.memory_fraction == 0.7 and gen.memory_fraction is None
+    with pytest.raises(ConfigError) as e:
+        refuse_unrunnable(s, resolve_plan(plan, s))
+    assert e.value.field == "calls.actor_gen.memory_fraction"
+
+
 def test_a_profiled_rollout_decodes_in_the_slots_its_servers_cache_holds():
     """Priced from a profile, a server whose cache holds half its 8 slots' sequences (the share
     that leaves exactly 4 x 16 tokens, and a half) decodes as 2 batches of 4 do; without the

@@ -61,8 +61,9 @@ the output gradient and the inputs, writes the input gradients), as it does twic
     replica's rows through ceil(rows / m) decode slots; the decode steps are the expected
     makespan of the rows' lengths over the slots (realbench.dataflow.lengths.continuous_makespan),
     each step computing every slot; the KV cache holds every slot at the full width. An engine's
-    serving engine (`memory_fraction`) decodes in at most as many slots as its paged cache holds
-    at the mean resident length (`serving_slots`), and holds its fraction of the device whole.
+    serving engine (`memory_fraction`: the plan's, Strategy.memory_fraction, over the scenario's)
+    decodes in at most as many slots as its paged cache holds at the mean resident length
+    (`serving_slots`), and holds its fraction of the device whole.
   * generate on a pipeline: prefill of the prompt like inference, then gen_len decode steps. A decode step
     reads the stage's weights and the KV cache of its micro-batch for every micro-batch, so at
     small batch it is bound by memory bandwidth. With m micro-batches and pp stages a token
@@ -93,7 +94,7 @@ from realbench.dataflow import CallDef, CallKind
 from realbench.hardware import ClusterSpec
 from realbench.models import FunctionSpec, ModelSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
-from realbench.plan.options import decode_slots
+from realbench.plan.options import decode_slots, served_call
 from realbench.plan.pipeline import activations_in_flight
 
 BF16 = 2
@@ -416,7 +417,8 @@ def serving_cache_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec,
     given, else the call's seq_len (vLLM: "To serve at least one request with the model's max seq
     len", vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory; SGLang: "Not enough memory",
     profile_max_num_token). Such a call holds more memory than any device (its working set is
-    infinite): no plan fits with it."""
+    infinite): no plan fits with it. The share is the strategy's where it names one (served_call)."""
+    call = served_call(call, s)
     if call.kind != CallKind.GENERATE or call.memory_fraction is None:
         return None
     tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)))
@@ -438,6 +440,7 @@ def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option:
     continuous_schedule's `age`, lengths.occupancy_moments); responses of one length grow together to the full width. The
     preemptions' recomputation is not priced (documents.serving_gap)."""
     slots = decode_slots(call, option)
+    call = served_call(call, option.strategy)
     if call.memory_fraction is None:
         return slots
     from realbench.dataflow.lengths import occupancy_moments, slot_occupancy
@@ -460,6 +463,7 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     from realbench.dataflow.lengths import continuous_schedule
 
     s = option.strategy
+    call = served_call(call, s)
     tp, layers, P = s.tp, model.n_layers, call.prompt_len
     slots = serving_slots(call, model, cluster, option)
     plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / s.dp, slots,

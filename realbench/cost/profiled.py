@@ -42,6 +42,7 @@ from realbench.hardware.profile import Profile
 from realbench.models import ModelSpec, stage_layers
 from realbench.plan.mesh import Mesh, Option, Strategy
 from realbench.cost.calls import behaviour_forwards, serving_slots
+from realbench.plan.options import served_call
 
 TENSORS_PER_BLOCK = 9  # two norms, q, k, v, o, gate, up, down
 
@@ -181,7 +182,7 @@ def _composed(call: CallDef, model: ModelSpec, option: Option, profile: Profile,
             if pp == 1:  # continuous batching (realbench.cost.calls._continuous_generate)
                 from realbench.dataflow.lengths import continuous_schedule
 
-                if call.memory_fraction is not None and cluster is None:
+                if served_call(call, option.strategy).memory_fraction is not None and cluster is None:
                     raise ValueError(f"call {call.name!r}: a serving engine's decode slots need the cluster's memory")
                 plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / dp,
                                            serving_slots(call, model, cluster, option),

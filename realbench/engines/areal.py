@@ -91,13 +91,13 @@ from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
 from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, served_context, serving_gap,
                                          whole_alpha, whole_row_budget)
-from realbench.engines.listing import PlanTable, group_sizes
+from realbench.engines.listing import PlanTable, group_sizes, served_shares, the_jobs_share
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _ceil, _nest, _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import divisors, sequence_parallel_problem
+from realbench.plan.options import divisors, sequence_parallel_problem, served_call
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -659,7 +659,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         raise ConfigError(f"{gen.micro_batches} batches do not split a server's share of {rows} samples evenly",
                           "calls.actor_gen.micro_batches")
     out[SERVER_SLOTS[server]] = rows // gen.dp // gen.micro_batches
-    out[SERVER_MEMORY[server]] = g.memory_fraction or MEMORY_FRACTION
+    out[SERVER_MEMORY[server]] = served_call(g, gen).memory_fraction or MEMORY_FRACTION
     out["rollout.max_concurrent_rollouts"] = prompts
     if "ref_inf" in options:
         beta = scenario.training.beta_for(scenario.algorithm)
@@ -777,7 +777,8 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     """Every plan AReaL can run of a scenario on its whole cluster: the rollout's GPUs (the rest
     the actor's, the reference and critic colocated with it) x the trainer's backend and layout
     (`${actor.backend}` for the colocated roles, as AReaL's examples) x checkpointing x micro-batch
-    counts x the servers' tensor parallel size and concurrent sequences; as per call the options
+    counts x the servers' tensor parallel size, concurrent sequences and share of each GPU's memory
+    (listing.served_shares); as per call the options
     used and per plan a row of their indices (in the order of the dict)."""
     problem = space_problem_of_scenario(scenario)
     if problem:
@@ -811,7 +812,10 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             if rows % d:
                 continue
             share = rows // d
-            gens += [Option(V, Strategy(d, t, 1, m)) for m in divisors(share) if m == 1 or m & (m - 1) == 0]
+            # (each server at the least share of each GPU's memory that gives it each count of slots:
+            # listing.served_shares)
+            gens += [shared for m in divisors(share) if m == 1 or m & (m - 1) == 0
+                     for shared in served_shares(scenario, Option(V, Strategy(d, t, 1, m)))]
         if not gens:
             continue
         scorer = intern("reward_inf", Option(V, Strategy(V.size, 1, 1)))
@@ -920,7 +924,7 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     settings_ = resolve(given)
     _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", lengths=train.lengths)
     # (checked as AReaL runs the job, its rows packed: the plan's token budgets are its packer's)
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(True))
+    return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(True)))
 
 
 def job_of(scenario: Scenario) -> Scenario:

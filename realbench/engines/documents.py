@@ -30,7 +30,8 @@ def job_documents(engine: str, name: str, description: str, origin: str, *, algo
     the rows of its scoring and training calls without padding (but `padded_models`' calls, which keep
     theirs); `logits` how it computes calls' log-probabilities where not as realbench prices by default
 (training.logits, by call); `memory_fraction` the share of each GPU's memory its rollout's serving engine takes, `max_model_len` the
-context its vLLM server must hold one request of to start (None: a sequence's); `rollout_server` its rollout's
+context its vLLM server must hold one request of to start (None: a sequence's), written to the scenario and, the
+    plan's choice, to the plan's generation; `rollout_server` its rollout's
     serving engine (vllm, sglang), written back as read. `calls`: each call's mesh label and strategy, the
     strategy's defaults (no checkpointing, one virtual stage, no sharding, no offload) left out as a plan file
     leaves them out, and no sharding over a single replica."""
@@ -55,6 +56,7 @@ context its vLLM server must hold one request of to start (None: a sequence's); 
         dataflow["max_staleness"] = max_staleness
     if memory_fraction is not None:
         dataflow["memory_fraction"] = memory_fraction
+        calls["actor_gen"]["memory_fraction"] = memory_fraction  # (the plan's choice, searched: Strategy.memory_fraction)
     if max_model_len is not None and max_model_len != prompt_len + gen_len:  # (a sequence's: the default)
         dataflow["max_model_len"] = max_model_len
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,

@@ -86,12 +86,12 @@ from typing import Any, Iterator, Optional
 from realbench.engines import listing
 from realbench.engines.documents import (job_documents, lora_problem, packs, refuse_beyond_positions, refuse_offload,
                                          serving_gap, whole_alpha)
-from realbench.engines.listing import PlanTable, group_sizes
+from realbench.engines.listing import PlanTable, group_sizes, served_shares, the_jobs_share
 from realbench.engines.verl import _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors
+from realbench.plan.options import divisors, served_call
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -766,7 +766,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 "ref.num_nodes": shape(R)[0], "ref.num_gpus_per_node": shape(R)[1],
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
-                MEMORY: df.call("actor_gen").memory_fraction or MEMORY_FRACTION, "ds.zero_stage": zero,
+                MEMORY: served_call(df.call("actor_gen"), gen).memory_fraction or MEMORY_FRACTION, "ds.zero_stage": zero,
                 "ds.tensor_parallel_size": T, RING: ring, SLEEP: sleep,
                 ADAM_OFFLOAD: host_adam,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
@@ -949,7 +949,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     """Every plan OpenRLHF can run of a scenario on its whole cluster (placements x DeepSpeed's
     tensor parallel size, ZeRO stage, checkpointing and the optimizer's states (on the GPUs, asleep
     between updates, or on the host with CPU Adam) x micro-batch and chunk sizes x vLLM's
-    tensor parallel size), as per call the options used and per plan a row of their indices (in
+    tensor parallel size and share of each GPU's memory, listing.served_shares), as per call the options used and per plan a row of their indices (in
     the order of the dict). Each block of plans that share a placement, tp and batch sizes is
     checked by the rules that write it (`_settings`); the stages and switches varied inside a
     block change none of those rules."""
@@ -990,8 +990,11 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                 continue
             micros = [m for m in divisors(batch // widest) if is_pow2(m) or m == batch // widest]
             chunks = [k for k in divisors(rows // widest) if is_pow2(k) or k == rows // widest]
-            gens = [Option(V, Strategy(V.size // t, t, 1, _rounds(rows // (V.size // t), VLLM_MAX_NUM_SEQS)))
-                    for t in rollout_tps if V.size % t == 0 and rows % (V.size // t) == 0]
+            # (each vLLM engine at the least share of each GPU's memory that gives it each count of slots:
+            # listing.served_shares)
+            gens = [shared for t in rollout_tps if V.size % t == 0 and rows % (V.size // t) == 0
+                    for shared in served_shares(scenario, Option(V, Strategy(
+                        V.size // t, t, 1, _rounds(rows // (V.size // t), VLLM_MAX_NUM_SEQS))))]
             if not gens:
                 continue
             trained = [n for n in ("actor_train", "critic_train") if n in groups]
@@ -1098,4 +1101,4 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     settings_ = vars(ns)
     _, plan = to_plan("deepspeed", settings_, _changed(settings_), scenario.name,
                       "h100", gpus_per_node=G)
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario)
+    return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario))

@@ -150,11 +150,12 @@ from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
 from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, served_context,
                                          serving_gap, whole_alpha, whole_row_budget)
+from realbench.engines.listing import served_shares, the_jobs_share
 from realbench.engines.verl_packer import mean_count
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors, straddles_nodes
+from realbench.plan.options import divisors, served_call, straddles_nodes
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -1176,7 +1177,7 @@ def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optio
     than the generation realbench prices there (BUCKET), or None: the sync's buffer (the scenario's
     carried BUCKET, or verl's default) and the largest tensor gathered (6 bytes a parameter) must
     fit in the KV cache's part of the rollout's share of each GPU, which the sync runs without."""
-    gen = scenario.dataflow.call("actor_gen")
+    gen = served_call(scenario.dataflow.call("actor_gen"), options["actor_gen"].strategy)
     if scenario.dataflow.max_staleness or gen.memory_fraction is None:
         return None  # (the one-step-off entry sends over NCCL to a pool of its own)
     model, c = scenario.model_of(gen), scenario.cluster
@@ -1440,7 +1441,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
-        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches), MEMORY: g.memory_fraction or MEMORY_FRACTION,
+        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches), MEMORY: served_call(g, gen).memory_fraction or MEMORY_FRACTION,
         # (the least verl runs the plan with: a sequence, where the checkpoint's positions could ask
         # more of the KV cache than the plan was priced with)
         MAX_MODEL_LEN: g.max_model_len or g.seq_len,
@@ -1675,8 +1676,11 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
         return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role, mesh)
                 for m in divisors(rows // (size // t)) if rows % (size // t) == 0 for merge in (False, True)]
 
-    common = {"actor_gen": [o for o in valid("actor_gen", served("actor", rollout or W))  # (its sync's buffer fits)
-                            if sync_buffer_problem(scenario, {"actor_gen": o}) is None]}
+    # (each rollout at the least share of each GPU's memory that gives it each count of slots, where
+    # its sync's buffer fits: listing.served_shares)
+    common = {"actor_gen": [shared for o in valid("actor_gen", served("actor", rollout or W))
+                            for shared in served_shares(scenario, o, lambda o: sync_buffer_problem(
+                                scenario, {"actor_gen": o}) is None)]}
     if isinstance(scenario.models["reward"], FunctionSpec):
         scorer = _function_mesh(rows, rollout or W)
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
@@ -1840,4 +1844,4 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     _, plan = to_plan("dp", resolve("dp", given, one_step_off), set(), scenario.name, "h100",
                       lengths=train.lengths, gpus_per_node=c.gpus_per_node if one_step_off else None)
     priced = scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
-    return resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced)
+    return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced))

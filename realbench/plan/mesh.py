@@ -185,6 +185,11 @@ class Strategy:
     # groups (FSDP's hybrid sharding, HYBRID_SHARD or HSDP; verl's fsdp_size); 0: over all dp x sp
     # devices. An engine's, which realbench's runtime does not run
     shard_group: int = 0
+    # generation by an engine's serving engine: the share of each GPU's memory it takes (vLLM's
+    # gpu_memory_utilization, SGLang's mem_fraction_static), which bounds its KV cache and so its
+    # decode slots (realbench.cost.calls.serving_slots); None: the scenario's
+    # (dataflow.memory_fraction). A plan's choice, searched inside the engines
+    memory_fraction: Optional[float] = None
 
     @property
     def size(self) -> int:
@@ -207,7 +212,8 @@ class Strategy:
                 + ("off" if self.offload_params else "") + ("optoff" if self.offload_optimizer else "")
                 + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
                 + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, ""))
-                + (f"h{self.shard_group}" if self.shard_group else ""))
+                + (f"h{self.shard_group}" if self.shard_group else "")
+                + (f"f{self.memory_fraction:g}" if self.memory_fraction is not None else ""))
 
 
 @dataclass(frozen=True, slots=True)

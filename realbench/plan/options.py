@@ -53,6 +53,25 @@ def decode_slots(call: CallDef, option: Option) -> int:
     return max(1, math.ceil(call.seqs / s.dp / s.micro_batches))
 
 
+@lru_cache(maxsize=1024)
+def served_call(call: CallDef, s: Strategy) -> CallDef:
+    """The call as the strategy serves it: a plan's share of each GPU's memory for its serving
+    engine (Strategy.memory_fraction) over the scenario's (CallDef.memory_fraction); on a scenario
+    that names none, the plan's share makes the generation a serving engine's."""
+    if s.memory_fraction is None or call.kind != CallKind.GENERATE or s.memory_fraction == call.memory_fraction:
+        return call
+    return call.model_copy(update={"memory_fraction": s.memory_fraction})
+
+
+def memory_fraction_problem(call: CallDef, s: Strategy) -> Optional[str]:
+    """Why this call cannot take the strategy's share of each GPU's memory, or None."""
+    if call.kind != CallKind.GENERATE:
+        return "a share of each GPU's memory is a serving engine's: a generation's"
+    if not 0 < s.memory_fraction <= 1:
+        return f"memory_fraction {s.memory_fraction:g} is not a share of a GPU's memory in (0, 1]"
+    return None
+
+
 def micro_batch_counts(per_replica: int, pp: int) -> list[int]:
     """The micro-batch counts the search offers a replica of `per_replica` rows (or examples) on
     a pipeline of depth pp: the powers of two up to SEARCHED_MICRO_BATCHES (what the memory of
@@ -100,8 +119,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"{named} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group) != (
-                    1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0):
+                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group, s.memory_fraction) != (
+                    1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0, None):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -147,6 +166,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = max_tokens_problem(call, s)
         if problem:
             return "max_tokens", problem
+    if s.memory_fraction is not None:
+        problem = memory_fraction_problem(call, s)
+        if problem:
+            return "memory_fraction", problem
     if s.merge_lora:
         problem = merge_problem(call, model)
         if problem:
@@ -174,7 +197,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                                  f"dp*micro_batches = {s.dp}*{s.micro_batches} pieces{whole}")
     # an engine's serving engine (whether its share of the GPU holds a whole sequence is the cost
     # model's: realbench.cost.calls.serving_cache_problem)
-    if call.kind == CallKind.GENERATE and call.memory_fraction is not None and s.pp > 1:
+    if call.kind == CallKind.GENERATE and served_call(call, s).memory_fraction is not None and s.pp > 1:
         return "pp", "realbench prices an engine's rollout server without pipeline parallelism (pp 1)"
     return None
 

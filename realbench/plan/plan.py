@@ -18,6 +18,8 @@
       #   dp x sp devices; verl's; priced, not run here); with ring: allgather, under any zero, ring
       #   attention over the sp devices instead (OpenRLHF's), with ring: p2p, beside tp and pp under
       #   zero 0 or 1, Megatron's context parallelism (verl's and AReaL's; priced, not run here)
+      # on a generation by an engine's serving engine: memory_fraction: 0.7 (the share of each GPU's
+      #   memory the server takes, over the scenario's dataflow.memory_fraction; priced, not run here)
       # on inference and train calls under zero 2 or 3: shard_group: 8 (the state sharded within
       #   groups of 8 devices, replicated across them: FSDP's hybrid sharding, verl's fsdp_size;
       #   priced, not run here)
@@ -86,6 +88,10 @@ class Placement(FileModel):
     # consecutive devices of its dp x sp, each group a replica, the gradient shards all-reduced
     # across them (FSDP's hybrid sharding; verl's fsdp_size); absent: over all dp x sp devices
     shard_group: Optional[int] = Field(default=None, ge=1)
+    # generation by an engine's serving engine (a scenario with dataflow.memory_fraction, or an
+    # engine's plan): the share of each GPU's memory the server takes, over the scenario's
+    # (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static); absent: the scenario's
+    memory_fraction: Optional[float] = Field(default=None, gt=0, le=1)
 
 
 class Origin(FileModel):
@@ -135,7 +141,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 host_adam=True if o.strategy.host_adam else None,
                                 max_tokens=o.strategy.max_tokens, sp=o.strategy.sp if o.strategy.sp > 1 else None,
                                 ring=o.strategy.ring or None, shard_group=o.strategy.shard_group or None,
-                                slots=decode_slots(call, o) if continuous else None)
+                                slots=decode_slots(call, o) if continuous else None,
+                                memory_fraction=o.strategy.memory_fraction)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
 
@@ -167,7 +174,8 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
         option = Option(mesh, Strategy(p.dp, p.tp, p.pp, micro_batches, bool(p.activation_checkpointing),
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
-                                        p.max_tokens, p.sp or 1, _ring_of(p), p.shard_group or 0))
+                                        p.max_tokens, p.sp or 1, _ring_of(p), p.shard_group or 0,
+                                        p.memory_fraction))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
@@ -273,6 +281,10 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
             raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
                               "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
                               "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")
+        if o.strategy.memory_fraction is not None:
+            raise ConfigError("realbench's runtime preallocates its rollout's KV cache for its decode slots; a serving "
+                              "engine's share of each GPU's memory is priced for the engines that run one (verl, "
+                              "OpenRLHF, AReaL)", f"calls.{name}.memory_fraction")
         for field in ("offload_params", "offload_optimizer", "host_adam"):
             if getattr(o.strategy, field):
                 raise ConfigError("realbench's runtime keeps a model's weights and optimizer states on its devices and "

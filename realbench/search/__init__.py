@@ -95,7 +95,7 @@ def run_search(est: Estimator, method: str, time_budget: float, seed: int = 0,
         on_event = StudyRecorder(study, space, method, then=on_event, seed=seed, worker=worker)
     tracker = Tracker(method, time_budget, max_evaluations, on_event, stop)
     starts = [space.start_plan(c) for t, c in sorted((t, c) for c, t in baselines.values())]
-    starts = starts or [space.start_plan([int(c[0]) for c in space.candidates])]
+    starts = starts or space.plain_starts()
     start = starts[0]
     complete, pareto = None, []
     try:

@@ -121,6 +121,18 @@ class SearchSpace:
     def start_plan(self, choice) -> np.ndarray:
         return np.array([self.dominating(i, int(k)) for i, k in enumerate(choice)], dtype=np.int64)
 
+    def plain_starts(self) -> list[np.ndarray]:
+        """Where a search of a space without baseline plans (an engine's) starts: every call's first
+        candidate or, where that plan does not fit in memory, every call's leanest (least working
+        memory): a chain started from a plan that does not fit may find none that does in a group's
+        short share of the budget."""
+        est = self.est
+        first = self.start_plan([int(c[0]) for c in self.candidates])
+        if est.evaluate(first)[1] <= est.capacity:
+            return [first]
+        leanest = [int(c[np.argmin(est.working[i][c])]) for i, c in enumerate(self.candidates)]
+        return [self.start_plan(leanest), first]
+
     # -- numeric samplers' view --------------------------------------------------------------------------
     def mesh_ids(self, call: int, k: np.ndarray) -> np.ndarray:
         """Per option index: a number options share exactly when they run on the same mesh."""
