@@ -37,9 +37,34 @@ def seeded(session_cache, processes=2):
     return path
 
 
-def test_a_cpu_scenario_is_costed_with_this_machines_profile_measured_once(cli, own_cache):
+def _measuring(monkeypatch, result) -> list:
+    """The profiler replaced by one that records its requests and returns `result` (the session's
+    real measurements: what the cache does with a measurement is tested here, the measuring itself
+    by the session's profile and the refresh below). Returns the requests."""
+    measured = []
+
+    def profile_machine(request, on_progress=None):
+        measured.append(request)
+        return result
+    monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
+    return measured
+
+
+def _sessions_profile(machine_profile_cache):
+    """The session's profile for 2 processes, read as the cache reads it, and the test's own cache
+    left empty again."""
+    path = seeded(machine_profile_cache)
+    real = machine_profile(2, [get_model("llama-tiny")])
+    path.unlink()
+    return real
+
+
+def test_a_cpu_scenario_is_costed_with_this_machines_profile_measured_once(cli, own_cache, machine_profile_cache,
+                                                                           monkeypatch):
+    measured = _measuring(monkeypatch, _sessions_profile(machine_profile_cache))
     code, out, err = cli(*ESTIMATE)
     assert code == 0, err
+    assert len(measured) == 1 and measured[0].nproc == 2  # (the quick request, for the scenario's shapes)
     [path] = cached_files(own_cache)
     assert path == cache_path(*machine_identity(2))
     identity, torch_version = machine_identity(2)
@@ -63,7 +88,7 @@ def test_a_cpu_scenario_is_costed_with_this_machines_profile_measured_once(cli, 
     # a GPU scenario keeps the presets and measures nothing
     code, out, err = cli("estimate", "--scenario", "sft-7b-8gpu", "--baseline", "symmetric", "--json")
     assert code == 0 and err == "" and set(json.loads(out)["cost_source"].values()) == {"analytic"}
-    assert cached_files(own_cache) == [path]
+    assert cached_files(own_cache) == [path] and len(measured) == 1
 
 
 @pytest.mark.parametrize("field,value,said", [
@@ -84,12 +109,7 @@ def test_a_cached_profile_of_another_machine_is_refused_and_measured_again(own_c
     else:
         doc["device"][field] = value
     path.write_text(json.dumps(doc))
-    measured = []
-
-    def profile_machine(request, on_progress=None):  # the measurement, counted (its result: the real one)
-        measured.append(request)
-        return real
-    monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
+    measured = _measuring(monkeypatch, real)
     notes = []
     again = machine_profile(2, [get_model("llama-tiny")], note=notes.append)
     assert len(measured) == 1 and measured[0].nproc == 2
@@ -116,18 +136,26 @@ def test_realbench_profile_without_out_refreshes_the_cached_profile(cli, own_cac
     assert json.loads(path.read_text()) == after
 
 
-def test_a_model_shape_the_cached_profile_lacks_is_measured_and_added(own_cache, machine_profile_cache):
+def test_a_model_shape_the_cached_profile_lacks_is_measured_and_added(own_cache, machine_profile_cache,
+                                                                       monkeypatch):
     tiny = get_model("llama-tiny")
     seeded(machine_profile_cache)
+    real = machine_profile(2, [tiny])
     other = tiny.model_copy(update={"name": "wider", "hidden": 96, "n_heads": 4, "n_kv_heads": 2, "ffn": 256})
+    # (its measurements: the tiny model's, under the wider shape)
+    [entry] = [m for m in real.models.values() if m.matches(tiny)]
+    widened = entry.model_copy(update={"hidden": 96, "n_heads": 4, "n_kv_heads": 2, "ffn": 256})
+    measured = _measuring(monkeypatch, real.model_copy(update={"models": {"wider": widened}, "collectives": {}}))
     notes = []
     profile = machine_profile(2, [tiny, other], note=notes.append)
     assert len(notes) == 1 and "has no measurements of h96-a4-kv2-f256-v128: measuring them (once)" in notes[0]
+    # the missing shape alone, without the collectives the cache has
+    assert len(measured) == 1 and not measured[0].collectives and [s.hidden for _, s in measured[0].specs()] == [96]
     assert profile.model_for(other) is not None and profile.model_for(tiny) is not None
     assert profile.collectives  # kept from the first measurement
     notes.clear()
     machine_profile(2, [other], note=notes.append)
-    assert notes == []
+    assert notes == [] and len(measured) == 1
 
 
 def test_the_profile_a_local_run_uses_is_this_machines_for_its_process_count(own_cache, machine_profile_cache):
@@ -171,13 +199,7 @@ def _an_older_cached_profile(machine_profile_cache, monkeypatch, edit):
     doc = json.loads(path.read_text())
     edit(doc)
     path.write_text(json.dumps(doc))
-    measured = []
-
-    def profile_machine(request, on_progress=None):
-        measured.append(request)
-        return real
-    monkeypatch.setattr("realbench.runtime.profiler.profile_machine", profile_machine)
-    return doc, real, measured
+    return doc, real, _measuring(monkeypatch, real)
 
 
 def test_a_cached_profile_without_whole_calls_gets_them_measured_once(own_cache, machine_profile_cache, monkeypatch):

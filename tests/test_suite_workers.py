@@ -43,15 +43,98 @@ def test_after(i):
 }
 
 
-def test_an_alone_test_runs_while_no_other_does_and_the_others_run_two_at_a_time(tmp_path):
-    for name, text in SUITE.items():
+# tests that start processes, by subprocess in one file and by multiprocessing in the other (the
+# workers take a file each), beside ones that start none: the first subprocess test, holding the
+# lock, waits for one of those to run on the other worker; one test starts a process unlocked, then
+# one locked
+PROCESS_SUITE = {
+    "conftest.py": "pytest_plugins = ('workers',)\n",
+    "test_subprocesses.py": """
+import json, os, subprocess, sys, time, pytest
+
+def spent(name, start):
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(json.dumps([name, start, time.time()]) + "\\n")
+
+def record(name, seconds):  # (run by the processes: their own spans)
+    start = time.time()
+    time.sleep(seconds)
+    spent(name, start)
+
+@pytest.mark.parametrize("i", range(3))
+def test_a_subprocess(i):
+    subprocess.run([sys.executable, "-c", f"from test_subprocesses import record; record('subprocess{i}', 0.6)"],
+                   check=True)
+    if i == 0:  # (holding the lock: a test that starts no process runs meanwhile on the other worker)
+        marker, start = os.environ["SPANS"] + ".plain", time.time()
+        while not os.path.exists(marker) and time.time() - start < 60:
+            time.sleep(0.05)
+        assert os.path.exists(marker)
+
+@pytest.mark.parametrize("i", range(4))
+def test_plain(i):
+    start = time.time()
+    time.sleep(0.4)
+    spent(f"plain{i}", start)
+""",
+    "test_processes.py": """
+import multiprocessing, os, subprocess, sys, time, pytest
+from test_subprocesses import record, spent
+from workers import processes_lock, unlocked
+
+def test_plain_first():
+    open(os.environ["SPANS"] + ".plain", "w").close()
+
+@pytest.mark.parametrize("i", range(3))
+def test_a_multiprocessing_process(i):
+    p = multiprocessing.get_context("spawn").Process(target=record, args=(f"process{i}", 0.6))
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+
+def test_unlocked():
+    start = time.time()
+    with unlocked():  # (no lock taken)
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert processes_lock.held is None
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert processes_lock.held is not None  # (kept to the test's end)
+    spent("unlocked", start)
+
+@pytest.mark.parametrize("i", range(4))
+def test_plain_too(i):
+    start = time.time()
+    time.sleep(0.4)
+    spent(f"plain_too{i}", start)
+""",
+}
+
+
+def run_suite(tmp_path, suite: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Run `suite` (file name -> text) under `pytest -n 2 --dist loadfile`: each test's span."""
+    for name, text in suite.items():
         (tmp_path / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env.update(SPANS=str(tmp_path / "spans.jsonl"), PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path)]))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider",
                            str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    spans = {name: (start, end) for name, start, end in map(json.loads, (tmp_path / "spans.jsonl").read_text().splitlines())}
+    return {name: (start, end) for name, start, end in map(json.loads, (tmp_path / "spans.jsonl").read_text().splitlines())}
+
+
+def test_tests_that_start_processes_run_one_at_a_time_beside_the_others(tmp_path):
+    spans = run_suite(tmp_path, PROCESS_SUITE)
+    assert len(spans) == 15
+
+    def overlap(a, b):
+        return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+    by_subprocess, by_multiprocessing = [f"subprocess{i}" for i in range(3)], [f"process{i}" for i in range(3)]
+    assert not [(a, b) for a in by_subprocess for b in by_multiprocessing if overlap(a, b)]
+
+
+def test_an_alone_test_runs_while_no_other_does_and_the_others_run_two_at_a_time(tmp_path):
+    spans = run_suite(tmp_path, SUITE)
     assert len(spans) == 13
 
     def overlap(a, b):
