@@ -924,7 +924,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     settings_ = resolve(given)
     _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", lengths=train.lengths)
     # (checked as AReaL runs the job, its rows packed: the plan's token budgets are its packer's)
-    return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), scenario.with_padding_free(True)))
+    return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}),
+                                       scenario.with_padding_free(True)))
 
 
 def job_of(scenario: Scenario) -> Scenario:

@@ -56,7 +56,7 @@ context its vLLM server must hold one request of to start (None: a sequence's), 
         dataflow["max_staleness"] = max_staleness
     if memory_fraction is not None:
         dataflow["memory_fraction"] = memory_fraction
-        calls["actor_gen"]["memory_fraction"] = memory_fraction  # (the plan's choice, searched: Strategy.memory_fraction)
+        calls["actor_gen"]["memory_fraction"] = memory_fraction  # (the plan's choice: Strategy.memory_fraction)
     if max_model_len is not None and max_model_len != prompt_len + gen_len:  # (a sequence's: the default)
         dataflow["max_model_len"] = max_model_len
     scenario = {"schema": "realbench.scenario/1", "name": name, "algorithm": algorithm, "engine": engine,

@@ -69,8 +69,8 @@ SEARCHED_MEMORY_FRACTIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 def served_shares(scenario: Scenario, generation: Option, fits: Optional[Callable[[Option], bool]] = None
                   ) -> list[Option]:
     """`generation` at the shares of each GPU's memory a search offers its server
-    (SEARCHED_MEMORY_FRACTIONS and the scenario's own): for each count of sequences its KV cache lets it decode together
-    (cost.calls.serving_slots), the least share that gives it, where the server starts
+    (SEARCHED_MEMORY_FRACTIONS and the scenario's own): for each count of sequences its KV cache
+    lets it decode together (cost.calls.serving_slots), the least share that gives it, where the server starts
     (cost.calls.serving_cache_problem) and `fits` accepts it. A larger share with the same slots
     takes the same time and holds more memory; every count is offered, since fewer slots can be
     faster (the waves of a replica's rows over its slots)."""
@@ -80,15 +80,19 @@ def served_shares(scenario: Scenario, generation: Option, fits: Optional[Callabl
     model, cluster = scenario.model_of(call), scenario.cluster
     out: dict[int, Option] = {}
     for share in sorted({*SEARCHED_MEMORY_FRACTIONS, *([call.memory_fraction] if call.memory_fraction else [])}):
-        o = Option(generation.mesh, replace(generation.strategy, memory_fraction=share))
+        o = with_share(generation, share)
         if serving_cache_problem(call, model, cluster, o.strategy) is not None or (fits is not None and not fits(o)):
             continue
         out.setdefault(serving_slots(call, model, cluster, o), o)
     return list(out.values())
 
 
+def with_share(generation: Option, share: Optional[float]) -> Option:
+    """`generation` with its server taking `share` of each GPU's memory (None: the scenario's)."""
+    return Option(generation.mesh, replace(generation.strategy, memory_fraction=share))
+
+
 def the_jobs_share(options: dict[str, Option]) -> dict[str, Option]:
     """The plan with its generation's share of each GPU's memory left to the scenario: an engine's
     default or example configuration, whose share is the scenario's (engines.priced_as, as_example)."""
-    return {n: Option(o.mesh, replace(o.strategy, memory_fraction=None)) if o.strategy.memory_fraction is not None
-            else o for n, o in options.items()}
+    return {n: with_share(o, None) if o.strategy.memory_fraction is not None else o for n, o in options.items()}

@@ -766,7 +766,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                 "ref.num_nodes": shape(R)[0], "ref.num_gpus_per_node": shape(R)[1],
                 **({} if reference else {"algo.kl.init_coef": 0.0}),
                 "vllm.num_engines": gen.dp, "vllm.tensor_parallel_size": gen.tp,
-                MEMORY: served_call(df.call("actor_gen"), gen).memory_fraction or MEMORY_FRACTION, "ds.zero_stage": zero,
+                MEMORY: served_call(df.call("actor_gen"), gen).memory_fraction or MEMORY_FRACTION,
+                "ds.zero_stage": zero,
                 "ds.tensor_parallel_size": T, RING: ring, SLEEP: sleep,
                 ADAM_OFFLOAD: host_adam,
                 "actor.gradient_checkpointing_enable": actor.checkpointing})
@@ -949,10 +950,10 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     """Every plan OpenRLHF can run of a scenario on its whole cluster (placements x DeepSpeed's
     tensor parallel size, ZeRO stage, checkpointing and the optimizer's states (on the GPUs, asleep
     between updates, or on the host with CPU Adam) x micro-batch and chunk sizes x vLLM's
-    tensor parallel size and share of each GPU's memory, listing.served_shares), as per call the options used and per plan a row of their indices (in
-    the order of the dict). Each block of plans that share a placement, tp and batch sizes is
-    checked by the rules that write it (`_settings`); the stages and switches varied inside a
-    block change none of those rules."""
+    tensor parallel size and share of each GPU's memory, listing.served_shares), as per call the
+    options used and per plan a row of their indices (in the order of the dict). Each block of
+    plans that share a placement, tp and batch sizes is checked by the rules that write it
+    (`_settings`); the stages and switches varied inside a block change none of those rules."""
     problem = space_problem_of_scenario(scenario)
     if problem:
         raise ConfigError(problem[1], problem[0])

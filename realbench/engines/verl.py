@@ -1441,7 +1441,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
-        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches), MEMORY: served_call(g, gen).memory_fraction or MEMORY_FRACTION,
+        f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
+        MEMORY: served_call(g, gen).memory_fraction or MEMORY_FRACTION,
         # (the least verl runs the plan with: a sequence, where the checkpoint's positions could ask
         # more of the KV cache than the plan was priced with)
         MAX_MODEL_LEN: g.max_model_len or g.seq_len,

@@ -54,13 +54,13 @@ def widest_share(scenario: Scenario, options: dict[str, Option], time_s: float, 
     `time_s`: the search offers each count of slots at its least share (listing.served_shares),
     but a server given more memory holds more of its sequences' cache (fewer preemptions, which
     are not priced) at no cost the plan can see."""
-    from realbench.engines.listing import SEARCHED_MEMORY_FRACTIONS
+    from realbench.engines.listing import SEARCHED_MEMORY_FRACTIONS, with_share
 
     gen = options.get("actor_gen")
     if gen is None or gen.strategy.memory_fraction is None:
         return options
     for share in sorted((f for f in SEARCHED_MEMORY_FRACTIONS if f > gen.strategy.memory_fraction), reverse=True):
-        wider = {**options, "actor_gen": Option(gen.mesh, replace(gen.strategy, memory_fraction=share))}
+        wider = {**options, "actor_gen": with_share(gen, share)}
         est = Estimator(scenario, profile=profile, only={n: [o] for n, o in wider.items()})
         if plan_time(est, wider) <= time_s:
             return wider
