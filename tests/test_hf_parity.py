@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from realbench.errors import ConfigError
+from realbench.models.hf import spec_from_folder
 from realbench.runtime.checkpoint import load_hf_checkpoint
 from realbench.runtime.model import LlamaStage
 
@@ -137,16 +138,21 @@ def test_not_a_checkpoint_folder(tmp_path):
 
 
 @pytest.mark.parametrize("change,needle", [
+    # what realbench does not read at all
     ({"architectures": ["GPT2LMHeadModel"]}, "architecture 'GPT2LMHeadModel' is not supported"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope scaling type 'llama3'"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling type 'linear'"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
+     "rope type 'llama3' needs low_freq_factor"),
+    ({"rope_scaling": {"type": "su", "factor": 2.0}}, "rope type 'su' is not known"),
     ({"hidden_act": "gelu"}, "activation 'gelu'"),
-    ({"attention_bias": True}, "attention_bias: biases are not supported"),
-    ({"mlp_bias": True}, "mlp_bias: biases are not supported"),
-    ({"head_dim": 32}, "head_dim 32"),
-    ({"num_local_experts": 8}, "mixture of experts"),
-    ({"sliding_window": 4096}, "sliding_window: sliding-window attention .4096 tokens."),
+    ({"mlp_bias": True}, "mlp_bias: True: biases in the MLP are not priced"),
+    # another architecture's keys under LLaMA's name (transformers' Llama would ignore them)
+    ({"num_local_experts": 8}, "num_local_experts: 8: a mixture-of-experts key"),
+    ({"sliding_window": 4096}, "sliding_window: 4096: LLaMA attends to every earlier position"),
     ({"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "attention kind 'sliding_attention'"),
+    # priced, but not computed by the runtime: refused when its weights are loaded
+    ({"attention_bias": True}, "the runtime does not compute a bias on the attention output"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "not 'dynamic'"),
+    ({"partial_rotary_factor": 0.5}, "the runtime rotates whole heads"),
 ])
 def test_configs_the_runtime_would_compute_differently_are_refused_by_name(tmp_path, change, needle):
     tiny_llama(tmp_path, 1e4, 1e-5, False)
@@ -174,13 +180,23 @@ def test_tensors_that_do_not_map_are_refused_by_name(tmp_path):
 
 
 def test_qwen2_sliding_window_only_when_used(tmp_path):
+    """Qwen2's window counts only where layers use it: transformers 4's use_sliding_window from
+    max_window_layers on, transformers 5's layer_types (which win where both are written, as
+    transformers reads them). Priced either way; the runtime refuses a sliding layer by name."""
     tiny_hf(tmp_path, "Qwen2", use_sliding_window=False, sliding_window=32)  # kept, but unused: fine
     assert load_hf_checkpoint(tmp_path)[0].qkv_bias
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["use_sliding_window"] = True
+    cfg.update(use_sliding_window=True, sliding_window=32)  # layer_types (all full) still decide
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="use_sliding_window: sliding-window attention is not supported"):
-        load_hf_checkpoint(tmp_path)
+    assert not load_hf_checkpoint(tmp_path)[0].layer_types
+    for change in ({"layer_types": None, "max_window_layers": 1},  # transformers 4: layers 1 and 2 slide
+                   {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}):
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in {**cfg, **change}.items() if v is not None}))
+        spec = spec_from_folder(tmp_path)
+        assert spec.layer_types == ("full_attention", "sliding_attention", "sliding_attention")
+        assert spec.sliding_window == 32 and spec.attended(100) == (100 + 2 * 32) / 3
+        with pytest.raises(ConfigError, match="the runtime computes full attention only, not sliding_attention layers"):
+            load_hf_checkpoint(tmp_path)
 
 
 def test_left_padded_rows_compute_what_they_compute_alone(tmp_path):

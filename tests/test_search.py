@@ -60,10 +60,14 @@ def test_layout_ids_are_digits_that_tell_layouts_apart_past_4096_devices():
     rng = np.random.default_rng(0)
     n = 4096
     fields = np.stack([rng.integers(1, D + 1, n), rng.integers(1, D + 1, n), rng.integers(1, 9, n), rng.integers(0, 4, n),
-                       *(rng.integers(0, 2, n) for _ in range(4)), rng.integers(1, D + 1, n)], axis=1)
-    fields = np.vstack([fields, [1, 1, 1, 3, 0, 0, 0, 0, 6144], [1, 1, 1, 3, 0, 0, 0, 1, 2048]])
-    layout = est._placement(np.zeros(len(fields), dtype=np.int64), np.full(len(fields), D), fields)["layout_id"]
+                       *(rng.integers(0, 2, n) for _ in range(4)), rng.integers(1, D + 1, n),
+                       rng.integers(1, D + 1, n), rng.integers(1, 9, n)], axis=1)  # (ep, the devices an expert spans)
+    fields = np.vstack([fields, [1, 1, 1, 3, 0, 0, 0, 0, 6144, 1, 1], [1, 1, 1, 3, 0, 0, 0, 1, 2048, 1, 1]])
+    placed = est._placement(np.zeros(len(fields), dtype=np.int64), np.full(len(fields), D), fields)
+    layout = placed["layout_id"]
     assert layout[-1] != layout[-2]
+    # a mixture of experts' layout is an id of its own, (ep, etp) as digits of radix D + 1
+    assert np.array_equal(np.stack(np.divmod(placed["expert_layout"], D + 1), axis=1), fields[:, [9, 10]])
     ids, digits = layout, []
     for radix in (D + 1, 2, 2, 2, 2, 4):  # the shards, host Adam, optimizer and parameter offload, merged, zero
         ids, digit = np.divmod(ids, radix)

@@ -138,11 +138,11 @@ def memory_time(cluster: ClusterSpec, nbytes: float) -> float:
 
 
 # -- the layout -----------------------------------------------------------------------------------
-def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
-    """Parameters on the most loaded device: ceil(L/pp) layers, the embedding on the first
-    stage and the head on the last (both on the one stage when pp == 1), over tp."""
-    layers = math.ceil(model.n_layers / pp) * model.layer_params
-    return (layers + model.ends_params(pp)) / tp
+def shard_params(model: ModelSpec, tp: int, pp: int, ep: int = 1, etp: int = 0) -> float:
+    """Parameters on the most loaded device: the heaviest stage's layers (ceil(L/pp) of them in a
+    uniform model), the embedding on the first stage and the head on the last (both on the one
+    stage when pp == 1), over tp; a mixture of experts' routed experts over ep x etp (etp 0: tp)."""
+    return model.stage_params(pp, tp, ep, etp)
 
 
 def shard_adapter_params(model: ModelSpec, tp: int, pp: int) -> float:
@@ -185,11 +185,29 @@ def stage_boundary_spans_nodes(cluster: ClusterSpec, option: Option) -> bool:
 # -- one stage ------------------------------------------------------------------------------------
 def elementwise_bytes(model: ModelSpec, tp: int, scores: float = 0.0) -> float:
     """Bytes the element-wise kernels of one layer move per token in a forward pass (module doc),
-    `scores` being the attention scores per head the token has in memory (0 with flash attention)."""
-    h, kvd = model.hidden, model.n_kv_heads * model.head_dim
+    `scores` being the attention scores per head the token has in memory (0 with flash attention).
+    A mixture of experts' SwiGLU runs on each of the token's top_k experts (and its shared ones)."""
+    h, q, kvd = model.hidden, model.q_width, model.kv_width
     replicated = 2 * 2 * h * BF16 + 2 * 3 * h * BF16  # norms, residual adds: every tp rank does them
-    split = 2 * (h + kvd) * BF16 + 3 * model.ffn * BF16 + SCORE_BYTES * model.n_heads * scores
+    split = 2 * (q + kvd) * BF16 + 3 * _mlp_width(model) * BF16 + SCORE_BYTES * model.n_heads * scores
     return replicated + split / tp
+
+
+def _mlp_width(model: ModelSpec) -> float:
+    """The intermediate width of a token's MLP, on average over the layers: ffn, or a mixture of
+    experts' top_k expert widths and its shared ones."""
+    if model.moe is None:
+        return float(model.ffn)
+    share = _moe_share(model)
+    m = model.moe
+    return share * (m.top_k * m.expert_ffn + m.shared_ffn) + (1 - share) * model.ffn
+
+
+def _moe_share(model: ModelSpec) -> float:
+    """The share of the layers whose MLP is a mixture of experts."""
+    if model.moe is None:
+        return 0.0
+    return 1.0 - len(set(model.moe.dense_layers)) / model.n_layers
 
 
 def _scores_in_memory(cluster: ClusterSpec, context):
@@ -198,13 +216,80 @@ def _scores_in_memory(cluster: ClusterSpec, context):
     return context if cluster.attention == "materialized" else 0.0
 
 
-def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, seq: float) -> float:
+# -- a mixture of experts -------------------------------------------------------------------------
+# Per layer and device, on average over the layers (a share `_moe_share` of them are MoE layers),
+# for t tokens a device runs through the layer (a tp group shares them; Megatron's sequence
+# parallelism, which expert parallelism needs beside tp, gives each tp rank t / tp of them to route):
+#   expert FLOPs     2 (t / tp) k 3 h f_e x imbalance       (k experts a token, each a SwiGLU of f_e;
+#                                                            the busiest device sets the pace: ep > 1)
+#   rows per expert  (t / tp) ep etp k / E                  (an expert group of ep x etp devices holds
+#                                                            every expert once: its tokens over E)
+#   weights read     touched x 3 h f_e / etp bf16           (the device's E / ep experts, those its
+#                                                            group's tokens reach: E/ep (1 - (1 - k/E)^n),
+#                                                            n = (t / tp) ep etp)
+#   all-to-alls      dispatch and combine forward (and as many backward), (t / tp) k h bf16 a device
+#                    over the ep devices (ep x etp consecutive ones: across nodes past a node's)
+# The matmuls run at the device's efficiency for the rows per expert (grouped GEMMs of that many).
+def _expert_compute(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens, ep: int, etp: int):
+    """(matmul seconds, weight bytes read) of the routed experts of one layer on a device (above)."""
+    share = _moe_share(model)
+    if not share:
+        return 0.0, 0.0
+    m, etp = model.moe, etp or tp
+    routed = tokens / tp
+    flops = 2 * routed * m.top_k * 3 * model.hidden * m.expert_ffn * (m.imbalance if ep > 1 else 1.0)
+    rows = np.maximum(routed * ep * etp * m.top_k / m.experts, 1e-9)
+    touched = m.experts / ep * (1.0 - (1.0 - m.top_k / m.experts) ** (routed * ep * etp))
+    return share * matmul_time(cluster, flops, rows), share * touched * model.expert_params / etp * BF16
+
+
+def _expert_exchanges(cluster: ClusterSpec, model: ModelSpec, s: Strategy, tokens: float) -> float:
+    """Seconds of one layer's dispatch and combine all-to-alls in a forward (a backward moves as much),
+    on average over the layers (above); none without expert parallelism."""
+    if s.ep == 1 or model.moe is None:
+        return 0.0
+    G = cluster.gpus_per_node
+    nbytes = tokens / s.tp * model.moe.top_k * model.hidden * BF16
+    per_node = max(1, min(s.ep, G // s.expert_tp))
+    return _moe_share(model) * 2 * comm.all_to_all(cluster, s.ep, nbytes, per_node)
+
+
+def _dense_matmul_params(model: ModelSpec) -> float:
+    """Matmul parameters a token goes through in a layer beside its routed experts (the attention's,
+    the router's, the shared experts', a dense MLP's), on average over the layers."""
+    if model.moe is None:
+        return float(model.layer_matmul_params)
+    m = model.moe
+    return model.layer_matmul_params - _moe_share(model) * m.top_k * 3 * model.hidden * m.expert_ffn
+
+
+def _dense_layer_params(model: ModelSpec) -> float:
+    """A layer's parameters but its routed experts', on average over the layers (the largest layer's
+    in a uniform model: every layer's)."""
+    if model.uniform and model.moe is None:
+        return float(model.layer_params)
+    from realbench.models import layer_param_prefix
+
+    return float(layer_param_prefix(model, "dense")[-1]) / model.n_layers
+
+
+def _attention_flops(model: ModelSpec, tokens, context):
+    """FLOPs of one layer's attention over `context` earlier positions for `tokens` tokens (scores and
+    weighted sum; linear attention's state), on average over the layers: 4 t c h in a LLaMA."""
+    return tokens * model.attended(context) * model.attention_flops_per_position() + tokens * model.state_flops()
+
+
+def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, seq: float, ep: int = 1,
+                   etp: int = 0) -> float:
     """One layer's forward on `tokens` tokens of sequences of length `seq`: each attends to half
     of them on average under a causal mask with flash attention, to all of them with materialized
-    scores (which compute the whole square)."""
+    scores (which compute the whole square); a mixture of experts' routed experts laid out over
+    ep x etp devices (their matmuls and weights: `_expert_compute`)."""
     context = seq if cluster.attention == "materialized" else seq / 2
-    flops = 2 * tokens * model.layer_matmul_params / tp + 4 * tokens * context * model.hidden / tp
-    return (max(matmul_time(cluster, flops, tokens), memory_time(cluster, model.layer_params * BF16 / tp))
+    flops = 2 * tokens * _dense_matmul_params(model) / tp + _attention_flops(model, tokens, context) / tp
+    expert_s, expert_bytes = _expert_compute(cluster, model, tp, tokens, ep, etp)
+    return (max(matmul_time(cluster, flops, tokens) + expert_s,
+                memory_time(cluster, _dense_layer_params(model) * BF16 / tp + expert_bytes))
             + memory_time(cluster, tokens * elementwise_bytes(model, tp, _scores_in_memory(cluster, context)))
             + cluster.device.kernel_overhead_s)
 
@@ -218,13 +303,15 @@ def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens, moved
             + memory_time(cluster, softmax))
 
 
-def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx):
+def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx, ep: int = 1, etp: int = 0):
     """(one layer, the head) of a decode step of `rows` rows attending to `ctx` positions:
-    bound by the matmuls or by reading the weights and the KV cache, plus the element-wise work
-    (numbers or numpy arrays of them)."""
-    flops = 2 * rows * model.layer_matmul_params / tp + 4 * rows * ctx * model.hidden / tp
-    kv = rows * ctx * model.kv_bytes_per_token_layer() / tp
-    layer = (np.maximum(matmul_time(cluster, flops, rows), memory_time(cluster, model.layer_params * BF16 / tp + kv))
+    bound by the matmuls or by reading the weights (of a mixture of experts, those its rows reach)
+    and the KV cache, plus the element-wise work (numbers or numpy arrays of them)."""
+    flops = 2 * rows * _dense_matmul_params(model) / tp + _attention_flops(model, rows, ctx) / tp
+    kv = rows * model.sequence_cache_bytes(ctx, 1, tp)
+    expert_s, expert_bytes = _expert_compute(cluster, model, tp, rows, ep, etp)
+    layer = (np.maximum(matmul_time(cluster, flops, rows) + expert_s,
+                        memory_time(cluster, _dense_layer_params(model) * BF16 / tp + expert_bytes + kv))
              + memory_time(cluster, rows * elementwise_bytes(model, tp, _scores_in_memory(cluster, ctx)))
              + cluster.device.kernel_overhead_s)
     return layer, _head_forward(cluster, model, tp, rows)
@@ -297,7 +384,22 @@ def _ring_buffers(model: ModelSpec, s: Strategy, tokens: float, backward: bool) 
 
 
 def _activation_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
-    return tokens * model.hidden * (10 + 24 / tp)
+    """A layer's activations kept for the backward (Korthikanti et al., flash attention, no sequence
+    parallelism): t h (10 + 24 / tp) bytes, 16 h / tp of it an MLP's two intermediates. A mixture
+    of experts' MLP keeps instead, a token, each of its top_k experts' copy of it (2 h bytes) and
+    SwiGLU intermediates (6 f_e), and its shared experts' (6 f_shared): on average over the layers."""
+    if model.moe is None:
+        return tokens * model.hidden * (10 + 24 / tp)
+    m, h, share = model.moe, model.hidden, _moe_share(model)
+    mlp = share * (m.top_k * (2 * h + 6 * m.expert_ffn) + 6 * m.shared_ffn) / h + (1 - share) * 16
+    return tokens * h * (10 + (8 + mlp) / tp)
+
+
+def _cache_bytes_per_token(model: ModelSpec, tp: int, context: float) -> float:
+    """A device's cache bytes a token of a sequence of `context` tokens takes over every layer, on
+    average over the sequence (a sliding window's and linear attention's fixed parts spread over
+    it): 2 kv_heads head_dim bf16 a layer over tp in a LLaMA."""
+    return model.sequence_cache_bytes(context, model.n_layers, tp) / max(context, 1)
 
 
 def _logits_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
@@ -381,21 +483,23 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     return compute, tp_comm, pp_comm, float((kept * (ctx + 1)).max())
 
 
-def serving_weight_bytes(model: ModelSpec, tp: int) -> float:
-    """A serving replica's bf16 weights on each of its tp GPUs (a LoRA model's adapters too)."""
-    return (shard_params(model, tp, 1) + shard_adapter_params(model, tp, 1)) * BF16
+def serving_weight_bytes(model: ModelSpec, tp: int, ep: int = 1) -> float:
+    """A serving replica's bf16 weights on each of its tp GPUs (a LoRA model's adapters too); with
+    expert parallelism, its routed experts whole on one of ep GPUs (etp 1)."""
+    return (shard_params(model, tp, 1, ep, 1 if ep > 1 else 0) + shard_adapter_params(model, tp, 1)) * BF16
 
 
-def served_share_beyond_weights(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int) -> float:
+def served_share_beyond_weights(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int, ep: int = 1) -> float:
     """What an engine's serving engine holds of each GPU beyond its replica's weights while it
     generates: its share (`call.memory_fraction`, at most the plan's usable memory: the engine
     keeps its own headroom inside the fraction) less the weights; its KV cache and activations.
     Negative where the weights outgrow the share."""
     share = min(call.memory_fraction * cluster.device.memory_bytes, cluster.usable_memory_bytes)
-    return share - serving_weight_bytes(model, tp)
+    return share - serving_weight_bytes(model, tp, ep)
 
 
-def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int, slots: int) -> float:
+def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, tp: int, slots: int,
+                         ep: int = 1) -> float:
     """The tokens a replica's paged KV cache holds where an engine's serving engine takes
     `call.memory_fraction` f of each GPU's memory: f x the device's memory, less the shard's
     weights and the activations of a forward of SERVED_TOKENS tokens (the chunked prefill it
@@ -405,10 +509,10 @@ def serving_cache_tokens(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     loading the weights less total x (1 - mem_fraction_static) (model_executor/model_runner.py,
     profile_max_num_token), its activations in that rest (counted here inside the fraction, as
     vLLM counts them: a few percent of the cache)."""
-    weights = serving_weight_bytes(model, tp)
+    weights = serving_weight_bytes(model, tp, ep)
     activations = _activation_bytes(model, tp, SERVED_TOKENS) * 2 / 8 + _logits_bytes(model, tp, slots)
     free = call.memory_fraction * cluster.device.memory_bytes - weights - activations
-    return max(free, 0.0) / (model.kv_bytes_per_token_layer() * model.n_layers / tp)
+    return max(free, 0.0) / _cache_bytes_per_token(model, tp, call.seq_len)
 
 
 def serving_cache_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Optional[str]:
@@ -421,7 +525,8 @@ def serving_cache_problem(call: CallDef, model: ModelSpec, cluster: ClusterSpec,
     call = served_call(call, s)
     if call.kind != CallKind.GENERATE or call.memory_fraction is None:
         return None
-    tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)))
+    tokens = serving_cache_tokens(call, model, cluster, s.tp, decode_slots(call, Option(Mesh(0, 1, 0, s.size), s)),
+                                  s.ep)
     context = call.max_model_len or call.seq_len
     if tokens >= context:
         return None
@@ -445,7 +550,7 @@ def serving_slots(call: CallDef, model: ModelSpec, cluster: ClusterSpec, option:
         return slots
     from realbench.dataflow.lengths import occupancy_moments, slot_occupancy
 
-    tokens = serving_cache_tokens(call, model, cluster, option.strategy.tp, slots)
+    tokens = serving_cache_tokens(call, model, cluster, option.strategy.tp, slots, option.strategy.ep)
     if call.lengths is None:
         held = float(call.seq_len)
     else:
@@ -469,18 +574,21 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
     plan = continuous_schedule(None if call.lengths is None else call.lengths.cdf(), call.seqs / s.dp, slots,
                                call.sync_steps, call.gen_len)
     g = plan.prefill_rows
-    prefill = layers * _layer_forward(cluster, model, tp, g * P, P) + _head_forward(cluster, model, tp, g)
-    layer_step, head = _decode_step(cluster, model, tp, plan.rows, P + plan.age)
+    etp = 1 if s.ep > 1 else 0  # (generation's expert parallelism holds each expert whole)
+    prefill = layers * _layer_forward(cluster, model, tp, g * P, P, s.ep, etp) + _head_forward(cluster, model, tp, g)
+    layer_step, head = _decode_step(cluster, model, tp, plan.rows, P + plan.age, s.ep, etp)
     compute = plan.prefills * prefill + plan.steps * (layers * layer_step + head)
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
-               + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2))
-    weights = serving_weight_bytes(model, tp)
+               + plan.steps * layers * _tp_all_reduces(cluster, model, tp, plan.rows, 2)
+               + plan.prefills * layers * _expert_exchanges(cluster, model, s, g * P)
+               + plan.steps * layers * _expert_exchanges(cluster, model, s, plan.rows))
+    weights = serving_weight_bytes(model, tp, s.ep)
     if serving_cache_problem(call, model, cluster, s):
         working = math.inf  # the server does not start: no plan holds it
     elif call.memory_fraction is not None:
-        working = max(served_share_beyond_weights(call, model, cluster, tp), 0)
+        working = max(served_share_beyond_weights(call, model, cluster, tp, s.ep), 0)
     else:
-        kv_cache = slots * call.seq_len * model.kv_bytes_per_token_layer() * layers / tp
+        kv_cache = slots * model.sequence_cache_bytes(call.seq_len, layers, tp)
         working = kv_cache + _activation_bytes(model, tp, g * P) * 2 / 8 + _logits_bytes(model, tp, slots)
     return CallCost(compute + tp_comm, compute, tp_comm, 0.0, 0.0, 0.0, int(weights), int(weights),
                     working if math.isinf(working) else int(working))
@@ -500,9 +608,10 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     s = option.strategy
     dp, tp, pp, m = s.dp, s.tp, s.pp, s.micro_batches
     layers = math.ceil(model.n_layers / pp)
+    ep, etp = s.ep, s.etp
     # LoRA: the adapters are computed beside the base, unmerged (and held with it)
     adapters = shard_adapter_params(model, tp, pp)
-    weights = (shard_params(model, tp, pp) + adapters) * BF16
+    weights = (shard_params(model, tp, pp, ep, etp) + adapters) * BF16
     slots = m + pp - 1
     p2p_cross = stage_boundary_spans_nodes(cluster, option)
 
@@ -516,7 +625,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
             + _head_forward(cluster, model, tp, b)  # only the last position's logits
         pre_tp = layers * _tp_all_reduces(cluster, model, tp, t_pre, 2)
         pre_pp = comm.p2p(cluster, t_pre * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
-        kv_token = model.kv_bytes_per_token_layer() * layers / tp  # one token's keys and values on a device
+        # one token's keys and values on a device (its share of a whole sequence's cache)
+        kv_token = _cache_bytes_per_token(model, tp, call.seq_len) * layers / model.n_layers
         if call.lengths is not None:  # finished rows leave the batch: step by step
             decode = _decode_for_lengths(call, model, cluster, option, b, layers, p2p_cross)
             compute, tp_comm, pp_comm = (slots * pre_stage + decode[0], slots * pre_tp + decode[1],
@@ -545,12 +655,15 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     u = s.sp
     tokens = b * width / u
     moved = call.logits.moved_bytes if call.logits else LOGIT_BYTES
-    fwd = layers * _layer_forward(cluster, model, tp, tokens, width) + _head_forward(cluster, model, tp, tokens, moved)
+    fwd = layers * _layer_forward(cluster, model, tp, tokens, width, ep, etp) \
+        + _head_forward(cluster, model, tp, tokens, moved)
     # the model-parallel exchanges of one forward: tp's two all-reduces a layer (a backward as many
-    # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers)
+    # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers), the
+    # expert-parallel group's (a mixture of experts' dispatch and combine, as many backward)
     seq_fwd, seq_bwd = _sequence_exchanges(cluster, model, s, tokens)
+    experts = layers * _expert_exchanges(cluster, model, s, tokens)
     tp_pass = layers * _tp_all_reduces(cluster, model, tp, tokens, 2)
-    pass_comm, backward_comm = tp_pass + layers * seq_fwd, tp_pass + layers * seq_bwd
+    pass_comm, backward_comm = tp_pass + layers * seq_fwd + experts, tp_pass + layers * seq_bwd + experts
     p2p_one = comm.p2p(cluster, tokens * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
     # memory: the largest micro-batch of the device's rows of a step (padded, as wide as their
     # longest row; packed, the heaviest sum of rows, or as full as a token budget lets it be, a
@@ -558,12 +671,16 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # CallDef.peak_tokens), a device's 1/sp of it
     peak_tokens = call.peak_tokens(b, m, s.max_tokens * u if s.max_tokens else None) / u
 
-    params = shard_params(model, tp, pp)
+    params = shard_params(model, tp, pp, ep, etp)
     # the group the sharded state and the gradients' reduction span: every device of a Ulysses group
     # holds its own share (FSDP shards over all of them) and computes gradients of its own tokens;
     # hybrid sharding splits the state within groups of shard_group devices, the replicas of each
-    # shard all-reducing its gradients
+    # shard all-reducing its gradients; a mixture of experts' routed experts, laid out over ep x etp
+    # devices of a stage's dp x sp x tp, over the rest of them (Megatron's expert data parallelism)
     shards = s.state_shards
+    dense, routed = model.stage_param_parts(pp, tp, ep, etp)
+    expert_shards = s.shards * tp // (ep * s.expert_tp)
+    apart = ep > 1 or s.expert_tp != tp  # (else the experts reduce and shard with the rest)
     dp_spans, per_node = dp_group_spans_nodes(cluster, option), max(1, cluster.gpus_per_node // tp)
     replicas = hybrid_replicas(cluster, option)
     layer = model.layer_params / tp  # one layer's parameters on a device (zero 3 gathers them)
@@ -624,12 +741,19 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     if s.zero == 3:
         dp_comm = steps * sharding.overlapped_step(cluster, shards, params, layer, m, fwd_bwd, 3, dp_spans, per_node,
                                                    replicas=replicas) + behaviour_dp
+    elif apart and not lora:
+        expert_per_node = max(1, cluster.gpus_per_node // (ep * s.expert_tp))
+        dp_comm = steps * (sharding.step_communication(cluster, s.zero, shards, dense, m, dp_spans, per_node, replicas)
+                           + sharding.step_communication(cluster, s.zero, expert_shards, routed, m, dp_spans,
+                                                         expert_per_node))
     else:
         dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, params, m, dp_spans, per_node, replicas)
     trained = adapters if lora else params  # what has gradients and optimizer state
     if lora and s.zero != 3:
         dp_comm = steps * sharding.step_communication(cluster, s.zero, shards, trained, m, dp_spans, per_node, replicas)
     updated = trained / shards if s.zero else trained  # ZeRO: each replica updates its share
+    if s.zero and apart and not lora:
+        updated = dense / shards + routed / expert_shards
     optimizer = steps * memory_time(cluster, updated * ADAM_BYTES_MOVED_PER_PARAM)
     # the first stage holds the activations of min(m, pp) micro-batches under 1F1B; interleaved,
     # min(2 (pp - 1) + (v - 1) pp + 1, m v) chunks of 1 / v of its layers (realbench.plan.pipeline)
@@ -644,6 +768,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     master = (params * sharding.weight_bytes_per_param(s.zero, shards)
               + adapters * sharding.trained_bytes_per_param(s.zero, shards)
               if lora else params * sharding.trained_bytes_per_param(s.zero, shards))
+    if apart and not lora:
+        master = (dense * sharding.trained_bytes_per_param(s.zero, shards)
+                  + routed * sharding.trained_bytes_per_param(s.zero, expert_shards))
     weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards)
     if s.offload_params:  # on the device during the call only: in and out around each engine call
         held = sharding.offloaded_train_bytes(weights)  # (no adapters: realbench.plan.options)

@@ -7,7 +7,8 @@ For a group of n devices inside one node (NVLink bandwidth B per device, latency
   * point-to-point of S bytes:    S / B + a
   * all-to-all of S bytes a device (each keeps 1/n and sends 1/n to every other):
                                   (n-1)/n * S / B + a
-    (NCCL runs the n-1 exchanges at once, grouped sends and receives: one latency)
+    (NCCL runs the n-1 exchanges at once, grouped sends and receives: one latency); across nodes
+    with k devices on each, max((k-1)/n S / B + a, (n-k)/n S / B_out + a_out)
 
 A group that spans N nodes with k devices on each is reduced hierarchically, as NCCL does with
 one NIC per GPU: the k devices of a node split the data over NVLink, each device exchanges its
@@ -66,12 +67,19 @@ def all_gather(cluster: ClusterSpec, n, nbytes, spans_nodes, per_node=1):
     return float(out) if out.ndim == 0 else out
 
 
-def all_to_all(cluster: ClusterSpec, n: int, nbytes: float) -> float:
-    """Seconds for `n` devices of one node, each holding `nbytes`, to exchange all but their own
-    1/n of them (Ulysses' head and sequence exchanges)."""
+def all_to_all(cluster: ClusterSpec, n: int, nbytes: float, per_node: int = 0) -> float:
+    """Seconds for `n` devices, each holding `nbytes`, to exchange all but their own 1/n of them
+    (Ulysses' head and sequence exchanges, a mixture of experts' dispatch and combine). Inside one
+    node (`per_node` 0 or at least n): over NVLink. A group of `per_node` devices on each of several
+    nodes sends the (n - per_node) / n bound for other nodes over each device's NIC while the rest
+    goes over NVLink: the slower sets the pace."""
     if n <= 1:
         return 0.0
-    return (n - 1) / n * nbytes / cluster.intra_bw + cluster.intra_latency_s
+    if not per_node or per_node >= n:
+        return (n - 1) / n * nbytes / cluster.intra_bw + cluster.intra_latency_s
+    inside = (per_node - 1) / n * nbytes / cluster.intra_bw + cluster.intra_latency_s
+    across = (n - per_node) / n * nbytes / cluster.inter_bw + cluster.inter_latency_s
+    return max(inside, across)
 
 
 def broadcast(cluster: ClusterSpec, n: int, nbytes: float, spans_nodes: bool) -> float:

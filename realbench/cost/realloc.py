@@ -1,7 +1,8 @@
 """Cost of moving a model's weights between two layouts, and of moving call outputs.
 
 Reallocation (REAL.md section 7): every destination device must hold the bf16 weights of its
-shard in the new layout (its pp stage's layers, its tp slice). Any dp replica of the source can
+shard in the new layout (its pp stage's layers, its tp slice; of a mixture of experts' routed
+experts, its ep share of them split over etp). Any dp replica of the source can
 serve it, and the transfers of different destinations proceed in parallel, so the slowest
 destination decides:
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from realbench.cost import comm
 from realbench.hardware import ClusterSpec
-from realbench.models import ModelSpec, stage_start
+from realbench.models import ModelSpec, layer_param_prefix, stage_start
 from realbench.plan.mesh import Option
 
 BF16 = 2
@@ -56,8 +57,9 @@ class Layouts:
     """Many layouts as arrays, one entry each: first device, device count, tp, pp, the zero
     stage (only 3 matters: the weights sharded over dp) and the devices a zero-3 layout shards
     them over (dp x sp, or hybrid sharding's group: Strategy.state_shards; left out, all of its
-    data-parallel devices). (dp and micro-batches do not matter otherwise: every dp replica holds
-    the same shards.)"""
+    data-parallel devices); a mixture of experts' ep and the devices an expert is split over
+    (Strategy.expert_tp; left out, 1 and tp). (dp and micro-batches do not matter otherwise:
+    every dp replica holds the same shards.)"""
 
     start: np.ndarray
     size: np.ndarray
@@ -65,31 +67,42 @@ class Layouts:
     pp: np.ndarray
     zero: np.ndarray
     shard: Optional[np.ndarray] = None
+    ep: Optional[np.ndarray] = None
+    etp: Optional[np.ndarray] = None
 
     def __post_init__(self):
         if self.shard is None:
             object.__setattr__(self, "shard", self.size // (self.tp * self.pp))
+        if self.ep is None:
+            object.__setattr__(self, "ep", np.ones_like(self.tp))
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
 
     @classmethod
     def of(cls, options: list[Option], gpus_per_node: int) -> "Layouts":
         col = lambda f: np.array([f(o) for o in options], dtype=np.int64)  # noqa: E731
         return cls(col(lambda o: o.mesh.start(gpus_per_node)), col(lambda o: o.mesh.size),
                    col(lambda o: o.strategy.tp), col(lambda o: o.strategy.pp), col(lambda o: o.strategy.zero),
-                   col(lambda o: o.strategy.state_shards))
+                   col(lambda o: o.strategy.state_shards), col(lambda o: o.strategy.ep),
+                   col(lambda o: o.strategy.expert_tp))
 
     def rows(self, which: np.ndarray) -> "Layouts":
         """The entries `which` selects (a boolean mask or indices)."""
-        return Layouts(self.start[which], self.size[which], self.tp[which], self.pp[which], self.zero[which],
-                       self.shard[which])
+        return Layouts(*(a[which] for a in self.arrays()))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self.start, self.size, self.tp, self.pp, self.zero, self.shard, self.ep, self.etp
 
 
 def holds_same_shards(src: Layouts, dst: Layouts) -> np.ndarray:
     """Per pair: whether every destination device already holds its shard (no transfer)."""
     src_whole = src.zero != 3
+    same_experts = (src.ep == dst.ep) & (src.etp == dst.etp)
     same_layout = (src.start == dst.start) & (src.size == dst.size) & (src.tp == dst.tp) & (src.pp == dst.pp) \
-        & (src_whole == (dst.zero != 3)) & (src_whole | (src.shard == dst.shard))
+        & (src_whole == (dst.zero != 3)) & (src_whole | (src.shard == dst.shard)) & same_experts
     inside = src_whole & (src.pp == 1) & (dst.pp == 1) & ((src.tp == 1) | (src.tp == dst.tp)) \
-        & (src.start <= dst.start) & (dst.start + dst.size <= src.start + src.size)
+        & (src.start <= dst.start) & (dst.start + dst.size <= src.start + src.size) \
+        & (src.ep == 1) & (dst.ep == 1) & (src.etp == src.tp) & (dst.etp == dst.tp)
     return same_layout | inside
 
 
@@ -119,8 +132,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
         return np.zeros(0)
     # int32 halves the memory traffic of these (pairs x stages) grids (device and layer numbers are small)
     gather = gather_times(model, cluster, src, adapters_only)
-    src, dst = (Layouts(*(a.astype(np.int32) for a in (x.start, x.size, x.tp, x.pp, x.zero, x.shard)))
-                for x in (src, dst))
+    src, dst = (Layouts(*(a.astype(np.int32) for a in x.arrays())) for x in (src, dst))
     j = np.arange(int(dst.pp.max()), dtype=np.int32)[None, :]  # destination stage
     pp = dst.pp[:, None]
     lo, hi = stage_start(L, pp, j), stage_start(L, pp, j + 1)
@@ -128,8 +140,11 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
                     np.where(j == 0, model.embedding_params, np.where(j == pp - 1, model.head_params, 0)))
     if adapters_only:  # LoRA, once the destination holds the frozen base: each stage's adapters
         nbytes = (hi - lo) * float(model.layer_adapter_params) * BF16 / dst.tp[:, None]
-    else:
-        nbytes = ((hi - lo) * float(model.layer_params) + ends) * BF16 / dst.tp[:, None]
+    else:  # the stage's layers (a mixture of experts' routed experts over ep x etp, the rest over tp)
+        dense, routed = layer_param_prefix(model, "dense"), layer_param_prefix(model, "routed")
+        a, b = np.clip(lo, 0, L), np.clip(hi, 0, L)  # (stages past a layout's pp: masked below)
+        nbytes = ((dense[b] - dense[a] + ends) / dst.tp[:, None]
+                  + (routed[b] - routed[a]) / (dst.ep * dst.etp)[:, None]) * BF16
     width = dst.size[:, None] // pp  # devices per destination stage (dp * tp)
     first = dst.start[:, None] + j * width
     first_node, last_node = first // G, (first + width - 1) // G
@@ -150,7 +165,7 @@ def realloc_times(model: ModelSpec, cluster: ClusterSpec, src: Layouts, dst: Lay
 def _after_gather(src: Layouts, dst: Layouts, gather: np.ndarray, transfer: np.ndarray) -> np.ndarray:
     """Nothing where the destination already holds its shards; else the zero-3 source's gather,
     then `transfer` unless the gathered (unsharded) source holds them."""
-    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero), src.shard)
+    whole = Layouts(src.start, src.size, src.tp, src.pp, np.zeros_like(src.zero), src.shard, src.ep, src.etp)
     return np.where(holds_same_shards(src, dst), 0.0, gather + np.where(holds_same_shards(whole, dst), 0.0, transfer))
 
 

@@ -56,7 +56,7 @@ from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
 COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "shard", "merge_lora", "offload_params",
-           "node", "mesh_id", "layout_id", "working", "weights", "master_bytes")
+           "node", "mesh_id", "layout_id", "ep", "etp", "expert_layout", "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
@@ -348,8 +348,10 @@ class Estimator:
         """Where options run: first and end device, the node (-1 across nodes), an id that is
         equal exactly when two options share a mesh (across calls), and one equal exactly when two
         options on one mesh share a layout. `strategy`: (tp, pp, micro-batches, zero, merge_lora,
-        offload_params, offload_optimizer, host_adam, the devices the state is sharded over) per
-        option, see `_strategy_fields`."""
+        offload_params, offload_optimizer, host_adam, the devices the state is sharded over, ep, the
+        devices an expert is split over) per option, see `_strategy_fields`. A mixture of experts'
+        expert layout (ep, etp) is its own id beside the layout's, `expert_layout`, which two options
+        of one layout share exactly when they split the experts alike."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
@@ -366,12 +368,14 @@ class Estimator:
                 "merge_lora": strategy[:, 4],
                 "offload_params": strategy[:, 5], "node": node,
                 "mesh_id": mesh_id,
-                "layout_id": layout_id}
+                "layout_id": layout_id, "ep": strategy[:, 9], "etp": strategy[:, 10],
+                "expert_layout": strategy[:, 9] * R + strategy[:, 10]}
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
         return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora, s.offload_params, s.offload_optimizer,
-                          s.host_adam, s.state_shards) for s in strategies], dtype=np.int64).reshape(-1, 9)
+                          s.host_adam, s.state_shards, s.ep, s.expert_tp) for s in strategies],
+                        dtype=np.int64).reshape(-1, 11)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""
@@ -465,7 +469,8 @@ class Estimator:
     # -- reallocation -------------------------------------------------------------------------------
     def _layouts(self, i: int, k: np.ndarray) -> Layouts:
         lo = self.lo[i][k]
-        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k], self.zero[i][k], self.shard[i][k])
+        return Layouts(lo, self.hi[i][k] - lo, self.tp[i][k], self.pp[i][k], self.zero[i][k], self.shard[i][k],
+                       self.ep[i][k], self.etp[i][k])
 
     def _realloc_columns(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(B, n) realloc seconds from the master's layout to each call's, and (B, n) whether

@@ -22,187 +22,15 @@ halves the average context, which the cost model applies).
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-import numpy as np
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
+from realbench.models.spec import (LORA_DEFAULT_TARGETS, LORA_MODULES, LinearAttentionSpec, LoraSpec,  # noqa: F401
+                                   MLASpec, ModelSpec, MoESpec, RopeScaling, layer_param_prefix, stage_bounds,
+                                   stage_start)
 from realbench.schema import FileModel
-
-
-# The projections LoRA can adapt, by PEFT's (Hugging Face's) module name: realbench's module, and
-# whether tensor parallelism splits its output (column-parallel) or its input (row-parallel).
-LORA_MODULES = {"q_proj": ("wq", "column"), "k_proj": ("wk", "column"), "v_proj": ("wv", "column"),
-                "o_proj": ("wo", "row"), "gate_proj": ("w_gate", "column"), "up_proj": ("w_up", "column"),
-                "down_proj": ("w_down", "row")}
-# PEFT's default targets for LLaMA-family models (peft.utils.constants,
-# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"]), used when none are given
-LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
-
-
-class LoraSpec(FileModel):
-    """Low-rank adapters on a trained model, in PEFT's names (`peft.LoraConfig`): each targeted
-    projection y = W x becomes
-
-        y = W x + (lora_alpha / r) B A x        (lora_alpha / sqrt(r) with use_rslora)
-
-    with A (r x in) and B (out x r) trained and W frozen. A starts as PEFT's (uniform in
-    +-1/sqrt(in), Kaiming's with a = sqrt(5)), B at zero, so training starts from the base model.
-    `target_modules`: module names of the Hugging Face LLaMA family, or "all-linear" (every
-    projection of the decoder layers, as PEFT takes it: not the LM head). Dropout on the
-    adapters' input is refused above 0: realbench does not draw it (PEFT's default is 0)."""
-
-    r: int = Field(ge=1)
-    lora_alpha: float = Field(default=8.0, gt=0)  # PEFT's default
-    lora_dropout: float = 0.0
-    target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
-    bias: Literal["none"] = "none"
-    use_rslora: bool = False
-    # the PEFT adapter folder the adapters start from (absolute; a checkpoint entry's `adapter:`),
-    # None: fresh adapters
-    path: Optional[str] = None
-
-    @field_validator("target_modules", mode="before")
-    @classmethod
-    def _targets(cls, v: Any) -> Any:
-        if v == "all-linear":
-            return tuple(LORA_MODULES)
-        if isinstance(v, str):
-            v = [v]
-        if not isinstance(v, (list, tuple)) or not v:
-            raise ValueError('a list of module names or "all-linear"')
-        unknown = [m for m in v if m not in LORA_MODULES]
-        if unknown:
-            raise ValueError(f"no module {unknown[0]!r} in a LLaMA-family decoder (its modules: "
-                             f"{', '.join(LORA_MODULES)}, or all-linear)")
-        return tuple(m for m in LORA_MODULES if m in v)  # the architecture's order, once each
-
-    @field_validator("lora_dropout")
-    @classmethod
-    def _dropout(cls, v: float) -> float:
-        if v != 0:
-            raise ValueError(f"{v}: realbench trains adapters without dropout (0, PEFT's default); "
-                             "it does not draw dropout masks that every layout would repeat")
-        return v
-
-    @property
-    def scaling(self) -> float:
-        return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
-
-    @property
-    def modules(self) -> dict[str, str]:
-        """{realbench module: "column" or "row"} of the targets."""
-        return dict(LORA_MODULES[m] for m in self.target_modules)
-
-
-class ModelSpec(FileModel):
-    """Architecture of one LLaMA-family decoder. Frozen: specs are values."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    n_layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    n_heads: int = Field(gt=0)
-    n_kv_heads: int = Field(gt=0)
-    ffn: int = Field(gt=0)
-    vocab: int = Field(gt=0)
-    value_head: bool = False  # critic / reward models end in a scalar head instead of the LM head
-    rope_theta: float = Field(default=10000.0, gt=0)  # rotary base period
-    norm_eps: float = Field(default=1e-5, gt=0)  # RMSNorm epsilon
-    # the LM head is the embedding matrix (Qwen2 small models, Gemma): one tensor when both sit
-    # on one pipeline stage, else a copy on the last stage whose gradient is summed with the
-    # embedding's (as Megatron does)
-    tie_embeddings: bool = False
-    qkv_bias: bool = False  # the q, k and v projections have biases (Qwen2)
-    # the Hugging Face checkpoint folder the weights come from (absolute), None for random weights
-    path: Optional[str] = None
-    # low-rank adapters trained on the frozen weights (None: every weight trains)
-    lora: Optional[LoraSpec] = None
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> "ModelSpec":
-        if self.hidden % self.n_heads:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.tie_embeddings and self.value_head:
-            raise ValueError("a value head cannot be tied to the embedding")
-        return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.n_heads
-
-    @property
-    def layer_params(self) -> int:
-        h, kvd = self.hidden, self.n_kv_heads * self.head_dim
-        return 2 * h * h + 2 * h * kvd + 3 * h * self.ffn + 2 * h + self.layer_bias_params
-
-    @property
-    def layer_bias_params(self) -> int:
-        return self.hidden + 2 * self.n_kv_heads * self.head_dim if self.qkv_bias else 0
-
-    @property
-    def layer_matmul_params(self) -> int:
-        return self.layer_params - 2 * self.hidden - self.layer_bias_params
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def head_params(self) -> int:
-        """The final norm and the output layer, as a last pipeline stage holds them (a tied
-        head is a copy of the embedding there)."""
-        return self.hidden + (self.hidden if self.value_head else self.vocab * self.hidden)
-
-    def ends_params(self, pp: int) -> int:
-        """Embedding, final norm and head on the device that holds both ends (pp == 1), or
-        the larger of the two ends when they sit on different stages."""
-        if pp > 1:
-            return max(self.embedding_params, self.head_params)
-        shared = self.vocab * self.hidden if self.tie_embeddings else 0
-        return self.embedding_params + self.head_params - shared
-
-    def in_out(self, module: str) -> tuple[int, int]:
-        """(in, out) features of a projection of a decoder layer, by realbench's module name."""
-        h, q, kv = self.hidden, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        return {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h), "w_gate": (h, self.ffn),
-                "w_up": (h, self.ffn), "w_down": (self.ffn, h)}[module]
-
-    @property
-    def layer_adapter_params(self) -> int:
-        """Adapter parameters of one decoder layer: r (in + out) per targeted projection."""
-        if self.lora is None:
-            return 0
-        return sum(self.lora.r * sum(self.in_out(m)) for m in self.lora.modules)
-
-    @property
-    def adapter_params(self) -> int:
-        """LoRA adapter parameters of the whole model (0 without LoRA)."""
-        return self.n_layers * self.layer_adapter_params
-
-    @property
-    def head_out(self) -> int:
-        """Width of the output layer (vocabulary, or 1 for a value head)."""
-        return 1 if self.value_head else self.vocab
-
-    @property
-    def n_params(self) -> int:
-        return self.n_layers * self.layer_params + self.ends_params(1)
-
-    def kv_bytes_per_token_layer(self, bytes_per_value: int = 2) -> int:
-        """KV-cache bytes one token adds in one layer (keys and values)."""
-        return 2 * self.n_kv_heads * self.head_dim * bytes_per_value
-
-    def with_value_head(self, value_head: bool = True) -> "ModelSpec":
-        """The same decoder ending in a fresh scalar head (a critic or reward model started from
-        a language model): a tied LM head does not carry over."""
-        return self.model_copy(update={"value_head": value_head,
-                                       "tie_embeddings": self.tie_embeddings and not value_head})
 
 
 class FunctionSpec(FileModel):
@@ -248,20 +76,9 @@ class FunctionSpec(FileModel):
         return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{name}"
 
 
-def stage_start(n_layers: int, pp: int, stage: int) -> int:
-    """The first layer of pipeline stage `stage` of `pp` (stage pp: n_layers): the first
-    n_layers % pp stages take one layer more, so stage s starts at s * (n_layers // pp) +
-    min(s, n_layers % pp). The one split that the cost model and the runtime share. `pp` and
-    `stage` may also be numpy arrays (the simulator splits thousands of layouts at once)."""
-    per, extra = n_layers // pp, n_layers % pp
-    if isinstance(stage, int) and isinstance(extra, int):
-        return stage * per + min(stage, extra)
-    return stage * per + np.minimum(stage, extra)
-
-
 def stage_layers(n_layers: int, pp: int, stage: int) -> tuple[int, int]:
     """Layer range [lo, hi) of pipeline stage `stage` of `pp` (see `stage_start`)."""
-    return stage_start(n_layers, pp, stage), stage_start(n_layers, pp, stage + 1)
+    return stage_bounds(n_layers, pp, stage)
 
 
 def _llama(name, n_layers, hidden, n_heads, n_kv_heads, ffn, vocab=32000, rope_theta=10000.0,
@@ -306,7 +123,29 @@ PUBLISHED_PARAMS = {
 
 
 def get_model(name: str) -> ModelSpec:
-    try:
+    """A preset, or a catalogue entry read from its config (realbench.models.catalogue)."""
+    if name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r} (known: {', '.join(PRESETS)})") from None
+    from realbench.models import catalogue
+
+    entry = catalogue.find(name)
+    if entry is None:
+        raise unknown_model(name)
+    from realbench.models.hf import spec_from_config
+
+    return spec_from_config(catalogue.config(entry), entry, f"catalogue:{entry}",
+                            config_source=f"catalogue entry {entry} (a copy of {catalogue.hub_id(entry)}'s config.json)")
+
+
+def unknown_model(name: str) -> ConfigError:
+    """The error for a model name that is neither a preset nor a catalogue entry (nor a folder,
+    config file or cached hub id), naming the closest known one."""
+    import difflib
+
+    from realbench.models import catalogue
+
+    known = [*PRESETS, *catalogue.names()]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown model {name!r} ({hint}known: {', '.join(known)}; or a checkpoint folder, a config.json "
+                       "file or a hub id in the local Hugging Face cache)")

@@ -1,39 +1,38 @@
-"""Model specs from Hugging Face `config.json` files.
+"""Model specs from Hugging Face `config.json` files, found where a user keeps them.
 
-Everything in a config that changes the function the checkpoint computes is either carried into
-the spec (shapes, `rope_theta`, `rms_norm_eps`, `tie_word_embeddings`) or refused by name: an
-architecture, activation, bias, head size, rotary scaling or mixture of experts that the runtime
-does not implement would otherwise load silently and compute something else.
+A model is named by a checkpoint folder, a config.json file, a hub id (`Qwen/Qwen3-8B`) found in
+the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, as huggingface_hub resolves it
+offline: nothing is downloaded), or an entry of the built-in catalogue (realbench.models.catalogue,
+by its name or the hub id it copies). Planning needs the config alone; the weights are read, and
+checked tensor by tensor, only by what runs the model (`check_weights`: `realbench run`,
+`realbench checkpoint`).
 
-Both config generations are read: transformers 5 writes the rotary settings as
-`rope_parameters: {rope_type, rope_theta}`, transformers 4 as `rope_theta` and `rope_scaling`.
+Each family's reader (realbench.models.families) carries into the spec everything in a config that
+changes what the model costs or computes, and refuses by name what it does not price. Both config
+generations are read: transformers 5 writes the rotary settings as `rope_parameters: {rope_type,
+rope_theta}`, transformers 4 as `rope_theta` and `rope_scaling`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from realbench.errors import ConfigError
 from realbench.models import LoraSpec, ModelSpec
+from realbench.models.families import Config, families, family_of
 from realbench.schema import refuse_unknown_keys, validate_model
-
-# The families the runtime computes exactly: LLaMA; Mistral (LLaMA's computation, when it has no
-# sliding window); Qwen2 (LLaMA's with biases on q, k and v). Each as a language model or as a
-# reward/critic model with a one-label score head.
-FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {"qkv_bias": True}}
-CAUSAL_LM = tuple(f"{f}ForCausalLM" for f in FAMILIES)
-SEQUENCE_CLASSIFICATION = tuple(f"{f}ForSequenceClassification" for f in FAMILIES)
-SUPPORTED = CAUSAL_LM + SEQUENCE_CLASSIFICATION
-# keys whose presence (with a true value) means a mixture of experts
-_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
 def read_config(folder: str | Path) -> dict:
+    """The config.json of a checkpoint folder (or the file itself)."""
     folder = Path(folder)
-    path = folder / "config.json"
-    if not folder.is_dir():
+    path = folder if folder.is_file() else folder / "config.json"
+    if not folder.exists():
         raise ConfigError("no such folder", source=str(folder))
     if not path.is_file():
         raise ConfigError("no config.json: not a Hugging Face checkpoint folder", source=str(folder))
@@ -46,87 +45,149 @@ def read_config(folder: str | Path) -> dict:
     return cfg
 
 
-def rope_theta(cfg: dict, source: str = "") -> float:
-    """The rotary base of a config, refusing any scaled or non-default rotary embedding."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for key, section in (("rope_parameters", params), ("rope_scaling", scaling)):
-        if not isinstance(section, dict):
-            raise ConfigError(f"expected a mapping, got {section!r}", key, source)
-        kind = section.get("rope_type", section.get("type", "default"))
-        if kind != "default":
-            raise ConfigError(f"rope scaling type {kind!r} is not supported (only the default rotary embedding)",
-                              key, source)
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or not theta > 0:
-        raise ConfigError(f"{theta!r} is not a positive number", "rope_theta", source)
-    return float(theta)
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache as huggingface_hub finds it now: HF_HUB_CACHE (or its old name
+    HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub."""
+    for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(key):
+            return Path(os.environ[key]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
 
 
-def _refuse_sliding_window(cfg: dict, source: str) -> None:
-    """Sliding-window attention would differ from full attention on long sequences: refused.
-    Mistral sets `sliding_window` (v0.1: 4096; null from v0.2 on); Qwen2 keeps a value there but
-    uses it only with `use_sliding_window`; transformers 5 lists each layer's kind."""
-    kinds = set(cfg.get("layer_types") or []) - {"full_attention"}
-    if kinds:
-        raise ConfigError(f"attention kind {sorted(kinds)[0]!r} is not supported (full attention only)",
-                          "layer_types", source)
-    if "use_sliding_window" in cfg and cfg.get("model_type") == "qwen2":
-        if cfg["use_sliding_window"]:
-            raise ConfigError("sliding-window attention is not supported", "use_sliding_window", source)
-    elif cfg.get("sliding_window") is not None:
-        raise ConfigError(f"sliding-window attention ({cfg['sliding_window']} tokens) is not supported",
-                          "sliding_window", source)
+def looks_like_hub_id(text: str) -> bool:
+    """`org/name` (or `name`): no path marks, one slash at most."""
+    return (bool(text) and text.count("/") <= 1 and not text.startswith((".", "/", "~")) and "\\" not in text
+            and not text.endswith((".json", "/")))
 
 
-def spec_from_config(cfg: dict, name: str, source: str = "") -> ModelSpec:
-    """The spec of a checkpoint's config; a critic/reward head (`*ForSequenceClassification`
-    with one label) becomes a value head."""
-    archs = cfg.get("architectures") or []
-    if len(archs) != 1 or archs[0] not in SUPPORTED:
-        raise ConfigError(f"architecture {archs[0] if len(archs) == 1 else archs!r} is not supported "
-                          f"(supported: {', '.join(SUPPORTED)})", "architectures", source)
-    arch = archs[0]
-    family = arch.split("For")[0]
-    _refuse_sliding_window(cfg, source)
-    for key in _MOE_KEYS:
-        if cfg.get(key):
-            raise ConfigError("mixture of experts is not supported", key, source)
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"activation {act!r} is not supported (SwiGLU with silu only)", "hidden_act", source)
-    for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
-            raise ConfigError("biases are not supported", key, source)
+def cached_config(hub_id: str) -> Optional[Path]:
+    """The config.json of `hub_id`'s main revision in the local hub cache, or None."""
+    from huggingface_hub import try_to_load_from_cache
+
     try:
-        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        shape = dict(n_layers=int(cfg["num_hidden_layers"]), hidden=hidden, n_heads=heads,
-                     n_kv_heads=int(cfg.get("num_key_value_heads") or heads), ffn=int(cfg["intermediate_size"]),
-                     vocab=int(cfg["vocab_size"]))
-    except KeyError as e:
-        raise ConfigError("missing", str(e.args[0]), source) from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"not a whole number: {e}", source=source) from None
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and heads and head_dim * heads != hidden:
-        raise ConfigError(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden} is not supported",
-                          "head_dim", source)
-    value_head = arch in SEQUENCE_CLASSIFICATION
+        found = try_to_load_from_cache(hub_id, "config.json", cache_dir=str(hf_cache_dir()))
+    except ValueError:  # not a valid repository id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """A model's config and where it was found: `folder` holds its weights (a checkpoint folder or
+    the cache's snapshot of a hub id), None for a lone config.json and a catalogue entry;
+    `origin` says which, for the user."""
+
+    config: dict
+    source: str  # what errors name: the config.json file, or the catalogue entry
+    folder: Optional[Path]
+    origin: str
+
+
+def find_config(where: str, base: Path = Path(".")) -> ConfigSource:
+    """The config a scenario's model names (module doc): a folder or a config.json file (relative to
+    `base`, the scenario's folder), a hub id in the local cache, or a catalogue entry."""
+    from realbench.models import catalogue
+
+    if not isinstance(where, str) or not where.strip():
+        raise ConfigError("must name a checkpoint folder, a config.json file, a hub id or a catalogue entry")
+    path = (base / Path(where).expanduser()).resolve()
+    if path.is_dir():
+        return ConfigSource(read_config(path), str(path / "config.json"), path, f"folder {path}")
+    if path.is_file():
+        return ConfigSource(read_config(path), str(path), None, f"config file {path}")
+    if looks_like_hub_id(where):
+        cached = cached_config(where.strip())
+        if cached is not None:
+            return ConfigSource(read_config(cached), str(cached), cached.parent,
+                                f"hub id {where.strip()} in the local Hugging Face cache")
+        entry = catalogue.find(where)
+        if entry is not None:
+            return ConfigSource(catalogue.config(entry), f"catalogue:{entry}", None,
+                                f"catalogue entry {entry} (a copy of {catalogue.hub_id(entry)}'s config.json)")
+        raise ConfigError(f"no such folder or config.json file; no hub id {where.strip()!r} in the local Hugging Face "
+                          f"cache ({hf_cache_dir()}: nothing is downloaded) and no catalogue entry of that name "
+                          "(realbench models lists them)", source=str(path))
+    raise ConfigError("no such folder or config.json file", source=str(path))
+
+
+def spec_from_config(cfg: dict, name: str, source: str = "", **fields) -> ModelSpec:
+    """The spec of a config (its family's reading); a one-label `*ForSequenceClassification`
+    becomes a value head. `fields`: more of the spec's (path, config_source)."""
+    family, arch = family_of(cfg, source)
+    value_head = family.value_head(arch)
     if value_head and (cfg.get("num_labels") or len(cfg.get("id2label") or {"0": 0})) != 1:
         raise ConfigError("a reward or critic head needs exactly one label", "num_labels", source)
-    fields = dict(name=name, **shape, **FAMILIES[family], value_head=value_head, rope_theta=rope_theta(cfg, source),
-                  norm_eps=cfg.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
-                  tie_embeddings=bool(cfg.get("tie_word_embeddings", False)) and not value_head)
+    from realbench.models.families import common_fields
+
+    reader = Config(cfg, family.defaults, source)
+    spec = {**common_fields(reader, value_head), **family.read(reader)}
     try:
-        return validate_model(ModelSpec, fields)
+        return validate_model(ModelSpec, {"name": name, "family": family.model_type, **spec, **fields})
     except ConfigError as e:
         raise e.in_file(source) from None
+
+
+def config_of(spec: ModelSpec) -> dict:
+    """The Hugging Face config.json of a spec of a family the runtime computes (transformers 5's
+    names; `spec_from_config` reads it back to the same spec): what a model without a source
+    checkpoint is saved with."""
+    name = spec.family
+    if name == "llama" and spec.qkv_bias and not spec.o_bias:  # (q, k, v biases alone: Qwen2's computation)
+        name = "qwen2"
+    family = families().get(name)
+    if family is None or not family.runs:
+        raise ConfigError(f"realbench writes configs of the families its runtime computes, not {spec.family}")
+    spec = spec.model_copy(update={"family": name})
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if spec.rope_scaling is not None:
+        rope = {**spec.rope_scaling.model_dump(exclude_defaults=True), "rope_type": spec.rope_scaling.rope_type,
+                "rope_theta": spec.rope_theta}
+    head = {"architectures": [family.architectures[1]], "num_labels": 1} if spec.value_head else \
+        {"architectures": [family.causal_lm]}
+    cfg = {**head, "model_type": spec.family, "hidden_act": "silu",
+           "hidden_size": spec.hidden, "intermediate_size": spec.ffn, "num_hidden_layers": spec.n_layers,
+           "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads, "head_dim": spec.head_dim,
+           "vocab_size": spec.vocab, "rms_norm_eps": spec.norm_eps, "rope_parameters": rope,
+           "max_position_embeddings": spec.max_positions or 4096, "tie_word_embeddings": spec.tie_embeddings,
+           "initializer_range": 0.02}
+    if spec.family in ("llama", "qwen3", "qwen3_moe"):
+        cfg["attention_bias"] = spec.qkv_bias
+    if spec.family == "llama":
+        cfg["mlp_bias"] = False
+    if spec.family in ("mistral", "mixtral"):
+        cfg["sliding_window"] = None
+    if spec.family in ("qwen2", "qwen3", "qwen3_moe"):
+        cfg.update(use_sliding_window=False, sliding_window=None)
+    moe = spec.moe
+    if moe is not None:
+        aux = {"output_router_logits": moe.aux_loss_coef > 0, "router_aux_loss_coef": moe.aux_loss_coef or 0.001,
+               "num_experts_per_tok": moe.top_k}
+        if spec.family == "mixtral":
+            cfg.update(num_local_experts=moe.experts, intermediate_size=moe.expert_ffn, **aux)
+        else:
+            cfg.update(num_experts=moe.experts, moe_intermediate_size=moe.expert_ffn, norm_topk_prob=moe.norm_topk_prob,
+                       decoder_sparse_step=1, mlp_only_layers=list(moe.dense_layers), **aux)
+    return cfg
 
 
 def spec_from_folder(folder: str | Path, name: str | None = None) -> ModelSpec:
     folder = Path(folder)
     cfg = read_config(folder)
-    return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"))
+    return spec_from_config(cfg, name or cfg.get("_name_or_path") or folder.name, str(folder / "config.json"),
+                            path=str(folder))
+
+
+def spec_from_source(where: str, base: Path = Path("."), name: Optional[str] = None) -> ModelSpec:
+    """The spec of the model `where` names (find_config), with the folder its weights would be in,
+    or where its config came from when it has no folder."""
+    found = find_config(where, base)
+    default = found.folder.name if found.folder is not None else where.strip().rsplit("/", 1)[-1]
+    if found.folder is not None and found.folder.parent.name == "snapshots":  # a hub cache snapshot
+        default = where.strip().rsplit("/", 1)[-1]
+    fields = {"path": str(found.folder)} if found.folder is not None else {"config_source": found.origin}
+    return spec_from_config(found.config, name or default, found.source, **fields)
 
 
 CHECKPOINT_KEYS = ("path", "value_head", "name", "lora", "adapter")  # of a scenario's checkpoint entry
@@ -161,12 +222,12 @@ def read_adapter(folder: Path, spec: ModelSpec) -> LoraSpec:
     expected = {p.name: p.shape for p in adapter_specs(spec.model_copy(update={"lora": lora}))}
     found = tensor_files(folder, "adapter_model.safetensors")
     for hf, (f, shape) in found.items():
-        ours = ours_of_adapter(hf)
+        ours = ours_of_adapter(hf, spec.family)
         if ours not in expected or expected[ours] != shape:
             raise ConfigError(f"tensor {hf!r} {list(shape)} is not an adapter of {spec.name} (r {lora.r}, "
                               f"hidden {spec.hidden}, ffn {spec.ffn}): an adapter folder for another base?",
                               source=str(folder / f))
-    missing = sorted(set(expected) - {ours_of_adapter(hf) for hf in found})
+    missing = sorted(set(expected) - {ours_of_adapter(hf, spec.family) for hf in found})
     if missing:
         raise ConfigError(f"{len(missing)} adapter(s) of its target_modules missing for {spec.name} "
                           f"({spec.n_layers} layers), the first {missing[0]!r}: an adapter folder for another base?",
@@ -174,24 +235,25 @@ def read_adapter(folder: Path, spec: ModelSpec) -> LoraSpec:
     return lora
 
 
-def ours_of_adapter(hf: str) -> str | None:
+def ours_of_adapter(hf: str, family: str = "llama") -> str | None:
     """realbench's name of a PEFT adapter tensor (base_model.model.<module>.lora_A.weight)."""
     if not hf.startswith("base_model.model.") or not hf.endswith((".lora_A.weight", ".lora_B.weight")):
         return None
     module, part, _ = hf.removeprefix("base_model.model.").rsplit(".", 2)
-    ours = ours_of(module + ".weight")
+    ours = ours_of(module + ".weight", family)
     return None if ours is None else f"{ours.removesuffix('.weight')}.{part}"
 
 
 def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
-    """A scenario's `{path: DIR[, value_head: true][, name: N]}` model: the spec of the folder's
-    config (`path` relative to `base`, the scenario file's folder), with a fresh value head when
-    asked (a critic or reward model started from a language model)."""
+    """A scenario's `{path: WHERE[, value_head: true][, name: N]}` model: the spec of the config
+    WHERE names (a folder or config.json file relative to `base`, the scenario file's folder; a hub
+    id in the local cache; a catalogue entry: find_config), with a fresh value head when asked (a
+    critic or reward model started from a language model). The weights are not read here
+    (check_weights, before a run)."""
     refuse_unknown_keys(CHECKPOINT_KEYS, entry)
     if not isinstance(entry["path"], str) or not entry["path"]:
-        raise ConfigError("must be a folder name", "path")
-    folder = (base / Path(entry["path"]).expanduser()).resolve()
-    spec = spec_from_folder(folder, entry.get("name") or folder.name)
+        raise ConfigError("must be a folder, a config.json file, a hub id or a catalogue entry", "path")
+    spec = spec_from_source(entry["path"], base, entry.get("name"))
     value_head = entry.get("value_head", spec.value_head)
     if not isinstance(value_head, bool):
         raise ConfigError("must be true or false", "value_head")
@@ -208,33 +270,38 @@ def spec_from_checkpoint_entry(entry: dict, base: Path) -> ModelSpec:
         if not isinstance(entry["adapter"], str) or not (base / Path(entry["adapter"]).expanduser()).is_dir():
             raise ConfigError("must be a PEFT adapter folder", "adapter")
         lora = read_adapter((base / Path(entry["adapter"]).expanduser()).resolve(), spec)
-    spec = spec.with_value_head(value_head).model_copy(update={"path": str(folder), "lora": lora})
-    checkpoint_tensors(spec, folder)  # every tensor accounted for, before any process starts
-    return spec
+    return spec.with_value_head(value_head).model_copy(update={"lora": lora})
+
+
+def check_weights(spec: ModelSpec, role: str = "") -> None:
+    """Refuse, in one line, a model whose weights cannot be run: one read from its config alone
+    (no folder), a folder without its safetensors files, a tensor that is not the config's. Run
+    before any process starts, by what runs the model."""
+    where = f"models.{role}" if role else spec.name
+    if spec.path is None:
+        if spec.config_source is not None:
+            raise ConfigError(f"{spec.name} is read from its config alone ({spec.config_source}): no weights to run. "
+                              "Give the checkpoint folder with its model.safetensors (models.<role>.path)", where)
+        return  # random weights (a preset, or a spec written by hand)
+    checkpoint_tensors(spec, Path(spec.path))
 
 
 # -- tensors ---------------------------------------------------------------------------------------
-_HF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "wq.weight",
-    "self_attn.k_proj.weight": "wk.weight",
-    "self_attn.v_proj.weight": "wv.weight",
-    "self_attn.q_proj.bias": "wq.bias",
-    "self_attn.k_proj.bias": "wk.bias",
-    "self_attn.v_proj.bias": "wv.bias",
-    "self_attn.o_proj.weight": "wo.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "w_gate.weight",
-    "mlp.up_proj.weight": "w_up.weight",
-    "mlp.down_proj.weight": "w_down.weight",
-}
-_FROM_OURS = {v: k for k, v in _HF_LAYER.items()}
 # buffers some exporters write that carry nothing the config does not say
 _DERIVED = ("rotary_emb.inv_freq",)
 
 
-def ours_of(hf: str) -> str | None:
-    """realbench's parameter name for a Hugging Face tensor name (None: no counterpart)."""
+def _family_tensors(spec_family: str):
+    family = families().get(spec_family)
+    if family is None or not family.runs:
+        raise ConfigError(f"realbench does not map the tensors of {spec_family} checkpoints (its runtime does not "
+                          "compute them)")
+    return family
+
+
+def ours_of(hf: str, family: str = "llama") -> str | None:
+    """realbench's parameter name for a Hugging Face tensor name of a checkpoint of `family`
+    (None: no counterpart)."""
     if hf == "model.embed_tokens.weight":
         return "embed.weight"
     if hf == "model.norm.weight":
@@ -243,8 +310,15 @@ def ours_of(hf: str) -> str | None:
         return "head.weight"
     if hf.startswith("model.layers."):
         _, _, idx, rest = hf.split(".", 3)
-        if rest in _HF_LAYER and idx.isdigit():
-            return f"layers.{idx}.{_HF_LAYER[rest]}"
+        if not idx.isdigit():
+            return None
+        fam = _family_tensors(family)
+        if rest in fam.layer_tensors:
+            return f"layers.{idx}.{fam.layer_tensors[rest]}"
+        if fam.expert_prefix and rest.startswith(fam.expert_prefix + "."):
+            j, _, name = rest[len(fam.expert_prefix) + 1:].partition(".")
+            if j.isdigit() and name in fam.expert_tensors:
+                return f"layers.{idx}.moe.experts.{j}.{fam.expert_tensors[name]}"
     return None
 
 
@@ -256,8 +330,14 @@ def hf_of(ours: str, spec: ModelSpec) -> str:
         return "model.norm.weight"
     if ours == "head.weight":
         return "score.weight" if spec.value_head else "lm_head.weight"
+    fam = _family_tensors(spec.family)
     _, idx, rest = ours.split(".", 2)
-    return f"model.layers.{idx}.{_FROM_OURS[rest]}"
+    if rest.startswith("moe.experts."):
+        _, _, j, name = rest.split(".", 3)
+        theirs = {v: k for k, v in fam.expert_tensors.items()}[name]
+        return f"model.layers.{idx}.{fam.expert_prefix}.{j}.{theirs}"
+    theirs = {v: k for k, v in fam.layer_tensors.items()}[rest]
+    return f"model.layers.{idx}.{theirs}"
 
 
 def safetensors_header(path: Path) -> dict:
@@ -301,8 +381,11 @@ def checkpoint_tensors(spec: ModelSpec, folder: Path) -> dict[str, tuple[str, st
     if spec.tie_embeddings:
         fresh.add("head.weight")  # the embedding serves as the head
     out = {}
+    problem = spec.runtime_problem()
+    if problem:
+        raise ConfigError(problem, source=str(folder / "config.json"))
     for hf, (f, shape) in tensor_files(folder).items():
-        ours = ours_of(hf)
+        ours = ours_of(hf, spec.family)
         if ours is None:
             if hf.endswith(_DERIVED):
                 continue

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from realbench.models import ModelSpec, stage_layers  # noqa: F401 (re-exported for the runtime)
@@ -43,7 +44,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     split: Optional[int]  # tensor-parallel dimension, None when replicated
     layer: int  # transformer layer index; -1 for the embedding, n_layers for the final norm/head
-
+    expert: int = -1  # the routed expert it belongs to (-1: none): expert parallelism places it
 
 
 def is_adapter(name: str) -> bool:
@@ -64,7 +65,13 @@ def adapter_specs(model: ModelSpec) -> list[ParamSpec]:
 
 
 def param_specs(model: ModelSpec, adapters: bool = True) -> list[ParamSpec]:
-    """Every parameter of `model`: the base's, then its LoRA adapters' (unless `adapters` is false)."""
+    """Every parameter of `model`: the base's (a mixture of experts' routed experts last), then its
+    LoRA adapters' (unless `adapters` is false). Worked out once per model."""
+    return list(_param_specs(model, adapters))
+
+
+@lru_cache(maxsize=256)
+def _param_specs(model: ModelSpec, adapters: bool) -> tuple[ParamSpec, ...]:
     h, hd, L = model.hidden, model.head_dim, model.n_layers
     q, kv = model.n_heads * hd, model.n_kv_heads * hd
     specs = [ParamSpec("embed.weight", (model.vocab, h), 0, -1)]
@@ -75,19 +82,44 @@ def param_specs(model: ModelSpec, adapters: bool = True) -> list[ParamSpec]:
             specs.append(ParamSpec(p + f"{name}.weight", (rows, h), 0, i))
             if model.qkv_bias:  # column-parallel: the bias splits with its rows
                 specs.append(ParamSpec(p + f"{name}.bias", (rows,), 0, i))
-        specs += [
-            ParamSpec(p + "wo.weight", (h, q), 1, i),
-            ParamSpec(p + "ffn_norm.weight", (h,), None, i),
-            ParamSpec(p + "w_gate.weight", (model.ffn, h), 0, i),
-            ParamSpec(p + "w_up.weight", (model.ffn, h), 0, i),
-            ParamSpec(p + "w_down.weight", (h, model.ffn), 1, i),
-        ]
+        if model.qk_norm:  # one head's width: every head (and every tp rank) shares it
+            specs += [ParamSpec(p + "q_norm.weight", (hd,), None, i), ParamSpec(p + "k_norm.weight", (hd,), None, i)]
+        specs += [ParamSpec(p + "wo.weight", (h, q), 1, i), ParamSpec(p + "ffn_norm.weight", (h,), None, i)]
+        if model.is_moe_layer(i):  # the router, replicated (its experts: expert_specs)
+            specs.append(ParamSpec(p + "moe.router.weight", (model.moe.experts, h), None, i))
+        else:
+            specs += [
+                ParamSpec(p + "w_gate.weight", (model.ffn, h), 0, i),
+                ParamSpec(p + "w_up.weight", (model.ffn, h), 0, i),
+                ParamSpec(p + "w_down.weight", (h, model.ffn), 1, i),
+            ]
     specs.append(ParamSpec("norm.weight", (h,), None, L))
     if model.value_head:
         specs.append(ParamSpec("head.weight", (1, h), None, L))
     else:
         specs.append(ParamSpec("head.weight", (model.vocab, h), 0, L))
-    return specs + (adapter_specs(model) if adapters else [])
+    return tuple(specs + expert_specs(model) + (adapter_specs(model) if adapters else []))
+
+
+def expert_specs(model: ModelSpec) -> list[ParamSpec]:
+    """A mixture of experts' routed experts, layer by layer, each split over tp as a dense MLP is
+    (gate and up by rows, down by columns). They come after the rest of the base's weights, so a
+    stage's experts are one run of its flat buffer (expert parallelism keeps its own of them)."""
+    if model.moe is None:
+        return []
+    h, f, specs = model.hidden, model.moe.expert_ffn, []
+    for i in range(model.n_layers):
+        if model.is_moe_layer(i):
+            for j in range(model.moe.experts):
+                e = f"layers.{i}.moe.experts.{j}."
+                specs += [ParamSpec(e + "w_gate.weight", (f, h), 0, i, j), ParamSpec(e + "w_up.weight", (f, h), 0, i, j),
+                          ParamSpec(e + "w_down.weight", (h, f), 1, i, j)]
+    return specs
+
+
+def expert_rank(spec: ParamSpec, model: ModelSpec, ep: int) -> int:
+    """The expert-parallel rank of `ep` that holds a parameter (-1: every rank, not an expert's)."""
+    return -1 if spec.expert < 0 else spec.expert // (model.moe.experts // ep)
 
 
 def tied_aliases(model: ModelSpec, pp: int) -> dict[str, str]:
@@ -129,14 +161,16 @@ def shard_shape(spec: ParamSpec, tp: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> tuple[dict[str, int], int]:
+def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1, ep: int = 1, ep_rank: int = 0
+                 ) -> tuple[dict[str, int], int]:
     """Where each shard of pipeline stage `stage` starts in the stage's flat buffer (in values),
     and the buffer's length. Every rank can compute any rank's layout from the model alone.
-    An alias (`tied_aliases`) starts where its target does and takes no space."""
+    An alias (`tied_aliases`) starts where its target does and takes no space. Of a mixture of
+    experts' routed experts, the stage holds those of expert-parallel rank `ep_rank` of `ep`."""
     offsets, total = {}, 0
     aliases = tied_aliases(model, pp)
     for p in param_specs(model):
-        if not in_stage(p, model.n_layers, pp, stage, v):
+        if not in_stage(p, model.n_layers, pp, stage, v) or expert_rank(p, model, ep) not in (-1, ep_rank):
             continue
         if p.name in aliases:
             offsets[p.name] = offsets[aliases[p.name]]
@@ -146,20 +180,21 @@ def flat_offsets(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> 
     return offsets, total
 
 
-def trainable_start(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1) -> int:
+def trainable_start(model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1, ep: int = 1, ep_rank: int = 0) -> int:
     """Where the trained parameters of a stage start in its flat buffer: 0 (all of them), or
     with LoRA, where its adapters start (they run to the end)."""
     if model.lora is None:
         return 0
-    offsets, total = flat_offsets(model, tp, pp, stage, v)
+    offsets, total = flat_offsets(model, tp, pp, stage, v, ep, ep_rank)
     return min((at for name, at in offsets.items() if is_adapter(name)), default=total)
 
 
-def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1, start: int = 0) -> dict:
+def flat_views(flat, model: ModelSpec, tp: int, pp: int, stage: int, v: int = 1, ep: int = 1, ep_rank: int = 0,
+               start: int = 0) -> dict:
     """The shards of stage `stage` as views of its flat buffer `flat` (a tensor of
     `flat_offsets(...)[1]` values), by name; with `start`, `flat` holds the buffer from there
     on (the trained run, `trainable_start`) and the views are of the shards it holds."""
-    offsets, _ = flat_offsets(model, tp, pp, stage, v)
+    offsets, _ = flat_offsets(model, tp, pp, stage, v, ep, ep_rank)
     specs = {p.name: p for p in param_specs(model)}
     views = {}
     for name, at in offsets.items():

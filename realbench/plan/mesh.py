@@ -190,10 +190,24 @@ class Strategy:
     # decode slots (realbench.cost.calls.serving_slots); None: the scenario's
     # (dataflow.memory_fraction). A plan's choice, searched inside the engines
     memory_fraction: Optional[float] = None
+    # a mixture of experts' routed experts split over `ep` devices (expert parallelism), each expert
+    # over `etp` of them (expert tensor parallelism; 0: tp's, as Megatron defaults it); the rest of
+    # the model laid out by dp, sp, tp and pp. Train and inference calls fold ep x etp out of the
+    # dp x sp x tp devices of a pipeline stage (Megatron's parallel folding: tokens go from their
+    # attention rank to their experts' and back, an all-to-all each way a layer); generation splits
+    # the experts over whole tp replicas (vLLM's and SGLang's expert parallelism, etp 1) or over none
+    # (ep 1: each replica holds every expert, split as tp splits it)
+    ep: int = 1
+    etp: int = 0
 
     @property
     def size(self) -> int:
         return self.dp * self.sp * self.tp * self.pp
+
+    @property
+    def expert_tp(self) -> int:
+        """The devices one expert is split over: etp, or tp where it is 0."""
+        return self.etp or self.tp
 
     @property
     def shards(self) -> int:
@@ -213,7 +227,8 @@ class Strategy:
                 + ("cpuadam" if self.host_adam else "") + (f"t{self.max_tokens}" if self.max_tokens else "")
                 + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, ""))
                 + (f"h{self.shard_group}" if self.shard_group else "")
-                + (f"f{self.memory_fraction:g}" if self.memory_fraction is not None else ""))
+                + (f"f{self.memory_fraction:g}" if self.memory_fraction is not None else "")
+                + (f"ep{self.ep}" if self.ep > 1 else "") + (f"etp{self.etp}" if self.etp else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,8 +119,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return "dp", f"{named} = {s.size} but the mesh has {mesh.size} device(s)"
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
-                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group, s.memory_fraction) != (
-                    1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0, None):
+                s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group, s.memory_fraction,
+                s.ep, s.etp) != (1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0, None, 1, 0):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -132,6 +132,10 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
                       f"{model.n_kv_heads} KV heads of {model.name}")
     if s.pp > model.n_layers:
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
+    if s.ep != 1 or s.etp:
+        problem = expert_problem(call, model, s)
+        if problem:
+            return problem
     if s.zero:
         problem = zero_problem(call, s)
         if problem:
@@ -199,6 +203,47 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     # model's: realbench.cost.calls.serving_cache_problem)
     if call.kind == CallKind.GENERATE and served_call(call, s).memory_fraction is not None and s.pp > 1:
         return "pp", "realbench prices an engine's rollout server without pipeline parallelism (pp 1)"
+    return None
+
+
+def expert_problem(call: CallDef, model: ModelSpec, s: Strategy) -> Optional[tuple[str, str]]:
+    """(field, reason) why a call cannot split its model's experts so (Strategy.ep, etp), or None.
+    Train and inference calls (Megatron's parallel folding, as verl's and AReaL's Megatron
+    engines run it): ep x etp devices hold a whole set of experts, folded out of a pipeline stage's
+    dp x sp x tp devices, under Megatron's sharding (zero 0, or 1: its distributed optimizer; FSDP
+    and DeepSpeed shard experts as any weight). Generation (vLLM's and SGLang's expert parallelism,
+    verl's rollout expert_parallel_size): each expert whole (etp 1) on one of ep devices, ep a
+    multiple of tp (a deployment of ep / tp data-parallel attention replicas, verl's
+    data_parallel_size) dividing the call's dp x tp devices, without a pipeline."""
+    if model.moe is None:
+        return ("ep" if s.ep != 1 else "etp"), f"expert parallelism splits a mixture of experts: {model.name} has none"
+    if s.ep < 1 or s.etp < 0:
+        return "ep", "ep and etp are at least 1"
+    E, f = model.moe.experts, model.moe.expert_ffn
+    if E % s.ep:
+        return "ep", f"the {E} experts of {model.name} do not split over ep {s.ep}"
+    if f % s.expert_tp:
+        return "etp", f"an expert's width {f} does not split over etp {s.expert_tp}"
+    if call.kind == CallKind.GENERATE:
+        if s.ep == 1:
+            return ("etp", "generation without expert parallelism splits each expert as tp splits it: leave etp out")                 if s.etp else None
+        if s.expert_tp != 1:
+            return "etp", "generation's expert parallelism holds each expert whole on one device: etp 1"
+        if s.ep % s.tp or (s.dp * s.tp) % s.ep:
+            return "ep", (f"generation's expert parallelism spans whole replicas of tp {s.tp} (ep a multiple of tp) "
+                          f"within the call's dp x tp = {s.dp * s.tp} devices")
+        if s.pp > 1:
+            return "ep", "generation's expert parallelism runs without a pipeline (pp 1)"
+        return None
+    group = s.dp * s.sp * s.tp
+    if group % (s.ep * s.expert_tp):
+        return "ep", (f"ep x etp = {s.ep} x {s.expert_tp} does not divide a pipeline stage's dp x sp x tp = {group} "
+                      "devices (Megatron folds the experts out of them)")
+    if s.zero > 1:
+        return "zero", f"zero {s.zero} shards experts as any weight (FSDP, DeepSpeed): expert parallelism is Megatron's " \
+                       "(zero 0, or 1: its distributed optimizer)"
+    if s.sp > 1 and s.ring != "p2p":
+        return "ep", "expert parallelism beside sequence parallelism is Megatron's, with context parallelism (ring: p2p)"
     return None
 
 
@@ -345,9 +390,33 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
                         for v in virtual_stage_counts(layers, pp, m) if train else (1,):
                             for merge in merges:
                                 for stage in stages if dp * sp > 1 else (0,):
-                                    s = Strategy(dp, tp, pp, m, checkpointing, v, zero=stage, merge_lora=merge, sp=sp)
-                                    if strategy_problem(call, model, cluster, probe, s) is None:
-                                        out.append(s)
+                                    for ep, etp in expert_layouts(call, model, dp, sp, tp, zero):
+                                        s = Strategy(dp, tp, pp, m, checkpointing, v, zero=stage, merge_lora=merge,
+                                                     sp=sp, ep=ep, etp=etp)
+                                        if strategy_problem(call, model, cluster, probe, s) is None:
+                                            out.append(s)
+    return tuple(out)
+
+
+def expert_layouts(call: CallDef, model, dp: int, sp: int, tp: int, engines: bool) -> tuple[tuple[int, int], ...]:
+    """The (ep, etp) a search offers a call of a mixture of experts on dp x sp x tp devices a stage
+    (expert_problem keeps the valid ones; (1, 0) for any other model): realbench's runtime splits
+    the experts over data-parallel replicas (ep dividing dp, each expert split as tp splits it);
+    with the engines' strategies, Megatron's folding (ep x etp dividing dp x sp x tp, etp tp's or 1)
+    and the serving engines' expert parallelism over whole tp replicas (etp 1)."""
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return ((1, 0),)
+    E = moe.experts
+    if call.kind == CallKind.GENERATE:
+        return ((1, 0),) + (tuple((k * tp, 1) for k in divisors(dp) if k * tp > 1 and E % (k * tp) == 0)
+                            if engines else ())
+    if not engines:
+        return tuple((ep, 0) for ep in divisors(math.gcd(dp, E)))
+    out = []
+    for etp in ((0, 1) if tp > 1 else (0,)):
+        width = etp or tp
+        out += [(ep, etp) for ep in divisors(math.gcd(dp * sp * tp // width, E))]
     return tuple(out)
 
 

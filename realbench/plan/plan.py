@@ -23,6 +23,9 @@
       # on inference and train calls under zero 2 or 3: shard_group: 8 (the state sharded within
       #   groups of 8 devices, replicated across them: FSDP's hybrid sharding, verl's fsdp_size;
       #   priced, not run here)
+      # on a mixture of experts' calls: ep: 4 (its routed experts split over 4 devices: expert
+      #   parallelism, folded out of dp x sp x tp in training and inference, over dp x tp in
+      #   generation), etp: 1 (each expert split over so many devices; absent: tp's)
       ...
     origin: {method: mcmc, seed: 0, ...}   # optional: how the plan was found
 """
@@ -37,6 +40,7 @@ from typing import Literal, Optional, Union
 from pydantic import ConfigDict, Field
 
 from realbench.errors import ConfigError
+from realbench.models import ModelSpec
 from realbench.plan.mesh import Option, Strategy, parse_mesh
 from realbench.dataflow import CallKind
 from realbench.plan.options import decode_slots, option_problem
@@ -92,6 +96,12 @@ class Placement(FileModel):
     # engine's plan): the share of each GPU's memory the server takes, over the scenario's
     # (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static); absent: the scenario's
     memory_fraction: Optional[float] = Field(default=None, gt=0, le=1)
+    # a mixture of experts: its routed experts split over this many devices (expert parallelism,
+    # Megatron's expert_model_parallel_size, vLLM's and SGLang's expert parallelism); absent: 1
+    ep: Optional[int] = Field(default=None, ge=1)
+    # each routed expert split over this many devices (Megatron's expert_tensor_parallel_size);
+    # absent: tp's
+    etp: Optional[int] = Field(default=None, ge=1)
 
 
 class Origin(FileModel):
@@ -142,7 +152,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 max_tokens=o.strategy.max_tokens, sp=o.strategy.sp if o.strategy.sp > 1 else None,
                                 ring=o.strategy.ring or None, shard_group=o.strategy.shard_group or None,
                                 slots=decode_slots(call, o) if continuous else None,
-                                memory_fraction=o.strategy.memory_fraction)
+                                memory_fraction=o.strategy.memory_fraction,
+                                ep=o.strategy.ep if o.strategy.ep > 1 else None, etp=o.strategy.etp or None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
 
@@ -175,7 +186,8 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
                                         p.virtual_stages or 1, p.zero or 0, bool(p.merge_lora),
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
                                         p.max_tokens, p.sp or 1, _ring_of(p), p.shard_group or 0,
-                                        p.memory_fraction))
+                                        p.memory_fraction, p.ep or 1,
+                                        0 if p.etp in (None, p.tp) else p.etp))  # (etp tp's: one strategy)
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
@@ -269,13 +281,45 @@ def load_plan(path: str, scenario: Optional[Scenario] = None) -> tuple[Plan, Sce
         raise (e if e.source else e.in_file(path)) from None
 
 
+def runtime_expert_problem(scenario: Scenario, name: str, option: Option) -> Optional[tuple[str, str]]:
+    """(field, reason) where realbench's runtime does not lay a mixture of experts out as the option
+    says, or None: it splits the experts over data-parallel replicas (ep dividing dp), each expert
+    as tp splits a dense MLP (etp tp's), and generates with every expert on every replica (ep 1);
+    the load-balancing loss it computes with the whole model on one stage."""
+    s, call = option.strategy, scenario.dataflow.call(name)
+    model = scenario.models[call.model]
+    if s.etp not in (0, s.tp):
+        return "etp", (f"realbench's runtime splits each expert as tp splits a dense MLP (etp {s.tp}); etp {s.etp} "
+                       "is priced for Megatron")
+    if s.ep > 1 and call.kind == CallKind.GENERATE:
+        return "ep", ("realbench's runtime generates with every expert on every replica (ep 1); expert-parallel "
+                      "generation is priced for vLLM and SGLang")
+    if s.dp % s.ep:
+        return "ep", f"realbench's runtime splits the experts over data-parallel replicas: ep {s.ep} must divide dp {s.dp}"
+    moe = getattr(model, "moe", None)
+    if moe is not None and moe.aux_loss_coef and call.kind == CallKind.TRAIN and s.pp > 1:
+        return "pp", ("the load-balancing loss (output_router_logits) is computed over every layer of a forward: "
+                      "realbench's runtime computes it with the whole model on one stage (pp 1)")
+    return None
+
+
 def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
     """Refuse by name what realbench's runtime does not run: a scenario an engine runs (`engine`),
     data-parallel sharding (ZeRO / FSDP) and the engines' host-memory modes (offloaded parameters or
-    optimizer states, Adam on the host), which the cost model prices for the engines."""
+    optimizer states, Adam on the host), which the cost model prices for the engines; a model the
+    runtime does not compute (an architecture, or a part of one: `ModelSpec.runtime_problem`), or
+    whose weights are not there to load (read from its config alone, a missing safetensors file)."""
+    from realbench.models.hf import check_weights
+
     if scenario.engine:
         raise ConfigError(f"the scenario is {scenario.engine}'s: realbench plans it, {scenario.engine} runs it "
                           f"(realbench export --format {scenario.engine})", "engine")
+    for role, model in scenario.models.items():
+        if isinstance(model, ModelSpec):
+            problem = model.runtime_problem()
+            if problem:
+                raise ConfigError(f"{model.name}: {problem}", f"models.{role}")
+            check_weights(model, role)
     for name, o in options.items():
         if o.strategy.zero:
             raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
@@ -285,6 +329,9 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
             raise ConfigError("realbench's runtime preallocates its rollout's KV cache for its decode slots; a serving "
                               "engine's share of each GPU's memory is priced for the engines that run one (verl, "
                               "OpenRLHF, AReaL)", f"calls.{name}.memory_fraction")
+        problem = runtime_expert_problem(scenario, name, o)
+        if problem:
+            raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
         for field in ("offload_params", "offload_optimizer", "host_adam"):
             if getattr(o.strategy, field):
                 raise ConfigError("realbench's runtime keeps a model's weights and optimizer states on its devices and "

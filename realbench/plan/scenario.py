@@ -36,7 +36,7 @@ from realbench.dataflow import ALGORITHMS, CallDef, CallKind, Dataflow, build_al
 from realbench.dataflow.lengths import parse_gen_len
 from realbench.errors import ConfigError
 from realbench.hardware import LINKS, ClusterSpec, get_device
-from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model
+from realbench.models import PRESETS, FunctionSpec, ModelSpec, get_model, unknown_model
 from realbench.models.hf import CHECKPOINT_KEYS, spec_from_checkpoint_entry
 from realbench.plan.data import DataSpec
 from realbench.models.rewards import FUNCTION_KEYS, GIVEN, function_spec, load_function, missing_arguments
@@ -468,9 +468,9 @@ def check_entry(spec: Any) -> None:
         return
     if not isinstance(spec, dict):
         shown = repr(spec)
-        raise ConfigError(f"a preset name ({', '.join(PRESETS)}) or a mapping ({{path: DIR}}, "
-                          f"{{arch: PRESET, ...}}, {{function: FILE.py:NAME}} or a full spec), not "
-                          f"{shown[:60] + '...' if len(shown) > 60 else shown}")
+        raise ConfigError(f"a model's name (a preset, a catalogue entry or a hub id: realbench models lists them) or a "
+                          f"mapping ({{path: DIR}}, {{arch: NAME, ...}}, {{function: FILE.py:NAME}} or a full spec), "
+                          f"not {shown[:60] + '...' if len(shown) > 60 else shown}")
     refuse_unknown_keys(ENTRY_FORMS[_entry_form(spec)], spec)
 
 
@@ -491,7 +491,7 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
     full spec."""
     check_entry(spec)
     if isinstance(spec, str):
-        return get_model(spec)
+        return named_model(spec, base)
     if isinstance(spec, (ModelSpec, FunctionSpec)):
         return spec
     form = _entry_form(spec)
@@ -500,12 +500,29 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
     if form == "function":
         return function_spec(spec, base, role)
     if form == "arch":
-        preset = get_model(spec["arch"]) if isinstance(spec["arch"], str) else None
-        if preset is None:
-            raise ConfigError(f"arch must be a preset name ({', '.join(PRESETS)})", "arch")
+        if not isinstance(spec["arch"], str):
+            raise ConfigError("must be a model's name: a preset or a catalogue entry (realbench models lists them)",
+                              "arch")
+        named = named_model(spec["arch"], base)
         rest = {k: x for k, x in spec.items() if k != "arch"}
-        return validate_model(ModelSpec, {**preset.model_dump(), **rest})
+        base_fields = named.model_dump()
+        if {"hidden", "n_heads"} & set(rest) and named.head_dim * named.n_heads == named.hidden:
+            base_fields.pop("head_dim")  # derived from the shapes given, as it was from the named ones
+        return validate_model(ModelSpec, {**base_fields, **rest})
     return validate_model(FunctionSpec if form == "functions" else ModelSpec, spec)
+
+
+def named_model(name: str, base: Path = Path(".")) -> ModelSpec:
+    """A model named by a string: a preset (llama-7b, llama-tiny, ...), a catalogue entry (qwen3-8b) or
+    what `{path: NAME}` reads (a folder, a config.json file, a hub id in the local cache)."""
+    if name in PRESETS:
+        return get_model(name)
+    try:
+        return spec_from_checkpoint_entry({"path": name}, base)
+    except ConfigError as e:
+        if "/" in name or (base / name).exists() or e.field:
+            raise
+        raise unknown_model(name) from None
 
 
 def _scorers(role: str, entries: list, base: Path) -> dict:

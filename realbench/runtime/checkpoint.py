@@ -52,12 +52,14 @@ def load_hf_checkpoint(folder: str | Path, name: str | None = None, value_head: 
 
 
 def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, seed: int = 0, v: int = 1,
-                   names: list[str] | None = None, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+                   names: list[str] | None = None, dtype: torch.dtype = torch.float32, ep: int = 1,
+                   ep_rank: int = 0) -> dict[str, torch.Tensor]:
     """The shards that tp rank `tp_rank` of pipeline stage `stage` holds, read from the
     checkpoint folder `spec.path` slice by slice (safetensors reads a slice without the rest of
     its tensor), so a process's memory stays near its shard. A tied head on the embedding's stage
     is the embedding (not listed); a fresh value head is made here. `names`: every parameter of
-    one unsharded stage instead (the full model with tp = pp = 1)."""
+    one unsharded stage instead (the full model with tp = pp = 1). Of a mixture of experts' routed
+    experts, those of expert-parallel rank `ep_rank` of `ep`."""
     from safetensors import safe_open
 
     from realbench.models.hf import checkpoint_tensors
@@ -66,7 +68,7 @@ def load_hf_shards(spec: ModelSpec, tp: int, tp_rank: int, pp: int, stage: int, 
     folder = Path(spec.path)
     where = checkpoint_tensors(spec, folder)
     specs = {p.name: p for p in param_specs(spec)}
-    wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage, v)[0]
+    wanted = names if names is not None else [n for n in flat_offsets(spec, tp, pp, stage, v, ep, ep_rank)[0]
                                               if n not in tied_aliases(spec, pp)]
     wanted = [n for n in wanted if not is_adapter(n)]  # a checkpoint holds the base; LoRA adapters start fresh
     out: dict[str, torch.Tensor] = {}
@@ -274,30 +276,22 @@ def scenario_of(manifest: dict, folder: Path):
 
 
 def hf_config(spec: ModelSpec, dtype: str) -> dict:
-    """The config.json of a model: its source checkpoint's, with the head it has now (a critic
-    or reward model started from a language model becomes `<family>ForSequenceClassification`
-    with one label) and the dtype it is saved in; for a model without a source, a LLaMA (or,
-    with q/k/v biases, Qwen2) config of its shapes."""
-    from realbench.models.hf import read_config
+    """The config.json of a model: its source checkpoint's (its rotary settings and the rest as they
+    were: training changes no shape), with the head it has now (a critic or reward model started
+    from a language model becomes `<family>ForSequenceClassification` with one label) and the dtype
+    it is saved in; for a model without a source, its family's config of its spec
+    (realbench.models.hf.config_of)."""
+    from realbench.models.families import families
+    from realbench.models.hf import config_of, read_config
 
-    if spec.path:
-        cfg = read_config(spec.path)
-        family = cfg["architectures"][0].split("For")[0]
-    else:
-        family = "Qwen2" if spec.qkv_bias else "Llama"
-        cfg = {"model_type": family.lower(), "hidden_act": "silu", "max_position_embeddings": 4096,
-               "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02}
-    cfg = {**cfg, "hidden_size": spec.hidden, "intermediate_size": spec.ffn, "num_hidden_layers": spec.n_layers,
-           "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads, "vocab_size": spec.vocab,
-           "rms_norm_eps": spec.norm_eps, "rope_theta": spec.rope_theta,
-           "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
-           "tie_word_embeddings": spec.tie_embeddings, "torch_dtype": dtype, "dtype": dtype}
-    cfg.pop("rope_scaling", None)
+    cfg = read_config(spec.path) if spec.path else config_of(spec)
+    family = families()[cfg["model_type"]] if cfg.get("model_type") in families() else families()[spec.family]
+    cfg = {**cfg, "tie_word_embeddings": spec.tie_embeddings, "torch_dtype": dtype, "dtype": dtype}
     if spec.value_head:
-        cfg.update(architectures=[f"{family}ForSequenceClassification"], num_labels=1, id2label={"0": "LABEL_0"},
+        cfg.update(architectures=[family.architectures[1]], num_labels=1, id2label={"0": "LABEL_0"},
                    label2id={"LABEL_0": 0})
     else:
-        cfg["architectures"] = [f"{family}ForCausalLM"]
+        cfg["architectures"] = [family.causal_lm]
     return cfg
 
 

@@ -40,9 +40,15 @@ class PlacedModel:
         self.tp_group = groups.get(layout.tp_group(c))
         self.dp_ranks = layout.dp_group(c)
         self.dp_group = groups.get(self.dp_ranks)
+        # a mixture of experts split over ep replicas: the all-to-alls' group, and the replicas that
+        # hold this rank's experts (their gradients' average)
+        self.ep_group = groups.get(layout.ep_group(c)) if d.ep > 1 else None
+        self.expert_dp_ranks = layout.expert_dp_group(c)
+        self.expert_dp_group = groups.get(self.expert_dp_ranks) if d.ep > 1 else self.dp_group
         self.device = torch.device(device)
         self.stage = LlamaStage(spec, d.tp, c.tp, d.pp, c.pp, self.tp_group, self.device, dtype, d.v,
-                                tp_ranks=layout.tp_group(c))
+                                tp_ranks=layout.tp_group(c), ep=d.ep, ep_rank=layout.ep_rank(c),
+                                ep_group=self.ep_group, ep_ranks=layout.ep_group(c))
         self.loop_group = groups.loop(layout.pp_group(c)) if d.pp > 1 else None
         self.pp_group = groups.get(layout.pp_group(c))
         self.prev = layout.rank_of(Coord(c.dp, c.tp, c.pp - 1)) if c.pp > 0 else None
@@ -155,13 +161,13 @@ class PlacedModel:
                 y = self._stage_forward(micro_batches[i], x, grad=True, checkpointing=checkpointing, chunk=k)
                 if self.targets[k] is not None:
                     outbox[ACTIVATION, step.item] = y.detach().contiguous()
-                saved[step.item] = (x, y)
+                saved[step.item] = (x, y, self._balancing_loss(micro_batches[i], len(micro_batches)))
                 continue
-            x, y = saved.pop(step.item)
+            x, y, balancing = saved.pop(step.item)
             if self.targets[k] is None:
                 loss = loss_fn(i, y)
                 total += float(loss.detach())
-                loss.backward()
+                (loss if balancing is None else loss + balancing).backward()
             else:
                 y.backward(grads.pop(step.item))
             del y  # its graph is freed: this micro-batch's activations go now
@@ -171,6 +177,20 @@ class PlacedModel:
         self.sum_tied_gradients()
         self.average_gradients()
         return total if self.next is None else None
+
+    def _balancing_loss(self, tokens: torch.Tensor, micro_batches: int) -> Optional[torch.Tensor]:
+        """A mixture of experts' load-balancing loss of the forward just run (realbench.runtime.experts),
+        times the config's coefficient, over the step's micro-batches (as gradient accumulation
+        scales a forward's loss), where the config turns it on: the whole model on this stage
+        (the runtime refuses it over a pipeline); None otherwise."""
+        moe = self.spec.moe
+        if moe is None or not moe.aux_loss_coef:
+            return None
+        from realbench.runtime.experts import load_balancing_loss
+
+        logits = [b.moe.router_logits for b in self.stage.layers.values() if hasattr(b, "moe")]
+        valid = (tokens[:, :self._width(tokens)] >= 0).reshape(-1)
+        return moe.aux_loss_coef * load_balancing_loss(logits, moe.experts, moe.top_k, valid) / micro_batches
 
     def sum_tied_gradients(self) -> None:
         """A head tied to the embedding but held on another stage than the embedding is a copy:
@@ -193,12 +213,16 @@ class PlacedModel:
         c = self.coord
         specs = {p.name: p for p in param_specs(self.spec)}
         tied_copy = self.spec.tie_embeddings and self.layout.dims.pp > 1
-        grads = [p.grad for name, p in self.stage.named_parameters()
-                 if p.grad is not None and not (tied_copy and name == "head.weight")
-                 and (specs[name].split is not None or c.tp == 0)]
+        counted = [(specs[name].expert >= 0, p.grad) for name, p in self.stage.named_parameters()
+                   if p.grad is not None and not (tied_copy and name == "head.weight")
+                   and (specs[name].split is not None or c.tp == 0)]
         total = torch.zeros(1, dtype=torch.float64, device=self.device)
-        if grads:  # one norm per tensor (foreach, as torch's clip_grad_norm_), summed in fp64
-            total += torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()
+        for expert in (False, True):  # one norm per tensor (foreach, as torch's clip_grad_norm_), summed in fp64
+            grads = [g for e, g in counted if e == expert]
+            part = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() if grads else torch.zeros_like(total)
+            if expert and self.ep_group is not None:  # each expert on one replica of the group
+                dist.all_reduce(part, group=self.ep_group)
+            total += part
         for group in (self.tp_group, self.pp_group):
             if group is not None:
                 dist.all_reduce(total, group=group)
@@ -206,19 +230,27 @@ class PlacedModel:
 
     def average_gradients(self) -> None:
         """Average the gradients over data parallelism with one all-reduce of all of them in a
-        flat buffer (as DDP's buckets do): a collective per tensor pays its latency ~40 times."""
+        flat buffer (as DDP's buckets do): a collective per tensor pays its latency ~40 times. A
+        mixture of experts' routed experts are summed over the replicas that hold them (one of each
+        expert-parallel group), the rest over every replica, and both divided by dp: an expert's
+        gradient on its replica already sums what the tokens of its group's ep replicas sent it."""
         if len(self.dp_ranks) == 1:
             return
-        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1).float() for g in grads])  # summed in fp32 whatever the dtype
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= len(self.dp_ranks)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        specs = {p.name: p for p in param_specs(self.spec)}
+        named = [(specs[name].expert >= 0, p.grad) for name, p in self.stage.named_parameters() if p.grad is not None]
+        for expert, group, ranks in ((False, self.dp_group, self.dp_ranks),
+                                     (True, self.expert_dp_group, self.expert_dp_ranks)):
+            grads = [g for e, g in named if e == expert]
+            if not grads:
+                continue
+            flat = torch.cat([g.reshape(-1).float() for g in grads])  # summed in fp32 whatever the dtype
+            if len(ranks) > 1:
+                dist.all_reduce(flat, group=group)
+            flat /= len(self.dp_ranks)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
 
 
 _M32 = 0xFFFFFFFF

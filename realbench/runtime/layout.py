@@ -7,6 +7,12 @@ passed to whoever communicates.
 
 Rank placement inside a layout (REAL.md section 4): mesh index r = pp * (dp * tp) + dp * tp + tp,
 i.e. tp innermost (consecutive devices), then dp, then pp.
+
+Expert parallelism (a mixture of experts' `ep`, dividing dp): the dp replicas of a (tp rank, stage)
+form groups of ep consecutive ones, each holding every expert once (replica d holds expert-parallel
+rank d % ep's experts: realbench.runtime.experts); replicas with the same expert-parallel rank, one
+per group, hold the same experts and average their gradients (`expert_dp_group`), as all dp
+replicas do the rest's.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ class ParallelDims:
     tp: int
     pp: int
     v: int = 1  # virtual stages per rank (interleaved schedule; realbench.models.shards)
+    ep: int = 1  # expert-parallel ranks, over the dp replicas (a mixture of experts)
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "v"):
+        for name in ("dp", "tp", "pp", "v", "ep"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.dp % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide dp {self.dp}")
 
     @property
     def size(self) -> int:
@@ -50,8 +59,12 @@ class Layout:
             raise ValueError("a rank appears twice in the layout")
 
     @classmethod
-    def on(cls, ranks, dp: int, tp: int, pp: int, v: int = 1) -> "Layout":
-        return cls(tuple(ranks), ParallelDims(dp, tp, pp, v))
+    def on(cls, ranks, dp: int, tp: int, pp: int, v: int = 1, ep: int = 1) -> "Layout":
+        return cls(tuple(ranks), ParallelDims(dp, tp, pp, v, ep))
+
+    def ep_rank(self, c: Coord) -> int:
+        """Whose experts the rank at `c` holds: its replica's place in its group of ep."""
+        return c.dp % self.dims.ep
 
     def rank_of(self, c: Coord) -> int:
         d = self.dims
@@ -82,11 +95,23 @@ class Layout:
     def pp_group(self, c: Coord) -> tuple[int, ...]:
         return tuple(self.rank_of(Coord(c.dp, c.tp, p)) for p in range(self.dims.pp))
 
+    def ep_group(self, c: Coord) -> tuple[int, ...]:
+        """The ep replicas that hold every expert once between them (the all-to-alls' group)."""
+        first = c.dp - c.dp % self.dims.ep
+        return tuple(self.rank_of(Coord(first + e, c.tp, c.pp)) for e in range(self.dims.ep))
+
+    def expert_dp_group(self, c: Coord) -> tuple[int, ...]:
+        """The replicas that hold this rank's experts (one of each ep group): their gradients' average."""
+        d = self.dims
+        return tuple(self.rank_of(Coord(g * d.ep + c.dp % d.ep, c.tp, c.pp)) for g in range(d.dp // d.ep))
+
     def all_groups(self) -> list[tuple[int, ...]]:
-        """Every tp, dp and pp group of the layout, in a fixed order (for group creation)."""
+        """Every tp, dp, pp (and with experts, ep and expert dp) group of the layout, in a fixed order
+        (for group creation)."""
         out: list[tuple[int, ...]] = []
         for c in self.coords():
-            for g in (self.tp_group(c), self.dp_group(c), self.pp_group(c)):
+            experts = (self.ep_group(c), self.expert_dp_group(c)) if self.dims.ep > 1 else ()
+            for g in (self.tp_group(c), self.dp_group(c), self.pp_group(c), *experts):
                 if len(g) > 1 and g not in out:
                     out.append(g)
         return out

@@ -91,20 +91,78 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):
+    def forward(self, x, enter=None):
+        """`enter`: what the weight passes through first (a tensor-parallel copy whose backward sums
+        its gradient over the group, where each rank normalizes part of the heads)."""
         x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        weight = self.weight if enter is None else enter(self.weight)
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * weight
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+def rope_frequencies(spec: ModelSpec) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention factor) of the spec's rotary embedding, as transformers'
+    ROPE_INIT_FUNCTIONS compute them: theta^(-2i/d) (d the head's rotating dimensions); linear
+    scaling divides them by the factor; llama3 (Llama 3.1+) divides the low frequencies (wavelength
+    past original/low_freq_factor) by the factor and blends the middle band smoothly; yarn
+    interpolates the low frequencies, extrapolates the high ones over a ramp between beta_fast and
+    beta_slow rotations, and scales cos and sin by its attention factor (0.1 ln(factor) + 1, or
+    DeepSeek's mscale ratio). Computed once per stage."""
+    dim = int(spec.head_dim * spec.partial_rotary_factor)
+    base = spec.rope_theta
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    sc = spec.rope_scaling
+    if sc is None:
+        return inv, 1.0
+    if sc.rope_type == "linear":
+        return inv / sc.factor, 1.0
+    if sc.rope_type == "llama3":
+        old = sc.original_max_position_embeddings
+        low_wavelen, high_wavelen = old / sc.low_freq_factor, old / sc.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / sc.factor, inv)
+        smooth = (old / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if sc.rope_type == "yarn":
+        factor = sc.factor
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = sc.attention_factor
+        if attention is None:
+            attention = (mscale(factor, sc.mscale) / mscale(factor, sc.mscale_all_dim)
+                         if sc.mscale and sc.mscale_all_dim else mscale(factor))
+
+        def correction(rotations):
+            return dim * math.log(sc.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction(sc.beta_fast or 32), correction(sc.beta_slow or 1)
+        if sc.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # (transformers': no singularity)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        pos = base ** (torch.arange(0, dim, 2).to(dtype=torch.float32) / dim)
+        extrapolated = 1 - ramp
+        return (1.0 / (factor * pos)) * (1 - extrapolated) + (1.0 / pos) * extrapolated, float(attention)
+    raise ValueError(f"the runtime does not compute rotary scaling {sc.rope_type!r}")
+
+
+def rotary_tables(positions: torch.Tensor, frequencies: tuple[torch.Tensor, float], dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) of the rotary embedding at `positions`: (seq,) gives (seq, head_dim), (batch,
     seq) (rows starting at different offsets: left padding) gives (batch, 1, seq, head_dim).
-    Computed once per stage forward and shared by its layers."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    angles = positions.to(torch.float32)[..., None] * inv
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
+    `frequencies`: rope_frequencies'. Computed once per stage forward and shared by its layers."""
+    inv, scale = frequencies
+    angles = positions.to(torch.float32)[..., None] * inv.to(positions.device)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    cos = torch.cat([cos, cos], dim=-1).to(dtype)
+    sin = torch.cat([sin, sin], dim=-1).to(dtype)
     if positions.dim() == 2:  # the same for every head
         cos, sin = cos[:, None], sin[:, None]
     return cos, sin
@@ -161,19 +219,32 @@ def positions_of(valid: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, tp: int, group):
+    """One decoder layer: attention (with Qwen3's q/k norms where the spec has them) and the MLP,
+    dense or a mixture of experts (`moe`: realbench.runtime.experts, its experts split over the
+    expert-parallel group `ep_group`, ep of them, this rank's `ep_rank`)."""
+
+    def __init__(self, spec: ModelSpec, tp: int, group, moe: bool = False, ep: int = 1, ep_rank: int = 0,
+                 ep_group=None, ep_ranks: Optional[tuple[int, ...]] = None):
         super().__init__()
         h, hd = spec.hidden, spec.head_dim
         self.heads, self.kv_heads, self.head_dim = spec.n_heads // tp, spec.n_kv_heads // tp, hd
-        self.group, self.tp, self.rope_theta = group, tp, spec.rope_theta
+        self.group, self.tp = group, tp
+        self.frequencies = rope_frequencies(spec)
         self.attn_norm, self.ffn_norm = RMSNorm(h, spec.norm_eps), RMSNorm(h, spec.norm_eps)
         self.wq = nn.Linear(h, self.heads * hd, bias=spec.qkv_bias)
         self.wk = nn.Linear(h, self.kv_heads * hd, bias=spec.qkv_bias)
         self.wv = nn.Linear(h, self.kv_heads * hd, bias=spec.qkv_bias)
+        if spec.qk_norm:  # over each head's width, shared by every head (replicated over tp)
+            self.q_norm, self.k_norm = RMSNorm(hd, spec.norm_eps), RMSNorm(hd, spec.norm_eps)
         self.wo = nn.Linear(self.heads * hd, h, bias=False)
-        self.w_gate = nn.Linear(h, spec.ffn // tp, bias=False)
-        self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
-        self.w_down = nn.Linear(spec.ffn // tp, h, bias=False)
+        if moe:
+            from realbench.runtime.experts import Experts
+
+            self.moe = Experts(spec, tp, self._enter, ep, ep_rank, ep_group, ep_ranks)
+        else:
+            self.w_gate = nn.Linear(h, spec.ffn // tp, bias=False)
+            self.w_up = nn.Linear(h, spec.ffn // tp, bias=False)
+            self.w_down = nn.Linear(spec.ffn // tp, h, bias=False)
         self.lora_scale = spec.lora.scaling if spec.lora else 0.0
         self.adapters_on = True  # false: the frozen base alone (LlamaStage.adapters)
         for module in (spec.lora.modules if spec.lora else ()):
@@ -212,10 +283,13 @@ class Block(nn.Module):
         B, S, _ = x.shape
         n = self.attn_norm(x)
         a = self._enter(n)
-        q = self._column(self.wq, n, a).view(B, S, self.heads, self.head_dim).transpose(1, 2)
-        k = self._column(self.wk, n, a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self._column(self.wq, n, a).view(B, S, self.heads, self.head_dim)
+        k = self._column(self.wk, n, a).view(B, S, self.kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # (each rank normalizes its heads: the weights' gradients summed over tp)
+            q, k = self.q_norm(q, self._enter), self.k_norm(k, self._enter)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self._column(self.wv, n, a).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        tables = rotary or rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
+        tables = rotary or rotary_tables(positions, self.frequencies, x.dtype)
         q, k = rope(q, tables), rope(k, tables)
         if isinstance(cache, dict):  # decoding: attend to the cached keys and values too
             if "k" in cache:
@@ -239,6 +313,8 @@ class Block(nn.Module):
         x = x + self._row(self.wo, y.transpose(1, 2).reshape(B, S, self.heads * self.head_dim))
         n = self.ffn_norm(x)
         f = self._enter(n)
+        if hasattr(self, "moe"):  # each rank its part of its experts' outputs, summed over tp
+            return x + self._leave(self.moe(n, f))
         return x + self._row(self.w_down, F.silu(self._column(self.w_gate, n, f)) * self._column(self.w_up, n, f))
 
 
@@ -254,11 +330,18 @@ class LlamaStage(nn.Module):
 
     def __init__(self, spec: ModelSpec, tp: int = 1, tp_rank: int = 0, pp: int = 1, stage: int = 0,
                  tp_group=None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, v: int = 1,
-                 tp_ranks: Optional[tuple[int, ...]] = None):
-        """`tp_ranks`: the global ranks of the tp group in tp order (None: in increasing order)."""
+                 tp_ranks: Optional[tuple[int, ...]] = None, ep: int = 1, ep_rank: int = 0, ep_group=None,
+                 ep_ranks: Optional[tuple[int, ...]] = None):
+        """`tp_ranks`: the global ranks of the tp group in tp order (None: in increasing order).
+        A mixture of experts' experts are split over `ep` ranks (`ep_group`, whose global ranks in
+        expert-parallel order are `ep_ranks`), this one `ep_rank`."""
         super().__init__()
-        if spec.n_kv_heads % tp or spec.ffn % tp or spec.vocab % tp or spec.hidden % tp:
+        width = spec.moe.expert_ffn if spec.moe is not None else spec.ffn
+        if spec.n_kv_heads % tp or spec.ffn % tp or width % tp or spec.vocab % tp or spec.hidden % tp:
             raise ValueError(f"tp={tp} does not split {spec.name} (kv heads {spec.n_kv_heads}, ffn {spec.ffn})")
+        if ep > 1 and (spec.moe is None or spec.moe.experts % ep):
+            raise ValueError(f"ep={ep} does not split the experts of {spec.name}")
+        self.ep, self.ep_rank = ep, ep_rank
         if not 0 <= stage < pp <= spec.n_layers:
             raise ValueError(f"stage {stage} of pp={pp} for {spec.n_layers} layers")
         self.spec, self.tp, self.tp_rank, self.pp, self.stage, self.group = spec, tp, tp_rank, pp, stage, tp_group
@@ -274,7 +357,9 @@ class LlamaStage(nn.Module):
         self.aliases = tied_aliases(spec, pp)  # {"head.weight": "embed.weight"} for a tied head on one stage
         if self.first:
             self.embed = nn.Embedding(spec.vocab // tp, spec.hidden)
-        self.layers = nn.ModuleDict({i: Block(spec, tp, tp_group) for chunk in self.chunks for i in chunk})
+        self.layers = nn.ModuleDict({i: Block(spec, tp, tp_group, spec.is_moe_layer(int(i)), ep, ep_rank, ep_group,
+                                              ep_ranks) for chunk in self.chunks for i in chunk})
+        self.frequencies = rope_frequencies(spec)
         if self.last:
             self.norm = RMSNorm(spec.hidden, spec.norm_eps)
             out = 1 if spec.value_head else spec.vocab // tp
@@ -288,8 +373,9 @@ class LlamaStage(nn.Module):
 
     @torch.no_grad()
     def _flatten(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        flat = torch.empty(flat_offsets(self.spec, self.tp, self.pp, self.stage, self.v)[1], device=device, dtype=dtype)
-        views = flat_views(flat, self.spec, self.tp, self.pp, self.stage, self.v)
+        where = (self.spec, self.tp, self.pp, self.stage, self.v, self.ep, self.ep_rank)
+        flat = torch.empty(flat_offsets(*where)[1], device=device, dtype=dtype)
+        views = flat_views(flat, *where)
         params = dict(self.named_parameters())  # an alias is listed once, under its target's name
         stored = {k: v for k, v in views.items() if k not in self.aliases}
         assert params.keys() == stored.keys(), sorted(set(params) ^ set(stored))
@@ -321,7 +407,8 @@ class LlamaStage(nn.Module):
         saved = []
         with torch.no_grad():
             for b in self.layers.values():
-                for linear in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down):
+                for linear in (getattr(b, m) for m in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+                               if hasattr(b, m)):
                     if hasattr(linear, "lora_A"):
                         saved.append((linear.weight, linear.weight.clone()))
                         linear.weight.add_(b.lora_scale * (linear.lora_B @ linear.lora_A))
@@ -363,7 +450,7 @@ class LlamaStage(nn.Module):
                 mask = attention_mask(keys, S, keys.shape[1], x.device)
         elif valid is not None:
             mask = attention_mask(valid, S, S, x.device)
-        tables = rotary_tables(positions, self.spec.head_dim, self.spec.rope_theta, x.dtype)
+        tables = rotary_tables(positions, self.frequencies, x.dtype)
         for name in self.chunks[chunk]:
             block = self.layers[name]
             if checkpointing and torch.is_grad_enabled():

@@ -35,7 +35,7 @@ class MixedPrecisionAdam:
     def __init__(self, model, lr: float = 1e-3, settings=None, total_updates: int = 1):
         self.model, self.settings, self.total_updates = model, settings, total_updates
         st = model.stage
-        self.start = trainable_start(st.spec, st.tp, st.pp, st.stage, st.v)  # 0 unless LoRA
+        self.start = trainable_start(st.spec, st.tp, st.pp, st.stage, st.v, st.ep, st.ep_rank)  # 0 unless LoRA
         flat = st.flat[self.start:]
         # fp32: one storage with the stage (updated in place); bf16: a copy that the stage follows
         self.master = torch.nn.Parameter(flat if flat.dtype == torch.float32 else flat.float())
@@ -65,7 +65,7 @@ class MixedPrecisionAdam:
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         st = self.model.stage
-        return flat_views(flat, st.spec, st.tp, st.pp, st.stage, st.v, start=self.start)
+        return flat_views(flat, st.spec, st.tp, st.pp, st.stage, st.v, st.ep, st.ep_rank, start=self.start)
 
     def zero_grad(self) -> None:
         for p in self.model.stage.parameters():

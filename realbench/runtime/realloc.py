@@ -34,8 +34,8 @@ import torch.distributed as dist
 
 from realbench.models import ModelSpec
 from realbench.runtime.layout import Coord, Layout
-from realbench.models.shards import (ParamSpec, flat_offsets, flat_views, in_stage, param_specs, shard_shape,
-                                      tied_aliases, tp_range)
+from realbench.models.shards import (ParamSpec, expert_rank, flat_offsets, flat_views, in_stage, param_specs,
+                                      shard_shape, tied_aliases, tp_range)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ def _stage_of(spec: ParamSpec, n_layers: int, pp: int, v: int) -> int:
 
 def plan_transfers(model: ModelSpec, src: Layout, dst: Layout, names: Optional[Callable[[str], bool]] = None
                    ) -> list[Transfer]:
-    """`names`: move only the parameters it accepts (the adapters alone, say); None: all."""
+    """`names`: move only the parameters it accepts (the adapters alone, say); None: all. A routed
+    expert's weights come from the source replicas that hold that expert and go to the destination
+    ranks that hold it (expert parallelism: realbench.runtime.layout)."""
     L = model.n_layers
     out = []
     stored_once = tied_aliases(model, dst.dims.pp)  # a tied head the destination keeps in its embedding
@@ -64,12 +66,15 @@ def plan_transfers(model: ModelSpec, src: Layout, dst: Layout, names: Optional[C
         if p.name in stored_once or (names is not None and not names(p.name)):
             continue
         s_stage = _stage_of(p, L, src.dims.pp, src.dims.v)
+        # the source replicas that hold it (all of them, unless it is an expert's)
+        s_holds = [d for d in range(src.dims.dp) if expert_rank(p, model, src.dims.ep) in (-1, d % src.dims.ep)]
+        d_owner = expert_rank(p, model, dst.dims.ep)
         for c in dst.coords():
-            if not in_stage(p, L, dst.dims.pp, c.pp, dst.dims.v):
+            if not in_stage(p, L, dst.dims.pp, c.pp, dst.dims.v) or d_owner not in (-1, dst.ep_rank(c)):
                 continue
             r = dst.rank_of(c)
             if p.split is None:  # replicated: one copy from any source rank of the stage
-                holders = [src.rank_of(Coord(d, t, s_stage)) for d in range(src.dims.dp) for t in range(src.dims.tp)]
+                holders = [src.rank_of(Coord(d, t, s_stage)) for d in s_holds for t in range(src.dims.tp)]
                 sender = r if r in holders else holders[(c.dp * dst.dims.tp + c.tp) % len(holders)]
                 out.append(Transfer(p.name, sender, r, None, 0, p.shape[0], 0, 0))
                 continue
@@ -79,7 +84,7 @@ def plan_transfers(model: ModelSpec, src: Layout, dst: Layout, names: Optional[C
                 lo, hi = max(need_lo, have_lo), min(need_hi, have_hi)
                 if lo >= hi:
                     continue
-                replicas = [src.rank_of(Coord(d, t, s_stage)) for d in range(src.dims.dp)]
+                replicas = [src.rank_of(Coord(d, t, s_stage)) for d in s_holds]
                 sender = r if r in replicas else replicas[c.dp % len(replicas)]
                 out.append(Transfer(p.name, sender, r, p.split, lo, hi, lo - have_lo, lo - need_lo))
     return out
@@ -149,8 +154,8 @@ def _pair_messages(model: ModelSpec, specs: dict[str, ParamSpec], src: Layout, d
     """The message from `sender` (layout src) to `receiver` (layout dst) with the given transfers,
     as each of the two sees it. Both ranks compute it from the layouts alone. Order: the sender's
     memory order when it can send in place, else the receiver's (which may then receive in place)."""
-    src_at = flat_offsets(model, src.dims.tp, src.dims.pp, src.coord(sender).pp, src.dims.v)[0]
-    dst_at = flat_offsets(model, dst.dims.tp, dst.dims.pp, dst.coord(receiver).pp, dst.dims.v)[0]
+    src_at = stage_offsets(model, src, sender)
+    dst_at = stage_offsets(model, dst, receiver)
     items = []  # (slice in the sender's shard, in the receiver's, values, flat positions on each side)
     for t in transfers:
         n = t.hi - t.lo
@@ -271,9 +276,15 @@ def empty_shards(model: ModelSpec, layout: Layout, rank: int, dtype: torch.dtype
     coord = layout.coord(rank)
     if coord is None:
         return {}
-    d = layout.dims
-    flat = torch.empty(flat_offsets(model, d.tp, d.pp, coord.pp, d.v)[1], dtype=dtype, device=device)
-    return flat_views(flat, model, d.tp, d.pp, coord.pp, d.v)
+    where = (model, layout.dims.tp, layout.dims.pp, coord.pp, layout.dims.v, layout.dims.ep, layout.ep_rank(coord))
+    flat = torch.empty(flat_offsets(*where)[1], dtype=dtype, device=device)
+    return flat_views(flat, *where)
+
+
+def stage_offsets(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
+    """Where each of `rank`'s shards starts in its stage's flat buffer (shards.flat_offsets)."""
+    c, d = layout.coord(rank), layout.dims
+    return flat_offsets(model, d.tp, d.pp, c.pp, d.v, d.ep, layout.ep_rank(c))[0]
 
 
 def reallocate(model: ModelSpec, src: Layout, dst: Layout, shards: dict[str, torch.Tensor], rank: int,

@@ -177,7 +177,7 @@ def step_order(events: list[Event], calls: list[CallDef], ahead: frozenset = fro
 
 def layout_of(option: Option, gpus_per_node: int) -> Layout:
     s = option.strategy
-    return Layout.on(option.mesh.devices(gpus_per_node), s.dp, s.tp, s.pp, s.virtual_stages)
+    return Layout.on(option.mesh.devices(gpus_per_node), s.dp, s.tp, s.pp, s.virtual_stages, s.ep)
 
 
 def dp_heads(layout: Layout) -> list[int]:
@@ -317,7 +317,8 @@ class Worker:
             model = PlacedModel(spec, lay, rank, self.groups, self.device, self.dtype)
             if weights and spec.path:  # a checkpoint folder: this rank reads its own slices only
                 model.load_shards(load_hf_shards(spec, lay.dims.tp, model.coord.tp, lay.dims.pp, model.coord.pp,
-                                                 seed=self.seed, v=lay.dims.v))
+                                                 seed=self.seed, v=lay.dims.v, ep=lay.dims.ep,
+                                                 ep_rank=lay.ep_rank(model.coord)))
                 if spec.lora is not None:  # the adapters of a PEFT folder, or fresh ones, on the checkpoint's weights
                     adapters = load_adapters(spec) if spec.lora.path else init_adapters(spec, self.weights_seed(spec))
                     model.stage.load_full(adapters, only=set(adapters))

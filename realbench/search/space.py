@@ -62,9 +62,10 @@ class SearchSpace:
             if isinstance(opts, OptionSet):  # decided per block and spread over its positions
                 out.append(self._pruned_blocks(i, opts, resident))
                 continue
-            groups: dict[tuple[int, int], list[int]] = {}
+            groups: dict[tuple[int, int, int], list[int]] = {}
             for k in cands:
-                groups.setdefault((int(est.mesh_id[i][k]), int(est.layout_id[i][k])), []).append(int(k))
+                groups.setdefault((int(est.mesh_id[i][k]), int(est.layout_id[i][k]), int(est.expert_layout[i][k])),
+                                  []).append(int(k))
             keep = []
             for members in groups.values():
                 keep += self._undominated([(float(est.dur[i][k]), float(est.working[i][k]),
@@ -95,7 +96,7 @@ class SearchSpace:
             groups: dict[tuple[int, int], list] = {}
             for s, st in enumerate(b.strategies):
                 if alone[s]:
-                    groups.setdefault((st.tp, st.pp, st.zero, st.state_shards, st.merge_lora), []).append(
+                    groups.setdefault((st.tp, st.pp, st.zero, st.state_shards, st.merge_lora, st.ep, st.etp), []).append(
                         (float(costs["dur"][s]), float(costs["working"][s]), float(costs["weights"][s]), s))
             chosen = sorted(s for members in groups.values() for s in self._undominated(members, resident))
             if chosen:
@@ -112,7 +113,8 @@ class SearchSpace:
         pos = np.searchsorted(kept, k)
         if pos < len(kept) and kept[pos] == k:
             return int(k)
-        layout = (est.mesh_id[call][kept] == est.mesh_id[call][k]) & (est.layout_id[call][kept] == est.layout_id[call][k])
+        layout = ((est.mesh_id[call][kept] == est.mesh_id[call][k]) & (est.layout_id[call][kept] == est.layout_id[call][k])
+                  & (est.expert_layout[call][kept] == est.expert_layout[call][k]))
         same = kept[layout & (est.dur[call][kept] <= est.dur[call][k])]
         leaner = same[est.working[call][same] <= est.working[call][k]]
         pool = leaner if len(leaner) else same
