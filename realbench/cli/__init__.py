@@ -174,13 +174,13 @@ def profile_for(args, scenario, processes: Optional[int] = None, device_type: st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import (bench, checkpoint, estimate, export, importer, lab, profile, run, scenarios, search,
-                               validate, worker)
+    from realbench.cli import (bench, checkpoint, estimate, export, importer, lab, models, profile, run, scenarios,
+                               search, validate, worker)
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (scenarios, validate, estimate, search, profile, run, worker, checkpoint, export, importer, bench,
-                   lab):
+    for module in (scenarios, models, validate, estimate, search, profile, run, worker, checkpoint, export, importer,
+                   bench, lab):
         module.add_parser(sub)
     return parser
 

@@ -124,6 +124,9 @@ class ModelProfile(FileModel):
     n_kv_heads: int = Field(gt=0)
     ffn: int = Field(gt=0)
     vocab: int = Field(gt=0)
+    # what else the layers compute that changes their time (`variant_of`: a head width of their
+    # own, q/k norms, a mixture of experts); "" for a LLaMA layer, as every profile before them
+    variant: str = ""
     ops: dict[str, dict[str, list[LayerPoint]]]  # tp (as a string key) -> op -> points
     optimizer: dict[str, OptimizerFit] = {}  # tp -> Adam fit
     calls: list[CallPoint] = []  # whole calls of the runtime (empty in profiles from before them)
@@ -150,10 +153,26 @@ class ModelProfile(FileModel):
         return shape_key(self) == shape_key(spec)
 
 
-def shape_key(m) -> tuple[int, ...]:
+def shape_key(m) -> tuple:
     """What a profile's measurements depend on (a ModelSpec or a ModelProfile): two models of one
-    shape share them, whatever their names, depths or heads."""
-    return (m.hidden, m.n_heads, m.n_kv_heads, m.ffn, m.vocab)
+    shape share them, whatever their names or depths."""
+    variant = m.variant if isinstance(m, ModelProfile) else variant_of(m)
+    return (m.hidden, m.n_heads, m.n_kv_heads, m.ffn, m.vocab, variant)
+
+
+def variant_of(spec) -> str:
+    """A spec's layers beyond a LLaMA layer's shape, as a profile records them: "d<head_dim>" where
+    a head's width is its own (Qwen3), "qk" with q/k norms, "e<experts>k<top_k>f<expert_ffn>" for a
+    mixture of experts (with "m<layers>" naming its dense layers); "" for a LLaMA layer."""
+    parts = []
+    if spec.head_dim * spec.n_heads != spec.hidden:
+        parts.append(f"d{spec.head_dim}")
+    if spec.qk_norm:
+        parts.append("qk")
+    if spec.moe is not None:
+        m = spec.moe
+        parts.append(f"e{m.experts}k{m.top_k}f{m.expert_ffn}" + "".join(f"m{i}" for i in m.dense_layers))
+    return "-".join(parts)
 
 
 class DeviceInfo(FileModel):

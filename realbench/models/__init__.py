@@ -109,6 +109,13 @@ PRESETS: dict[str, ModelSpec] = {
         # Tiny models: small enough to train on a laptop CPU in seconds.
         _llama("llama-tiny", 4, 64, 4, 2, 176, vocab=128),
         _llama("llama-small", 8, 128, 8, 4, 344, vocab=256),
+        # Qwen3's computation (q/k norms, a head width of its own) and a Qwen3-MoE (8 experts, 2 a
+        # token) at the tiny size: what the runtime's tests and tiny scenarios run
+        ModelSpec(name="qwen3-tiny", family="qwen3", n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, head_dim=32,
+                  ffn=176, vocab=128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6),
+        ModelSpec(name="qwen3-moe-tiny", family="qwen3_moe", n_layers=4, hidden=64, n_heads=4, n_kv_heads=2,
+                  head_dim=16, ffn=176, vocab=128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6,
+                  moe=MoESpec(experts=8, top_k=2, expert_ffn=32)),
     ]
 }
 

@@ -50,6 +50,7 @@ AttentionKind = Literal["full_attention", "sliding_attention", "linear_attention
 # computes RUNTIME_ROPE of them
 ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
 RUNTIME_ROPE = ("linear", "llama3", "yarn")
+DEFAULT_IMBALANCE = 1.25  # realbench.runtime.experts.tiny_model_spread(), measured
 
 # The projections LoRA can adapt, by PEFT's (Hugging Face's) module name: realbench's module, and
 # whether tensor parallelism splits its output (column-parallel) or its input (row-parallel).
@@ -181,8 +182,10 @@ class MoESpec(FileModel):
     dense_layers: tuple[int, ...] = ()
     # how unevenly the router spreads tokens over expert-parallel devices: the busiest device's
     # tokens over the mean, which sets an expert-parallel layer's pace (a workload's, not the
-    # checkpoint's: a scenario sets it, models.<role>.expert_imbalance)
-    imbalance: float = Field(default=1.0, ge=1)
+    # checkpoint's: a scenario sets it, models.<role>.expert_imbalance). The default is the spread
+    # measured on the runtime's tiny Qwen3-MoE, one expert a device (realbench.runtime.experts.
+    # tiny_model_spread; a test measures it again)
+    imbalance: float = Field(default=DEFAULT_IMBALANCE, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":

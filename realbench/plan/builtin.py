@@ -70,6 +70,21 @@ _SPECS = [
     _spec("ppo-8b-16gpu-longtail", "ppo", 2, 8, "h100", _ppo_models("llama3-8b", "llama3-8b"),
           dict(prompts=512, prompt_len=512, gen_len={"dist": "lognormal", "mean": 1000, "cv": 1.0, "max": 4096}),
           "PPO, LLaMA-3 8B actor/ref/critic/reward, log-normal lengths (mean 1000, cap 4096), 2x8 H100"),
+    # The models of 2026 (the catalogue's configs): Qwen3 dense and a mixture of experts whose experts
+    # the search may split over devices (expert parallelism), and a MoE at the scale of the dense
+    # 1,024-GPU job (the estimator's speed on experts)
+    _spec("grpo-qwen3-8b-8gpu", "grpo", 1, 8, "h100",
+          {"actor": "qwen3-8b", "ref": "qwen3-8b", "reward": {"arch": "qwen3-1.7b", "value_head": True}},
+          dict(prompts=64, prompt_len=512, gen_len=2048, group_size=8),
+          "GRPO, Qwen3-8B actor/ref, a Qwen3-1.7B reward model, 8 samples per prompt, 1x8 H100"),
+    _spec("grpo-qwen3-30b-a3b-16gpu", "grpo", 2, 8, "h100",
+          {"actor": "qwen3-30b-a3b", "ref": "qwen3-30b-a3b", "reward": {"arch": "qwen3-1.7b", "value_head": True}},
+          dict(prompts=64, prompt_len=512, gen_len=2048, group_size=8),
+          "GRPO, Qwen3-30B-A3B (128 experts, 8 a token) actor/ref, a Qwen3-1.7B reward model, 2x8 H100"),
+    _spec("ppo-qwen3-235b-a22b-1024gpu", "ppo", 128, 8, "h100",
+          _ppo_models("qwen3-235b-a22b-instruct-2507", "qwen3-8b"),
+          dict(prompts=1024, prompt_len=512, gen_len=1024),
+          "PPO, Qwen3-235B-A22B actor/ref, Qwen3-8B critic/reward, 128x8 H100"),
     # One GPU, models small enough to run the whole step in seconds: the CUDA check (README).
     _spec("grpo-500m-1gpu", "grpo", 1, 1, "h100",
           {"actor": "llama-500m", "ref": "llama-500m", "reward": {"arch": "llama-500m", "value_head": True}},
@@ -88,6 +103,10 @@ _SPECS = [
           dict(pairs=8, seq_len=16), "DPO with tiny models on 4 CPU processes"),
     _spec("sft-tiny-cpu", "sft", 1, 4, "cpu", {"actor": "llama-tiny"},
           dict(seqs=16, seq_len=16), "SFT with a tiny model on 4 CPU processes"),
+    _spec("grpo-moe-tiny-cpu", "grpo", 1, 4, "cpu",
+          {"actor": "qwen3-moe-tiny", "ref": "qwen3-moe-tiny", "reward": {"arch": "llama-tiny", "value_head": True}},
+          dict(prompts=4, group_size=4, minibatches=2, **_TINY_LENGTHS),
+          "GRPO with a tiny Qwen3-MoE (8 experts, 2 a token) on 4 CPU processes"),
     # Two "nodes" of 2 CPU processes: multi-node launch (torchrun, Slurm) on one machine.
     _spec("ppo-tiny-2x2cpu", "ppo", 2, 2, "cpu", _ppo_models("llama-tiny", "llama-tiny"),
           dict(prompts=8, minibatches=2, **_TINY_LENGTHS), "PPO with tiny models on 2 nodes of 2 CPU processes"),

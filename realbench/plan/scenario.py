@@ -432,9 +432,9 @@ def algorithm_keys(algorithm: str) -> tuple[str, ...]:
 
 # The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.
 ENTRY_FORMS = {
-    "path": CHECKPOINT_KEYS,  # a Hugging Face checkpoint folder
+    "path": (*CHECKPOINT_KEYS, "expert_imbalance"),  # a Hugging Face checkpoint folder, config, hub id, catalogue entry
     "function": FUNCTION_KEYS,  # reward functions
-    "arch": ("arch", *ModelSpec.model_fields),  # a preset changed
+    "arch": ("arch", *ModelSpec.model_fields, "expert_imbalance"),  # a preset or catalogue entry changed
     "name": tuple(ModelSpec.model_fields),  # a full spec (as a scenario written out holds it)
     "functions": (*FunctionSpec.model_fields, "function"),  # functions, as a scenario written out holds them
 }
@@ -496,7 +496,8 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
         return spec
     form = _entry_form(spec)
     if form == "path":
-        return spec_from_checkpoint_entry(spec, base)
+        return with_expert_imbalance(spec_from_checkpoint_entry(
+            {k: x for k, x in spec.items() if k != IMBALANCE}, base), spec.get(IMBALANCE))
     if form == "function":
         return function_spec(spec, base, role)
     if form == "arch":
@@ -504,12 +505,30 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
             raise ConfigError("must be a model's name: a preset or a catalogue entry (realbench models lists them)",
                               "arch")
         named = named_model(spec["arch"], base)
-        rest = {k: x for k, x in spec.items() if k != "arch"}
-        base_fields = named.model_dump()
+        rest = {k: x for k, x in spec.items() if k not in ("arch", IMBALANCE)}
+        # (a value head on a model whose head is tied to its embedding: a head of its own)
+        base_fields = (named.with_value_head() if rest.get("value_head") is True else named).model_dump()
         if {"hidden", "n_heads"} & set(rest) and named.head_dim * named.n_heads == named.hidden:
             base_fields.pop("head_dim")  # derived from the shapes given, as it was from the named ones
-        return validate_model(ModelSpec, {**base_fields, **rest})
+        return with_expert_imbalance(validate_model(ModelSpec, {**base_fields, **rest}), spec.get(IMBALANCE))
     return validate_model(FunctionSpec if form == "functions" else ModelSpec, spec)
+
+
+# a model entry's setting of how unevenly its router spreads the job's tokens (MoESpec.imbalance)
+IMBALANCE = "expert_imbalance"
+
+
+def with_expert_imbalance(spec: ModelSpec, imbalance: Any) -> ModelSpec:
+    """`spec` with its experts' load imbalance set (None: as it is), refused where it has no experts
+    or the value is not a ratio of at least 1."""
+    if imbalance is None:
+        return spec
+    if spec.moe is None:
+        raise ConfigError(f"{spec.name} is dense: it has no experts to spread tokens over", IMBALANCE)
+    if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) or not imbalance >= 1:
+        raise ConfigError(f"{imbalance!r}: the busiest expert-parallel device's tokens over the mean, at least 1",
+                          IMBALANCE)
+    return spec.model_copy(update={"moe": spec.moe.model_copy(update={"imbalance": float(imbalance)})})
 
 
 def named_model(name: str, base: Path = Path(".")) -> ModelSpec:

@@ -153,3 +153,36 @@ def load_balancing_loss(logits: list[torch.Tensor], n_experts: int, top_k: int,
         tokens_per_expert = (mask * w[:, None, None]).sum(0) / w.sum()
         prob_per_expert = (probs * w[:, None]).sum(0) / w.sum()
     return n_experts * (tokens_per_expert * prob_per_expert[None]).sum()
+
+
+def router_spread(stage, tokens: torch.Tensor, ep: Optional[int] = None) -> float:
+    """How unevenly a model's routers spread tokens over expert-parallel devices: per mixture-of-experts
+    layer, the (token, pick) pairs the busiest of ep devices (E / ep experts each; ep None: one expert
+    a device) receives over the mean, averaged over the layers, for `tokens` through `stage` (a whole
+    model on one process)."""
+    with torch.no_grad():
+        stage(tokens)
+    spreads = []
+    for block in stage.layers.values():
+        if not hasattr(block, "moe"):
+            continue
+        m = block.moe
+        picks = torch.topk(m.router_logits.float().softmax(-1), m.top_k, dim=-1).indices.reshape(-1)
+        counts = torch.bincount(picks, minlength=m.n_experts).float()
+        per_device = counts.view(ep or m.n_experts, -1).sum(1)
+        spreads.append(float(per_device.max() / per_device.mean()))
+    return sum(spreads) / len(spreads)
+
+
+def tiny_model_spread() -> float:
+    """The default of MoESpec.imbalance: `router_spread` of the runtime's tiny Qwen3-MoE (the
+    qwen3-moe-tiny preset, its random weights of seed 0) over 16 rows of 64 random tokens (seed 0),
+    one expert a device. A workload's own spread is the scenario's to set (expert_imbalance)."""
+    from realbench.models import get_model
+    from realbench.runtime.model import LlamaStage, init_full_weights
+
+    spec = get_model("qwen3-moe-tiny")
+    stage = LlamaStage(spec)
+    stage.load_full(init_full_weights(spec, seed=0))
+    tokens = torch.randint(0, spec.vocab, (16, 64), generator=torch.Generator().manual_seed(0))
+    return router_spread(stage, tokens)

@@ -75,8 +75,11 @@ def shape_named(models: Iterable) -> list:
     a profile matches on, so that names cannot collide."""
     from realbench.models import ModelSpec
 
-    return [spec.model_copy(update={"name": "h{}-a{}-kv{}-f{}-v{}".format(*shape_key(spec))}) for spec in models
-            if isinstance(spec, ModelSpec)]
+    def named(spec):
+        *shape, variant = shape_key(spec)
+        return "h{}-a{}-kv{}-f{}-v{}".format(*shape) + (f"-{variant}" if variant else "")
+
+    return [spec.model_copy(update={"name": named(spec)}) for spec in models if isinstance(spec, ModelSpec)]
 
 
 def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", refresh: bool = False,

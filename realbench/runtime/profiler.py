@@ -24,7 +24,8 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from realbench.errors import ConfigError
-from realbench.hardware.profile import CALL_MICRO_BATCHES, COLLECTIVES, Profile, shape_key, shares_cores, this_machine
+from realbench.hardware.profile import (CALL_MICRO_BATCHES, COLLECTIVES, Profile, shape_key, shares_cores, this_machine,
+                                       variant_of)
 from realbench.models import ModelSpec
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -78,7 +79,8 @@ class ProfileRequest:
     def tp_degrees(self, spec) -> list[int]:
         out, tp = [], 1
         while tp <= self.nproc:
-            if spec.n_kv_heads % tp == 0 and spec.ffn % tp == 0 and spec.vocab % tp == 0:
+            width = spec.moe.expert_ffn if spec.moe is not None else spec.ffn
+            if spec.n_kv_heads % tp == 0 and spec.ffn % tp == 0 and width % tp == 0 and spec.vocab % tp == 0:
                 out.append(tp)
             tp *= 2
         return out
@@ -196,7 +198,7 @@ def _layer_ops(spec, tp: int, rank: int, group, req: ProfileRequest, clock: _Clo
     from realbench.runtime.model import LlamaStage
 
     dtype = torch_dtype(profile_dtype(req))
-    one = spec.model_copy(update={"n_layers": 1, "value_head": False})
+    one = spec.with_layers(1).model_copy(update={"value_head": False})
     stage = LlamaStage(one, tp, rank, 1, 0, group, dev, dtype)
     valued = LlamaStage(one.with_value_head(), tp, rank, 1, 0, group, dev, dtype)
     block = stage.layers["0"]
@@ -260,9 +262,9 @@ def _optimizer_fit(spec, tp: int, rank: int, group, clock: _Clock, tick, dev) ->
     for layers in (1, 2, 4):
         for ends in (True, False):
             if ends:  # embedding + layers + head on one stage
-                stage = LlamaStage(spec.model_copy(update={"n_layers": layers}), tp, rank, 1, 0, group, dev)
+                stage = LlamaStage(spec.with_layers(layers), tp, rank, 1, 0, group, dev)
             else:  # the middle stage of three holds just the layers
-                stage = LlamaStage(spec.model_copy(update={"n_layers": 3 * layers}), tp, rank, 3, 1, group, dev)
+                stage = LlamaStage(spec.with_layers(3 * layers), tp, rank, 3, 1, group, dev)
             params = list(stage.parameters())
             for p in params:
                 p.grad = torch.randn_like(p)
@@ -469,7 +471,7 @@ def _profile_rank(rank: int, world: int, req: ProfileRequest, progress) -> Optio
     models: dict = {}
     for name, spec in req.specs():
         entry = {"hidden": spec.hidden, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
-                 "ffn": spec.ffn, "vocab": spec.vocab, "ops": {}, "optimizer": {}}
+                 "ffn": spec.ffn, "vocab": spec.vocab, "variant": variant_of(spec), "ops": {}, "optimizer": {}}
         for tp in req.tp_degrees(spec):
             # world // tp groups of tp processes measure at once; rank 0's group is recorded
             groups = [dist.new_group(list(range(k * tp, (k + 1) * tp))) for k in range(world // tp)] \
