@@ -120,16 +120,27 @@ def write_scenario(folder: Path, name: str, algorithm: str, models: dict, data: 
     return path
 
 
+# The tiny checkpoints of the families a job may bring (transformers' config keys beside save_model's
+# shapes): Qwen3's own head width and q/k norms; a Qwen3-MoE of 8 experts, 2 a token
+TINY_FAMILIES = {"Llama": {}, "Qwen3": {"head_dim": 32},
+                 "Qwen3Moe": {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                              "norm_topk_prob": True}}
+
+
 def tiny_grpo_job(folder: Path, devices: int = 2, reward: str = "rewards.py:digits", prompts: int = 4,
-             group_size: int = 4, max_new_tokens: int = 6, nodes: int = 1, algorithm: str = "grpo", **data) -> Path:
+             group_size: int = 4, max_new_tokens: int = 6, nodes: int = 1, algorithm: str = "grpo",
+             family: str = "Llama", **data) -> Path:
     """The three files of a GRPO job (checkpoint folder, data file, reward function) and its
     scenario, in `folder`; `algorithm="rloo"`: the same job trained by RLOO (`rloo-arithmetic.yaml`,
-    with RLOO's own beta, TRL's default 0.05)."""
+    with RLOO's own beta, TRL's default 0.05); `family`: the checkpoint's (TINY_FAMILIES: Llama,
+    Qwen3, Qwen3Moe)."""
     if algorithm not in GROUP_ALGORITHMS:
         raise ValueError(f"a tiny job of {', '.join(GROUP_ALGORITHMS)}, not {algorithm!r}")
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"a tiny checkpoint of {', '.join(TINY_FAMILIES)}, not {family!r}")
     folder = Path(folder)
     if not (folder / "ckpt" / "config.json").is_file():
-        save_model(folder / "ckpt")
+        save_model(folder / "ckpt", family, **TINY_FAMILIES[family])
     write_jsonl(folder / "train.jsonl", arithmetic_prompts())
     (folder / "rewards.py").write_text(REWARD_FUNCTION)
     return write_scenario(

@@ -557,6 +557,11 @@ def test_bench_estimator_quick(cli):
     code, out, _ = cli("bench", "estimator", "--quick", "--json")
     r = json.loads(out)
     assert code == 0 and r["plans_per_s"] > 0 and r["deterministic"]
+    # the mixture of experts' row: its plans per second over the dense job's, measured in the same run
+    moe = r["moe"]
+    assert moe["scenario"] == "grpo-qwen3-30b-a3b-16gpu" and moe["options"] > 0
+    assert moe["ratio_to_dense"] == pytest.approx(moe["plans_per_s"] / r["plans_per_s"])
+    assert moe["meets_target"] == (moe["ratio_to_dense"] >= moe["target_ratio"] == 0.5)
 
 
 def test_activation_checkpointing_costs_a_forward_and_keeps_only_layer_inputs():

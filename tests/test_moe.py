@@ -4,6 +4,7 @@ computes them; expert parallelism on CPU processes (logits and gradients equal t
 model's on tp, pp, dp and ep layouts; reallocation between layouts of different ep bit-exact);
 the load-balancing loss equal to transformers'."""
 
+import json
 import random
 
 import pytest
@@ -238,3 +239,40 @@ def test_the_runtime_refuses_what_it_does_not_compute_by_name():
     check_weights(MOE)  # random weights: nothing to read, nothing refused
     with pytest.raises(ConfigError, match="read from its config alone .catalogue entry qwen3-8b.*no weights to run"):
         check_weights(__import__("realbench.models", fromlist=["get_model"]).get_model("qwen3-8b"), "actor")
+
+
+def test_a_qwen3_moe_checkpoint_trains_with_its_experts_split_and_comes_back_as_transformers_loads_it(cli, tmp_path):
+    """The three files of a job with a tiny Qwen3-MoE checkpoint (transformers' own save): validated
+    from its config, trained 2 GRPO steps on 4 processes with the actor's experts split over 2
+    replicas and the reference's over 4, generated with every expert on every replica; the trained
+    actor saved as a Hugging Face folder that transformers loads with equal logits."""
+    from test_real_runs import hf_logits_equal
+
+    from realbench.examples import tiny_grpo_job
+
+    scenario = tiny_grpo_job(tmp_path, devices=4, family="Qwen3Moe")
+    code, out, err = cli("validate", scenario)
+    assert code == 0, err
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("schema: realbench.plan/1\nscenario: grpo-arithmetic.yaml\ncalls:\n"
+                    "  actor_gen: {mesh: n0, dp: 4, tp: 1, pp: 1}\n"
+                    "  reward_inf: {mesh: n0, dp: 4, tp: 1, pp: 1}\n"
+                    "  ref_inf: {mesh: n0, dp: 4, tp: 1, pp: 1, ep: 4}\n"
+                    "  actor_train: {mesh: n0, dp: 2, tp: 2, pp: 1, ep: 2}\n")
+    code, out, err = cli("validate", plan)
+    assert code == 0, err
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 4, "--steps", 2, "--json",
+                         "--save-hf", tmp_path / "hf")
+    assert code == 0, err
+    r = json.loads(out)
+    assert len(r["metrics"]) == 2 and all(m["loss"] == m["loss"] for m in r["metrics"])  # finite
+    assert r["realloc_bytes"] > 0  # the experts moved between the layouts of different ep
+    hf_logits_equal(tmp_path / "hf" / "actor", "AutoModelForCausalLM")
+    config = json.loads((tmp_path / "hf" / "actor" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert config.get("num_experts", config.get("num_local_experts")) == 8  # (transformers 5 writes the latter)
+    # expert-parallel generation is the serving engines': refused by name here
+    plan.write_text(plan.read_text().replace("actor_gen: {mesh: n0, dp: 4, tp: 1, pp: 1}",
+                                             "actor_gen: {mesh: n0, dp: 4, tp: 1, pp: 1, ep: 4}"))
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 4, "--steps", 1)
+    assert code == 2 and "calls.actor_gen.ep: realbench's runtime generates with every expert on every replica" in err

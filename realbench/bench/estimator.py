@@ -11,6 +11,9 @@
    plan being the symmetric baseline), `setup_s` and `plans_per_s` as in 1.
 3. `cli_estimate_s`: the wall time of the command `realbench estimate --plan` (a new Python
    process, imports included) on the built-in scenarios of 1,024 and 4,096 GPUs.
+4. `moe`: throughput on a mixture of experts of the same size (`moe_scenario`: Qwen3-235B-A22B on
+   1,024 GPUs, whose calls also choose their expert layouts), as a ratio to 1.'s in the same run
+   (target: at least TARGET_MOE_RATIO).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from realbench.plan.scenario import Scenario
 
 TARGET_PLANS_PER_S = 20_000
 TARGET_ESTIMATE_S = 1.0
+TARGET_MOE_RATIO = 0.5  # a mixture of experts' plans per second over a dense job's: at most 2x slower
 
 
 def throughput(scenario: Scenario, plans: int, batch: int, seed: int = 0, single: int = 0) -> dict:
@@ -100,7 +104,8 @@ def cli_estimate_seconds(name: str) -> float:
 def run(scenario: str = "ppo-70b-8b-1024gpu", plans: int = 50_000, batch: int = 1024, seed: int = 0,
         single: int = 200, growth_scenario: str = "ppo-7b-7b-16gpu",
         growth_gpus: tuple[int, ...] = (16, 64, 256, 1024, 4096), growth_plans: int = 20_000,
-        cli_scenarios: tuple[str, ...] = ("ppo-70b-8b-1024gpu", "ppo-405b-70b-4096gpu")) -> dict:
+        cli_scenarios: tuple[str, ...] = ("ppo-70b-8b-1024gpu", "ppo-405b-70b-4096gpu"),
+        moe_scenario: str = "ppo-qwen3-235b-a22b-1024gpu") -> dict:
     from realbench.plan import get_builtin
 
     sc = get_builtin(scenario)
@@ -108,6 +113,11 @@ def run(scenario: str = "ppo-70b-8b-1024gpu", plans: int = 50_000, batch: int = 
            "batch": batch, **throughput(sc, plans, batch, seed, single),
            "target_plans_per_s": TARGET_PLANS_PER_S}
     out["meets_target"] = out["plans_per_s"] >= TARGET_PLANS_PER_S
+    moe = get_builtin(moe_scenario)
+    moe_row = {"scenario": moe_scenario, "gpus": moe.cluster.n_devices,
+               **{k: v for k, v in throughput(moe, plans, batch, seed).items() if k in ("setup_s", "options", "plans_per_s")}}
+    moe_row["ratio_to_dense"] = moe_row["plans_per_s"] / out["plans_per_s"]
+    out["moe"] = {**moe_row, "target_ratio": TARGET_MOE_RATIO, "meets_target": moe_row["ratio_to_dense"] >= TARGET_MOE_RATIO}
     G = BUILTIN[growth_scenario]["cluster"]["gpus_per_node"]
     growth = []
     for gpus in growth_gpus:
@@ -125,4 +135,4 @@ def run(scenario: str = "ppo-70b-8b-1024gpu", plans: int = 50_000, batch: int = 
 
 
 QUICK = {"scenario": "ppo-7b-7b-16gpu", "plans": 4096, "single": 20, "growth_gpus": (16, 64), "growth_plans": 2048,
-         "cli_scenarios": ("sft-7b-8gpu",)}
+         "cli_scenarios": ("sft-7b-8gpu",), "moe_scenario": "grpo-qwen3-30b-a3b-16gpu"}

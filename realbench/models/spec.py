@@ -325,6 +325,18 @@ class ModelSpec(FileModel):
             raise ValueError(f"moe.dense_layers names a layer outside the {self.n_layers}")
         return self
 
+    def model_copy(self, *, update=None, deep: bool = False):
+        """A copy with `update`; where it changes the hidden size or the heads and not head_dim, a
+        head width that was derived (hidden / heads) is derived again, as a spec written with the new
+        shapes would have it."""
+        update = dict(update or {})
+        if ({"hidden", "n_heads"} & set(update) and "head_dim" not in update
+                and self.head_dim * self.n_heads == self.hidden):
+            hidden, heads = update.get("hidden", self.hidden), update.get("n_heads", self.n_heads)
+            if hidden % heads == 0:
+                update["head_dim"] = hidden // heads
+        return super().model_copy(update=update, deep=deep)
+
     # -- layers -----------------------------------------------------------------------------------
     def attention_kind(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full_attention"

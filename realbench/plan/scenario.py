@@ -508,7 +508,7 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
         rest = {k: x for k, x in spec.items() if k not in ("arch", IMBALANCE)}
         # (a value head on a model whose head is tied to its embedding: a head of its own)
         base_fields = (named.with_value_head() if rest.get("value_head") is True else named).model_dump()
-        if {"hidden", "n_heads"} & set(rest) and named.head_dim * named.n_heads == named.hidden:
+        if {"hidden", "n_heads"} & set(rest) and "head_dim" not in rest and named.head_dim * named.n_heads == named.hidden:
             base_fields.pop("head_dim")  # derived from the shapes given, as it was from the named ones
         return with_expert_imbalance(validate_model(ModelSpec, {**base_fields, **rest}), spec.get(IMBALANCE))
     return validate_model(FunctionSpec if form == "functions" else ModelSpec, spec)

@@ -72,14 +72,16 @@ def _mismatch(profile: Profile, identity: DeviceInfo, torch_version: str) -> Opt
 
 def shape_named(models: Iterable) -> list:
     """The model specs among `models` (reward functions are not models), each named by the shape
-    a profile matches on, so that names cannot collide."""
+    a profile matches on, so that names cannot collide, each as a language model."""
     from realbench.models import ModelSpec
 
     def named(spec):
         *shape, variant = shape_key(spec)
         return "h{}-a{}-kv{}-f{}-v{}".format(*shape) + (f"-{variant}" if variant else "")
 
-    return [spec.model_copy(update={"name": named(spec)}) for spec in models if isinstance(spec, ModelSpec)]
+    # (as a language model: a profile measures generation too, which a value head's model does not run)
+    return [spec.with_value_head(False).model_copy(update={"name": named(spec)}) for spec in models
+            if isinstance(spec, ModelSpec)]
 
 
 def machine_profile(processes: int, models: Iterable = (), device: str = "cpu", refresh: bool = False,
