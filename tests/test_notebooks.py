@@ -15,7 +15,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "tutor
 def test_there_are_notebooks_and_tutorials():
     names = [p.name for p in NOTEBOOKS]
     assert len([n for n in names if n in {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}]) == 7
-    assert len(names) == 17 and "10-lora.ipynb" in names
+    assert len(names) == 18 and "10-lora.ipynb" in names and "11-mixture-of-experts.ipynb" in names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

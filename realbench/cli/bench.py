@@ -13,7 +13,8 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
               "runtime": "realbench.bench.runtime", "fidelity": "realbench.bench.fidelity",
               "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
               "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines",
-              "rollout": "realbench.bench.rollout", "host-adam": "realbench.bench.host_adam"}
+              "rollout": "realbench.bench.rollout", "host-adam": "realbench.bench.host_adam",
+              "coverage": "realbench.bench.coverage"}
 
 
 def add_parser(sub) -> None:
@@ -21,6 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("--quick", action="store_true", help="a smaller, faster run (for smoke tests)")
     p.add_argument("--profile", help="calibration: use this profile file instead of profiling first")
+    p.add_argument("--examples", nargs="+", metavar="ENGINE=DIR",
+                   help="coverage: each engine's examples folder (verl=DIR openrlhf=DIR areal=DIR)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -37,6 +40,12 @@ def run(args) -> int:
 
         load_profile(args.profile)  # a bad file is a one-line error before any work starts
         kwargs["profile_path"] = args.profile
+    if args.examples:
+        if args.name != "coverage":
+            from realbench.errors import ConfigError
+
+            raise ConfigError("only the coverage benchmark takes examples", "--examples")
+        kwargs["examples"] = examples_of(args.examples)
     # (a benchmark that reports its progress gets a bar on the terminal)
     with progress_bar(f"bench {args.name}") if "on_progress" in inspect.signature(module.run).parameters \
             else contextlib.nullcontext() as on_progress:
@@ -49,3 +58,16 @@ def run(args) -> int:
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0
+
+
+def examples_of(words: list[str]) -> dict[str, str]:
+    """{engine: folder} of `ENGINE=DIR` words."""
+    from realbench.errors import ConfigError
+
+    out = {}
+    for w in words:
+        engine, eq, folder = w.partition("=")
+        if not eq or not engine or not folder:
+            raise ConfigError(f"{w!r} is not ENGINE=DIR", "--examples")
+        out[engine] = folder
+    return out

@@ -1,0 +1,270 @@
+"""How much of what the engines' own users run realbench reads (`realbench bench coverage --json`):
+every example configuration of verl, OpenRLHF and AReaL (their `examples/` folders, given as
+folders: the pinned releases' packages do not ship them, their repositories at the release tags
+do), imported and priced as `realbench import` and `realbench estimate` would, with config-only
+stand-ins for the models they name (the catalogue entry of the same architecture: a hub id's
+base, instruct and dated variants share one config). Per engine: how many examples are
+configurations of an RL job, how many import, how many price, and the reasons of the rest,
+grouped (each a refusal by name of what realbench does not price).
+
+An example shell script is run by bash with the commands it calls replaced by recorders (python,
+torchrun, ray, nvidia-smi, ...): what it would launch is captured with its variables expanded as
+bash expands them, and nothing runs. verl's launch is `-m verl.trainer.main_ppo` (or its
+one-step-off entry) with Hydra overrides over ppo_trainer or ppo_megatron_trainer; OpenRLHF's
+`-m openrlhf.cli.train_ppo_ray` with its flags; AReaL's examples are experiment YAML files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from realbench.errors import ConfigError
+
+# the entry points of each engine's RL training (what import reads), and of its other trainers
+RL_ENTRIES = {"verl": ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo"),
+              "openrlhf": ("openrlhf.cli.train_ppo_ray",)}
+EXAMPLE_FILES = {"verl": "*.sh", "openrlhf": "*.sh", "areal": "*.yaml"}
+# the commands an example script may call, answered by the recorder (nvidia-smi as a node of 8 GPUs)
+RECORDED = ("python", "python3", "torchrun", "accelerate", "deepspeed")
+STUBS = {"nvidia-smi": "for i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)\"; done",
+         "npu-smi": "exit 1", "ray": 'while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done; shift; exec "$@"',
+         "hf": "exit 0", "huggingface-cli": "exit 0", "wandb": "exit 0", "pip": "exit 0", "pip3": "exit 0",
+         "git": "exit 0", "wget": "exit 0", "sleep": "exit 0", "hostname": "echo node0"}
+RECORDER = r'''#!/usr/bin/env python3
+import json, os, sys
+args = sys.argv[1:]
+if "-c" in args[:1] or "--version" in args:
+    sys.exit(1)  # (probes such as `python3 -c 'import torch_npu'`: absent)
+with open(os.environ["REALBENCH_CAPTURE"], "a") as f:
+    f.write(json.dumps({"command": os.path.basename(sys.argv[0]), "args": args}) + "\n")
+'''
+
+
+@dataclass
+class Example:
+    engine: str
+    file: str  # relative to the examples folder
+    status: str = "priced"  # priced | not_rl | refused
+    reason: str = ""  # what refused it (a ConfigError's key and message), or what it runs instead
+    models: list[str] = field(default_factory=list)
+    time_per_iter_s: Optional[float] = None
+
+
+def captured_launches(script: Path, timeout_s: float = 30.0) -> list[dict]:
+    """The commands `script` would run through python (and torchrun, ray, ...), in order, each
+    {command, args}: the script run by bash with those commands recorded instead of run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        bin_dir, home = Path(tmp) / "bin", Path(tmp) / "home"
+        bin_dir.mkdir()
+        home.mkdir()
+        for name in RECORDED:
+            (bin_dir / name).write_text(RECORDER.replace("#!/usr/bin/env python3", f"#!{_host_python()}"))
+        for name, body in STUBS.items():
+            (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        for f in bin_dir.iterdir():
+            f.chmod(0o755)
+        capture = Path(tmp) / "capture.jsonl"
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "REALBENCH_CAPTURE": str(capture),
+               "USER": "user", "LANG": "C.UTF-8"}
+        try:
+            # (ulimit: a builtin, answered by a function; positional arguments as a usage line asks them:
+            # a process count and a folder)
+            # (set -u off: a variable the user would export reads as empty, as its default does)
+            prelude = ('ulimit() { :; }; set() { local a=(); for x in "$@"; do case "$x" in -*u*) x="${x//u/}";; '
+                       'esac; [ "$x" = "-" ] || a+=("$x"); done; builtin set "${a[@]}"; }; ')
+            subprocess.run(["bash", "-c", prelude + 'source "$0" "$@"', str(script.resolve()), "8",
+                            str(Path(tmp) / "out")], cwd=script.parent, env=env, timeout=timeout_s,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            pass
+        if not capture.is_file():
+            return []
+        return [json.loads(line) for line in capture.read_text().splitlines() if line.strip()]
+
+
+def _host_python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _module_of(launch: dict) -> tuple[Optional[str], list[str]]:
+    """(the python module a launch runs, the arguments after it)."""
+    args = launch["args"]
+    if "-m" in args:
+        i = args.index("-m")
+        return args[i + 1] if i + 1 < len(args) else None, args[i + 2:]
+    scripts = [a for a in args if a.endswith(".py")]
+    return (scripts[0] if scripts else None), args[args.index(scripts[0]) + 1:] if scripts else []
+
+
+def rl_launch(engine: str, launches: list[dict]) -> tuple[Optional[str], list[str], list[str]]:
+    """(the RL entry point launched, its arguments, the other modules launched) of an example."""
+    others = []
+    for launch in launches:
+        module, args = _module_of(launch)
+        if module in RL_ENTRIES[engine]:
+            return module, args, others
+        if module:
+            others.append(module)
+    return None, [], others
+
+
+def verl_job(args: list[str], folder: Path) -> tuple[Path, list[str]]:
+    """(a Hydra primary config, the overrides) of verl's main_ppo arguments: --config-name names
+    ppo_trainer, ppo_megatron_trainer or the one-step-off entry's config (a config of the example's
+    own folder is read as it is), the rest are overrides."""
+    name, path, overrides = "ppo_trainer", None, []
+    it = iter(args)
+    for a in it:
+        key, eq, value = a.partition("=")
+        if key in ("--config-name", "--config-path", "-cn", "-cp"):
+            value = value if eq else next(it, "")
+            if key in ("--config-name", "-cn"):
+                name = value.strip("'\"").removesuffix(".yaml")
+            else:
+                path = value.strip("'\"")
+        elif a.startswith("-"):
+            continue  # Hydra's own flags
+        else:
+            overrides.append(a)
+    own = (folder / path / f"{name}.yaml") if path else None
+    if own is not None and own.is_file():
+        return own, overrides
+    primary = folder / f".realbench-{name}.yaml"
+    primary.write_text(f"defaults:\n  - {name}\n  - _self_\n")
+    return primary, overrides
+
+
+def stand_in(name: str) -> Optional[str]:
+    """The catalogue entry of a model a configuration names (a hub id or a folder whose name is
+    one), its base, instruct and dated variants taken as one architecture, or None."""
+    from realbench.models import catalogue
+
+    def key(text: str) -> str:
+        text = text.rstrip("/").rsplit("/", 1)[-1].lower()
+        return re.sub(r"-(instruct|base|chat|thinking)(-\d{4})?$", "", re.sub(r"-(instruct|thinking)-\d{4}$", "", text))
+
+    wanted = key(str(name))
+    for entry, info in catalogue.index().items():
+        if key(str(info["hub"])) == wanted or key(entry) == wanted:
+            return entry
+    return None
+
+
+def with_stand_ins(engine: str, path: Path, overrides: list[str], folder: Path) -> tuple[list[str], list[str]]:
+    """(the overrides with every model path pointed at a stand-in folder holding its catalogue
+    entry's config.json, the models named) of a configuration."""
+    from realbench.engines import engine_module
+    from realbench.models import catalogue
+
+    module = engine_module(engine)
+    _, settings, _ = module.read_config(str(path), overrides)
+    named, extra = [], []
+    for key in dict.fromkeys(module.MODEL_PATHS.values()):
+        flat = key.lstrip("-")
+        value = settings.get(flat, settings.get(key))
+        if not isinstance(value, str) or not value:
+            continue
+        named.append(value)
+        entry = stand_in(value)
+        if entry is None:
+            continue
+        target = folder / "stand-ins" / entry
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text(json.dumps(catalogue.config(entry)))
+        extra.append(f"{flat}={target}")
+    return overrides + extra, named
+
+
+def price(engine: str, path: Path, overrides: list[str], out: Path) -> float:
+    """Import a configuration (realbench import) and estimate the plan its engine would run."""
+    from realbench.cost import Estimator
+    from realbench.engines import import_config
+    from realbench.plan.plan import load_plan
+
+    scenario_file, plan_file = import_config(engine, str(path), overrides, str(out), name="job", overwrite=True)
+    plan, scenario, options = load_plan(str(plan_file))
+    est = Estimator(scenario)
+    return float(est.estimate(est.choice_of(options)).time_per_iter_s)
+
+
+def examine(engine: str, file: Path, root: Path, work: Path) -> Example:
+    example = Example(engine, str(file.relative_to(root)))
+    try:
+        if engine == "areal":
+            path, overrides = file, ["train_dataset.path=data"]
+        else:
+            module, args, others = rl_launch(engine, captured_launches(file))
+            if module is None:
+                example.status = "not_rl"
+                example.reason = f"launches {', '.join(dict.fromkeys(others)) or 'nothing realbench reads'}"
+                return example
+            if engine == "verl":
+                path, overrides = verl_job(args, file.parent)
+            else:
+                path = work / "flags.txt"
+                path.write_text(shlex.join(args))
+                overrides = []
+        overrides, example.models = with_stand_ins(engine, path, overrides, work)
+        example.time_per_iter_s = price(engine, path, overrides, work / "imported")
+    except ConfigError as e:
+        example.status, example.reason = "refused", f"{e.field + ': ' if e.field else ''}{e.message}"
+    return example
+
+
+def reason_group(reason: str) -> str:
+    """A refusal's group: its key (with numbers and paths out), or the start of its message."""
+    head = reason.split(": ", 1)[0] if ": " in reason else reason
+    head = re.sub(r"\d+", "N", head)
+    return head if len(head) < 90 else head[:90]
+
+
+def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callable[[int, int], None]] = None) -> dict:
+    """Per engine, every example under its folder (`examples`: {engine: folder}) imported and
+    priced; the counts and the refusals' reasons grouped."""
+    if not examples:
+        raise ConfigError("give each engine's examples folder (--examples verl=DIR openrlhf=DIR areal=DIR): the "
+                          "releases' packages do not ship them; their repositories at the release tags do")
+    rows: list[Example] = []
+    files = []
+    for engine, folder in examples.items():
+        if engine not in EXAMPLE_FILES:
+            raise ConfigError(f"unknown engine {engine!r} (verl, openrlhf, areal)", "--examples")
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            raise ConfigError("no such folder", "--examples", str(root))
+        files += [(engine, root, f) for f in sorted(root.rglob(EXAMPLE_FILES[engine])) if f.is_file()]
+    for k, (engine, root, f) in enumerate(files):
+        with tempfile.TemporaryDirectory() as work:
+            cwd = os.getcwd()
+            try:
+                rows.append(examine(engine, f, root, Path(work)))
+            finally:
+                os.chdir(cwd)
+        if on_progress is not None:
+            on_progress(k + 1, len(files))
+    out = {"benchmark": "coverage", "engines": {}}
+    for engine in examples:
+        mine = [r for r in rows if r.engine == engine]
+        rl = [r for r in mine if r.status != "not_rl"]
+        priced = [r for r in rl if r.status == "priced"]
+        out["engines"][engine] = {
+            "examples": len(mine), "rl_jobs": len(rl), "priced": len(priced),
+            "share_priced": len(priced) / len(rl) if rl else None,
+            "refused": dict(Counter(reason_group(r.reason) for r in rl if r.status == "refused").most_common()),
+            "not_rl": dict(Counter(r.reason for r in mine if r.status == "not_rl").most_common())}
+    total_rl = sum(e["rl_jobs"] for e in out["engines"].values())
+    total = sum(e["priced"] for e in out["engines"].values())
+    out["share_priced"] = total / total_rl if total_rl else None
+    out["rows"] = [r.__dict__ for r in rows]
+    return out
