@@ -635,3 +635,123 @@ def test_token_budgets_make_areal_run_the_micro_batches_priced_when_responses_ru
     rows = areal_packer.StepRows(512, 16384, long.dataflow.call("actor_gen").lengths)
     assert t.micro_batches == areal._micro_batches(rows, per_gpu, t.dp, None, 512 + 16384, 1)
     assert round(rows.micro_batches(per_gpu, t.dp, 1, 512 + 16384)) <= t.micro_batches
+
+
+# -- a mixture of experts ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def moe(job):
+    """Qwen3-30B-A3B's hub config (the catalogue's copy: 128 experts, 8 a token, 48 layers, 4 KV
+    heads) in a checkpoint folder of the job: its config alone, which is what realbench prices."""
+    from realbench.models import catalogue
+
+    folder = job / "moe"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(catalogue.config("qwen3-30b-a3b")))
+    return job
+
+
+@pytest.mark.parametrize("backend, layout, written", [
+    # the attention/FFN form: each expert over the attention's tp (etp 2, the plan's tp's: no etp),
+    # the experts over 2 of a stage's 4 GPUs; written back in that form
+    ("megatron:(attn:d2t2|ffn:d1t2e2)", {"dp": 2, "tp": 2, "ep": 2}, "megatron:(attn:d2t2|ffn:d1t2e2)"),
+    # the tau2 example's shape (pp 4 x attention tp 2 of 32 GPUs there) on 4: pp 2, each expert whole
+    # (the FFN's t1: etp 1) over 2 GPUs of a stage, its d derived (1); AReaL's flat form of the same
+    ("megatron:(attn:d1p2t2|ffn:p2e2)", {"dp": 1, "tp": 2, "pp": 2, "ep": 2, "etp": 1}, "megatron:d1p2t2e2"),
+    # the flat form folds e into the world, each expert whole (etp 1)
+    ("megatron:d2t2e2", {"dp": 2, "tp": 2, "ep": 2, "etp": 1}, "megatron:d2t2e2"),
+    # without e a flat Megatron allocation still holds each expert whole on every GPU of a tp group
+    # (AReaL's expert_tensor_parallel_size defaults to 1): etp 1, not tp's
+    ("megatron:d2t2", {"dp": 2, "tp": 2, "etp": 1}, "megatron:d2t2"),
+    ("megatron:(attn:d4|ffn:e4)", {"dp": 4, "ep": 4}, "megatron:d4e4"),
+])
+def test_an_allocation_of_experts_reads_as_areal_parses_it_and_round_trips(cli, moe, backend, layout, written):
+    """The actor's allocation of a mixture of experts (AReaL's flat form with e, or its attention/FFN
+    form: api/alloc_mode.py:594-637, 943-1040) reads into the plan's ep and etp (tp's left out) as
+    worked out by hand above; written back (the attention/FFN form where an expert is split, the
+    flat form where each is whole), AReaL's own parser reads the same layout (its dp, tp, pp, ep and
+    expert_tensor_parallel_size), and imported again it is the same plan with the same estimate."""
+    first, plan, _ = imported(cli, moe, "gsm8k grpo.yaml", "actor.path=moe", f"actor.backend={backend}", out="first",
+                              name="moe")
+    actor = plan["calls"]["actor_train"]
+    assert {k: actor[k] for k in ("dp", "tp", "pp", "ep", "etp") if k in actor} == {"tp": 1, "pp": 1, **layout}
+    assert actor.get("zero") == (1 if actor["dp"] > 1 else None)  # (Megatron's distributed optimizer, where sharded)
+    out = moe / "exported" / "moe areal.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "areal", "--out", out, "--model-path",
+                       "actor=moe", "--force")
+    assert code == 0, err
+    assert yaml.safe_load(out.read_text())["actor"]["backend"] == written
+    (checked,) = areal_check("validate", out, "train_dataset.path=openai/gsm8k")
+    assert checked["ok"], checked
+    parsed = checked["allocations"]["actor"]
+    assert (parsed["dp"], parsed["tp"], parsed["pp"], parsed["ep"], parsed["etp"]) == \
+        (actor["dp"], actor["tp"], actor.get("pp", 1), actor.get("ep", 1), actor.get("etp", actor["tp"]))
+    again, plan_again, _ = imported(cli, moe, out, out="again", name="moe")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("backend, says, areal_refuses", [
+    # AReaL's parser refuses these too (api/alloc_mode.py)
+    ("megatron:(attn:d2p2|ffn:d1p1e4)", "the FFN's pipeline must be the attention's (p2", True),
+    ("megatron:(attn:d2t2|ffn:d3e2)", "the FFN's world (d x p x t x e) must be the attention's (4", True),
+    ("megatron:d4e3", "expert model parallel size p x e = 3 does not divide the world 4", True),
+    ("fsdp:(attn:d4|ffn:e4)", "attention/FFN (MoE) form for Megatron", True),
+    ("fsdp:d2e2", "FSDP has no pipeline or expert parallelism", True),
+    # AReaL runs these, not as realbench prices them: its FSDP splits only the attention by tp (each
+    # expert whole on every tp rank), or the experts do not split as asked
+    ("fsdp:d2t2", "FSDP splits only the attention of a mixture of experts", False),
+    ("megatron:(attn:d4|ffn:e4t1)", None, False),  # (ep 4 of a stage's 4 GPUs: realbench reads it)
+])
+def test_an_expert_layout_areal_or_realbench_refuses_is_refused_by_name(cli, moe, backend, says, areal_refuses):
+    os.chdir(moe)
+    code, _, err = cli("import", "areal", "gsm8k grpo.yaml", "actor.path=moe", f"actor.backend={backend}", "--out",
+                       "refused", "--force")
+    if says is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and err.count("\n") == 1 and "actor.backend" in err and says in err, err
+        assert not (moe / "refused").exists()
+    # AReaL's own loader and allocation parser on a written experiment with that allocation (quoted, as
+    # Hydra takes parentheses)
+    first, _, _ = imported(cli, moe, "gsm8k grpo.yaml", "actor.path=moe", out="first", name="moe-base")
+    base = moe / "exported" / "moe base.yaml"
+    base.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "areal", "--out", base, "--model-path",
+                       "actor=moe", "--force")
+    assert code == 0, err
+    (checked,) = areal_check("validate", base, f"actor.backend='{backend}'", "train_dataset.path=openai/gsm8k")
+    assert checked["ok"] is not areal_refuses and "OverrideParseException" not in checked.get("error", ""), checked
+
+
+def test_the_tau2_moe_example_is_the_benchs_layout_and_the_search_offers_expert_layouts():
+    """AReaL's MoE example (examples/tau2/config_30b_moe_airline.yaml: (attn:d4p4t2|ffn:d2p4e4) on 32
+    GPUs) on the 16-GPU Qwen3-30B-A3B job: half the GPUs SGLang servers of 4 GPUs (sglang:d2t4), the
+    other 8 the actor's pp 4 x tp 2 with the experts over 8 / 4 = 2 GPUs of a stage, each whole
+    (megatron:d1p4t2e2). The search lists Megatron with experts over 1, 2, ... GPUs of a stage, each
+    whole (etp 1) or split as tp (etp tp's), FSDP only without tensor parallelism, and every listed
+    plan is one AReaL's writer writes."""
+    import random
+
+    from realbench.engines import priced_as
+    from realbench.plan import get_builtin
+
+    assert areal.tau2_backend(32) == "megatron:d4p4t2e4" and areal.tau2_backend(8) == "megatron:d1p4t2e2"
+    scenario = areal.job_of(get_builtin("grpo-qwen3-30b-a3b-16gpu"))
+    example = areal.default_plan(scenario, areal.example_of(scenario)["settings"])
+    _, settings = areal.to_config(scenario, example, {"actor": "ckpt", "ref": "ckpt"})
+    assert (settings["actor"]["backend"], settings["ref"]["backend"], settings["rollout"]["backend"]) == \
+        ("megatron:d1p4t2e2", "megatron:d1p4t2e2", "sglang:d2t4")
+    assert settings["actor"]["mb_spec"]["n_mbs"] == example["actor_train"].strategy.micro_batches
+    job = priced_as(scenario, "areal")
+    table, rows = areal.plan_table(job)
+    trained = [o.strategy for o in table["actor_train"]]
+    assert trained and all(s.ep == 1 and not s.etp and s.tp == 1 for s in trained if s.zero == 3)
+    megatron = {(s.dp, s.sp, s.tp, s.pp, s.ep, s.etp) for s in trained if s.zero < 3}
+    # tp 2 x dp 4 (8 GPUs, no pipeline): the experts over ep x etp dividing the stage's 8 GPUs
+    assert {(ep, etp) for dp, sp, tp, pp, ep, etp in megatron if (dp, sp, tp, pp) == (4, 1, 2, 1)} == \
+        {(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1), (8, 1)}
+    assert all(o.strategy.ep == 1 for o in table["actor_gen"])  # (the servers split the experts as tp)
+    for k in random.Random(0).sample(range(len(rows)), 20):
+        options = {name: table[name][i] for name, i in zip(table, rows[k])}
+        assert areal.space_problem(job, options) is None, options

@@ -341,14 +341,23 @@ def test_zeropp_hierarchical_partitioning_is_carried_where_deepspeed_does_not_re
     assert 3 in {o.strategy.zero for p in openrlhf.configurations(load_scenario(str(scenario_path))) for o in p.values()}
 
 
-def test_a_hub_name_for_a_checkpoint_is_refused_naming_the_flag(cli, job):
-    """OpenRLHF's scripts name hub models; realbench downloads nothing and says which flag to point
-    at a local folder."""
+def test_a_hub_name_for_a_checkpoint_is_planned_from_the_catalogue_or_refused_naming_the_flag(cli, job):
+    """OpenRLHF's scripts name hub models; realbench downloads nothing: a hub id it has a config for
+    (the local cache, the catalogue) is planned from that config; any other is refused naming the flag."""
     os.chdir(job)
     code, _, err = cli("import", "openrlhf", "train ppo hybrid.sh", "reward.model_name_or_path=OpenRLHF/Llama-3-8b-rm",
                        "--out", "hub")
     assert code == 2 and err.count("\n") == 1, err
-    assert "--reward.model_name_or_path" in err and "'OpenRLHF/Llama-3-8b-rm' is not a checkpoint folder here" in err
+    assert "--reward.model_name_or_path" in err and "'OpenRLHF/Llama-3-8b-rm'" in err and "catalogue" in err
+    assert not (job / "hub").exists()
+    _, _, scenario = imported(cli, job, "train ppo hybrid.sh", "actor.model_name_or_path=Qwen/Qwen3-8B",
+                              "reward.model_name_or_path=Qwen/Qwen3-8B", "critic.model_name_or_path=Qwen/Qwen3-8B",
+                              out="hub", name="hub")
+    assert scenario["models"]["actor"]["path"] == "Qwen/Qwen3-8B"
+    from realbench.plan import load_scenario
+
+    loaded = load_scenario(str(job / "hub" / "hub.yaml"))
+    assert loaded.models["actor"].family == "qwen3" and loaded.models["actor"].n_layers == 36
 
 
 def test_an_override_keeps_a_path_with_spaces_whole(cli, job):
@@ -830,3 +839,33 @@ def test_without_a_kl_coefficient_openrlhf_places_no_reference(cli, job):
     again, plan_again, _ = imported(cli, job, out, out="no-ref-again", name="noref")
     assert plan_again["calls"] == plan["calls"]
     assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+def test_expert_parallelism_openrlhf_does_not_have_is_refused_on_export_and_never_listed(cli, tmp_path):
+    """OpenRLHF 0.11.2 has no expert parallelism (no flag; --ds.experts_implementation only picks
+    transformers' kernel, its vLLM engines get no enable_expert_parallel). On the Qwen3-30B-A3B job
+    its listed plans split no experts (ep 1, each expert as tp splits it: etp tp's), and a plan that
+    does, in generation (vLLM's expert parallelism over 4 GPUs) or training (Megatron's folding over
+    2), is refused by name on export: one line, exit 2, naming the call's ep."""
+    from dataclasses import replace
+
+    from realbench.engines import priced_as
+    from realbench.plan import get_builtin
+    from realbench.plan.plan import plan_from_options
+    from realbench.schema import write_document
+
+    scenario = priced_as(get_builtin("grpo-qwen3-30b-a3b-16gpu"), "openrlhf")
+    table, rows = openrlhf.plan_table(scenario)
+    assert rows and all((o.strategy.ep, o.strategy.etp) == (1, 0) for options in table.values() for o in options)
+    quick = openrlhf.default_plan(scenario)  # (the hybrid engine: vLLM tp 2, ZeRO-3)
+    assert openrlhf.space_problem(scenario, quick) is None
+    gen, train = quick["actor_gen"], quick["actor_train"]
+    for name, option in (("actor_gen", replace(gen, strategy=replace(gen.strategy, ep=4, etp=1))),
+                         ("actor_train", replace(train, strategy=replace(train.strategy, zero=1, ep=2)))):
+        plan = tmp_path / f"{name}-plan.yaml"
+        write_document(plan_from_options(scenario, {**quick, name: option}, scenario_ref=scenario.name).to_document(),
+                       plan, True)
+        code, _, err = cli("export", "--plan", plan, "--format", "openrlhf", "--out", tmp_path / f"{name}.sh")
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"calls.{name}.ep" in err and "OpenRLHF 0.11.2 has no expert parallelism" in err, err
+        assert not (tmp_path / f"{name}.sh").exists()

@@ -834,6 +834,11 @@ def test_context_parallel_rings_are_read_as_verls_megatron_forms_them_by_hand(cl
       "+actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type=a2a"),
      "actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type",
      "a Megatron TransformerConfig field verl passes through, which realbench does not price"),
+    # Megatron's optimizer offload, as verl's large MoE examples set it through its optimizer pass-through
+    (("critic.megatron.context_parallel_size=2",
+      "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1"),
+     "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction",
+     "a Megatron OptimizerConfig field verl passes through (its optimizer offload among them)"),
 ])
 def test_context_parallel_settings_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
     os.chdir(job)
@@ -2225,3 +2230,213 @@ def test_the_synchronous_trainer_refuses_the_one_step_off_settings_and_search_of
     assert verl.space_problem_of_scenario(two) == ("max_staleness", "2: realbench writes verl's synchronous trainer "
                                                    "and its one-step-off entry point (generation one step ahead: "
                                                    "max_staleness 1)")
+
+
+# -- a mixture of experts ------------------------------------------------------------------------------
+# Qwen3-30B-A3B (128 experts, 8 a token) on 16 GPUs under Megatron tp 2 x pp 2: the experts over 4 GPUs
+# of a stage, each whole (etp 1); the rollout's replicas of tp 2 x data_parallel_size 4 GPUs, the
+# experts over all 8 (expert_parallel_size = tp x dp, as verl asserts)
+MOE_MEGATRON = """\
+hydra:
+  searchpath: [pkg://verl.trainer.config]
+defaults:
+  - ppo_trainer
+  - override model_engine: megatron
+  - _self_
+trainer: {nnodes: 2, n_gpus_per_node: 8}
+data: {train_batch_size: 64, max_prompt_length: 512, max_response_length: 2048}
+algorithm: {adv_estimator: grpo}
+actor_rollout_ref:
+  model: {path: moe}
+  actor:
+    ppo_mini_batch_size: 16
+    ppo_micro_batch_size_per_gpu: 4
+    use_kl_loss: true
+    megatron:
+      tensor_model_parallel_size: 2
+      pipeline_model_parallel_size: 2
+      expert_model_parallel_size: 4
+      expert_tensor_parallel_size: 1
+      param_offload: true
+      optimizer_offload: true
+      override_transformer_config: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}
+  rollout: {name: vllm, n: 8, tensor_model_parallel_size: 2, data_parallel_size: 4, expert_parallel_size: 8,
+            log_prob_micro_batch_size_per_gpu: 4}
+  ref: {log_prob_micro_batch_size_per_gpu: 8}
+reward:
+  custom_reward_function: {path: scoring/reward.py}
+"""
+# a critic (PPO) beside it: the job's dense checkpoint, or the mixture of experts with the actor's layout
+# (verl's Megatron state is process-global)
+MOE_PPO = ("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4",
+           "critic.megatron.tensor_model_parallel_size=2", "critic.megatron.pipeline_model_parallel_size=2")
+DENSE_CRITIC = (*MOE_PPO, "critic.model.path=ckpt")
+MOE_CRITIC = (*MOE_PPO, "critic.model.path=moe", "critic.megatron.expert_model_parallel_size=4",
+              "critic.megatron.expert_tensor_parallel_size=1")
+
+
+@pytest.fixture(scope="module")
+def moe_job(job):
+    """The job folder with Qwen3-30B-A3B's hub config (the catalogue's copy) in a checkpoint folder
+    (its config alone, which is what realbench prices) and the Megatron config above."""
+    from realbench.models import catalogue
+
+    (job / "moe").mkdir(exist_ok=True)
+    (job / "moe" / "config.json").write_text(json.dumps(catalogue.config("qwen3-30b-a3b")))
+    (job / "grpo moe megatron.yaml").write_text(MOE_MEGATRON)
+    return job
+
+
+def test_a_megatron_moe_configs_expert_layouts_read_as_verl_builds_them(cli, moe_job):
+    """16 GPUs, Megatron tp 2 x pp 2: dp 4; expert_model_parallel_size 4 with each expert whole
+    (expert_tensor_parallel_size 1): ep 4, etp 1, folded out of a stage's dp x tp = 8 GPUs (two copies
+    of every expert a stage); the reference's block follows the actor's (ref/megatron_ref.yaml). The
+    rollout: replicas of tp 2 x data_parallel_size 4 = 8 GPUs, the experts over expert_parallel_size
+    8 = tp x dp, each whole: the generation's 8 tp groups (dp 8), tp 2, ep 8, etp 1. 512 rows (64
+    prompts x 8), 4 optimizer steps: 32 rows a GPU a step in micro-batches of 4 (8); the reference's
+    128 in 8s (16); a replica's 64 rows decode together (1)."""
+    _, plan, scenario = imported(cli, moe_job, "grpo moe megatron.yaml", name="moe")
+    layout = {"mesh": "n0-1", "dp": 4, "tp": 2, "pp": 2, "ep": 4, "etp": 1}
+    assert plan["calls"] == {
+        "actor_gen": {"mesh": "n0-1", "dp": 8, "tp": 2, "pp": 1, "micro_batches": 1, "ep": 8, "etp": 1,
+                      "memory_fraction": 0.5},
+        "actor_train": {**layout, "micro_batches": 8, "activation_checkpointing": True, "zero": 1,
+                        "offload_params": True, "offload_optimizer": True},
+        # (the reference's param_offload follows the actor's: ref/megatron_ref.yaml)
+        "ref_inf": {**layout, "micro_batches": 16, "offload_params": True},
+        "reward_inf": {"mesh": "n0-1", "dp": 16, "tp": 1, "pp": 1, "micro_batches": 1}}
+    # etp null is tp's (Megatron's default): each expert split over the tp pair, the experts over 2
+    # GPUs (ep x etp = 4 of a stage's 8); left out of the plan, as tp's
+    _, plan, _ = imported(cli, moe_job, "grpo moe megatron.yaml",
+                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                          "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null", name="moe-etp")
+    assert {k: plan["calls"]["actor_train"].get(k) for k in ("ep", "etp")} == {"ep": 2, "etp": None}
+
+
+@pytest.mark.parametrize("overrides, experts, critic_experts", [
+    ((), [4, 1], None),
+    (("actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null"), [2, None], None),
+    # a dense critic takes no experts (its block at verl's defaults); a critic with experts the actor's layout
+    (DENSE_CRITIC, [4, 1], [1, None]),
+    (MOE_CRITIC, [4, 1], [4, 1]),
+    # the rollout's experts over a replica's tp GPUs alone (data_parallel_size 1), SGLang's too
+    (("actor_rollout_ref.rollout.data_parallel_size=1", "actor_rollout_ref.rollout.expert_parallel_size=2",
+      "actor_rollout_ref.rollout.name=sglang"), [4, 1], None),
+])
+def test_an_exported_moe_plan_passes_verls_own_checks_and_reads_back_the_same(cli, moe_job, verl_check, overrides,
+                                                                               experts, critic_experts):
+    """The plan of a Megatron MoE config written as verl's configuration: verl composes it, validates
+    it and builds its engine and rollout config dataclasses (RolloutConfig asserts expert_parallel_size
+    = tp x dp) with the plan's expert layouts (each engine's expert_model_parallel_size and
+    expert_tensor_parallel_size, the rollout's data_parallel_size and expert_parallel_size: the same
+    keys back); imported again, the same plan and estimate."""
+    first, plan, _ = imported(cli, moe_job, "grpo moe megatron.yaml", *overrides, out="first", name="moe")
+    out = moe_job / "exported" / "moe config.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"], checked
+    critic = critic_experts is not None
+    assert (checked["experts"], checked["ref_experts"], checked["critic_experts"]) == (experts, experts, critic_experts)
+    gen = plan["calls"]["actor_gen"]
+    assert (checked["rollout_tp"], checked["rollout_dp"], checked["rollout_ep"]) == \
+        (gen["tp"], gen["ep"] // gen["tp"], gen["ep"])
+    for name in ("actor_train", "ref_inf", *(("critic_train", "critic_inf") if critic else ())):
+        layout = critic_experts if name.startswith("critic") else experts
+        assert (plan["calls"][name].get("ep", 1), plan["calls"][name].get("etp")) == \
+            (layout[0], layout[1] if layout[1] not in (None, 2) else None), name
+    again, plan_again, _ = imported(cli, moe_job, out, out="again", name="moe")
+    assert plan_again["calls"] == plan["calls"]
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"], rel=1e-12)
+
+
+R_EP, R_DP = "actor_rollout_ref.rollout.expert_parallel_size", "actor_rollout_ref.rollout.data_parallel_size"
+A_EP, A_ETP = "actor_rollout_ref.actor.megatron.expert_model_parallel_size", \
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size"
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    # what verl itself refuses (RolloutConfig.__post_init__): expert_parallel_size other than tp x dp
+    ((f"{R_EP}=4",), R_EP, "4: verl asserts expert_parallel_size == tensor_model_parallel_size x data_parallel_size "
+                           "(2 x 4 = 8)"),
+    # what realbench does not price: vLLM's experts split by tp over tp x dp GPUs, SGLang's data-parallel
+    # attention; a replica of tp x dp GPUs astride nodes
+    ((f"{R_EP}=1",), R_DP, "4 without expert parallelism"),
+    (("actor_rollout_ref.rollout.name=sglang",), R_DP, "4 with SGLang"),
+    ((f"{R_DP}=3", f"{R_EP}=6"), R_DP, "a replica of tp x dp = 6 GPUs fits a node or spans whole nodes of 8"),
+    # experts that do not split so (realbench.plan.options.expert_problem), named by verl's key
+    ((f"{A_EP}=3",), A_EP, "the 128 experts of moe do not split over ep 3"),
+    ((f"{A_EP}=8", f"{A_ETP}=2"), A_EP, "ep x etp = 8 x 2 does not divide a pipeline stage's dp x sp x tp = 8"),
+    ((f"{A_EP}=0",), A_EP, "0: a parallel size is a whole number of GPUs, 1 or more"),
+    # verl's Megatron state is process-global: the reference's and a critic with experts take the actor's
+    (("actor_rollout_ref.ref.megatron.expert_model_parallel_size=2",),
+     "actor_rollout_ref.ref.megatron.expert_model_parallel_size", "process-global, the actor's (4) wins"),
+    ((*MOE_PPO, "critic.model.path=moe"), "critic.megatron.expert_model_parallel_size",
+     "process-global, the actor's (4) wins"),
+    # a model without experts has none to lay out (Megatron needs num_moe_experts for expert parallelism)
+    (("actor_rollout_ref.model.path=ckpt",), A_EP, "4: expert parallelism splits a mixture of experts' routed "
+                                                   "experts; the actor's model (ckpt) has none"),
+    ((*DENSE_CRITIC, "critic.megatron.expert_model_parallel_size=4"), "critic.megatron.expert_model_parallel_size",
+     "the critic's model (ckpt) has none"),
+])
+def test_expert_layouts_verl_or_realbench_cannot_run_are_refused_by_name(cli, moe_job, overrides, key, says):
+    os.chdir(moe_job)
+    code, _, err = cli("import", "verl", "grpo moe megatron.yaml", *overrides, "--out", "refused")
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+    assert not (moe_job / "refused").exists()
+
+
+def test_verls_own_rollout_config_refuses_the_expert_parallel_size_realbench_refuses(moe_job, verl_check):
+    """RolloutConfig.__post_init__ (verl/workers/config/rollout.py:294-297) refuses the rollout's
+    expert_parallel_size 4 beside tp 2 x data_parallel_size 4, as realbench does, and accepts 8."""
+    os.chdir(moe_job)
+    refused = verl_check("validate", "grpo moe megatron.yaml", f"{R_EP}=4")
+    assert not refused["ok"] and "expert_parallel_size must be equal to" in refused["error"], refused
+    assert verl_check("validate", "grpo moe megatron.yaml")["ok"]
+
+
+def test_verls_search_offers_the_expert_layouts_its_engines_have(moe_job, verl_check):
+    """Inside verl a mixture of experts' experts are laid out by Megatron only (FSDP shards them as
+    any weight: ep 1), one layout a group (process-global), and its rollout's over replicas of tp x
+    data_parallel_size GPUs that fit a node or span whole ones, each expert whole. By hand, on the 16
+    GPUs: Megatron tp 2 alone (dp 8) offers the experts over 1, 2, 4 or 8 GPUs split over the tp pair
+    (ep x 2 dividing 16), or over 1 to 16 whole (etp 1); the rollout of tp 2 (8 replicas) over 2, 4,
+    8 or 16 GPUs (2 x a divisor of 8), none; an SGLang rollout over its tp GPUs alone. Random plans of
+    the groups with experts are written as configurations verl's own checks accept."""
+    import random
+
+    from realbench.engines import import_config
+    from realbench.plan import load_scenario
+
+    os.chdir(moe_job)
+    scenario = load_scenario(str(import_config("verl", "grpo moe megatron.yaml", [], "space", overwrite=True)[0]))
+    groups = list(verl.plan_groups(scenario))
+    trained = [o.strategy for g in groups for o in g["actor_train"]]
+    assert all((s.ep, s.etp) == (1, 0) for s in trained if s.zero >= 2)
+    layouts = {(s.ep, s.etp) for s in trained if (s.zero, s.tp, s.pp, s.sp) in ((0, 2, 1, 1), (1, 2, 1, 1))}
+    assert layouts == {(ep, 0) for ep in (1, 2, 4, 8)} | {(ep, 1) for ep in (1, 2, 4, 8, 16)}
+    for g in groups:  # (one layout a group: the actor's, its reference's)
+        assert len({(o.strategy.ep, o.strategy.etp) for o in g["actor_train"] + g["ref_inf"]}) == 1
+    rollouts = {(o.strategy.tp, o.strategy.ep) for o in groups[0]["actor_gen"]}
+    assert {ep for tp, ep in rollouts if tp == 2} == {1, 2, 4, 8, 16}
+    sglang = load_scenario(str(import_config("verl", "grpo moe megatron.yaml", [
+        "actor_rollout_ref.rollout.name=sglang", f"{R_DP}=1", f"{R_EP}=2"], "space-sglang", overwrite=True)[0]))
+    assert {(o.strategy.tp, o.strategy.ep) for o in next(verl.plan_groups(sglang))["actor_gen"]
+            if o.strategy.ep > 1} == {(t, t) for t in (2, 4)}
+    rng = random.Random(0)
+    for k, g in enumerate(rng.sample([g for g in groups if g["actor_train"][0].strategy.ep > 1], 3)):
+        options = {name: rng.choice(opts) for name, opts in g.items()}
+        options["actor_gen"] = next(o for o in g["actor_gen"] if o.strategy.ep > o.strategy.tp)
+        assert verl.space_problem(scenario, options) is None
+        engine, settings = verl.to_config(scenario, options, {"actor": str(moe_job / "moe"),
+                                                               "ref": str(moe_job / "moe")})
+        path = moe_job / "space" / f"random {k}.yaml"
+        for file, text, _ in verl.config_files(path, engine, settings):
+            file.write_text(text)
+        checked = verl_check("validate", path)
+        assert checked["ok"], checked
+        s, gen = options["actor_train"].strategy, options["actor_gen"].strategy
+        assert checked["experts"] == [s.ep, s.etp or None]
+        assert (checked["rollout_dp"], checked["rollout_ep"]) == (gen.ep // gen.tp, gen.ep)

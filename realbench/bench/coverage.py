@@ -81,8 +81,10 @@ def captured_launches(script: Path, timeout_s: float = 30.0) -> list[dict]:
             # (set -u off: a variable the user would export reads as empty, as its default does)
             prelude = ('ulimit() { :; }; set() { local a=(); for x in "$@"; do case "$x" in -*u*) x="${x//u/}";; '
                        'esac; [ "$x" = "-" ] || a+=("$x"); done; builtin set "${a[@]}"; }; ')
-            subprocess.run(["bash", "-c", prelude + 'source "$0" "$@"', str(script.resolve()), "8",
-                            str(Path(tmp) / "out")], cwd=script.parent, env=env, timeout=timeout_s,
+            # (a script that reads $1 or $2 gets them; one that passes "$@" on as overrides gets none)
+            positional = ["8", str(Path(tmp) / "out")] if re.search(r"\$\{?[12]\b", script.read_text()) else []
+            subprocess.run(["bash", "-c", prelude + 'source "$0" "$@"', str(script.resolve()), *positional],
+                           env=env, timeout=timeout_s,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             pass
@@ -168,14 +170,15 @@ def with_stand_ins(engine: str, path: Path, overrides: list[str], folder: Path) 
     from realbench.models import catalogue
 
     module = engine_module(engine)
-    _, settings, _ = module.read_config(str(path), overrides)
+    _, settings, given = module.read_config(str(path), overrides)
     named, extra = [], []
     for key in dict.fromkeys(module.MODEL_PATHS.values()):
         flat = key.lstrip("-")
         value = settings.get(flat, settings.get(key))
         if not isinstance(value, str) or not value:
             continue
-        named.append(value)
+        if flat in given or key in given:  # (an engine's default path, a critic the job may not run, is no model named)
+            named.append(value)
         entry = stand_in(value)
         if entry is None:
             continue
@@ -248,6 +251,9 @@ def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callabl
         with tempfile.TemporaryDirectory() as work:
             cwd = os.getcwd()
             try:
+                # (run, and its paths taken, from the repository, the folder above examples/, as the
+                # engines' docs launch them: bash examples/grpo_trainer/run_qwen3-8b.sh)
+                os.chdir(root.resolve().parent)
                 rows.append(examine(engine, f, root, Path(work)))
             finally:
                 os.chdir(cwd)

@@ -10,7 +10,10 @@ realbench's runtime runs), each searched with MCMC for the same budget and seed;
 analytic model prices them all. A configuration that does not fit in memory has no time (null).
 An engine that cannot run the scenario's job as it is (AReaL runs no reward model: its rollout
 workflow scores with a function) gets the job as it runs it (`job_of`, `reward: function` in its
-rows), and realbench's own best of that job beside it."""
+rows), and realbench's own best of that job beside it. A job of a mixture of experts
+(grpo-qwen3-30b-a3b-16gpu) is priced as each engine's own example for such a model where it has one
+(`engines.example_of`: verl's Megatron recipe, AReaL's tau2 example; OpenRLHF's, which has no expert
+parallelism, is its usual example), and searched with the expert layouts each engine has."""
 
 from __future__ import annotations
 
@@ -18,13 +21,17 @@ import math
 from typing import Callable, Optional
 
 from realbench.cost import Estimator
-from realbench.engines import ENGINES, as_example, priced_as
+from realbench.engines import ENGINES, as_example, example_of, priced_as
 from realbench.plan import get_builtin
 from realbench.search import run_search
 from realbench.search.engine import engine_search, plan_time
 
 SCENARIOS = ("grpo-7b-16gpu", "ppo-7b-7b-16gpu", "ppo-13b-7b-32gpu", "ppo-70b-7b-128gpu", "grpo-8b-32gpu-longtail",
-             "ppo-8b-16gpu-longtail", "grpo-7b-lora-8gpu")
+             "ppo-8b-16gpu-longtail", "grpo-7b-lora-8gpu",
+             # a mixture of experts (Qwen3-30B-A3B, 128 experts, 8 a token, on 16 H100): each engine's own example
+             # for such a model where it has one (verl's Megatron recipe, AReaL's tau2 example; example_of),
+             # expert parallelism searched where the engine has it (verl's Megatron and rollout, AReaL's Megatron)
+             "grpo-qwen3-30b-a3b-16gpu")
 # quick: the engines whose plans are listed (OpenRLHF, AReaL) price them all whatever the machine's
 # speed (74,474 OpenRLHF plans take 2 s here), so that their best is the best of every plan
 QUICK = {"scenarios": ("grpo-7b-16gpu",), "budget_s": 2.0, "listed_budget_s": math.inf}
@@ -55,12 +62,13 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0,
             listed = hasattr(module, "plan_table") and listed_budget_s is not None
             best = engine_search(job, engine, "mcmc", listed_budget_s if listed else budget_s, seed=seed)
             as_run = Estimator(priced_as(job, engine))  # what the engine runs, priced as it runs it
+            shown = example_of(scenario, engine)  # (the engine's example for the job: verl's and AReaL's for experts)
             example, default = plan_time(Estimator(as_example(job, engine)),
-                                         module.default_plan(scenario, module.EXAMPLE["settings"])), \
+                                         module.default_plan(scenario, shown["settings"])), \
                 plan_time(as_run, module.default_plan(scenario))
             finite = lambda t: t if math.isfinite(t) else None  # noqa: E731 (null: does not fit in memory)
             rows.append({
-                "engine": engine, "version": module.VERSION, "scenario": name, "example": module.EXAMPLE["source"],
+                "engine": engine, "version": module.VERSION, "scenario": name, "example": shown["source"],
                 "method": best.method, "evaluations": best.evaluations, "plans": best.groups,
                 "example_s": finite(example), "default_s": finite(default), "best_s": best.best_time_s,
                 "best_plan": {n: o.label(G) for n, o in best.best.items()},

@@ -72,11 +72,16 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     for role, entry in sorted(scenario["models"].items(), key=lambda item: item[0] == "critic"):
         if isinstance(entry.get("path"), str):
             given_path = entry["path"]
-            entry["path"] = os.path.abspath(os.path.expanduser(given_path))
-            if not Path(entry["path"]).is_dir():  # a hub name, say: realbench downloads nothing
-                raise ConfigError(f"{given_path!r} is not a checkpoint folder here: realbench reads the {role}'s "
-                                  "config.json and tensors from a local folder (override the path with one)",
-                                  module.MODEL_PATHS[role], str(path))
+            local = os.path.abspath(os.path.expanduser(given_path))
+            if Path(local).exists():
+                entry["path"] = local
+            else:  # a hub id: planned from the local cache's or the catalogue's config.json
+                from realbench.models.hf import find_config
+
+                try:
+                    find_config(given_path)
+                except ConfigError as e:
+                    raise ConfigError(f"{given_path!r}: {e.message}", module.MODEL_PATHS[role], str(path)) from None
         if isinstance(entry.get("adapter"), str):  # (verl's lora_adapter_path)
             given_path = entry["adapter"]
             entry["adapter"] = os.path.abspath(os.path.expanduser(given_path))
@@ -169,11 +174,19 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
     return scenario.with_padding_free(packed)
 
 
+def example_of(scenario: Scenario, engine: str) -> dict[str, Any]:
+    """The engine's example configuration for the scenario's job: {source, settings (its
+    `default_plan`'s), memory_fraction}: the module's `example_of` (verl's and AReaL's examples for a
+    mixture of experts), else its EXAMPLE."""
+    module = engine_module(engine)
+    return module.example_of(scenario) if hasattr(module, "example_of") else module.EXAMPLE
+
+
 def as_example(scenario: Scenario, engine: str) -> Scenario:
-    """The scenario as the engine's example configuration runs it (the module's EXAMPLE, whose plan
-    is its `default_plan` with the example's settings): priced_as, its rollout server taking the
+    """The scenario as the engine's example configuration runs it (example_of, whose plan is the
+    module's `default_plan` with the example's settings): priced_as, its rollout server taking the
     example's share of each GPU's memory."""
-    return priced_as(scenario.with_memory_fraction(engine_module(engine).EXAMPLE["memory_fraction"]), engine)
+    return priced_as(scenario.with_memory_fraction(example_of(scenario, engine)["memory_fraction"]), engine)
 
 
 def padding_free(scenario: Scenario, engine: str) -> bool:

@@ -9,6 +9,12 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
   `sglang:d4t2`. Letters in any order, a letter left out is 1, the last repeat wins (:797-804);
   d data, t tensor, p pipeline, c context, e expert parallel. FSDP has no pipeline and no experts
   (:274-283). A rollout string is `d` servers of `t x p` GPUs each (docs/en/reference/alloc_mode.md).
+  A mixture of experts under Megatron (`_experts`): the flat form's e (folded into the world, each
+  expert whole: etp 1, `megatron:d4t2e2`) or the attention/FFN form `megatron:(attn:d4p4t2|ffn:d2p4e4)`
+  (:943-1040: the FFN's e, t and d the experts' parallelism, tensor parallelism and data
+  parallelism), the plan's ep and etp; written back in the flat form where each expert is whole,
+  else in the attention/FFN form (ModelAllocation.__str__ drops the FFN's t: realbench writes its
+  own strings, allocation_string).
 * **GPUs**: each separated role its own (`scheduling_strategy.type: separation`, the default,
   cli_args.py:955-976): actor, critic, reference, then the rollout, in that order
   (rl_trainer.py:288-321), one worker process a GPU (`scheduling_spec[0].gpu: 1`;
@@ -62,8 +68,9 @@ What AReaL can express (source files of the areal 1.0.4 wheel, `areal/...`):
 Not priced, and said so wherever an AReaL plan is read or written (`PRICING_GAPS`). Refused by name
 (a setting changed from its default that realbench neither prices nor knows to leave time and memory
 alone): the rollout colocated with the actor (disk weight updates and offloading), offloading,
-LoRA on a critic, FSDP's context parallelism beside tensor parallelism, expert
-parallelism, the archon engine, a teacher, the experimental v2 gateway,
+LoRA on a critic, FSDP's context parallelism beside tensor parallelism, FSDP's tensor parallelism
+of a mixture of experts (each expert whole on every tp rank), the servers' expert parallelism
+(sglang.ep_size), the archon engine, a teacher, the experimental v2 gateway,
 a reference or critic on GPUs of its own (AReaL runs the trainer's calls one after another, which
 realbench prices as concurrent on separate GPUs).
 
@@ -89,15 +96,15 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines import listing
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (job_documents, lora_problem, refuse_offload, served_context, serving_gap,
-                                         whole_alpha, whole_row_budget)
+from realbench.engines.documents import (expert_layout_problem, job_documents, lora_problem, model_of_path,
+                                         refuse_offload, served_context, serving_gap, whole_alpha, whole_row_budget)
 from realbench.engines.listing import PlanTable, group_sizes, served_shares, the_jobs_share
 from realbench.engines.openrlhf import _disjoint, _even, place
 from realbench.engines.verl import _ceil, _nest, _rounds, _splits
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import divisors, sequence_parallel_problem, served_call
+from realbench.plan.options import divisors, expert_layouts, sequence_parallel_problem, served_call
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -282,14 +289,59 @@ def refuse_unpriced(settings: dict[str, Any], given: set[str], source: str) -> N
 
 # -- allocations ----------------------------------------------------------------------------------
 _ALLOCATION = re.compile(r"(?P<backend>[a-z]+)(\[[A-Za-z_][A-Za-z0-9_]*\])?:(?P<dims>(?:[a-z][1-9][0-9]*)+)")
+# the attention/FFN form of a mixture of experts (api/alloc_mode.py:594-637: hybrid_moe_syntax, its
+# parentheses each optional): attention c, d, t, p; FFN d (the experts' data parallelism), e, t (the
+# experts' tensor parallelism), p (the attention's, or the same)
+_HYBRID = re.compile(r"(?P<backend>[a-z]+):\(?attn:(?P<attn>(?:[a-z][1-9][0-9]*)+)"
+                     r"\|ffn:(?P<ffn>(?:[a-z][1-9][0-9]*)+)\)?")
+
+
+def _dims(text: Any, dims: str, letters: str, what: str, key: str, source: str) -> dict[str, int]:
+    """A section's dimensions (a letter left out is absent, the last repeat wins: api/alloc_mode.py:797-804)."""
+    out: dict[str, int] = {}
+    for letter, number in re.findall(r"([a-z])([0-9]+)", dims):
+        if letter not in letters:
+            raise ConfigError(f"{text!r}: {letter!r} is not a dimension of {what} ({', '.join(letters)}; "
+                              "api/alloc_mode.py:594-638)", key, source)
+        out[letter] = int(number)
+    return out
 
 
 def allocation(text: Any, key: str, source: str, servers: bool) -> dict[str, Any]:
     """A `backend` string as AReaL's grammar reads it (api/alloc_mode.py:594-638, 797-804):
-    {"backend", "d", "t", "p", "c", "e"}; what realbench does not price refused by name."""
+    {"backend", "d", "t", "p", "c", "e", "etp", "hybrid"}: e the experts' parallelism and etp their
+    tensor parallelism (a mixture of experts' routed experts: Megatron's expert_model_parallel_size
+    and expert_tensor_parallel_size), in the flat form (`megatron:d4t2e2`) e folded into the world
+    (d x c x t x p) and etp 1 (ParallelStrategy's default: each expert whole), in the attention/FFN
+    form (`megatron:(attn:d4p4t2|ffn:d2p4e4)`) the FFN's e and t, its d the experts' data parallelism
+    (derived where left out), its world the attention's (:940-1040); what realbench does not
+    price refused by name."""
     s = re.sub(r"\s+", "", str(text or ""))
-    if "(" in s or "attn:" in s:
-        raise ConfigError(f"{text!r}: the attention/FFN (MoE) allocation; realbench's models are dense", key, source)
+    hybrid = _HYBRID.fullmatch(s) if not servers else None
+    if hybrid:
+        backend = hybrid["backend"]
+        if backend != "megatron":
+            raise ConfigError(f"{text!r}: realbench reads the attention/FFN (MoE) form for Megatron, whose parallel "
+                              "folding lays the experts out so (api/alloc_mode.py:943-1040)", key, source)
+        attn = {"d": 1, "t": 1, "p": 1, "c": 1, **_dims(text, hybrid["attn"], "cdtp", "an attention section", key,
+                                                         source)}
+        ffn = _dims(text, hybrid["ffn"], "detp", "an FFN section", key, source)
+        if ffn.get("p", attn["p"]) != attn["p"]:
+            raise ConfigError(f"{text!r}: the FFN's pipeline must be the attention's (p{attn['p']}; "
+                              "api/alloc_mode.py:982-990)", key, source)
+        world_ = attn["d"] * attn["t"] * attn["p"] * attn["c"]
+        e, etp = ffn.get("e", 1), ffn.get("t", 1)
+        if "d" not in ffn and world_ % (e * etp * attn["p"]):
+            raise ConfigError(f"{text!r}: the experts' data parallelism is derived from the attention's world "
+                              f"({world_}), which e x t x p = {e * etp * attn['p']} does not divide "
+                              "(api/alloc_mode.py:1002-1014)", key, source)
+        if ffn.get("d", world_ // (e * etp * attn["p"])) * e * etp * attn["p"] != world_:
+            raise ConfigError(f"{text!r}: the FFN's world (d x p x t x e) must be the attention's ({world_}; "
+                              "api/alloc_mode.py:1016-1031)", key, source)
+        return {"backend": backend, **attn, "e": e, "etp": etp, "hybrid": True}
+    if "(" in s or "attn:" in s or "ffn:" in s:
+        raise ConfigError(f"{text!r} is not an allocation AReaL parses (a training backend's attention/FFN form: "
+                          "megatron:(attn:d4p4t2|ffn:d2p4e4); api/alloc_mode.py:594-638)", key, source)
     m = _ALLOCATION.fullmatch(s)
     if not m:
         raise ConfigError(f"{text!r} is not an allocation AReaL parses (BACKEND:d..t..p.., e.g. "
@@ -299,26 +351,32 @@ def allocation(text: Any, key: str, source: str, servers: bool) -> dict[str, Any
     if backend not in kinds:
         extra = " (archon: AReaL's experimental torchtitan engine is not priced)" if backend == "archon" else ""
         raise ConfigError(f"{backend!r}: realbench prices {' and '.join(kinds)} here{extra}", key, source)
-    dims = {"d": 1, "t": 1, "p": 1, "c": 1, "e": 1}
-    for letter, number in re.findall(r"([a-z])([0-9]+)", m["dims"]):
-        if letter not in ("dtp" if servers else "dtpce"):
-            raise ConfigError(f"{text!r}: {letter!r} is not a dimension of a {backend} allocation "
-                              f"({'d, t, p' if servers else 'd, t, p, c, e'}; api/alloc_mode.py:594-638)", key, source)
-        dims[letter] = int(number)
+    dims = {"d": 1, "t": 1, "p": 1, "c": 1, "e": 1,
+            **_dims(text, m["dims"], "dtp" if servers else "dtpce", f"a {backend} allocation", key, source)}
     if backend == "fsdp" and (dims["p"] > 1 or dims["e"] > 1):
         raise ConfigError(f"{text!r}: FSDP has no pipeline or expert parallelism (api/alloc_mode.py:274-283)", key,
                           source)
     if dims["c"] > 1 and dims["t"] > 1 and backend == "fsdp":
         raise ConfigError(f"{text!r}: realbench prices FSDP's context parallelism (Ulysses groups) without tensor "
                           "parallelism (t1)", key, source)
-    if dims["e"] > 1:
-        raise ConfigError(f"{text!r}: expert parallelism; realbench's models are dense", key, source)
-    return {"backend": backend, **dims}
+    world_ = dims["d"] * dims["c"] * dims["t"] * dims["p"]
+    if dims["e"] > 1 and world_ % (dims["p"] * dims["e"]):  # (ParallelStrategy.__post_init__, etp 1)
+        raise ConfigError(f"{text!r}: expert model parallel size p x e = {dims['p'] * dims['e']} does not divide the "
+                          f"world {world_} (api/alloc_mode.py:93-108)", key, source)
+    return {"backend": backend, **dims, "etp": 1, "hybrid": False}
 
 
-def allocation_string(backend: str, dp: int, tp: int, pp: int, cp: int = 1) -> str:
-    return f"{backend}:d{dp}" + (f"p{pp}" if pp > 1 else "") + (f"t{tp}" if tp > 1 else "") \
-        + (f"c{cp}" if cp > 1 else "")
+def allocation_string(backend: str, dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1, etp: int = 0,
+                      experts: bool = False) -> str:
+    """An allocation AReaL parses back to the layout (allocation): a model `experts` Megatron lays
+    out with each expert whole (etp 1) in the flat form (its e the experts' parallelism), other
+    expert layouts (etp tp's, 0, or another) in the attention/FFN form."""
+    attn = f"d{dp}" + (f"p{pp}" if pp > 1 else "") + (f"t{tp}" if tp > 1 else "") + (f"c{cp}" if cp > 1 else "")
+    width = etp or tp
+    if not experts or width == 1:
+        return f"{backend}:{attn}" + (f"e{ep}" if ep > 1 else "")
+    ffn = f"d{dp * cp * tp // (ep * width)}" + (f"p{pp}" if pp > 1 else "") + f"t{width}" + (f"e{ep}" if ep > 1 else "")
+    return f"{backend}:(attn:{attn}|ffn:{ffn})"
 
 
 def world(a: dict[str, Any]) -> int:
@@ -338,11 +396,57 @@ def _micro_batches(step: StepRows, rows: int, ranks: int, n_mbs: Optional[int], 
     return _splits(rows, m, pp) or rows
 
 
+# A mixture of experts (an allocation's e, or its attention/FFN form): Megatron's parallel folding,
+# mpu.initialize_model_parallel with the allocation's expert_parallel_size and
+# expert_tensor_parallel_size (engine/megatron_engine.py:230-242), in realbench terms a train or
+# inference call's ep and etp (0: tp's); the flat form's etp is 1 (each expert whole), so a flat
+# Megatron allocation with t > 1 holds a mixture of experts' experts whole on every GPU of a tp group.
+# AReaL's FSDP has no expert parallelism (api/alloc_mode.py:274-283) and splits only the attention by
+# tensor parallelism in a mixture of experts (apply_non_moe_tp, engine/fsdp_utils/parallel.py:
+# 219-300): each expert whole on every tp rank, which realbench does not price under FSDP's
+# sharding (refused: t1, or Megatron). The servers split a mixture of experts' experts as tp splits
+# them (SGLang's and vLLM's default; sglang.ep_size is not read).
+def _experts(role: str, a: dict[str, Any], model, call: dict[str, Any], trained: bool, text: Any, source: str
+             ) -> dict[str, int]:
+    """A role's (ep, etp) as the plan's call carries them (`call`: its dp, tp, pp, zero, sp, ring), from
+    its allocation `a` and its `model` (None where not known here); refused by name where the model
+    has no experts to lay out, or AReaL runs them otherwise than realbench prices."""
+    key, megatron = f"{role}.backend", a["backend"] == "megatron"
+    moe = None if model is None else model.moe is not None
+    if moe is False and (a["e"] > 1 or a["hybrid"]):
+        raise ConfigError(f"{text!r}: the MoE allocation (e, or the attention/FFN form) lays out a mixture of experts' "
+                          f"routed experts; the {role}'s model ({model.name}) has none", key, source)
+    if moe and not megatron and a["t"] > 1:
+        raise ConfigError(f"{text!r}: AReaL's FSDP splits only the attention of a mixture of experts by tensor "
+                          "parallelism, each expert whole on every tp rank (apply_non_moe_tp, engine/fsdp_utils/"
+                          "parallel.py:219-300), which realbench does not price under FSDP's sharding: t1, or Megatron",
+                          key, source)
+    if not megatron or moe is False or (moe is None and a["e"] == 1 and not a["hybrid"]):
+        return {}
+    ep, etp = a["e"], 0 if a["etp"] == a["t"] else a["etp"]
+    problem = expert_layout_problem(model, CallKind.TRAIN if trained else CallKind.INFERENCE, Strategy(
+        call["dp"], a["t"], a["p"], zero=call.get("zero", 0), sp=call.get("sp", 1), ring=call.get("ring", ""), ep=ep,
+        etp=etp))
+    if problem:
+        raise ConfigError(f"{text!r}: {problem[1]}", key, source)
+    return {**({"ep": ep} if ep > 1 else {}), **({"etp": etp} if etp else {})}
+
+
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            gpus_per_node: Optional[int] = None, lengths: Optional[LengthDistribution] = None) -> tuple[dict, dict]:
+            gpus_per_node: Optional[int] = None, lengths: Optional[LengthDistribution] = None,
+            models: Optional[dict[str, Any]] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of AReaL's resolved settings `s` and the keys changed.
-    `lengths`: the responses' lengths AReaL's packer sees (default: every response at its cap)."""
+    `lengths`: the responses' lengths AReaL's packer sees (default: every response at its cap).
+    `models`: the specs of the roles' models where known (else read from the checkpoints named:
+    documents.model_of_path), for their experts' layouts (_experts)."""
     refuse_unpriced(s, given, source)
+    known = dict(models or {})
+
+    def model(role: str):  # (a model's spec, read once; None where there is none to read here)
+        if role not in known:
+            known[role] = model_of_path(s.get(MODEL_PATHS[role]))
+        return known[role]
+
     for key in ("actor.backend", "rollout.backend"):
         if s.get(key) in (None, "???"):
             raise ConfigError("is not set: AReaL needs each engine's allocation (api/cli_args.py:1203-1209)", key,
@@ -441,6 +545,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         # of a group's (fsdp_engine.py:1915-1948 pads the packed micro-batch to a multiple of c and
         # slices it; megatron_engine.py:2060-2064, "max_tokens_per_mb / cp_size" a GPU)
         out["max_tokens"] = budget or _ceil(step.budget(per_rank, dp, out["micro_batches"]), a["c"])
+        out.update(_experts(role, a, model(role), out, trained, s[f"{role}.backend"], source))
         return out
 
     calls: dict[str, dict] = {"actor_train": strategy("actor", rows // steps, True)}
@@ -538,7 +643,7 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
 def _backend(name: str, s: Strategy, trained: bool) -> str:
     """FSDP (every shard: zero 3, or one replica) or Megatron (a pipeline, or the optimizer states
     sharded at most: zero 0 or 1) for a call's strategy."""
-    if s.ring != "p2p" and s.pp == 1 and (s.zero == 3 or s.shards == 1):
+    if s.ring != "p2p" and s.pp == 1 and s.ep == 1 and not s.etp and (s.zero == 3 or s.shards == 1):
         return "fsdp"
     if s.zero in (0, 1) and (trained or s.zero == 0):
         return "megatron"
@@ -556,8 +661,8 @@ def _same_budget(name: str, s: Strategy, budget: int) -> None:
                           f"{group}; realbench.engines.areal_packer)", f"calls.{name}.max_tokens")
 
 
-def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, step: StepRows
-                     ) -> dict[str, Any]:
+def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int, step: StepRows,
+                     experts: bool = False) -> dict[str, Any]:
     """An engine's settings for a call of `rows` samples a GPU (an optimizer step's, or the whole
     batch's) as AReaL's packer sees them (`step`): its allocation and its micro-batches,
     the plan's count (n_mbs) within a budget under which AReaL's packer forms that many on every
@@ -580,9 +685,13 @@ def _engine_settings(role: str, name: str, s: Strategy, trained: bool, rows: int
     if s.virtual_stages > 1 and backend != "megatron":
         raise ConfigError("virtual stages are Megatron's (megatron.virtual_pipeline_parallel_size)",
                           f"calls.{name}.virtual_stages")
+    if backend == "fsdp" and experts and s.tp > 1:  # (_experts)
+        raise ConfigError("AReaL's FSDP splits only the attention of a mixture of experts by tensor parallelism, each "
+                          "expert whole on every tp rank (apply_non_moe_tp, engine/fsdp_utils/parallel.py:219-300), "
+                          "which realbench does not price under FSDP's sharding: tp 1, or Megatron", f"calls.{name}.tp")
     budget = step.budget(rows, s.dp, s.micro_batches)
     _same_budget(name, s, budget)
-    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp, s.sp),
+    out = {f"{role}.backend": allocation_string(backend, s.dp, s.tp, s.pp, s.sp, s.ep, s.etp, experts),
            f"{role}.mb_spec.n_mbs": s.micro_batches,
            f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": s.checkpointing}
     if backend == "megatron":
@@ -608,6 +717,11 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
     if gen.tp * gen.pp > G:
         raise ConfigError(f"a server of {gen.tp * gen.pp} GPUs spans nodes of {G}; AReaL's single controller starts "
                           "each on one node (cli_args.py:1949)", "calls.actor_gen.tp")
+    if gen.ep > 1 or gen.etp:
+        raise ConfigError("AReaL's servers split a mixture of experts' experts as tp splits them: an inference "
+                          "allocation has no e (api/alloc_mode.py:594-638), and realbench does not write "
+                          "sglang.ep_size",
+                          "calls.actor_gen.ep")
     refuse_offload(options, "AReaL", "ref.fsdp.offload_params")
     reward = options["reward_inf"]
     if reward.mesh != V or reward.strategy != Strategy(V.size, 1, 1):
@@ -640,7 +754,8 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             if prompts % s.dp:
                 raise ConfigError(f"{prompts} prompt groups do not split evenly over {s.dp} data-parallel ranks "
                                   "(utils/seqpack.py:558-562)", f"calls.{name}.dp")
-            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, step))
+            out.update(_engine_settings(role, name, s, trained, (rows // steps if trained else rows) // s.dp, step,
+                                        scenario.model_of(df.call(name)).moe is not None))
     if "critic_train" in options:
         out["critic.ppo_n_minibatches"] = steps
     if "critic_inf" in options:  # the critic's values: its training engine, micro-batches of its budget
@@ -651,7 +766,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
                                                          budget, t.pp),
                         False, t.virtual_stages,
                         3 if _backend("critic_train", t, True) == "fsdp" and t.shards > 1 else 0,
-                        max_tokens=i.max_tokens, sp=t.sp, ring=t.ring)
+                        max_tokens=i.max_tokens, sp=t.sp, ring=t.ring, ep=t.ep, etp=t.etp)
         if i != want:  # (a forward checkpoints nothing: want's False is every forward's)
             raise ConfigError("AReaL's critic computes values with its training engine and micro-batch budget "
                               f"(critic.backend, critic.mb_spec): {want.label()}", "calls.critic_inf")
@@ -749,28 +864,42 @@ def config_files(config: Path, engine: str, settings: dict[str, Any],
 
 
 # -- AReaL's space, for a search ------------------------------------------------------------------------
-def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]) -> Iterator[tuple[str, int, int, int, int]]:
-    """(backend, dp, tp, pp, cp) of the actor (and the roles colocated with it, as AReaL's examples
-    write them: `${actor.backend}`) running `calls` on `size` GPUs: FSDP dp x tp, or dp x cp (Ulysses
-    groups inside a node, the heads split as sequence_parallel_problem checks them), Megatron
+def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]
+                        ) -> Iterator[tuple[str, int, int, int, int, int, int]]:
+    """(backend, dp, tp, pp, cp, ep, etp) of the actor (and the roles colocated with it, as AReaL's
+    examples write them: `${actor.backend}`) running `calls` on `size` GPUs: FSDP dp x tp, or dp x cp
+    (Ulysses groups inside a node, the heads split as sequence_parallel_problem checks them), Megatron
     dp x cp x tp x pp (its context-parallel rings of any size whose tp x cp GPUs divide a node or
-    span whole ones, as sequence_parallel_problem checks them)."""
+    span whole ones, as sequence_parallel_problem checks them). A mixture of experts: FSDP without
+    tensor parallelism (_experts), Megatron without a pipeline or rings too, each with the expert
+    layouts Megatron's folding offers (options.expert_layouts: ep and etp, tp's or 1; (1, 0) for the
+    rest)."""
     c, df = scenario.cluster, scenario.dataflow
     models = [scenario.model_of(df.call(n)) for n in calls]
     heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
     splits = lambda groups: all(sequence_parallel_problem(df.call(n), m, c, groups) is None  # noqa: E731
                                 for n, m in zip(calls, models))
+    moe = next((m for m in models if m.moe is not None), None)
+
+    def experts(dp: int, cp: int, tp: int) -> tuple[tuple[int, int], ...]:
+        if moe is None:
+            return ((1, 0),)
+        return tuple((ep, 0 if etp == tp else etp)
+                     for ep, etp in expert_layouts(df.call(calls[0]), moe, dp, cp, tp, True))
+
     for t in (t for t in divisors(c.gpus_per_node) if size % t == 0 and heads(t)):
-        yield "fsdp", size // t, t, 1, 1
+        if moe is None or t == 1:
+            yield "fsdp", size // t, t, 1, 1, 1, 0
         # Megatron with a pipeline or context-parallel rings (of any size its layout leaves; without
-        # either, FSDP's layout)
+        # either, FSDP's layout, but for a mixture of experts, whose experts only Megatron folds)
         for p in (p for p in divisors(size // t) if all(m.n_layers % p == 0 for m in models)):
-            for cp in (cp for cp in divisors(size // t // p) if p > 1 or cp > 1):
+            for cp in (cp for cp in divisors(size // t // p) if p > 1 or cp > 1 or moe is not None):
                 if cp == 1 or splits(Strategy(size // t // p // cp, t, p, zero=1, sp=cp, ring="p2p")):
-                    yield "megatron", size // t // p // cp, t, p, cp
+                    for ep, etp in experts(size // t // p // cp, cp, t):
+                        yield "megatron", size // t // p // cp, t, p, cp, ep, etp
     for cp in divisors(math.gcd(size, c.gpus_per_node))[1:]:
         if splits(Strategy(size // cp, 1, 1, zero=3, sp=cp)):
-            yield "fsdp", size // cp, 1, 1, cp
+            yield "fsdp", size // cp, 1, 1, cp, 1, 0
 
 
 def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[int, ...]]]:
@@ -820,7 +949,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             continue
         scorer = intern("reward_inf", Option(V, Strategy(V.size, 1, 1)))
         gen_k = [intern("actor_gen", g) for g in gens]
-        for backend, dp, tp, pp, cp in _trainer_strategies(scenario, A.size, trainer_calls):
+        for backend, dp, tp, pp, cp, ep, etp in _trainer_strategies(scenario, A.size, trainer_calls):
             if prompts % dp or (rows // steps) % dp:
                 continue
             per_step = rows // steps // dp
@@ -828,6 +957,9 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                       and (pp == 1 or (m >= 2 * pp and m % pp == 0))]
             zero = 3 if backend == "fsdp" and dp * cp > 1 else 0
             ring = "p2p" if backend == "megatron" and cp > 1 else ""
+            # (the layout's experts, for the calls of a model with experts)
+            moe_layout = {name: {"ep": ep, "etp": etp} if scenario.model_of(df.call(name)).moe is not None else {}
+                          for name in trainer_calls}
             trained_zero = 1 if backend == "megatron" and dp * cp > 1 else zero
             # a forward-only call: micro-batches of the training's size over the whole batch; the
             # critic's values, what AReaL's packer forms under the critic's training budget
@@ -852,7 +984,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
                         row[name] = intern(name, Option(A, Strategy(dp, tp, pp, count, ckpt and trained, 1,
                                                                     trained_zero if trained else zero,
                                                                     max_tokens=budgets[m][name], sp=cp,
-                                                                    ring=ring)))
+                                                                    ring=ring, **moe_layout[name])))
                     first = {n: options[n][row[n]] for n in row}
                     first["actor_gen"] = gens[0]
                     if space_problem(scenario, first) is not None:
@@ -878,11 +1010,42 @@ EXAMPLE = {"source": "AReaL examples/math/gsm8k_grpo.yaml (v1.0.4)", "settings":
            "memory_fraction": 0.8}  # (its sglang.mem_fraction_static)
 
 
+# AReaL's example for a mixture of experts: examples/tau2/config_30b_moe_airline.yaml (Qwen3-30B-A3B,
+# main@497e5e2): half the GPUs SGLang servers of 4 GPUs (sglang:d8t4 of 64), half the actor under
+# Megatron `(attn:d4p4t2|ffn:d2p4e4)` (pp 4, the attention's tp 2, the experts over ep 4 GPUs of a
+# stage, each whole), the distributed optimizer, every layer recomputed, micro-batches packed to
+# 32,768 tokens, its servers at 0.8 of each GPU; on another cluster the same shape on the actor's
+# GPUs (the experts over up to 4 GPUs of a stage, tau2_backend)
+MOE_EXAMPLE = {"source": "AReaL examples/tau2/config_30b_moe_airline.yaml (main@497e5e2)",
+               "settings": {"rollout_share": 0.5, "layout": "tau2"}, "memory_fraction": 0.8}
+TAU2 = {"pp": 4, "tp": 2, "ep": 4, "server_tp": 4, "max_tokens_per_mb": 32768}
+
+
+def tau2_backend(gpus: int) -> str:
+    """The tau2 MoE example's actor allocation on `gpus` GPUs: pp 4 and attention tp 2 (d the rest),
+    the experts over min(4, a stage's GPUs) GPUs, each whole (the FFN's d the rest): on 32 GPUs its own
+    `(attn:d4p4t2|ffn:d2p4e4)`, written in AReaL's flat form (etp 1: allocation_string)."""
+    pp, tp = TAU2["pp"], TAU2["tp"]
+    if gpus % (pp * tp):
+        raise ConfigError(f"AReaL's tau2 MoE example lays its actor out in pipelines of {pp} stages of {tp} GPUs: "
+                          f"{gpus} GPUs do not hold whole ones")
+    ep = min(TAU2["ep"], gpus // pp)
+    return allocation_string("megatron", gpus // (pp * tp), tp, pp, 1, ep, 1, experts=True)
+
+
+def example_of(scenario: Scenario) -> dict[str, Any]:
+    """AReaL's example configuration for the scenario's job: EXAMPLE, or MOE_EXAMPLE for an actor with
+    experts."""
+    return MOE_EXAMPLE if getattr(scenario.models["actor"], "moe", None) is not None else EXAMPLE
+
+
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
     """The plan of AReaL's GSM8K example layout for the scenario's job on its whole cluster: the
     rollout's share of the GPUs (`settings` {"rollout_share": x}; default three quarters, the
     paper's split), at the scenario's own staleness. Its micro-batches of 10,240 tokens hold at least a
-    whole row (AReaL's packer refuses a longer one: a job of longer rows raises the budget to one)."""
+    whole row (AReaL's packer refuses a longer one: a job of longer rows raises the budget to one).
+    With {"layout": "tau2"} (MOE_EXAMPLE) the tau2 MoE example's: servers of 4 GPUs, the actor's
+    Megatron layout (tau2_backend), micro-batches of 32,768 tokens."""
     c, df = scenario.cluster, scenario.dataflow
     N, G = c.n_devices, c.gpus_per_node
     gen, train = df.call("actor_gen"), df.call("actor_train")
@@ -898,6 +1061,9 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     # its bf16 weights in half their memory (the rest for the KV cache)
     weights = 2 * scenario.models["actor"].n_params
     t_min = next((t for t in divisors(G) if weights / t <= c.usable_memory_bytes / 2), G)
+    tau2 = (settings or {}).get("layout") == "tau2"
+    if tau2:  # (the example's servers of 4 GPUs)
+        t_min = TAU2["server_tp"]
     # the share, or the largest rollout under it that realbench places (whole nodes, power-of-two
     # blocks) and whose servers split the batch evenly
     fits = [(r, t) for r in sorted(group_sizes(c), reverse=True) if r <= N * share and r < N and placeable(r)
@@ -906,9 +1072,10 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         raise ConfigError(f"no rollout of AReaL's example layout splits this job's {gen.seqs} samples evenly")
     R, t = fits[0]
     critic, ref = "critic" in scenario.models, "ref_inf" in df.call_names
-    budget = max(10240, gen.prompt_len + gen.gen_len)
+    budget = max(TAU2["max_tokens_per_mb"] if tau2 else 10240, gen.prompt_len + gen.gen_len)
+    backend = tau2_backend(N - R) if tau2 else f"fsdp:d{N - R}"
     given: dict[str, Any] = {
-        "cluster.n_nodes": c.nodes, "cluster.n_gpus_per_node": G, "actor.backend": f"fsdp:d{N - R}",
+        "cluster.n_nodes": c.nodes, "cluster.n_gpus_per_node": G, "actor.backend": backend,
         "rollout.backend": f"sglang:d{R // t}t{t}", "actor.scheduling_spec": _SCHEDULING_SPEC, "actor.path": "actor",
         "actor.gradient_checkpointing": True, "actor.mb_spec.max_tokens_per_mb": budget,
         "train_dataset.batch_size": gen.seqs // gen.group_size, "train_dataset.max_length": gen.prompt_len,
@@ -918,11 +1085,12 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         "actor.reward_norm.mean_leave1out": scenario.algorithm == "rloo"}
     for role, present in (("ref", ref), ("critic", critic)):
         if present:
-            given.update({f"{role}.backend": f"fsdp:d{N - R}", f"{role}.path": role,
+            given.update({f"{role}.backend": backend, f"{role}.path": role,
                           f"{role}.scheduling_strategy.type": "colocation", f"{role}.scheduling_strategy.target": "actor",
                           f"{role}.mb_spec.max_tokens_per_mb": budget, f"{role}.gradient_checkpointing": True})
     settings_ = resolve(given)
-    _, plan = to_plan("fsdp", settings_, set(), scenario.name, "h100", lengths=train.lengths)
+    _, plan = to_plan(backend.split(":")[0], settings_, set(), scenario.name, "h100", lengths=train.lengths,
+                      models=dict(scenario.models))
     # (checked as AReaL runs the job, its rows packed: the plan's token budgets are its packer's)
     return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}),
                                        scenario.with_padding_free(True)))

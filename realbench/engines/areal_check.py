@@ -14,7 +14,7 @@ the standard library and the areal package only, never realbench.
         name-resolve and logging side effects), then each engine's `backend` through
         ModelAllocation.from_str (areal/api/alloc_mode.py), as PPOTrainer parses them
         (areal/trainer/rl_trainer.py:132-194); prints a JSON line a file: {"ok": true, "allocations":
-        {role: {backend, dp, tp, pp, cp, ep, world}}, ...} or {"ok": false, "error": "..."} (exit 1
+        {role: {backend, dp, tp, pp, cp, ep, etp, edp, world}}, ...} or {"ok": false, "error": "..."} (exit 1
         if any is refused); the overrides apply to every file
     .venv-areal/bin/python realbench/engines/areal_check.py pack MAX_TOKENS_PER_MB N_MBS [DIVISOR] < LENGTHS.json
         each list of sequence lengths (a JSON list of lists on stdin: one GPU's rows of a step) packed
@@ -75,6 +75,8 @@ def _allocation(backend: str, role: str) -> dict:
     p = a.parallel
     return {"backend": a.backend, "dp": p.data_parallel_size, "tp": p.tensor_parallel_size,
             "pp": p.pipeline_parallel_size, "cp": p.context_parallel_size, "ep": p.expert_parallel_size,
+            # (the experts' tensor parallelism: the FFN's t, 1 in the flat form; str() leaves it out)
+            "etp": p.expert_tensor_parallel_size, "edp": p.expert_data_parallel_size,
             "world": p.world_size, "string": str(a)}
 
 

@@ -43,7 +43,7 @@ context its vLLM server must hold one request of to start (None: a sequence's), 
             # bytes a parameter, which FSDP's moments alone (8) and DeepSpeed ZeRO-3's with its
             # gradients (14) are not exactly)
         for key, off in (("activation_checkpointing", False), ("virtual_stages", 1), ("zero", 0), ("merge_lora", False),
-                         ("offload_params", False), ("offload_optimizer", False), ("host_adam", False)):
+                         ("offload_params", False), ("offload_optimizer", False), ("host_adam", False), ("ep", 1)):
             if c.get(key, off) == off:
                 c.pop(key, None)
     dataflow = {"algorithm": algorithm, "prompts": prompts, "prompt_len": prompt_len, "gen_len": gen_len,
@@ -74,20 +74,22 @@ context its vLLM server must hold one request of to start (None: a sequence's), 
 def max_positions(folder: str) -> Optional[int]:
     """The positions a checkpoint folder's config.json was made for (max_position_embeddings, or its
     text_config's, where the engines look: verl/workers/rollout/utils.py, get_max_position_embeddings),
-    which the serving engines take for a request's context where none is given; None where the folder
-    is not here to read (import_config then refuses it)."""
-    from pathlib import Path
+    which the serving engines take for a request's context where none is given; None where no config
+    is found for it (a folder, a config file, a cached hub id or a catalogue entry: import_config then
+    refuses it)."""
+    from realbench.models.hf import find_config
 
-    from realbench.models.hf import read_config
-
-    path = Path(folder or "").expanduser()
-    if not folder or not (path / "config.json").is_file():
+    if not folder:
         return None
-    cfg = read_config(path)
+    try:
+        found = find_config(folder)
+    except ConfigError:
+        return None
+    cfg, path = found.config, found.source
     positions = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
     if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
         raise ConfigError(f"{positions!r}: the serving engines take the context of a request from it: a whole number",
-                          "max_position_embeddings", str(path / "config.json"))
+                          "max_position_embeddings", path)
     return positions
 
 
@@ -183,3 +185,39 @@ def packs(scenario, engine: str, default: bool, settable: bool = True) -> bool:
     as its configuration says where the scenario was read from one (training.padding_free), else
     (or where the engine has no such setting) the engine's `default`."""
     return scenario.training.padding_free if scenario.engine == engine and settable else default
+
+
+# -- a mixture of experts' layout, as the engines name it ----------------------------------------------
+def model_of_path(path: Any):
+    """The spec of the model an engine's configuration names (a checkpoint folder, a config.json
+    file, a hub id in the local cache or the catalogue: realbench.models.hf.find_config), read
+    from its config alone; None where there is none to read here (the import refuses the path by
+    name after reading the configuration)."""
+    from realbench.models.hf import spec_from_source
+
+    if not isinstance(path, str) or not path.strip():
+        return None
+    try:
+        return spec_from_source(path)
+    except (ConfigError, ValueError, OSError):
+        return None
+
+
+def has_experts(model) -> Optional[bool]:
+    """Whether a model (a spec, or None where it is not known) is a mixture of experts."""
+    return None if model is None else getattr(model, "moe", None) is not None
+
+
+def expert_layout_problem(model, kind, strategy) -> Optional[tuple[str, str]]:
+    """(field: ep or etp, why) a call of `kind` (realbench.dataflow.CallKind) cannot lay out
+    `model`'s experts as `strategy` says (realbench.plan.options.expert_problem: Megatron's parallel
+    folding in training and inference, the serving engines' expert parallelism in generation), or
+    None; None also where the model is not known (None: realbench checks the plan against the
+    scenario's model when it reads it)."""
+    from types import SimpleNamespace
+
+    from realbench.plan.options import expert_problem
+
+    if model is None or (strategy.ep == 1 and not strategy.etp):
+        return None
+    return expert_problem(SimpleNamespace(kind=kind), model, strategy)

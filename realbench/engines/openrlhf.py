@@ -26,6 +26,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
   (SLEEP: `offload_optimizer` on their train calls); `--ds.adam_offload`, DeepSpeed's ZeRO-Offload:
   both trained models' states in host memory for good and Adam run there on one thread a rank
   (ADAM_OFFLOAD: `host_adam` on their train calls; `--ds.enable_sleep` beside it moves nothing).
+* **No expert parallelism** (EXPERTS): a mixture of experts' experts sharded by DeepSpeed as any
+  weight and split as tp splits them in vLLM's engines (the plan's ep 1, etp tp's); a plan with
+  another layout is refused by name on export, and the search lists none.
 * **Batches**: `--rollout.batch_size` prompts x `--rollout.n_samples_per_prompt` samples; each
   forward of the experience maker a chunk of `--rollout.micro_batch_size` samples
   (trainer/ppo_utils/experience_maker.py:70-76), handed to the data-parallel ranks in equal
@@ -104,6 +107,16 @@ MODEL_PATHS = {"actor": "--actor.model_name_or_path", "ref": "--actor.model_name
                "critic": "--critic.model_name_or_path", "reward": "--reward.model_name_or_path"}
 # --algo.advantage.estimator (cli/train_ppo_ray.py:514-522) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo"}
+# A mixture of experts: OpenRLHF 0.11.2 has no expert parallelism. DeepSpeed's ZeRO shards the experts as
+# any weight (under AutoTP priced split as tp splits a dense MLP; --ds.experts_implementation only picks
+# transformers' kernel for them, passed to from_pretrained: trainer/ray/ppo_actor.py:516), and the vLLM
+# engines it starts get no enable_expert_parallel (trainer/ray/vllm_engine.py:264-280): a plan's ep 1,
+# its etp tp's. Its search offers no
+# other layout, and a plan with one is refused by name on export. (--actor.aux_loss_coef, the
+# load-balancing loss through output_router_logits, is refused by name on import: not priced.)
+EXPERTS = ("OpenRLHF 0.11.2 has no expert parallelism: DeepSpeed shards a mixture of experts' experts as any weight "
+           "and its vLLM engines run without enable_expert_parallel (trainer/ray/vllm_engine.py:264-280): ep 1, "
+           "etp tp's")
 VLLM_MAX_NUM_SEQS = 128  # vllm SchedulerConfig.DEFAULT_MAX_NUM_SEQS (OpenRLHF sets none, vllm_engine.py:264-298)
 # the share of each GPU's memory a vLLM engine takes (cli/train_ppo_ray.py:76, 251-255, default 0.95;
 # trainer/ray/vllm_engine.py:276): the generation call's memory_fraction, read as the command line gives
@@ -668,6 +681,10 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             raise ConfigError(f"{o.strategy.shard_group}: OpenRLHF's DeepSpeed shards a model over all its data-parallel "
                               "GPUs (its --ds.zpg, ZeRO++'s second copy of the weights in a node, is not hybrid "
                               "sharding, and realbench does not price it)", f"calls.{name}.shard_group")
+    for name, o in options.items():  # (EXPERTS)
+        if o.strategy.ep > 1 or o.strategy.etp:
+            field = "ep" if o.strategy.ep > 1 else "etp"
+            raise ConfigError(f"{field} {getattr(o.strategy, field)}: {EXPERTS}", f"calls.{name}.{field}")
     ring = _ring_size(options, ds_calls)
     for name in trained:
         if options[name].strategy.offload_params:

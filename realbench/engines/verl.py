@@ -45,6 +45,18 @@ What verl can express (source files of the verl 0.9.1 wheel, `verl/...`):
   holds in its `gpu_memory_utilization` share of each GPU (MEMORY: the generation call's
   memory_fraction, realbench.cost.calls.serving_slots). A vLLM server starts where that cache
   holds one request of `max_model_len` (MAX_MODEL_LEN: unset, the checkpoint's positions).
+* **A mixture of experts** (a model whose config.json has routed experts: realbench.models.spec.MoESpec).
+  Megatron: each engine block's `expert_model_parallel_size` and `expert_tensor_parallel_size`
+  (null: tp's), the plan's ep and etp on the Megatron calls of each model with experts (Megatron's
+  parallel folding out of a stage's dp x cp x tp GPUs, realbench.plan.options.expert_problem),
+  process-global as tp (the reference's block and a critic's with experts take the actor's); FSDP
+  has none (experts sharded as any weight: ep 1). The rollout: replicas of tp x `data_parallel_size`
+  GPUs, the experts over `expert_parallel_size` = tp x dp of them (verl asserts it,
+  workers/config/rollout.py:294-297), each whole: a generation of tp, ep, etp 1 (EXPERT_KEYS,
+  ROLLOUT_EP). Refused by name: what verl refuses (ep other than tp x dp, a model without experts
+  given expert parallelism, a replica astride nodes), what realbench does not price
+  (data_parallel_size without expert parallelism, SGLang's data-parallel attention), layouts the
+  experts do not split into, a reference or critic block with the actor's other.
 * **Scorers**: a reward model (`reward.reward_model.enable`, served like the rollout), a reward
   function (`reward.custom_reward_function.path`), or with neither verl's own rule-based scorers
   by each row's data_source (trainer/ppo/reward.py:124-149, utils/reward_score/__init__.py:
@@ -148,14 +160,15 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.core import LogitsPath
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal_packer import StepRows
-from realbench.engines.documents import (budget_row, job_documents, lora_problem, packs, served_context,
-                                         serving_gap, whole_alpha, whole_row_budget)
+from realbench.engines.documents import (budget_row, expert_layout_problem, job_documents, lora_problem,
+                                         model_of_path, packs, served_context, serving_gap, whole_alpha,
+                                         whole_row_budget)
 from realbench.engines.listing import served_shares, the_jobs_share
 from realbench.engines.verl_packer import mean_count
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors, served_call, straddles_nodes
+from realbench.plan.options import divisors, expert_layouts, served_call, straddles_nodes
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 from realbench.schema import load_yaml, read_document
@@ -428,6 +441,30 @@ SEQUENCE_PARALLEL = {"actor": (f"{A}.ulysses_sequence_parallel_size",
                      "critic": (None, "critic.fsdp.ulysses_sequence_parallel_size")}
 CRITIC_SP_UNREAD = "critic.ulysses_sequence_parallel_size"
 FSDP_VERSIONS = ("fsdp", "fsdp2")
+# A mixture of experts' layout. Each Megatron engine block's expert_model_parallel_size (the plan's
+# ep) and expert_tensor_parallel_size (etp; null: tp's, as Megatron defaults it) (trainer/config/
+# engine/megatron.yaml:14-17, McoreEngineConfig, which checks neither; the reference's block copies
+# the actor's, ref/megatron_ref.yaml:29-38), handed to Megatron-Bridge's provider with
+# moe_token_dispatcher_type alltoall (workers/engine/megatron/transformer_impl.py:354-370): ep x etp
+# GPUs of a stage's dp x cp x tp hold every expert once (Megatron's parallel folding, which needs
+# world % (etp ep pp) == 0), tokens dispatched to their experts and back by all-to-alls. The
+# parallel state is process-global (the actor's, as tp's: EXPERT_KEYS of the reference and of a
+# critic with experts must be the actor's); a model without experts takes none (Megatron's
+# TransformerConfig needs num_moe_experts for expert parallelism). FSDP has no expert parallelism: a
+# mixture of experts under FSDP is sharded as any weight (ep 1). verl's Megatron-Bridge path turns
+# the load-balancing loss off (moe_router_load_balancing_type none, :354-370).
+EXPERT_KEYS = ("expert_model_parallel_size", "expert_tensor_parallel_size")
+# The rollout's expert parallelism: a replica of tensor_model_parallel_size x data_parallel_size GPUs
+# (workers/rollout/replica.py:107-116; its attention in data_parallel_size groups of tp GPUs), the
+# experts over expert_parallel_size of them, which verl asserts is tp x dp where above 1
+# (workers/config/rollout.py:294-297): vLLM's enable_expert_parallel (vllm_async_server.py:384-402),
+# SGLang's ep_size (async_sglang_server.py:313-324). In realbench terms a generation of tp T over
+# the pool's tp groups (dp), ep T x D, each expert whole (etp 1). data_parallel_size above 1 without
+# expert parallelism (vLLM then splits each expert by tensor parallelism over tp x dp GPUs) and
+# SGLang's (verl hands it tp_size tp x dp and dp_size dp, whose data-parallel attention is an engine
+# argument) are not priced: refused by name
+ROLLOUT_DP, ROLLOUT_EP = f"{R}.data_parallel_size", f"{R}.expert_parallel_size"
+MEGATRON_BLOCKS = {"actor": f"{A}.megatron", "ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}
 # settings that change neither time nor memory of a step (names, paths, logging, checkpoints,
 # the learning and sampling settings), by prefix: carried as they are, never priced (the serving
 # engines' memory fractions too, which bound a replica's sequences only where its KV cache is
@@ -512,6 +549,8 @@ def _nest(flat: dict[str, Any]) -> dict:
 PASSED_THROUGH = {
     ".override_transformer_config.": "a Megatron TransformerConfig field verl passes through, which realbench does not "
                                      "price (it reads the recompute_* fields)",
+    ".override_optimizer_config.": "a Megatron OptimizerConfig field verl passes through (its optimizer offload "
+                                   "among them), which realbench does not price",
     ".engine_kwargs.": "an argument verl passes to the rollout's serving engine (rollout.engine_kwargs), which "
                        "realbench does not price",
     ".override_config.": "a field of the model's HF config verl overrides; realbench reads the model from its "
@@ -831,21 +870,103 @@ READ = {BYPASS, MAX_MODEL_LEN, *(k for keys in SEQUENCE_PARALLEL.values() for k 
             for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         f"{RM}.enable_resource_pool", f"{RM}.nnodes", f"{RM}.n_gpus_per_node",
-        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH, FUSED, FUSED_BACKEND, *FSDP_SIZE.values()} | {
-        f"{block}.{k}" for block in (f"{A}.megatron", "critic.megatron", "actor_rollout_ref.ref.megatron")
+        *LORA_KEYS.values(), LORA_MERGE, ADAPTER_PATH, FUSED, FUSED_BACKEND, *FSDP_SIZE.values(), ROLLOUT_DP,
+        ROLLOUT_EP} | {
+        f"{block}.{k}" for block in MEGATRON_BLOCKS.values()
         for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-                  "context_parallel_size", "dynamic_context_parallel",
+                  "context_parallel_size", "dynamic_context_parallel", *EXPERT_KEYS,
                   "use_distributed_optimizer", "override_transformer_config.recompute_granularity",
                   "override_transformer_config.recompute_method", "override_transformer_config.recompute_num_layers")}
 
 
+def _size(s: dict[str, Any], key: str, source: str) -> Optional[int]:
+    """A parallel size setting: a whole number of GPUs, 1 or more, or None (unset)."""
+    value = s[key]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{value!r}: a parallel size is a whole number of GPUs, 1 or more", key, source)
+    return value
+
+
+def _megatron_experts(s: dict[str, Any], specs, critic: bool, with_ref: bool, tp: int,
+                      source: str) -> dict[str, tuple[int, int]]:
+    """Each Megatron role's (ep, etp) as verl's engines build it (EXPERT_KEYS; etp None is tp's),
+    for the roles whose model has experts (or is not known here: `specs(role)` None): the actor's,
+    process-global (the reference's block and a critic's with experts must be the actor's, as its
+    tp); a model without experts takes none (its block at verl's defaults, 1 and null)."""
+    def layout(role: str) -> tuple[int, int]:
+        ep, etp = (_size(s, f"{MEGATRON_BLOCKS[role]}.{k}", source) for k in EXPERT_KEYS)
+        return ep or 1, etp or tp
+
+    actor = layout("actor")
+    out = {}
+    for role in ("actor", *(("ref",) if with_ref else ()), *(("critic",) if critic else ())):
+        got, model = layout(role), specs("critic" if role == "critic" else "actor")
+        keys = [f"{MEGATRON_BLOCKS[role]}.{k}" for k in EXPERT_KEYS]
+        if model is not None and model.moe is None:
+            if got != (1, tp):
+                key = keys[0] if got[0] != 1 else keys[1]
+                raise ConfigError(f"{s[key]}: expert parallelism splits a mixture of experts' routed experts; the "
+                                  f"{role}'s model ({model.name}) has none", key, source)
+            continue
+        for key, value, want in zip(keys, got, actor):
+            if value != want:
+                raise ConfigError(f"{s[key]}: verl's Megatron state is process-global, the actor's ({want}) wins "
+                                  "(verl/workers/engine/megatron/transformer_impl.py:239-256)", key, source)
+        out[role] = got
+    return out
+
+
+def _rollout_experts(s: dict[str, Any], tp: int, pool: Mesh, server: str, model, source: str) -> dict[str, int]:
+    """The rollout's expert parallelism as the plan's generation carries it (ROLLOUT_DP,
+    ROLLOUT_EP: ep = expert_parallel_size over replicas of tp x data_parallel_size GPUs, each expert
+    whole), {} without it; refused by name where verl refuses it or realbench does not price it."""
+    D, E = (_size(s, key, source) or 1 for key in (ROLLOUT_DP, ROLLOUT_EP))
+    if E > 1 and E != tp * D:
+        raise ConfigError(f"{E}: verl asserts expert_parallel_size == tensor_model_parallel_size x data_parallel_size "
+                          f"({tp} x {D} = {tp * D}) where above 1 (verl/workers/config/rollout.py:294-297)",
+                          ROLLOUT_EP, source)
+    if D > 1 and E == 1:
+        raise ConfigError(f"{D} without expert parallelism (expert_parallel_size 1): the serving engine then splits a "
+                          f"mixture of experts' experts by tensor parallelism over tp x dp = {tp * D} GPUs, which "
+                          "realbench does not price (expert_parallel_size = tp x dp is)", ROLLOUT_DP, source)
+    if D > 1 and server == "sglang":
+        raise ConfigError(f"{D} with SGLang: verl hands SGLang tp_size = tp x dp and dp_size dp "
+                          "(async_sglang_server.py:313-324), whose data-parallel attention is an engine argument "
+                          "(enable_dp_attention) realbench does not read; realbench prices SGLang's expert "
+                          "parallelism over a replica's tp GPUs (data_parallel_size 1, expert_parallel_size = tp)",
+                          ROLLOUT_DP, source)
+    G = pool.gpus
+    if D > 1 and (pool.size % (tp * D) or (G % (tp * D) and (tp * D) % G)):
+        raise ConfigError(f"{D}: a replica of tp x dp = {tp * D} GPUs fits a node or spans whole nodes of {G} "
+                          "(verl/workers/rollout/replica.py:107-117) and the replicas share the GPUs evenly",
+                          ROLLOUT_DP, source)
+    if E == 1:
+        return {}
+    problem = expert_layout_problem(model, CallKind.GENERATE, Strategy(pool.size // tp, tp, 1, ep=E, etp=1))
+    if problem:
+        raise ConfigError(f"{E}: {problem[1]}", ROLLOUT_EP, source)
+    return {"ep": E, **({"etp": 1} if tp > 1 else {})}
+
+
 def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: str, source: str = "",
-            lengths: Optional[LengthDistribution] = None, gpus_per_node: Optional[int] = None) -> tuple[dict, dict]:
+            lengths: Optional[LengthDistribution] = None, gpus_per_node: Optional[int] = None,
+            models: Optional[dict[str, Any]] = None) -> tuple[dict, dict]:
     """(scenario document, plan document) of resolved verl settings `s` and the keys given (read_config).
     `lengths`: the responses' lengths verl's dynamic batching sees (default: every response at its
     cap; realbench.engines.verl_packer counts its micro-batches). `gpus_per_node`: the
-    node size, for the one-step-off entry's two pools (the synchronous trainer's config gives it)."""
+    node size, for the one-step-off entry's two pools (the synchronous trainer's config gives it).
+    `models`: the specs of the roles' models where known (else read from the checkpoints named:
+    documents.model_of_path), for their experts' layouts."""
     refuse_unpriced(engine, s, given, source)
+    known = dict(models or {})
+
+    def specs(role: str):  # (a model's spec, read once; None where there is none to read here)
+        if role not in known:
+            known[role] = model_of_path(s["critic.model.path" if role == "critic" else "actor_rollout_ref.model.path"])
+        return known[role]
+
     logits = logits_paths(engine, s, source)
     one_step_off = ROLLOUT_POOL[0] in s
     if one_step_off:
@@ -925,9 +1046,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     step = StepRows(prompt_len, gen_len, lengths)
     rows = prompts * n
 
-    if engine == "dp":
+    if engine == "dp":  # (no expert parallelism: a mixture of experts sharded as any weight)
         tp = pp = v = 1
-        zeros = {}
+        zeros, experts = {}, {}
         for role, key in (("actor", f"{A}.fsdp_config.reshard_after_forward"),
                           ("critic", "critic.fsdp.reshard_after_forward")):
             zeros[role] = 3 if s[key] else 2
@@ -974,6 +1095,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         zeros = {"actor": int(bool(s[f"{meg}.use_distributed_optimizer"])),
                  "critic": int(bool(s["critic.megatron.use_distributed_optimizer"]))}
         ref_zero = 0
+        experts = _megatron_experts(s, specs, critic, with_ref, tp, source)
     dp = N // (tp * pp)
     # each role's data-parallel groups of sp GPUs: FSDP's Ulysses groups, or Megatron's context
     # parallel rings (one size, process-global; sequence_parallel)
@@ -1033,7 +1155,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     whole = trainer_pool.label(per_node)
     calls = {
         "actor_gen": {"mesh": rollout_pool.label(per_node), "dp": replicas, "tp": rollout_tp, "pp": 1,
-                      "micro_batches": _rounds(rows // replicas, int(s[f"{R}.max_num_seqs"]))},
+                      "micro_batches": _rounds(rows // replicas, int(s[f"{R}.max_num_seqs"])),
+                      **_rollout_experts(s, rollout_tp, rollout_pool, server, specs("actor"), source)},
         "actor_train": {"dp": groups["actor"], "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"], **offloads("actor"), **sequence_parallel("actor"),
@@ -1067,6 +1190,20 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                **hybrid["critic"]}
     for c in calls.values():
         c.setdefault("mesh", whole)
+    # each Megatron call's experts: its role's layout, checked against its model where known here
+    for call, role in (("actor_train", "actor"), ("ref_inf", "ref"), ("critic_train", "critic"),
+                       ("critic_inf", "critic")):
+        if call not in calls or role not in experts:
+            continue
+        c, (ep, etp) = calls[call], experts[role]
+        c.update({**({"ep": ep} if ep > 1 else {}), **({"etp": etp} if etp != tp else {})})
+        kind = CallKind.TRAIN if call.endswith("_train") else CallKind.INFERENCE
+        problem = expert_layout_problem(specs("critic" if role == "critic" else "actor"), kind, Strategy(
+            c["dp"], tp, pp, zero=c.get("zero", 0), sp=c.get("sp", 1), ring=c.get("ring", ""), ep=ep,
+            etp=0 if etp == tp else etp))
+        if problem:
+            key = f"{MEGATRON_BLOCKS['critic' if role == 'critic' else 'actor']}.{EXPERT_KEYS[problem[0] == 'etp']}"
+            raise ConfigError(f"{s[key]}: {problem[1]}", key, source)
     actor_path = s["actor_rollout_ref.model.path"]
     models: dict[str, Any] = {"actor": {"path": actor_path}, **({"ref": {"path": actor_path}} if with_ref else {})}
     if int(s[LORA_KEYS["r"]]) > 0:
@@ -1184,7 +1321,7 @@ def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optio
     tp = options["actor_gen"].strategy.tp
     if serving_cache_problem(gen, model, c, options["actor_gen"].strategy) is not None:
         return None  # (its server does not start: refused, and priced, as such)
-    cache = served_share_beyond_weights(gen, model, c, tp)
+    cache = served_share_beyond_weights(gen, model, c, tp, options["actor_gen"].strategy.ep)
     bucket_mb = int(scenario.engine_settings.get(BUCKET, BUCKET_MB))
     largest = max(model.vocab * model.hidden, model.ffn * model.hidden, model.hidden * model.hidden)
     need = bucket_mb * 2 ** 20 + 6 * largest
@@ -1268,6 +1405,15 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if not fsdp and s.sp != actor.sp:
             return f"calls.{name}.sp", (f"verl's Megatron layout is process-global: actor, reference and critic share "
                                         f"one context_parallel_size (the actor's, {actor.sp})")
+        if fsdp and (s.ep > 1 or s.etp):
+            return f"calls.{name}.ep", ("verl's FSDP engine has no expert parallelism (a mixture of experts is sharded "
+                                        "as any weight: ep 1, etp tp's); Megatron's is its engine's "
+                                        "expert_model_parallel_size")
+        if (not fsdp and getattr(scenario.model_of(scenario.dataflow.call(name)), "moe", None) is not None
+                and (s.ep, s.expert_tp) != (actor.ep, actor.expert_tp)):
+            return f"calls.{name}.ep", ("verl's Megatron layout is process-global: the models with experts share the "
+                                        f"actor's expert_model_parallel_size and expert_tensor_parallel_size (ep "
+                                        f"{actor.ep}, etp {actor.expert_tp})")
         if not fsdp and s.zero > (1 if "train" in name else 0):
             return f"calls.{name}.zero", "verl's Megatron engine shards optimizer states only (the distributed optimizer)"
         if (name == "critic_inf" and s.offload_params) or (name == "ref_inf" and fsdp
@@ -1292,8 +1438,23 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         return "calls.actor_gen.pp", "verl's rollout engines run no pipeline parallelism (verl/workers/config/rollout.py)"
     if c.gpus_per_node % gen.tp and gen.tp % c.gpus_per_node:
         return "calls.actor_gen.tp", "a verl rollout replica fits a node or spans whole nodes"
+    # (expert parallelism: replicas of tp x data_parallel_size GPUs, ep = tp x dp: ROLLOUT_EP)
+    if gen.ep > 1 and (gen.ep % gen.tp or gen.expert_tp != 1):
+        return "calls.actor_gen.ep", ("verl's rollout splits the experts over whole replicas, each expert whole: "
+                                      "expert_parallel_size = tensor_model_parallel_size x data_parallel_size, etp 1 "
+                                      "(verl/workers/config/rollout.py:294-297)")
+    if gen.ep > 1 and (c.gpus_per_node % gen.ep and gen.ep % c.gpus_per_node):
+        return "calls.actor_gen.ep", (f"a verl rollout replica (tp x data_parallel_size = ep {gen.ep} GPUs) fits a "
+                                      "node or spans whole nodes (verl/workers/rollout/replica.py:107-117)")
+    if gen.ep > gen.tp and (scenario.rollout_server or "vllm") == "sglang":
+        return "calls.actor_gen.ep", ("realbench writes SGLang's expert parallelism over a replica's tp GPUs (ep = tp, "
+                                      "data_parallel_size 1): verl hands SGLang tp_size = tp x dp, whose data-parallel "
+                                      "attention is an engine argument it does not read")
     reward = options["reward_inf"].strategy
     if not isinstance(scenario.models.get("reward"), FunctionSpec):
+        if reward.ep > 1:
+            return "calls.reward_inf.ep", ("realbench writes verl's reward model served without expert parallelism "
+                                           "(reward.reward_model.rollout.expert_parallel_size 1)")
         if (reward.pp, reward.zero) != (1, 0):
             return "calls.reward_inf.pp", "verl serves a reward model with vLLM or SGLang replicas: no pipeline, no sharding"
         if c.gpus_per_node % reward.tp and reward.tp % c.gpus_per_node:
@@ -1441,6 +1602,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         "data.train_batch_size": prompts, "data.max_prompt_length": g.prompt_len, "data.max_response_length": g.gen_len,
         "algorithm.adv_estimator": {v: k for k, v in ESTIMATORS.items()}[scenario.algorithm],
         f"{R}.name": scenario.rollout_server or "vllm", f"{R}.n": n, f"{R}.tensor_model_parallel_size": gen.tp,
+        # (expert parallelism over replicas of tp x data_parallel_size GPUs: ROLLOUT_EP)
+        **({ROLLOUT_DP: gen.ep // gen.tp, ROLLOUT_EP: gen.ep} if gen.ep > 1 else {}),
         f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
         MEMORY: served_call(g, gen).memory_fraction or MEMORY_FRACTION,
         # (the least verl runs the plan with: a sequence, where the checkpoint's positions could ask
@@ -1533,6 +1696,9 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
             out.update({f"{meg}.tensor_model_parallel_size": s.tp, f"{meg}.pipeline_model_parallel_size": s.pp,
                         f"{meg}.virtual_pipeline_model_parallel_size": s.virtual_stages if s.virtual_stages > 1 else None,
                         f"{meg}.context_parallel_size": s.sp, f"{meg}.use_distributed_optimizer": s.zero == 1})
+            if scenario.models[role].moe is not None:  # (the reference's block follows the actor's: ref_megatron.yaml)
+                out.update({f"{meg}.expert_model_parallel_size": s.ep,
+                            f"{meg}.expert_tensor_parallel_size": s.etp or None})
             if role == "actor" and "ref_inf" in options:  # (it would follow the actor's: written as planned)
                 out[REF_MEGATRON_OFFLOAD] = options["ref_inf"].strategy.offload_params
             o = f"{meg}.override_transformer_config"
@@ -1599,6 +1765,21 @@ def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
     return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
             and model.n_heads % t == 0 and model.n_kv_heads % t == 0]
+
+
+def _rollout_expert_layouts(scenario: Scenario, role: str, dp: int, tp: int) -> list[tuple[int, int]]:
+    """The (ep, etp) a search offers a serving call of `dp` replicas of `tp` GPUs (ROLLOUT_EP): none,
+    and for the actor's rollout of a mixture of experts its experts over replicas of tp x
+    data_parallel_size GPUs that fit a node or span whole ones (SGLang's over a replica's tp GPUs
+    alone), each expert whole (etp 1: 0 where tp is 1, the same). realbench.plan.options checks the
+    rest (expert_problem)."""
+    model, G = scenario.models[role], scenario.cluster.gpus_per_node
+    if role != "actor" or getattr(model, "moe", None) is None:
+        return [(1, 0)]
+    sglang = (scenario.rollout_server or "vllm") == "sglang"
+    return [(ep, 0 if tp == 1 else etp)
+            for ep, etp in expert_layouts(scenario.dataflow.call("actor_gen"), model, dp, 1, tp, True)
+            if ep == 1 or ((G % ep == 0 or ep % G == 0) and not (sglang and ep != tp))]
 
 
 def reward_pools(scenario: Scenario) -> list[tuple[Mesh, Optional[Mesh]]]:
@@ -1673,9 +1854,13 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
     def served(role: str, mesh: Mesh) -> list[Option]:  # replicas of tp GPUs, max_num_seqs rows decoding together
         # (a LoRA actor's: the adapters alone or merged into the base, lora.merge; `valid` keeps
         # the merged ones for LoRA models only)
+        # (a mixture of experts' rollout also over replicas of tp x data_parallel_size GPUs, its experts
+        # split over them: _rollout_expert_layouts)
         size = mesh.size
-        return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge)) for t in _replica_tps(scenario, role, mesh)
-                for m in divisors(rows // (size // t)) if rows % (size // t) == 0 for merge in (False, True)]
+        return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge, ep=ep, etp=etp))
+                for t in _replica_tps(scenario, role, mesh) if rows % (size // t) == 0
+                for ep, etp in _rollout_expert_layouts(scenario, role, size // t, t)
+                for m in divisors(rows // (size // t)) for merge in (False, True)]
 
     # (each rollout at the least share of each GPU's memory that gives it each count of slots, where
     # its sync's buffer fits: listing.served_shares)
@@ -1692,22 +1877,29 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
     # them per role: SEQUENCE_PARALLEL, FSDP_SIZE), Megatron's context-parallel ring (ring p2p) is
     # process-global, one for all. FSDP's state sharded over every GPU or, across nodes, hybrid
     # within groups of 1, 2, 4, ... nodes
-    layouts: list[tuple[int, int, int, tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]] = []
+    # (and each layout's one (ep, etp) for the models with experts, process-global under Megatron; FSDP
+    # has none: (1, 0))
+    layouts: list[tuple[int, int, int, tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, int]]] = []
     actor = scenario.models["actor"]
     if N > 1:  # FSDP, and Ulysses groups of 2, 4, ... GPUs of a node (for a model whose rows are packed:
         # `valid` drops the others, and the groups the model's heads do not split)
         G = c.gpus_per_node  # (hybrid groups of whole nodes, doubling: 1, 2, 4, ... nodes)
         hybrid = (0, *(G << k for k in range((N // G).bit_length()) if (G << k) < N and N % (G << k) == 0))
-        layouts.append((1, 1, 1, (3, 2), 3, tuple(divisors(math.gcd(N, c.gpus_per_node))), hybrid))
+        layouts.append((1, 1, 1, (3, 2), 3, tuple(divisors(math.gcd(N, c.gpus_per_node))), hybrid, (1, 0)))
     # (a LoRA actor: verl's FSDP LoRA only; its fused kernels: FSDP's only; see space_problem)
     for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
                and actor.lora is None and not scenario.training.logits):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
                 for cp in divisors(N // (tp * pp)):  # (its rings inside a node or across whole nodes)
-                    layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, (cp,), (0,)))  # Megatron
-    for tp, pp, v, zeros, forward_zero, splits, shard_groups in layouts:
+                    for experts in expert_layouts(df.call("actor_train"), actor, N // (tp * pp * cp), cp, tp, True):
+                        layouts.append((tp, pp, v, (0, 1) if N // (tp * pp) > 1 else (0,), 0, (cp,), (0,),
+                                        (experts[0], 0 if experts[1] == tp else experts[1])))  # Megatron
+    for tp, pp, v, zeros, forward_zero, splits, shard_groups, (ep, etp) in layouts:
         ring = "p2p" if forward_zero == 0 and splits != (1,) else ""
+
+        def experts_of(name: str) -> dict[str, int]:  # (the layout's, for a model with experts)
+            return {"ep": ep, "etp": etp} if scenario.models[df.call(name).model].moe is not None else {}
 
         def data_parallel(sp: int) -> int:
             return N // (tp * pp * sp)
@@ -1721,7 +1913,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
             unpriced = lora or (fsdp2 and 3 in zero_options)
             offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
-                                                   offload_optimizer=moments, sp=sp, ring=ring, shard_group=f))
+                                                   offload_optimizer=moments, sp=sp, ring=ring, shard_group=f,
+                                                   **experts_of(name)))
                                 for m in divisors(per_gpu) for ckpt in (False, True) for z in zero_options
                                 for params, moments in offloads if not params or z != 2])
 
@@ -1734,7 +1927,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
             # (FSDP offloads its reference always; a Megatron one as its param_offload says)
             group["ref_inf"] = valid("ref_inf", [
                 Option(W, Strategy(data_parallel(sp), tp, pp, m, zero=forward_zero, offload_params=off, sp=sp,
-                                   ring=ring, shard_group=f))
+                                   ring=ring, shard_group=f, **experts_of("ref_inf")))
                 for sp, f in roles
                 for off in ((forward_zero == 3 and N // (tp * pp) > 1,) if forward_zero == 3 else (False, True))
                 for m in divisors(rows // data_parallel(sp))])
@@ -1764,7 +1957,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
                                "critic_inf": valid("critic_inf", [Option(W, Strategy(dp, tp, pp, inf_m,
                                                                                      zero=forward_zero,
                                                                                      max_tokens=tokens, sp=sp,
-                                                                                     ring=ring, shard_group=f))])}
+                                                                                     ring=ring, shard_group=f,
+                                                                                     **experts_of("critic_inf")))])}
                 if all(with_critic.values()):
                     yield with_critic
 
@@ -1805,6 +1999,41 @@ EXAMPLE = {"source": "verl examples/{grpo,ppo}_trainer/run_qwen3_8b_fsdp.sh (mai
                         "critic.use_dynamic_bsz": True}, "memory_fraction": 0.6}
 
 
+# verl's example for a job of a mixture of experts (verl-project/verl examples/grpo_trainer/
+# run_qwen3_30b_a3b_megatron.sh, main@b3ea220, the Qwen3-30B-A3B GRPO recipe): Megatron tp 4 x pp 2, the
+# experts over ep 4, every layer recomputed (full, uniform, 1), the actor's parameters and optimizer
+# and the reference's parameters in host memory between calls (ALL_OFFLOAD; its grad_offload is not
+# a key of verl 0.9.1), dynamic batching at a whole row a GPU (prompt + response, the reference's
+# too), a vLLM rollout of tp 4 at 0.6 of each GPU. Its expert_tensor_parallel_size is left null
+# (tp's, 4), which Megatron's parallel state refuses on its 8 GPUs as on 16 (etp x ep x pp = 32 GPUs
+# a group: world % 32 != 0); the example is priced with each expert whole (etp 1), the layout verl's
+# other Qwen3-30B-A3B recipes give (ETP=1)
+MOE_EXAMPLE = {"source": "verl examples/grpo_trainer/run_qwen3_30b_a3b_megatron.sh (main@b3ea220; etp 1)",
+               "settings": {f"{A}.megatron.tensor_model_parallel_size": 4,
+                            f"{A}.megatron.pipeline_model_parallel_size": 2,
+                            f"{A}.megatron.expert_model_parallel_size": 4,
+                            f"{A}.megatron.expert_tensor_parallel_size": 1,
+                            f"{A}.megatron.param_offload": True, f"{A}.megatron.optimizer_offload": True,
+                            REF_MEGATRON_OFFLOAD: True,
+                            **{f"{A}.megatron.override_transformer_config.{k}": v for k, v in
+                               (("recompute_granularity", "full"), ("recompute_method", "uniform"),
+                                ("recompute_num_layers", 1))},
+                            f"{R}.tensor_model_parallel_size": 4, f"{R}.gpu_memory_utilization": 0.6,
+                            f"{A}.use_dynamic_bsz": True, f"{A}.ppo_max_token_len_per_gpu": "row",
+                            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
+                            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "row"},
+               "memory_fraction": 0.6}
+
+
+def example_of(scenario: Scenario) -> dict[str, Any]:
+    """verl's example configuration for the scenario's job (EXAMPLE; MOE_EXAMPLE for an actor with
+    experts), its settings on the job: "row" a whole row's tokens (prompt and response)."""
+    example = MOE_EXAMPLE if getattr(scenario.models["actor"], "moe", None) is not None else EXAMPLE
+    gen = scenario.dataflow.call("actor_gen")
+    row = gen.prompt_len + gen.gen_len
+    return {**example, "settings": {k: row if v == "row" else v for k, v in example["settings"].items()}}
+
+
 def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) -> dict[str, Option]:
     """The plan of verl's default configuration for the scenario's job: its YAML's settings
     (FSDP fully sharded, gradient checkpointing, rollout tp 2 with max_num_seqs 256, a reward
@@ -1812,8 +2041,10 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
     micro-batch sizes have no default (the actor's raised to a whole row where the job's rows are
     longer: verl asserts a budget holds one, verl/utils/seqlen_balancing.py:384-386); `settings`
     over those (EXAMPLE's, say). Generation running ahead: the one-step-off entry's config with the
-    first pools a search offers it (one_step_off_pools)."""
+    first pools a search offers it (one_step_off_pools). Settings of Megatron's engine blocks
+    (MOE_EXAMPLE's) make it Megatron's."""
     df, c = scenario.dataflow, scenario.cluster
+    engine = "megatron" if any(k.startswith((f"{A}.megatron.", "critic.megatron.")) for k in settings or {}) else "dp"
     gen, train = df.call("actor_gen"), df.call("actor_train")
     n = gen.group_size
     ref = "ref_inf" in df.call_names
@@ -1826,11 +2057,16 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
              "algorithm.use_kl_in_reward": ref and scenario.algorithm == "ppo",
              f"{A}.use_kl_loss": ref and scenario.algorithm != "ppo",
              **(settings or {})}
+    if engine == "megatron" and "critic_train" in df.call_names:  # (Megatron's layout is process-global)
+        moe = scenario.models["critic"].moe is not None
+        given.update({key.replace(f"{A}.megatron.", "critic.megatron.", 1): value for key, value in given.items()
+                      if key.startswith(f"{A}.megatron.") and not key.endswith(("_offload",))
+                      and (moe or not key.endswith(EXPERT_KEYS))})
     packed = packs(scenario, "verl", PADDING_FREE)  # (as the scenario is priced: engines.priced_as)
     for key, flag in zip(REMOVE_PADDING, _remove_padding(scenario)):
         given.setdefault(key, flag)
     budget = f"{A}.ppo_max_token_len_per_gpu"  # the reference's and rollout's follow it (interpolation)
-    given.setdefault(budget, max(int(defaults("dp")[budget]), gen.prompt_len + gen.gen_len))
+    given.setdefault(budget, max(int(defaults(engine)[budget]), gen.prompt_len + gen.gen_len))
     if isinstance(scenario.models["reward"], FunctionSpec):
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
@@ -1842,7 +2078,8 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         trainer, rollout = one_step_off_pools(scenario)[0]
         given.update({"trainer.nnodes": trainer.nodes, "trainer.n_gpus_per_node": trainer.gpus,
                       ROLLOUT_POOL[0]: rollout.nodes, ROLLOUT_POOL[1]: rollout.gpus, HYBRID: False})
-    _, plan = to_plan("dp", resolve("dp", given, one_step_off), set(), scenario.name, "h100",
-                      lengths=train.lengths, gpus_per_node=c.gpus_per_node if one_step_off else None)
+    _, plan = to_plan(engine, resolve(engine, given, one_step_off), set(), scenario.name, "h100",
+                      lengths=train.lengths, gpus_per_node=c.gpus_per_node if one_step_off else None,
+                      models=dict(scenario.models))
     priced = scenario if packed == scenario.training.padding_free else scenario.with_padding_free(packed)
     return the_jobs_share(resolve_plan(plan_from_document({**plan, "scenario": scenario.name}), priced))

@@ -194,6 +194,12 @@ def validate(config: str, overrides: list[str]) -> dict:
             # the context parallel size each Megatron engine is built with (its engine config's: realbench's
             # sp with ring p2p); None under FSDP or for a role not run
             **_context_parallel(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
+            # a mixture of experts' layout: each Megatron engine's expert parallel and expert tensor parallel
+            # sizes as built (realbench's ep and etp; etp None: tp's), and the rollout's replicas of tp x
+            # data_parallel_size GPUs with expert_parallel_size (RolloutConfig.__post_init__ asserts it is
+            # tp x dp where above 1)
+            **_experts(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
+            "rollout_dp": rollout.data_parallel_size, "rollout_ep": rollout.expert_parallel_size,
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
 
@@ -293,6 +299,19 @@ def _context_parallel(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) ->
     return {"context_parallel": actor.megatron.context_parallel_size,
             "ref_context_parallel": arr.ref.megatron.context_parallel_size if ref else None,
             "critic_context_parallel": to_dataclass(cfg.critic).megatron.context_parallel_size if critic else None}
+
+
+def _experts(actor, arr, cfg, critic: bool, ref: bool, to_dataclass) -> dict:
+    """Each Megatron engine's (expert_model_parallel_size, expert_tensor_parallel_size) as its engine
+    config holds them (the reference's block following the actor's); None under FSDP or for a role not run."""
+    if actor.strategy != "megatron":
+        return {"experts": None, "ref_experts": None, "critic_experts": None}
+
+    def pair(engine) -> list:
+        return [engine.expert_model_parallel_size, engine.expert_tensor_parallel_size]
+
+    return {"experts": pair(actor.megatron), "ref_experts": pair(arr.ref.megatron) if ref else None,
+            "critic_experts": pair(to_dataclass(cfg.critic).megatron) if critic else None}
 
 
 def _offloads(actor, cfg, critic: bool, ref: bool) -> dict:
@@ -413,7 +432,13 @@ def main(argv: list[str]) -> int:
             print(json.dumps(validate(argv[1], argv[2:])))
             return 0
         except Exception as e:  # verl's own refusal, whatever its type: reported as one line
-            print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
+            root = e  # (Hydra's instantiation wraps a dataclass's own refusal: its cause named too)
+            while root.__cause__ is not None or root.__context__ is not None:
+                root = root.__cause__ or root.__context__
+            text = f"{type(e).__name__}: {e}".splitlines()[0]
+            if root is not e:
+                text += f"; caused by {type(root).__name__}: " + (f"{root}".strip().splitlines() or [""])[0]
+            print(json.dumps({"ok": False, "error": text}))
             return 1
     print(__doc__, file=sys.stderr)
     return 2

@@ -1,0 +1,109 @@
+"""bench coverage: the engines' example configurations, as a user's examples folder holds them (shell
+scripts that set variables and launch through ray or torchrun, YAML files), each imported and priced
+or counted apart with the reason by name."""
+
+import json
+
+import pytest
+
+from realbench.bench import coverage
+
+# a verl example as its examples/ holds them: variables, set -x, a launch with Hydra overrides
+VERL_GRPO = """\
+set -x
+ulimit -n 65535
+export VLLM_USE_V1=1
+MODEL=${MODEL:-Qwen/Qwen3-8B-Base}
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files=$HOME/data/gsm8k/train.parquet \\
+    data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=1024 \\
+    actor_rollout_ref.model.path=$MODEL \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \\
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=4 \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \\
+    trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=1 "$@"
+"""
+VERL_SFT = "torchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer model.partial_pretrain=Qwen/Qwen3-8B\n"
+VERL_UNKNOWN_MODEL = VERL_GRPO.replace("Qwen/Qwen3-8B-Base", "my-org/house-model-13b")
+OPENRLHF_PPO = """\
+set -x
+ray job submit --address="http://127.0.0.1:8265" \\
+   --runtime-env-json='{"working_dir": "/openrlhf"}' \\
+   -- python3 -m openrlhf.cli.train_ppo_ray \\
+   --ref.num_nodes 1 --ref.num_gpus_per_node 8 \\
+   --actor.num_nodes 1 --actor.num_gpus_per_node 8 \\
+   --vllm.num_engines 4 --vllm.tensor_parallel_size 2 \\
+   --train.colocate_all --vllm.gpu_memory_utilization 0.5 --vllm.enable_sleep --ds.enable_sleep \\
+   --actor.model_name_or_path Qwen/Qwen3-8B \\
+   --train.batch_size 128 --rollout.batch_size 128 --rollout.n_samples_per_prompt 4 \\
+   --data.max_len 2048 --rollout.max_new_tokens 1024 --ds.zero_stage 3 --ds.param_dtype bf16 \\
+   --algo.advantage.estimator group_norm --algo.kl.init_coef 1e-3 --algo.kl.use_loss \\
+   --data.prompt_dataset OpenRLHF/prompt-collection-v0.1 --data.input_key context_messages \\
+   --data.apply_chat_template --reward.remote_url examples/reward_func.py \\
+   --actor.gradient_checkpointing_enable
+"""
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """Two engines' repositories, their examples/ folders as a user's clone holds them."""
+    root = tmp_path_factory.mktemp("engine repositories")
+    files = {"verl/examples/grpo_trainer/run_qwen3-8b.sh": VERL_GRPO, "verl/examples/sft/run sft.sh": VERL_SFT,
+             "verl/examples/grpo_trainer/run_house.sh": VERL_UNKNOWN_MODEL,
+             "openrlhf/examples/scripts/train_grpo_ray_qwen3.sh": OPENRLHF_PPO,
+             # (OpenRLHF's scripts name their reward function from the repository, where they are run)
+             "openrlhf/examples/reward_func.py": "def reward_func(queries, prompts, labels):\n    return 0.0\n"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_scripts_launch_is_captured_with_its_variables_expanded_and_nothing_run(examples, tmp_path):
+    launches = coverage.captured_launches(examples / "verl/examples/grpo_trainer/run_qwen3-8b.sh")
+    module, args, others = coverage.rl_launch("verl", launches)
+    assert module == "verl.trainer.main_ppo" and not others
+    assert "actor_rollout_ref.model.path=Qwen/Qwen3-8B-Base" in args and "trainer.n_gpus_per_node=8" in args
+    # ray's `job submit ... -- python3 -m ...` is the launch after the `--`
+    script = examples / "openrlhf/examples/scripts/train_grpo_ray_qwen3.sh"
+    module, args, _ = coverage.rl_launch("openrlhf", coverage.captured_launches(script))
+    assert module == "openrlhf.cli.train_ppo_ray"
+    assert args[args.index("--actor.model_name_or_path") + 1] == "Qwen/Qwen3-8B"
+
+
+def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
+    assert coverage.stand_in("Qwen/Qwen3-8B-Base") == "qwen3-8b"
+    assert coverage.stand_in("meta-llama/Llama-3.1-8B") == "llama-3.1-8b"
+    assert coverage.stand_in("/data/models/Qwen3-30B-A3B-Instruct-2507") == "qwen3-30b-a3b"
+    assert coverage.stand_in("my-org/house-model-13b") is None
+
+
+def test_every_example_is_priced_or_counted_apart_by_name(examples, cli):
+    code, out, err = cli("bench", "coverage", "--examples", f"verl={examples / 'verl/examples'}",
+                         f"openrlhf={examples / 'openrlhf/examples'}", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    verl, openrlhf = result["engines"]["verl"], result["engines"]["openrlhf"]
+    assert (verl["examples"], verl["rl_jobs"], verl["priced"]) == (3, 2, 1), verl
+    assert verl["not_rl"] == {"launches verl.trainer.fsdp_sft_trainer": 1}
+    # the house model has no config here: refused naming the key and the model
+    [(reason, count)] = verl["refused"].items()
+    assert count == 1 and reason == "actor_rollout_ref.model.path", verl["refused"]
+    row = {r["file"]: r for r in result["rows"]}
+    assert "my-org/house-model-13b" in row["grpo_trainer/run_house.sh"]["reason"]
+    assert (openrlhf["rl_jobs"], openrlhf["priced"]) == (1, 1), openrlhf
+    assert result["share_priced"] == pytest.approx(2 / 3)
+    priced = [r for r in result["rows"] if r["status"] == "priced"]
+    assert all(r["time_per_iter_s"] > 0 for r in priced) and {m for r in priced for m in r["models"]} == {
+        "Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"}
+
+
+def test_a_folder_that_is_not_there_is_one_line_and_status_2(cli, tmp_path):
+    code, _, err = cli("bench", "coverage", "--examples", f"verl={tmp_path / 'absent'}")
+    assert code == 2 and err.count("\n") == 1 and "no such folder" in err
+    code, _, err = cli("bench", "coverage", "--examples", f"deepspeed-chat={tmp_path}")
+    assert code == 2 and "unknown engine 'deepspeed-chat'" in err
