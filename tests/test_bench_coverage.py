@@ -82,9 +82,11 @@ def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
     assert coverage.stand_in("my-org/house-model-13b") is None
 
 
-def test_every_example_is_priced_or_counted_apart_by_name(examples, cli):
-    code, out, err = cli("bench", "coverage", "--examples", f"verl={examples / 'verl/examples'}",
-                         f"openrlhf={examples / 'openrlhf/examples'}", "--json")
+def test_every_example_is_priced_or_counted_apart_by_name(examples, cli, monkeypatch):
+    # (folders named as a user names them, relative to where they stand)
+    monkeypatch.chdir(examples)
+    code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "openrlhf=openrlhf/examples",
+                         "--json")
     assert code == 0, err
     result = json.loads(out)
     verl, openrlhf = result["engines"]["verl"], result["engines"]["openrlhf"]
@@ -107,3 +109,5 @@ def test_a_folder_that_is_not_there_is_one_line_and_status_2(cli, tmp_path):
     assert code == 2 and err.count("\n") == 1 and "no such folder" in err
     code, _, err = cli("bench", "coverage", "--examples", f"deepspeed-chat={tmp_path}")
     assert code == 2 and "unknown engine 'deepspeed-chat'" in err
+    code, _, err = cli("bench", "coverage", "--examples", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and "--examples" in err and "is not ENGINE=DIR" in err

@@ -243,7 +243,7 @@ def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callabl
     for engine, folder in examples.items():
         if engine not in EXAMPLE_FILES:
             raise ConfigError(f"unknown engine {engine!r} (verl, openrlhf, areal)", "--examples")
-        root = Path(folder).expanduser()
+        root = Path(folder).expanduser().resolve()
         if not root.is_dir():
             raise ConfigError("no such folder", "--examples", str(root))
         files += [(engine, root, f) for f in sorted(root.rglob(EXAMPLE_FILES[engine])) if f.is_file()]

@@ -56,6 +56,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def named_folders(words: Sequence[str], name: str, flag: str) -> dict[str, str]:
+    """{name: folder} of `NAME=DIR` words (a flag's values: --model-path ROLE=DIR, --examples ENGINE=DIR)."""
+    out = {}
+    for word in words:
+        key, eq, folder = word.partition("=")
+        if not eq or not key or not folder:
+            raise ConfigError(f"{word!r} is not {name}=DIR", flag)
+        out[key] = folder
+    return out
+
+
 def add_profile_args(p) -> None:
     p.add_argument("--profile", help="a profile file (realbench profile): measured call times where it "
                                      "has them, the analytic model elsewhere; 'none': the analytic model only. "

@@ -6,7 +6,7 @@ import contextlib
 import importlib
 import inspect
 
-from realbench.cli import emit_json, progress_bar
+from realbench.cli import emit_json, named_folders, progress_bar
 
 BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.bench.search",
               "realloc": "realbench.bench.realloc", "calibration": "realbench.bench.calibration",
@@ -45,7 +45,7 @@ def run(args) -> int:
             from realbench.errors import ConfigError
 
             raise ConfigError("only the coverage benchmark takes examples", "--examples")
-        kwargs["examples"] = examples_of(args.examples)
+        kwargs["examples"] = named_folders(args.examples, "ENGINE", "--examples")
     # (a benchmark that reports its progress gets a bar on the terminal)
     with progress_bar(f"bench {args.name}") if "on_progress" in inspect.signature(module.run).parameters \
             else contextlib.nullcontext() as on_progress:
@@ -58,16 +58,3 @@ def run(args) -> int:
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0
-
-
-def examples_of(words: list[str]) -> dict[str, str]:
-    """{engine: folder} of `ENGINE=DIR` words."""
-    from realbench.errors import ConfigError
-
-    out = {}
-    for w in words:
-        engine, eq, folder = w.partition("=")
-        if not eq or not engine or not folder:
-            raise ConfigError(f"{w!r} is not ENGINE=DIR", "--examples")
-        out[engine] = folder
-    return out

@@ -3,7 +3,7 @@ a Slurm batch script, or a standalone HTML report."""
 
 from __future__ import annotations
 
-from realbench.cli import add_profile_args, log, non_negative_int, profile_for
+from realbench.cli import add_profile_args, log, named_folders, non_negative_int, profile_for
 from realbench.export import DEFAULT_PORT, FORMATS, export_plan
 
 
@@ -44,22 +44,11 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def _model_paths(pairs: list[str]) -> dict[str, str]:
-    from realbench.errors import ConfigError
-
-    out = {}
-    for pair in pairs:
-        role, eq, folder = pair.partition("=")
-        if not eq or not role or not folder:
-            raise ConfigError(f"{pair!r} is not ROLE=DIR", "--model-path")
-        out[role] = folder
-    return out
-
-
 def run(args) -> int:
     written = export_plan(args.format, args.plan, args.out, args.scenario, args.nodes, args.gpus_per_node,
                           args.steps, args.port, args.master_addr, args.force, dtype=args.dtype,
-                          compile_decode=args.compile_decode, save_hf=args.save_hf, eval_every=args.eval_every, model_paths=_model_paths(args.model_path),
+                          compile_decode=args.compile_decode, save_hf=args.save_hf, eval_every=args.eval_every,
+                          model_paths=named_folders(args.model_path, "ROLE", "--model-path"),
                           profile_for=lambda scenario: profile_for(args, scenario))
     for path in written:
         log(f"wrote {path}")
