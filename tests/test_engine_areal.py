@@ -364,7 +364,7 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["actor.prox_logp_method=loglinear"], "actor.prox_logp_method", "interpolates the proximal log-probabilities"),
     (["actor.use_lora=true", "actor.peft_type=lokr"], "actor.peft_type", "realbench trains LoRA adapters"),
     (["critic.use_lora=true"], "critic.use_lora", "does not price"),
-    (["actor.path=Qwen/Qwen2.5-1.5B-Instruct"], "actor.path", "not a checkpoint folder"),
+    (["actor.path=my-org/house-model-7b"], "actor.path", "in the local Hugging Face cache"),
     (["train_dataset.batch_size=6"], "train_dataset.batch_size", "evenly"),
     (["actor.mb_spec.max_tokens_per_mb=600"], "actor.mb_spec.max_tokens_per_mb", "600 tokens hold no whole row"),
     (["actor.mb_spec.packing_algorithm=kk"], "actor.mb_spec.packing_algorithm", "does not price"),
