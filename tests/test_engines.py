@@ -124,6 +124,15 @@ LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
 
+def assert_import_refused(cli, folder, config, overrides, key, says, out="refused"):
+    """`realbench import verl` of `config` with `overrides`, run in `folder`: one line naming `key` and
+    saying `says`, exit 2, and nothing written to `out`."""
+    os.chdir(folder)
+    code, _, err = cli("import", "verl", config, *overrides, "--out", out)
+    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
+    assert not (folder / out).exists()
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """A user's verl job folder: a checkpoint, a reward function of verl's form, two configs
@@ -787,10 +796,7 @@ def test_ulysses_groups_are_read_as_verl_forms_them_by_hand(cli, job):
      "sp 8 does not split the 4 attention heads and 2 KV heads"),
 ])
 def test_ulysses_groups_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
-    os.chdir(job)
-    code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
-    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
-    assert not (job / "refused").exists()
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", overrides, key, says)
 
 
 def test_context_parallel_rings_are_read_as_verls_megatron_forms_them_by_hand(cli, job):
@@ -841,11 +847,8 @@ def test_context_parallel_rings_are_read_as_verls_megatron_forms_them_by_hand(cl
      "a Megatron OptimizerConfig field verl passes through (its optimizer offload among them)"),
 ])
 def test_context_parallel_settings_verl_or_realbench_cannot_run_are_refused_by_name(cli, job, overrides, key, says):
-    os.chdir(job)
-    code, out, err = cli("import", "verl", "ppo megatron.yaml", "+critic.ppo_infer_max_token_len_per_gpu=512",
-                         CONTEXT_PARALLEL[0], *overrides, "--out", "refused")
-    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
-    assert not (job / "refused").exists()
+    assert_import_refused(cli, job, "ppo megatron.yaml",
+                          ("+critic.ppo_infer_max_token_len_per_gpu=512", CONTEXT_PARALLEL[0], *overrides), key, says)
 
 
 def test_ulysses_lets_the_long_tailed_grpo_job_train_without_recomputation():
@@ -916,9 +919,7 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
             ((start[1],), "actor_rollout_ref.model.lora_adapter_path", "with lora_rank 0"),
             ((start[0], "actor_rollout_ref.model.lora_adapter_path=no such folder"),
              "actor_rollout_ref.model.lora_adapter_path", "is not an adapter folder here")):
-        code, _, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused adapter")
-        assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
-        assert not (job / "refused adapter").exists()
+        assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", overrides, key, says, out="refused adapter")
     # OpenRLHF and AReaL have no setting for a folder to start from: their writers refuse it by name
     from realbench.engines import areal, openrlhf
     from realbench.plan import get_builtin
@@ -1018,10 +1019,7 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "actor_rollout_ref.actor.fsdp_config.fsdp_size", "divides a node of 8 GPUs or spans whole ones"),
 ])
 def test_what_realbench_cannot_read_or_price_is_refused_by_name(cli, job, overrides, key, says):
-    os.chdir(job)
-    code, out, err = cli("import", "verl", "grpo_qwen_fsdp.yaml", *overrides, "--out", "refused")
-    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
-    assert not (job / "refused").exists()
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", overrides, key, says)
 
 
 @pytest.mark.parametrize("flag, padded", [("critic.model.use_remove_padding=false", ["critic"]),
@@ -2382,10 +2380,7 @@ A_EP, A_ETP = "actor_rollout_ref.actor.megatron.expert_model_parallel_size", \
      "the critic's model (ckpt) has none"),
 ])
 def test_expert_layouts_verl_or_realbench_cannot_run_are_refused_by_name(cli, moe_job, overrides, key, says):
-    os.chdir(moe_job)
-    code, _, err = cli("import", "verl", "grpo moe megatron.yaml", *overrides, "--out", "refused")
-    assert code == 2 and err.count("\n") == 1 and key in err and says in err, err
-    assert not (moe_job / "refused").exists()
+    assert_import_refused(cli, moe_job, "grpo moe megatron.yaml", overrides, key, says)
 
 
 def test_verls_own_rollout_config_refuses_the_expert_parallel_size_realbench_refuses(moe_job, verl_check):

@@ -253,7 +253,7 @@ def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callabl
             try:
                 # (run, and its paths taken, from the repository, the folder above examples/, as the
                 # engines' docs launch them: bash examples/grpo_trainer/run_qwen3-8b.sh)
-                os.chdir(root.resolve().parent)
+                os.chdir(root.parent)
                 rows.append(examine(engine, f, root, Path(work)))
             finally:
                 os.chdir(cwd)

@@ -214,10 +214,8 @@ def expert_layout_problem(model, kind, strategy) -> Optional[tuple[str, str]]:
     folding in training and inference, the serving engines' expert parallelism in generation), or
     None; None also where the model is not known (None: realbench checks the plan against the
     scenario's model when it reads it)."""
-    from types import SimpleNamespace
-
     from realbench.plan.options import expert_problem
 
     if model is None or (strategy.ep == 1 and not strategy.etp):
         return None
-    return expert_problem(SimpleNamespace(kind=kind), model, strategy)
+    return expert_problem(kind, model, strategy)

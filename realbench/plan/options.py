@@ -133,7 +133,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if s.pp > model.n_layers:
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
     if s.ep != 1 or s.etp:
-        problem = expert_problem(call, model, s)
+        problem = expert_problem(call.kind, model, s)
         if problem:
             return problem
     if s.zero:
@@ -206,8 +206,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     return None
 
 
-def expert_problem(call: CallDef, model: ModelSpec, s: Strategy) -> Optional[tuple[str, str]]:
-    """(field, reason) why a call cannot split its model's experts so (Strategy.ep, etp), or None.
+def expert_problem(kind: CallKind, model: ModelSpec, s: Strategy) -> Optional[tuple[str, str]]:
+    """(field, reason) why a call of `kind` cannot split its model's experts so (Strategy.ep, etp), or None.
     Train and inference calls (Megatron's parallel folding, as verl's and AReaL's Megatron
     engines run it): ep x etp devices hold a whole set of experts, folded out of a pipeline stage's
     dp x sp x tp devices, under Megatron's sharding (zero 0, or 1: its distributed optimizer; FSDP
@@ -224,9 +224,11 @@ def expert_problem(call: CallDef, model: ModelSpec, s: Strategy) -> Optional[tup
         return "ep", f"the {E} experts of {model.name} do not split over ep {s.ep}"
     if f % s.expert_tp:
         return "etp", f"an expert's width {f} does not split over etp {s.expert_tp}"
-    if call.kind == CallKind.GENERATE:
+    if kind == CallKind.GENERATE:
         if s.ep == 1:
-            return ("etp", "generation without expert parallelism splits each expert as tp splits it: leave etp out")                 if s.etp else None
+            if s.etp:
+                return "etp", "generation without expert parallelism splits each expert as tp splits it: leave etp out"
+            return None
         if s.expert_tp != 1:
             return "etp", "generation's expert parallelism holds each expert whole on one device: etp 1"
         if s.ep % s.tp or (s.dp * s.tp) % s.ep:
