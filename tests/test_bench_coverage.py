@@ -3,10 +3,15 @@ scripts that set variables and launch through ray or torchrun, YAML files), each
 or counted apart with the reason by name."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from realbench.bench import coverage
+
+ROOT = Path(__file__).resolve().parents[1]
+VERL_PYTHON = Path(os.environ.get("REALBENCH_VERL_PYTHON", ROOT / ".venv-verl" / "bin" / "python"))
 
 # a verl example as its examples/ holds them: variables, set -x, a launch with Hydra overrides
 VERL_GRPO = """\
@@ -111,3 +116,52 @@ def test_a_folder_that_is_not_there_is_one_line_and_status_2(cli, tmp_path):
     assert code == 2 and "unknown engine 'deepspeed-chat'" in err
     code, _, err = cli("bench", "coverage", "--examples", str(tmp_path))
     assert code == 2 and err.count("\n") == 1 and "--examples" in err and "is not ENGINE=DIR" in err
+
+
+# DAPO's overlong penalty, an argument of the reward manager (an open dict verl's Hydra adds to);
+# SAPO's temperatures where a newer verl reads them (the policy loss's), which verl 0.9.1 refuses
+VERL_DAPO = VERL_GRPO.replace('"$@"', '+reward.reward_kwargs.overlong_buffer_cfg.enable=True '
+                                      '+reward.reward_kwargs.overlong_buffer_cfg.len=512 "$@"')
+VERL_SAPO_NEWER = VERL_GRPO.replace('"$@"', '+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 "$@"')
+VERL_DISTILLED = VERL_GRPO.replace('"$@"', '+distillation.teacher_models.math.key=gsm8k "$@"')
+
+
+def test_examples_the_pinned_release_refuses_too_are_counted_apart_by_its_own_checks(cli, tmp_path, monkeypatch):
+    for name, text in {"dapo/run_dapo.sh": VERL_DAPO, "sapo/run_sapo.sh": VERL_SAPO_NEWER,
+                       "distillation/run_opd.sh": VERL_DISTILLED}.items():
+        (tmp_path / "verl/examples" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "verl/examples" / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--check-with",
+                         f"verl={VERL_PYTHON}", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    verl, row = result["engines"]["verl"], {r["file"]: r for r in result["rows"]}
+    # the reward manager's keyword arguments are the user's, carried unpriced
+    assert row["dapo/run_dapo.sh"]["status"] == "priced", row["dapo/run_dapo.sh"]
+    # verl 0.9.1's own composition refuses tau_pos too, naming it: not a job the pinned release runs
+    sapo = row["sapo/run_sapo.sh"]
+    assert sapo["status"] == "stale" and "tau_pos" in sapo["reason"] and "PolicyLossConfig" in sapo["reason"], sapo
+    # a teacher verl adds to its open dict: refused by name as not priced, never "no such setting"
+    opd = row["distillation/run_opd.sh"]
+    assert opd["status"] == "refused" and "on-policy distillation" in opd["reason"], opd
+    assert (verl["rl_jobs"], verl["stale"], verl["priced"]) == (3, 1, 1), verl
+    assert verl["share_priced"] == pytest.approx(1 / 3) and verl["share_priced_of_running"] == pytest.approx(1 / 2)
+    assert verl["stale_settings"] == {"actor_rollout_ref.actor.policy_loss.tau_pos": 1}
+    # without the engine's Python, the same example is one realbench refuses
+    code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--json")
+    assert json.loads(out)["engines"]["verl"]["stale"] == 0
+    code, _, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--check-with",
+                       f"verl={tmp_path / 'no python'}")
+    assert code == 2 and err.count("\n") == 1 and "--check-with" in err and "make engines" in err
+
+
+def test_areal_yaml_files_that_are_no_rl_experiment_are_counted_apart(tmp_path):
+    files = {"sky.yaml": "name: train\nresources:\n  accelerators: H100:8\nrun: python3 train.py\n",
+             "sft.yaml": "experiment_name: sft\nactor:\n  path: Qwen/Qwen3-8B\ntrain_dataset:\n  path: d\n",
+             "grpo.yaml": "experiment_name: grpo\nactor:\n  path: Qwen/Qwen3-8B\ngconfig:\n  n_samples: 4\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert "not an AReaL experiment" in coverage.areal_kind(tmp_path / "sky.yaml")
+    assert "SFT, reward-model or DPO" in coverage.areal_kind(tmp_path / "sft.yaml")
+    assert coverage.areal_kind(tmp_path / "grpo.yaml") is None

@@ -100,6 +100,10 @@ MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
 BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"
 # a keyword argument of the chat template, added as Qwen3 jobs add it
 THINKING = "+data.apply_chat_template_kwargs.enable_thinking=false"
+# open dicts of verl's config a job adds to (Hydra's +): the reward manager's keyword arguments
+# (DAPO's overlong penalty), and FSDP's mixed precision at verl's own dtypes
+OPEN_DICTS = ("+reward.reward_kwargs.overlong_buffer_cfg.enable=true", "+reward.reward_kwargs.max_resp_len=256",
+              "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16")
 # verl's fused kernels, with the entropy settings of verl's GSPO example
 # (examples/gspo_trainer/run_qwen3_8b_fsdp.sh), which the kernels or the reference make moot
 FUSED = "actor_rollout_ref.model.use_fused_kernels=true"
@@ -597,7 +601,7 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # the weight sync's buffer: carried and written back
                                                ("ppo-rm.yaml", (BUCKET,)),
                                                # the chat template's own keyword arguments (Hydra's +): carried
-                                               ("grpo_qwen_fsdp.yaml", (THINKING,)),
+                                               ("grpo_qwen_fsdp.yaml", (THINKING, *OPEN_DICTS)),
                                                # verl's fused kernels (the entropy's settings carried as given)
                                                ("grpo_qwen_fsdp.yaml", (FUSED, *GSPO_ENTROPY, GSPO_LOSS)),
                                                # LoRA: the reference is the actor with its adapters off; the
@@ -670,6 +674,9 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert scenario_again["rollout_server"] == checked["rollout_name"]
     assert checked["bucket_mb"] == (4096 if BUCKET in overrides else 2048)
     assert checked["chat_template_kwargs"] == ({"enable_thinking": False} if THINKING in overrides else {})
+    opened = OPEN_DICTS[0] in overrides
+    assert checked["reward_kwargs"] == ({"overlong_buffer_cfg": {"enable": True}, "max_resp_len": 256} if opened else {})
+    assert checked["mixed_precision"] == ({"param_dtype": "bfloat16"} if opened else None)
     # the log-probabilities: verl's fused kernels written back where read, their torch backend
     fused = FUSED in overrides
     assert (checked["use_fused_kernels"], checked["fused_backend"]) == (fused, "torch")
@@ -1008,6 +1015,15 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     # the rollout decoding without CUDA graphs, or keeping its share of the GPUs through training
     (("actor_rollout_ref.rollout.enforce_eager=true",), "actor_rollout_ref.rollout.enforce_eager",
      "decodes without CUDA graphs"),
+    # FSDP's mixed precision other than verl's own, a dtype verl does not read; verl's distillation
+    (("+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16",),
+     "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "prices FSDP's mixed precision as verl "
+                                                                        "defaults it"),
+    (("+critic.fsdp.mixed_precision.cast_forward_inputs=true",), "critic.fsdp.mixed_precision.cast_forward_inputs",
+     "reads param_dtype, reduce_dtype, buffer_dtype"),
+    (("+distillation.teacher_models.math.key=gsm8k",), "distillation.teacher_models.math.key",
+     "on-policy distillation"),
+    (("distillation.enabled=true",), "distillation.enabled", "on-policy distillation"),
     (("actor_rollout_ref.rollout.free_cache_engine=false",), "actor_rollout_ref.rollout.free_cache_engine",
      "keeps its share of every GPU through training"),
     # hybrid sharding groups verl's device mesh does not cover the GPUs with, or that straddle nodes

@@ -7,6 +7,14 @@ base, instruct and dated variants share one config). Per engine: how many exampl
 configurations of an RL job, how many import, how many price, and the reasons of the rest,
 grouped (each a refusal by name of what realbench does not price).
 
+An example written for another release than the pinned one may set what the pinned release does
+not have (a key it dropped or has not yet). Given each engine's Python with its pinned release
+(`--check-with verl=.venv-verl/bin/python ...`, the environments `make engines` builds), a
+refusal of a setting the engine does not have is put to the engine's own checks (its
+realbench/engines/*_check.py validate): where the release refuses the example too, naming that
+setting, the example is counted as one the pinned release does not run (`stale`), apart from the
+RL jobs realbench could price.
+
 An example shell script is run by bash with the commands it calls replaced by recorders (python,
 torchrun, ray, nvidia-smi, ...): what it would launch is captured with its variables expanded as
 bash expands them, and nothing runs. verl's launch is `-m verl.trainer.main_ppo` (or its
@@ -49,11 +57,18 @@ with open(os.environ["REALBENCH_CAPTURE"], "a") as f:
 '''
 
 
+# a refusal of a setting the pinned engine does not have (the readers' words), which its own checks
+# confirm or not; AReaL's top-level keys are set apart: its agent examples' own config classes
+# (subclasses of PPOConfig, in their scripts) hold them, which AReaL's PPOConfig refuses as well
+UNKNOWN_SETTING = ("has no such setting", "has no such flag", "+ adds a key verl's config does not hold")
+CHECKS = {"verl": "verl_check.py", "openrlhf": "openrlhf_check.py", "areal": "areal_check.py"}
+
+
 @dataclass
 class Example:
     engine: str
     file: str  # relative to the examples folder
-    status: str = "priced"  # priced | not_rl | refused
+    status: str = "priced"  # priced | not_rl | refused | stale (the pinned release refuses it too)
     reason: str = ""  # what refused it (a ConfigError's key and message), or what it runs instead
     models: list[str] = field(default_factory=list)
     time_per_iter_s: Optional[float] = None
@@ -143,7 +158,8 @@ def verl_job(args: list[str], folder: Path) -> tuple[Path, list[str]]:
     if own is not None and own.is_file():
         return own, overrides
     primary = folder / f".realbench-{name}.yaml"
-    primary.write_text(f"defaults:\n  - {name}\n  - _self_\n")
+    # (the searchpath: verl's own composition finds ppo_trainer there, as main_ppo's config path does)
+    primary.write_text(f"hydra:\n  searchpath: [pkg://verl.trainer.config]\ndefaults:\n  - {name}\n  - _self_\n")
     return primary, overrides
 
 
@@ -201,10 +217,61 @@ def price(engine: str, path: Path, overrides: list[str], out: Path) -> float:
     return float(est.estimate(est.choice_of(options)).time_per_iter_s)
 
 
-def examine(engine: str, file: Path, root: Path, work: Path) -> Example:
+def engine_refusal(engine: str, python: str, path: Path, overrides: list[str], key: str) -> Optional[str]:
+    """The pinned engine's own refusal of a configuration (its check's `validate`, run with
+    `python`, the engine's environment) where it names `key`'s setting, or None: it accepts the
+    configuration, or refuses it for something else."""
+    import realbench.engines
+
+    script = Path(realbench.engines.__file__).parent / CHECKS[engine]
+    try:
+        done = subprocess.run([python, str(script), "validate", str(path), *overrides], capture_output=True,
+                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"the engine's check did not run: {e}", "--check-with", python) from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise ConfigError(f"the engine's check printed no result: {done.stderr.strip()[-300:]}", "--check-with", python)
+    result = json.loads(lines[-1])
+    error = "" if result.get("ok") else str(result.get("error", ""))
+    return error if key.lstrip("-+").split("=", 1)[0].rsplit(".", 1)[-1] in error else None
+
+
+def areal_kind(file: Path) -> Optional[str]:
+    """What an AReaL example YAML is where it is not an RL experiment's configuration, or None: a
+    file without experiment_name is none of AReaL's (a SkyPilot task, environment variables); an
+    experiment without rollout and gconfig, PPOConfig's own sections, is an SFT, reward-model or
+    DPO one (AReaL's SFTConfig, RWConfig, DPOConfig)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # (import says what is wrong with it)
+    if not isinstance(doc, dict) or "experiment_name" not in doc:
+        return "not an AReaL experiment configuration (no experiment_name)"
+    if "rollout" not in doc and "gconfig" not in doc:
+        return "an SFT, reward-model or DPO experiment (no rollout or gconfig)"
+    return None
+
+
+def _in_ppo_config(key: str) -> bool:
+    """Whether an AReaL key is under one of PPOConfig's own sections (actor, rollout, ...), not a
+    field an example's own config class adds (UNKNOWN_SETTING)."""
+    from realbench.engines import areal
+
+    return "." in key and key.split(".", 1)[0] in {k.split(".", 1)[0] for k in areal.defaults() if "." in k}
+
+
+def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optional[str] = None) -> Example:
     example = Example(engine, str(file.relative_to(root)))
+    path, overrides = None, []
     try:
         if engine == "areal":
+            what = areal_kind(file)
+            if what:
+                example.status, example.reason = "not_rl", what
+                return example
             path, overrides = file, ["train_dataset.path=data"]
         else:
             module, args, others = rl_launch(engine, captured_launches(file))
@@ -222,6 +289,11 @@ def examine(engine: str, file: Path, root: Path, work: Path) -> Example:
         example.time_per_iter_s = price(engine, path, overrides, work / "imported")
     except ConfigError as e:
         example.status, example.reason = "refused", f"{e.field + ': ' if e.field else ''}{e.message}"
+        unknown = e.field and any(words in e.message for words in UNKNOWN_SETTING)
+        if unknown and check_with and path is not None and not (engine == "areal" and not _in_ppo_config(e.field)):
+            theirs = engine_refusal(engine, check_with, path, overrides, e.field)
+            if theirs:
+                example.status, example.reason = "stale", f"{e.field}: the pinned release refuses it too: {theirs}"
     return example
 
 
@@ -232,9 +304,19 @@ def reason_group(reason: str) -> str:
     return head if len(head) < 90 else head[:90]
 
 
-def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callable[[int, int], None]] = None) -> dict:
+def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str, str]] = None,
+        on_progress: Optional[Callable[[int, int], None]] = None) -> dict:
     """Per engine, every example under its folder (`examples`: {engine: folder}) imported and
-    priced; the counts and the refusals' reasons grouped."""
+    priced; the counts and the refusals' reasons grouped. `check_with`: {engine: its Python with
+    the pinned release}, whose own checks tell stale examples apart."""
+    check_with = dict(check_with or {})
+    for engine, python in check_with.items():
+        if engine not in CHECKS:
+            raise ConfigError(f"unknown engine {engine!r} (verl, openrlhf, areal)", "--check-with")
+        if not Path(python).is_file():
+            raise ConfigError("no such file (the engine's Python: `make engines` builds .venv-verl, "
+                              ".venv-openrlhf and .venv-areal)", "--check-with", python)
+        check_with[engine] = str(Path(python).absolute())  # (before each example's folder is the working one)
     if not examples:
         raise ConfigError("give each engine's examples folder (--examples verl=DIR openrlhf=DIR areal=DIR): the "
                           "releases' packages do not ship them; their repositories at the release tags do")
@@ -254,7 +336,7 @@ def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callabl
                 # (run, and its paths taken, from the repository, the folder above examples/, as the
                 # engines' docs launch them: bash examples/grpo_trainer/run_qwen3-8b.sh)
                 os.chdir(root.parent)
-                rows.append(examine(engine, f, root, Path(work)))
+                rows.append(examine(engine, f, root, Path(work), check_with.get(engine)))
             finally:
                 os.chdir(cwd)
         if on_progress is not None:
@@ -263,14 +345,21 @@ def run(examples: Optional[dict[str, str]] = None, on_progress: Optional[Callabl
     for engine in examples:
         mine = [r for r in rows if r.engine == engine]
         rl = [r for r in mine if r.status != "not_rl"]
+        stale = [r for r in rl if r.status == "stale"]
         priced = [r for r in rl if r.status == "priced"]
+        runs = len(rl) - len(stale)
         out["engines"][engine] = {
-            "examples": len(mine), "rl_jobs": len(rl), "priced": len(priced),
+            "examples": len(mine), "rl_jobs": len(rl), "stale": len(stale), "priced": len(priced),
             "share_priced": len(priced) / len(rl) if rl else None,
+            "share_priced_of_running": len(priced) / runs if runs else None,
+            "checked_with": check_with.get(engine),
             "refused": dict(Counter(reason_group(r.reason) for r in rl if r.status == "refused").most_common()),
+            "stale_settings": dict(Counter(reason_group(r.reason) for r in stale).most_common()),
             "not_rl": dict(Counter(r.reason for r in mine if r.status == "not_rl").most_common())}
     total_rl = sum(e["rl_jobs"] for e in out["engines"].values())
+    total_runs = total_rl - sum(e["stale"] for e in out["engines"].values())
     total = sum(e["priced"] for e in out["engines"].values())
     out["share_priced"] = total / total_rl if total_rl else None
+    out["share_priced_of_running"] = total / total_runs if total_runs else None
     out["rows"] = [r.__dict__ for r in rows]
     return out

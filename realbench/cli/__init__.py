@@ -56,13 +56,14 @@ def positive_int(text: str) -> int:
     return v
 
 
-def named_folders(words: Sequence[str], name: str, flag: str) -> dict[str, str]:
-    """{name: folder} of `NAME=DIR` words (a flag's values: --model-path ROLE=DIR, --examples ENGINE=DIR)."""
+def named_folders(words: Sequence[str], name: str, flag: str, value: str = "DIR") -> dict[str, str]:
+    """{name: folder} of `NAME=DIR` words (a flag's values: --model-path ROLE=DIR, --examples
+    ENGINE=DIR; --check-with ENGINE=PYTHON, `value` PYTHON)."""
     out = {}
     for word in words:
         key, eq, folder = word.partition("=")
         if not eq or not key or not folder:
-            raise ConfigError(f"{word!r} is not {name}=DIR", flag)
+            raise ConfigError(f"{word!r} is not {name}={value}", flag)
         out[key] = folder
     return out
 

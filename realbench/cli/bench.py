@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", help="calibration: use this profile file instead of profiling first")
     p.add_argument("--examples", nargs="+", metavar="ENGINE=DIR",
                    help="coverage: each engine's examples folder (verl=DIR openrlhf=DIR areal=DIR)")
+    p.add_argument("--check-with", nargs="+", metavar="ENGINE=PYTHON",
+                   help="coverage: each engine's Python with its pinned release (verl=.venv-verl/bin/python ...), "
+                        "whose own checks tell the examples it refuses too apart")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -46,6 +49,12 @@ def run(args) -> int:
 
             raise ConfigError("only the coverage benchmark takes examples", "--examples")
         kwargs["examples"] = named_folders(args.examples, "ENGINE", "--examples")
+    if args.check_with:
+        if args.name != "coverage":
+            from realbench.errors import ConfigError
+
+            raise ConfigError("only the coverage benchmark takes engines' checks", "--check-with")
+        kwargs["check_with"] = named_folders(args.check_with, "ENGINE", "--check-with", "PYTHON")
     # (a benchmark that reports its progress gets a bar on the terminal)
     with progress_bar(f"bench {args.name}") if "on_progress" in inspect.signature(module.run).parameters \
             else contextlib.nullcontext() as on_progress:

@@ -337,8 +337,24 @@ def logits_paths(engine: str, s: dict[str, Any], source: str) -> dict[str, Logit
 # sections of verl's config whose keys are the user's own (Hydra's `+key=value` adds them): the
 # chat template's keyword arguments (data.apply_chat_template_kwargs, handed to the tokenizer's
 # apply_chat_template: enable_thinking, say), which shape the prompts' text; realbench prices
-# prompts and responses at their configured lengths, so they are carried as given (NEUTRAL)
-OPEN_SECTIONS = ("data.apply_chat_template_kwargs.",)
+# prompts and responses at their configured lengths, so they are carried as given (NEUTRAL); and
+# the reward manager's keyword arguments (reward.reward_kwargs, and the legacy reward_model's, which
+# verl moves there: experimental/reward_loop/reward_loop.py:69-72), DAPO's overlong penalty among
+# them (workers/reward_manager/dapo.py: a function of each response's length, on the scorer's CPU)
+# FSDP's mixed precision, an open dict of each FSDP engine block (FSDPEngineConfig.mixed_precision,
+# default None), of which verl reads three dtypes and defaults each as realbench prices it
+# (workers/engine/fsdp/transformer_impl.py:391-401): given equal to those, carried; otherwise refused
+# (read_config checks them)
+MIXED_PRECISION = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+MIXED_PRECISION_BLOCKS = tuple(f"{block}.mixed_precision." for block in
+                               (f"{A}.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"))
+OPEN_SECTIONS = ("data.apply_chat_template_kwargs.", "reward.reward_kwargs.", "reward_model.reward_kwargs.",
+                 *MIXED_PRECISION_BLOCKS)
+DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "fp16": "fp16",
+               "float16": "fp16"}
+# sections realbench prices no part of, whose keys a job may add (verl's teachers, by name, with `+`)
+UNPRICED_SECTIONS = {"distillation.": "verl's on-policy distillation (a teacher's forward over every batch, and its "
+                                      "loss)"}
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
 ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.engines.verl_packer, its mean count "
@@ -561,6 +577,9 @@ def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> 
     for section, what in PASSED_THROUGH.items():
         if section in key:
             return ConfigError(what, key, source)
+    for section, what in UNPRICED_SECTIONS.items():
+        if key.startswith(section):
+            return ConfigError(f"{what}, which realbench does not price", key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -631,10 +650,25 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         given.update(_flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
     for key in given:
-        if key not in known and not key.startswith(OPEN_SECTIONS):
+        if key.startswith(MIXED_PRECISION_BLOCKS):
+            _check_mixed_precision(key, given[key], source)
+        elif key not in known and not key.startswith(OPEN_SECTIONS):
             raise _unknown(key, engine, source, one_step_off)
     changed = {k for k, v in given.items() if v != known.get(k)}
     return engine, resolve(engine, given, one_step_off), changed
+
+
+def _check_mixed_precision(key: str, value: Any, source: str) -> None:
+    """Refuse by name an FSDP mixed precision other than verl's own (MIXED_PRECISION), which
+    realbench prices, and a dtype verl does not read."""
+    name = key.rsplit(".", 1)[1]
+    if name not in MIXED_PRECISION:
+        raise ConfigError(f"verl's FSDP engine reads {', '.join(MIXED_PRECISION)} of mixed_precision "
+                          "(workers/engine/fsdp/transformer_impl.py:391-401), not this", key, source)
+    if DTYPE_NAMES.get(str(value).lower()) != MIXED_PRECISION[name]:
+        raise ConfigError(f"{value!r}: realbench prices FSDP's mixed precision as verl defaults it (bf16 parameters, "
+                          "fp32 gradient reduction and buffers, workers/engine/fsdp/transformer_impl.py:391-401)",
+                          key, source)
 
 
 def resolve(engine: str, given: dict[str, Any], one_step_off: bool = False) -> dict[str, Any]:
@@ -661,7 +695,9 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
         # which it follows by interpolation, as verl's own examples write it)
         if resolve(engine, {k: settings[k] for k in given if k != key}, one_step_off).get(key) == settings[key]:
             continue
-        why = f": {UNPRICED_BECAUSE[key]}" if key in UNPRICED_BECAUSE else ""
+        because = UNPRICED_BECAUSE.get(key) or next((what for section, what in UNPRICED_SECTIONS.items()
+                                                     if key.startswith(section)), None)
+        why = f": {because}" if because else ""
         raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine, one_step_off).get(key)!r}) changes what "
                           f"verl runs, and realbench does not price it{why}", key, source)
 

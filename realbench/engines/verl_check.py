@@ -159,6 +159,9 @@ def validate(config: str, overrides: list[str]) -> dict:
             "loss_mode": arr.actor.policy_loss.loss_mode,
             # the chat template's keyword arguments, the user's own (carried)
             "chat_template_kwargs": OmegaConf.to_container(cfg.data.apply_chat_template_kwargs),
+            # the reward manager's keyword arguments and FSDP's mixed precision (open dicts, carried)
+            "reward_kwargs": OmegaConf.to_container(cfg.reward.get("reward_kwargs") or OmegaConf.create({})),
+            "mixed_precision": _container(getattr(actor.engine, "mixed_precision", None)),
             # the scorer: the user's reward function, or with neither it nor a reward model verl's own
             # rule-based scorers (the function its reward manager gets, trainer/ppo/reward.py:124-149)
             "reward_function": cfg.reward.custom_reward_function.path,
@@ -202,6 +205,12 @@ def validate(config: str, overrides: list[str]) -> dict:
             "rollout_dp": rollout.data_parallel_size, "rollout_ep": rollout.expert_parallel_size,
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
+
+
+def _container(node):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
 
 
 def _builtin_scorer(cfg):
