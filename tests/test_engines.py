@@ -890,6 +890,31 @@ def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_refused(cli, jo
         "set critic.fsdp.ulysses_sequence_parallel_size" in err, err
 
 
+def test_an_estimator_priced_with_grpos_calls_goes_to_verl_and_back(cli, job, verl_check):
+    """verl's gpg (and the others of SAME_CALLS) is priced as GRPO, the same plan and estimate as
+    grpo's, its name carried: written back, composed by verl, read back the same; a scenario that
+    carries it beside another algorithm is refused by name."""
+    first, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", "algorithm.adv_estimator=gpg", out="gpg", name="job")
+    assert scenario["algorithm"] == "grpo" and scenario["engine_settings"]["algorithm.adv_estimator"] == "gpg"
+    _, grpo_plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", out="gpg", name="grpo")
+    assert plan["calls"] == grpo_plan["calls"]
+    out = job / "gpg" / "verl.yaml"
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    assert yaml.safe_load(out.read_text())["algorithm"]["adv_estimator"] == "gpg"
+    assert verl_check("validate", out)["ok"]
+    again, plan_again, scenario_again = imported(cli, job, out, out="gpg again", name="job")
+    assert plan_again["calls"] == plan["calls"] and scenario_again["engine_settings"]["algorithm.adv_estimator"] == "gpg"
+    assert again["time_per_iter_s"] == pytest.approx(first["time_per_iter_s"])
+    # carried beside PPO's calls: refused where the plan is written
+    wrong = dict(scenario, algorithm="ppo")
+    from realbench.engines import verl as verl_engine
+    from realbench.plan.scenario import scenario_from_document
+
+    problem = verl_engine.space_problem_of_scenario(scenario_from_document(wrong))
+    assert problem and problem[0] == "engine_settings.algorithm.adv_estimator" and "'gpg'" in problem[1], problem
+
+
 def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job, verl_check):
     """verl's lora_adapter_path (PeftModel.from_pretrained of the folder, its r with lora_rank) is
     realbench's `adapter:`: read, written, composed by verl, read back to the same plan and estimate;
@@ -959,7 +984,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "verl's Megatron engine is strategy megatron"),
 
     (("trainer.v1.trainer_mode=separate_async",), "trainer.v1.trainer_mode", "synchronous V1 trainer"),
-    (("algorithm.adv_estimator=reinforce_plus_plus",), "algorithm.adv_estimator", "realbench plans gae, grpo, rloo"),
+    (("algorithm.adv_estimator=remax",), "algorithm.adv_estimator", "realbench plans gae, grpo, rloo"),
+    (("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1"), "actor_rollout_ref.rollout.n",
+     "1: realbench prices reinforce_plus_plus with GRPO's calls, which compare a prompt's samples"),
     (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
      "3 does not divide a GPU's 4 rows"),
     (("model_engine=torchtitan",), "model_engine", "realbench prices dp, megatron"),

@@ -40,6 +40,10 @@ from realbench.errors import ConfigError
 # the entry points of each engine's RL training (what import reads), and of its other trainers
 RL_ENTRIES = {"verl": ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo"),
               "openrlhf": ("openrlhf.cli.train_ppo_ray",)}
+# RL entry points import does not read: RL jobs, refused by name (or stale, where the pinned release
+# has no such module: verl 0.9.1 has no trainer/main_ppo_sync.py)
+OTHER_RL_ENTRIES = {"verl": ("verl.trainer.main_ppo_sync", "verl.experimental.fully_async_policy.fully_async_main",
+                             "verl.trainer.main_ppo_v0")}
 EXAMPLE_FILES = {"verl": "*.sh", "openrlhf": "*.sh", "areal": "*.yaml"}
 # the commands an example script may call, answered by the recorder (nvidia-smi as a node of 8 GPUs)
 RECORDED = ("python", "python3", "torchrun", "accelerate", "deepspeed")
@@ -89,7 +93,9 @@ def captured_launches(script: Path, timeout_s: float = 30.0) -> list[dict]:
             f.chmod(0o755)
         capture = Path(tmp) / "capture.jsonl"
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "REALBENCH_CAPTURE": str(capture),
-               "USER": "user", "LANG": "C.UTF-8"}
+               "USER": "user", "LANG": "C.UTF-8",
+               # (a variable the script requires, ${NAME:?...}, as a user gives it: a path of its name)
+               **{name: str(Path(tmp) / name.lower()) for name in re.findall(r"\$\{(\w+):\?", script.read_text())}}
         try:
             # (ulimit: a builtin, answered by a function; positional arguments as a usage line asks them:
             # a process count and a folder)
@@ -117,8 +123,9 @@ def _host_python() -> str:
 def _module_of(launch: dict) -> tuple[Optional[str], list[str]]:
     """(the python module a launch runs, the arguments after it)."""
     args = launch["args"]
-    if "-m" in args:
-        i = args.index("-m")
+    flag = next((f for f in ("-m", "--module") if f in args), None)  # (python -m, deepspeed --module)
+    if flag:
+        i = args.index(flag)
         return args[i + 1] if i + 1 < len(args) else None, args[i + 2:]
     scripts = [a for a in args if a.endswith(".py")]
     return (scripts[0] if scripts else None), args[args.index(scripts[0]) + 1:] if scripts else []
@@ -129,7 +136,7 @@ def rl_launch(engine: str, launches: list[dict]) -> tuple[Optional[str], list[st
     others = []
     for launch in launches:
         module, args = _module_of(launch)
-        if module in RL_ENTRIES[engine]:
+        if module in RL_ENTRIES[engine] or module in OTHER_RL_ENTRIES.get(engine, ()):
             return module, args, others
         if module:
             others.append(module)
@@ -255,6 +262,17 @@ def areal_kind(file: Path) -> Optional[str]:
     return None
 
 
+def module_exists(python: str, module: str) -> bool:
+    """Whether the engine's environment (`python`) has `module` (importlib's find_spec: its parent
+    packages are imported, the module is not run)."""
+    code = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
+    try:
+        return subprocess.run([python, "-c", code, module], capture_output=True, timeout=300,
+                              stdin=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"the engine's Python did not run: {e}", "--check-with", python) from None
+
+
 def _in_ppo_config(key: str) -> bool:
     """Whether an AReaL key is under one of PPOConfig's own sections (actor, rollout, ...), not a
     field an example's own config class adds (UNKNOWN_SETTING)."""
@@ -278,6 +296,12 @@ def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optiona
             if module is None:
                 example.status = "not_rl"
                 example.reason = f"launches {', '.join(dict.fromkeys(others)) or 'nothing realbench reads'}"
+                return example
+            if module in OTHER_RL_ENTRIES.get(engine, ()):
+                example.status, example.reason = "refused", (
+                    f"{module}: an RL entry point realbench does not read (import reads {', '.join(RL_ENTRIES[engine])})")
+                if check_with and not module_exists(check_with, module):
+                    example.status, example.reason = "stale", f"{module}: the pinned release has no such module"
                 return example
             if engine == "verl":
                 path, overrides = verl_job(args, file.parent)

@@ -218,6 +218,8 @@ def carried_problem(engine: str, key: str) -> Optional[str]:
     into the scenario (its CAPTURED: checkpoint folders, the reward function), which the writer
     writes from the scenario."""
     module = engine_module(engine)
+    if key in getattr(module, "CARRIED_VALUES", {}):  # (a read setting carried at some values: the writer checks them)
+        return None
     if key in module.READ or not key.startswith(module.NEUTRAL):
         return (f"{engine} runs differently with it: realbench reads such settings into the scenario and plan and "
                 "writes them from there (only settings that change neither time nor memory are carried)")
@@ -242,8 +244,11 @@ def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> 
     engine resolves them; a section given whole (AReaL's `critic.optimizer: ${actor.optimizer}`)
     is carried key by key."""
     out: dict[str, Any] = {}
+    carried_values = getattr(engine_module(engine), "CARRIED_VALUES", {})
     for key in sorted(given):
         if carried_problem(engine, key) is not None:
+            continue
+        if key in carried_values and settings.get(key) not in carried_values[key]:
             continue
         keys = [key] if key in settings else sorted(k for k in settings if k.startswith(key + "."))
         for k in keys:

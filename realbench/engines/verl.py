@@ -197,6 +197,17 @@ MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_re
                "critic": "critic.model.path", "reward": "reward.reward_model.model_path"}
 # algorithm.adv_estimator (verl/trainer/ppo/core_algos.py, AdvantageEstimator) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+# verl's estimators that the driver computes from the calls of GRPO's dataflow (a prompt's group of
+# samples, their rewards, the reference's log-probabilities; no critic, no other forward:
+# trainer/ppo/core_algos.py, compute_advantage on the driver): priced as that algorithm, the
+# estimator carried as set (engine_settings) and written back. Not these: remax (a greedy
+# generation beside the sampled ones), optimal_token_baseline (the actor's sum of squared
+# probabilities, calculate_sum_pi_squared), gdpo (rewards by key)
+SAME_CALLS = {"reinforce_plus_plus": "grpo", "reinforce_plus_plus_baseline": "grpo", "gpg": "grpo",
+              "grpo_passk": "grpo", "opo": "grpo", "grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
+ESTIMATOR = "algorithm.adv_estimator"
+# READ settings carried where their value is one of these (engines.carried_settings)
+CARRIED_VALUES = {ESTIMATOR: tuple(SAME_CALLS)}
 ENGINES = {"dp": "FSDP", "megatron": "Megatron"}
 # a job that names no reward function and no reward model: verl's built-in rule-based scorers
 # (verl/utils/reward_score/__init__.py, default_compute_score, by each row's data_source), named in
@@ -502,7 +513,12 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            *(k for engine in ENGINE_BLOCK for role in ROLE_BLOCK for k in _entropy_keys(engine, role)),
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
-           "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code",
+           "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code", "data.trust_remote_code",
+           # (where a Megatron engine loads its first weights from, and the format its checkpoints
+           # are saved in: Megatron's distributed checkpoints, workers/engine/megatron/transformer_impl.py:
+           # 499-502, 643; before the first step and at save_freq, neither priced)
+           *(f"{block}.{k}" for block in MEGATRON_BLOCKS.values()
+             for k in ("use_dist_checkpointing", "dist_checkpointing_path")),
            f"{A}.optim.", "critic.optim.", f"{A}.clip_ratio", f"{A}.entropy_coeff", f"{A}.loss_agg_mode",
            f"{A}.grad_clip", "critic.grad_clip", "critic.cliprange_value", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
            "algorithm.kl_ctrl.", "algorithm.kl_penalty", "algorithm.gamma", "algorithm.lam",
@@ -1024,11 +1040,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                               "rollout.nnodes and rollout.n_gpus_per_node)", HYBRID, source)
         per_node = int(s["trainer.n_gpus_per_node"])
         trainer_pool = rollout_pool = Mesh(0, int(s["trainer.nnodes"]), 0, per_node)
-    estimator = s["algorithm.adv_estimator"]
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO)",
-                          "algorithm.adv_estimator", source)
-    algorithm = ESTIMATORS[estimator]
+    estimator = s[ESTIMATOR]
+    if estimator not in ESTIMATORS and estimator not in SAME_CALLS:
+        raise ConfigError(f"{estimator!r}: realbench plans {', '.join(ESTIMATORS)} (PPO, GRPO, RLOO) and, with "
+                          f"GRPO's or RLOO's calls, {', '.join(SAME_CALLS)}", ESTIMATOR, source)
+    algorithm = ESTIMATORS.get(estimator) or SAME_CALLS[estimator]
     critic = bool(s["critic.enable"]) if s["critic.enable"] is not None else estimator == "gae"
     if critic != (algorithm == "ppo"):
         raise ConfigError(f"{critic}: realbench's {algorithm.upper()} {'has' if algorithm == 'ppo' else 'has no'} "
@@ -1052,7 +1068,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     nodes, N = trainer_pool.nodes, trainer_pool.size
     prompts, n = int(s["data.train_batch_size"]), int(s[f"{R}.n"])
     if algorithm != "ppo" and n < 2:
-        raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more", f"{R}.n", source)
+        priced_as = f"realbench prices {estimator} with {algorithm.upper()}'s calls, which compare" \
+            if estimator in SAME_CALLS else f"{algorithm.upper()} compares"
+        raise ConfigError(f"{n}: {priced_as} a prompt's samples: 2 or more", f"{R}.n", source)
     mini = int(s[f"{A}.ppo_mini_batch_size"])
     if prompts % mini:
         raise ConfigError(f"{mini} does not divide data.train_batch_size {prompts}", f"{A}.ppo_mini_batch_size", source)
@@ -2003,6 +2021,11 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     """What of a scenario (not of a plan) verl cannot run: the algorithm, asynchrony."""
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    carried = scenario.engine_settings.get(ESTIMATOR)
+    if carried is not None and SAME_CALLS.get(carried) != scenario.algorithm:
+        return f"engine_settings.{ESTIMATOR}", (f"{carried!r}: realbench carries {', '.join(SAME_CALLS)} (priced with "
+                                                f"GRPO's or RLOO's calls), each with its algorithm, not "
+                                                f"{scenario.algorithm}")
     if scenario.dataflow.max_staleness > 1:
         return "max_staleness", (f"{scenario.dataflow.max_staleness}: realbench writes verl's synchronous trainer and "
                                  "its one-step-off entry point (generation one step ahead: max_staleness 1)")
