@@ -514,6 +514,8 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
            "actor_rollout_ref.ref.fsdp_config.param_offload",
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code", "data.trust_remote_code",
+           # (how long a collective may wait before the job fails: a bound, not a cost)
+           "actor_rollout_ref.nccl_timeout", "critic.nccl_timeout",
            # (where a Megatron engine loads its first weights from, and the format its checkpoints
            # are saved in: Megatron's distributed checkpoints, workers/engine/megatron/transformer_impl.py:
            # 499-502, 643; before the first step and at save_freq, neither priced)
