@@ -51,7 +51,7 @@ def run(args) -> int:
     if not folder.is_dir():
         raise ConfigError("is not a folder", "--dir", str(folder))
     if importlib.util.find_spec("jupyterlab") is None:
-        raise ConfigError("JupyterLab is not installed (pip install jupyterlab)")
+        raise ConfigError("JupyterLab is not installed (pip install 'realbench[lab]')")
     cmd = lab_command(folder.resolve(), args.port, args.no_browser, args.token, args.ip)
     if args.print_command:
         print(" ".join(cmd))
