@@ -71,6 +71,20 @@ ADAPTER_BROADCAST_ENGINES = ("areal",)
 # engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
 # OpenRLHF), not FSDP's fp32 parameters: what their optimizer offload moves (realbench.cost.sharding)
 MASTER_IN_OPTIMIZER_ENGINES = ("openrlhf",)
+def sync_stages_one_way(scenario: Scenario, model: str) -> bool:
+    """Whether a trained model's offloaded parameters (param_offload, under FSDP's full shard) cross
+    the host link one way for a weight sync to another layout: verl's FSDP2 stages each shard onto
+    the device as the sync reads it and keeps the host copy (`.to(device).full_tensor()` per tensor;
+    no load of the module before nor offload after, verl/workers/engine/fsdp/transformer_impl.py:
+    977-1022), where FSDP1 unshards the module on the device and sends it back (two crossings). Not
+    a LoRA model's (its adapters merge on the device: the whole shard comes in and goes back)."""
+    if scenario.engine != "verl" or model not in ("actor", "critic") or scenario.models[model].lora is not None:
+        return False
+    from realbench.engines.verl import fsdp_version  # (the engine's setting, carried in the scenario)
+
+    return fsdp_version(scenario, model) == "fsdp2"
+
+
 # engines whose rollout, colocated with its trainer, sleeps at vLLM's level 1 between generations
 # (OpenRLHF's --vllm.enable_sleep under its hybrid engine: sleep() after generation, wake_up of the
 # weights before the weight sync, openrlhf/trainer/ppo_utils/samples_generator.py:104-120,
@@ -259,6 +273,7 @@ class Estimator:
         self.master_of = [trains.get(c.model, firsts[c.model]) for c in self.calls]
         self.train_of = [trains.get(c.model, -1) for c in self.calls]
         self.masters = sorted(set(self.master_of))
+        self.stages_one_way = [sync_stages_one_way(scenario, c.model) for c in self.calls]
         # the calls that run ahead of training (max_staleness > 0): each generates, then receives
         # the weights its next batch will use (its reallocation task comes after it)
         self.ahead = {idx[n] for n in df.ahead_calls}
@@ -509,11 +524,14 @@ class Estimator:
             if self.calls[m].kind == CallKind.TRAIN:
                 # a trained model's parameters in host memory between calls (verl's param_offload,
                 # realbench.cost.sharding): a call on its layout brings them in and sends them back,
-                # and so does the weight sync to another layout (FSDP1 unshards on the device)
+                # and so does the weight sync to another layout (FSDP1 unshards on the device), but
+                # where verl's FSDP2 stages them in one way (sync_host_crossings)
                 off = self.offload_params[m][C[:, m]].astype(bool)
                 if off.any():
-                    moved = offloaded_param_bytes(self.zero[m][C[:, m]], self.weights[m][C[:, m]])
-                    R[:, i] += np.where(off, 2.0 * moved / self.cluster.host_bw, 0.0)
+                    zero = self.zero[m][C[:, m]]
+                    moved = offloaded_param_bytes(zero, self.weights[m][C[:, m]])
+                    crossings = np.where((zero == 3) & self.stages_one_way[m], 1.0, 2.0)
+                    R[:, i] += np.where(off, crossings * moved / self.cluster.host_bw, 0.0)
         return R, copy
 
     # -- memory -----------------------------------------------------------------------------------

@@ -430,16 +430,14 @@ REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.us
 # brought in for each (the old log-probabilities, the values, the update, and the weight sync:
 # FSDP1, `strategy: fsdp`, unshards on the device, workers/engine/fsdp/transformer_impl.py:977-1022;
 # Megatron loads the model, workers/engine/megatron/transformer_impl.py:1090) and sent back after it
-# (realbench's offload_params on the train call). FSDP2 stages the sync's shards one way: its
-# parameter offload is refused by name. A Megatron reference's offload (its param_offload follows
+# (realbench's offload_params on the train call). FSDP2 stages the sync's shards one way, in
+# (realbench.cost.simulate.sync_stages_one_way). A Megatron reference's offload (its param_offload follows
 # the actor's by interpolation): its bf16 shard loaded for each forward and sent back after it
 # (the eval context moves the model only, workers/engine/base.py:314-333, megatron/transformer_impl.py:
 # 722-744): offload_params on ref_inf under zero 0, priced by realbench.cost.sharding
 OFFLOAD_BLOCK = {"dp": {"actor": f"{A}.fsdp_config", "critic": "critic.fsdp"},
                  "megatron": {"actor": f"{A}.megatron", "critic": "critic.megatron"}}
 PARAM_OFFLOAD = {role: f"{block}.param_offload" for role, block in OFFLOAD_BLOCK["dp"].items()}
-FSDP2_OFFLOAD = ("realbench prices FSDP1's parameter offload (the weight sync brings the shard in and sends it "
-                 "back; FSDP2 stages it one way, workers/engine/fsdp/transformer_impl.py:987-1022)")
 REF_MEGATRON_OFFLOAD = "actor_rollout_ref.ref.megatron.param_offload"
 # The FSDP version a trained role runs (`strategy`: fsdp, verl's default, is FSDP1; fsdp2 is
 # fully_shard, workers/engine/fsdp/transformer_impl.py:450-472; the engine config's strategy follows
@@ -1114,8 +1112,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
             if s[STRATEGY[role]] not in FSDP_VERSIONS:
                 raise ConfigError(f"{s[STRATEGY[role]]!r}: realbench prices verl's FSDP1 and FSDP2 (fsdp, fsdp2)",
                                   STRATEGY[role], source)
-            if s[PARAM_OFFLOAD[role]] and s[STRATEGY[role]] != "fsdp":
-                raise ConfigError(f"True with strategy {s[STRATEGY[role]]}: {FSDP2_OFFLOAD}", PARAM_OFFLOAD[role], source)
         if not s["actor_rollout_ref.ref.fsdp_config.reshard_after_forward"]:
             raise ConfigError("False: a forward-only FSDP model is priced fully sharded (zero 3)",
                               "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", source)
@@ -1441,8 +1437,6 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         if not fsdp:
             return key, (f"{version!r}, the FSDP version of the configuration read: this plan trains with Megatron; "
                          "remove it from the scenario's engine_settings to write it")
-        if version == "fsdp2" and options[call].strategy.offload_params:
-            return f"calls.{call}.offload_params", f"True with the {role}'s strategy fsdp2 ({key}): {FSDP2_OFFLOAD}"
     trained = [n for n in ("actor_train", "ref_inf", "critic_train", "critic_inf") if n in options]
     for name in trained:
         s = options[name].strategy
@@ -1964,10 +1958,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
             dp = data_parallel(sp)
             per_gpu = rows // steps // dp
             lora = scenario.models[df.call(name).model].lora is not None  # (its parameter offload: not priced)
-            fsdp2 = fsdp_version(scenario, "actor" if name == "actor_train" else "critic") == "fsdp2"
-            # (FSDP2's parameter offload: not priced, see space_problem)
-            unpriced = lora or (fsdp2 and 3 in zero_options)
-            offloads = [(False, False), (False, True)] + ([] if unpriced else [(True, False), (True, True)])
+            offloads = [(False, False), (False, True)] + ([] if lora else [(True, False), (True, True)])
             return valid(name, [Option(W, Strategy(dp, tp, pp, m, ckpt, v, z, offload_params=params,
                                                    offload_optimizer=moments, sp=sp, ring=ring, shard_group=f,
                                                    **experts_of(name)))
