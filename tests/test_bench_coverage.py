@@ -124,11 +124,17 @@ VERL_DAPO = VERL_GRPO.replace('"$@"', '+reward.reward_kwargs.overlong_buffer_cfg
                                       '+reward.reward_kwargs.overlong_buffer_cfg.len=512 "$@"')
 VERL_SAPO_NEWER = VERL_GRPO.replace('"$@"', '+actor_rollout_ref.actor.policy_loss.tau_pos=1.0 "$@"')
 VERL_DISTILLED = VERL_GRPO.replace('"$@"', '+distillation.teacher_models.math.key=gsm8k "$@"')
+# an entry point of a newer verl (0.9.1 has no trainer/main_ppo_sync.py), and verl's fully-async one
+VERL_SYNC_ENTRY = VERL_GRPO.replace("verl.trainer.main_ppo", "verl.trainer.main_ppo_sync")
+VERL_FULLY_ASYNC = VERL_GRPO.replace("verl.trainer.main_ppo", "verl.experimental.fully_async_policy.fully_async_main")
+# Hydra's + on a key verl holds, which verl's composition refuses as realbench does
+VERL_ADDED_TWICE = VERL_GRPO.replace('"$@"', '+actor_rollout_ref.model.lora.merge=True "$@"')
 
 
 def test_examples_the_pinned_release_refuses_too_are_counted_apart_by_its_own_checks(cli, tmp_path, monkeypatch):
     for name, text in {"dapo/run_dapo.sh": VERL_DAPO, "sapo/run_sapo.sh": VERL_SAPO_NEWER,
-                       "distillation/run_opd.sh": VERL_DISTILLED}.items():
+                       "distillation/run_opd.sh": VERL_DISTILLED, "sync/run_sync.sh": VERL_SYNC_ENTRY,
+                       "async/run_fully_async.sh": VERL_FULLY_ASYNC, "lora/run_merge.sh": VERL_ADDED_TWICE}.items():
         (tmp_path / "verl/examples" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "verl/examples" / name).write_text(text)
     monkeypatch.chdir(tmp_path)
@@ -145,12 +151,19 @@ def test_examples_the_pinned_release_refuses_too_are_counted_apart_by_its_own_ch
     # a teacher verl adds to its open dict: refused by name as not priced, never "no such setting"
     opd = row["distillation/run_opd.sh"]
     assert opd["status"] == "refused" and "on-policy distillation" in opd["reason"], opd
-    assert (verl["rl_jobs"], verl["stale"], verl["priced"]) == (3, 1, 1), verl
-    assert verl["share_priced"] == pytest.approx(1 / 3) and verl["share_priced_of_running"] == pytest.approx(1 / 2)
-    assert verl["stale_settings"] == {"actor_rollout_ref.actor.policy_loss.tau_pos": 1}
+    assert row["sync/run_sync.sh"]["status"] == "stale" and "no such module" in row["sync/run_sync.sh"]["reason"]
+    fully_async = row["async/run_fully_async.sh"]
+    assert fully_async["status"] == "refused" and "an RL entry point realbench does not read" in fully_async["reason"]
+    merge = row["lora/run_merge.sh"]
+    assert merge["status"] == "stale" and "Could not append to config" in merge["reason"], merge
+    assert (verl["rl_jobs"], verl["stale"], verl["priced"]) == (6, 3, 1), verl
+    assert verl["share_priced"] == pytest.approx(1 / 6) and verl["share_priced_of_running"] == pytest.approx(1 / 3)
+    assert verl["stale_settings"] == {"actor_rollout_ref.actor.policy_loss.tau_pos": 1, "verl.trainer.main_ppo_sync": 1,
+                                      "+actor_rollout_ref.model.lora.merge=True": 1}, verl["stale_settings"]
     # without the engine's Python, the same example is one realbench refuses
     code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--json")
-    assert json.loads(out)["engines"]["verl"]["stale"] == 0
+    unchecked = json.loads(out)["engines"]["verl"]
+    assert unchecked["stale"] == 0 and unchecked["rl_jobs"] == 6 and unchecked["priced"] == 1
     code, _, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--check-with",
                        f"verl={tmp_path / 'no python'}")
     assert code == 2 and err.count("\n") == 1 and "--check-with" in err and "make engines" in err
