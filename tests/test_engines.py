@@ -913,6 +913,12 @@ def test_an_estimator_priced_with_grpos_calls_goes_to_verl_and_back(cli, job, ve
 
     problem = verl_engine.space_problem_of_scenario(scenario_from_document(wrong))
     assert problem and problem[0] == "engine_settings.algorithm.adv_estimator" and "'gpg'" in problem[1], problem
+    # FSDP's mixed precision written into a scenario by hand is checked as an import checks it
+    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype"
+    for value, problem in (("fp32", None), ("bf16", f"engine_settings.{key}")):
+        edited = dict(scenario, engine_settings={**scenario["engine_settings"], key: value})
+        got = verl_engine.space_problem_of_scenario(scenario_from_document(edited))
+        assert (got and got[0]) == problem, got
 
 
 def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli, job, verl_check):

@@ -351,7 +351,7 @@ def logits_paths(engine: str, s: dict[str, Any], source: str) -> dict[str, Logit
 # prompts and responses at their configured lengths, so they are carried as given (NEUTRAL); and
 # the reward manager's keyword arguments (reward.reward_kwargs, and the legacy reward_model's, which
 # verl moves there: experimental/reward_loop/reward_loop.py:69-72), DAPO's overlong penalty among
-# them (workers/reward_manager/dapo.py: a function of each response's length, on the scorer's CPU)
+# them (workers/reward_manager/dapo.py: a function of each response's length, on the scorer's CPU).
 # FSDP's mixed precision, an open dict of each FSDP engine block (FSDPEngineConfig.mixed_precision,
 # default None), of which verl reads three dtypes and defaults each as realbench prices it
 # (workers/engine/fsdp/transformer_impl.py:391-401): given equal to those, carried; otherwise refused
@@ -2014,6 +2014,12 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     """What of a scenario (not of a plan) verl cannot run: the algorithm, asynchrony."""
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes verl's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    for key, value in scenario.engine_settings.items():  # (as read_config checks them)
+        if key.startswith(MIXED_PRECISION_BLOCKS):
+            try:
+                _check_mixed_precision(key, value, "engine_settings")
+            except ConfigError as e:
+                return f"engine_settings.{key}", e.message
     carried = scenario.engine_settings.get(ESTIMATOR)
     if carried is not None and SAME_CALLS.get(carried) != scenario.algorithm:
         return f"engine_settings.{ESTIMATOR}", (f"{carried!r}: realbench carries {', '.join(SAME_CALLS)} (priced with "
