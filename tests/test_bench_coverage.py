@@ -160,7 +160,10 @@ def test_examples_the_pinned_release_refuses_too_are_counted_apart_by_its_own_ch
     assert verl["share_priced"] == pytest.approx(1 / 6) and verl["share_priced_of_running"] == pytest.approx(1 / 3)
     assert verl["stale_settings"] == {"actor_rollout_ref.actor.policy_loss.tau_pos": 1, "verl.trainer.main_ppo_sync": 1,
                                       "+actor_rollout_ref.model.lora.merge=True": 1}, verl["stale_settings"]
-    # without the engine's Python, the same example is one realbench refuses
+    # without the engine's Python, the same example is one realbench refuses; without --json, the counts
+    code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples")
+    assert code == 0 and out.splitlines()[0] == "verl: 6 examples, 6 RL jobs, 0 stale, 1 priced (17%; 17% of those " \
+                                                "not stale)", out
     code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--json")
     unchecked = json.loads(out)["engines"]["verl"]
     assert unchecked["stale"] == 0 and unchecked["rl_jobs"] == 6 and unchecked["priced"] == 1

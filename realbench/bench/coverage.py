@@ -387,3 +387,19 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
     out["share_priced_of_running"] = total / total_runs if total_runs else None
     out["rows"] = [r.__dict__ for r in rows]
     return out
+
+
+def table(result: dict) -> str:
+    """The counts per engine as lines of text (`realbench bench coverage` without --json): examples,
+    RL jobs, stale, priced, the share priced (of those not stale), and the most frequent refusals."""
+    lines = []
+    for engine, e in result["engines"].items():
+        share = "-" if e["share_priced"] is None else f"{e['share_priced']:.0%}"
+        running = "-" if e["share_priced_of_running"] is None else f"{e['share_priced_of_running']:.0%}"
+        lines.append(f"{engine}: {e['examples']} examples, {e['rl_jobs']} RL jobs, {e['stale']} stale, "
+                     f"{e['priced']} priced ({share}; {running} of those not stale)")
+        lines += [f"  refused {count}x: {reason}" for reason, count in list(e["refused"].items())[:5]]
+    if result["share_priced"] is not None:
+        lines.append(f"all: {result['share_priced']:.0%} priced ({result['share_priced_of_running']:.0%} of those "
+                     "not stale); --json lists every example with its reason")
+    return "\n".join(lines)
