@@ -1493,6 +1493,9 @@ def test_a_users_fsdp2_is_carried_searched_and_written_as_fsdp2_runs(cli, job, v
                                                             "actor_rollout_ref.actor.strategy": "fsdp"}})
     base = sync_s(scenario, fsdp_plan)
     one_way, both_ways = sync_s(scenario, offloaded) - base, sync_s(fsdp1, offloaded) - base
+    from realbench.cost.simulate import FSDP_VERSION_KEYS
+
+    assert FSDP_VERSION_KEYS["verl"] == verl.STRATEGY  # (the cost model names verl's setting as its reader does)
     params, dp = scenario.models["actor"].n_params, offloaded["actor_train"].strategy.dp
     assert one_way == pytest.approx(4 * params / dp / scenario.cluster.host_bw, rel=1e-9)
     assert both_ways == pytest.approx(2 * one_way, rel=1e-9)

@@ -78,11 +78,15 @@ def sync_stages_one_way(scenario: Scenario, model: str) -> bool:
     no load of the module before nor offload after, verl/workers/engine/fsdp/transformer_impl.py:
     977-1022), where FSDP1 unshards the module on the device and sends it back (two crossings). Not
     a LoRA model's (its adapters merge on the device: the whole shard comes in and goes back)."""
-    if scenario.engine != "verl" or model not in ("actor", "critic") or scenario.models[model].lora is not None:
+    keys = FSDP_VERSION_KEYS.get(scenario.engine, {})
+    if model not in keys or scenario.models[model].lora is not None:
         return False
-    from realbench.engines.verl import fsdp_version  # (the engine's setting, carried in the scenario)
+    return scenario.engine_settings.get(keys[model]) == "fsdp2"
 
-    return fsdp_version(scenario, model) == "fsdp2"
+
+# the setting that names a trained model's FSDP version, carried in a scenario's engine_settings as the
+# user set it (verl's `strategy`: realbench.engines.verl.STRATEGY, which a test holds these to)
+FSDP_VERSION_KEYS = {"verl": {"actor": "actor_rollout_ref.actor.strategy", "critic": "critic.strategy"}}
 
 
 # engines whose rollout, colocated with its trainer, sleeps at vLLM's level 1 between generations
