@@ -231,11 +231,7 @@ def engine_refusal(engine: str, python: str, path: Path, overrides: list[str], k
     import realbench.engines
 
     script = Path(realbench.engines.__file__).parent / CHECKS[engine]
-    try:
-        done = subprocess.run([python, str(script), "validate", str(path), *overrides], capture_output=True,
-                              text=True, timeout=600, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"the engine's check did not run: {e}", "--check-with", python) from None
+    done = _in_engine_python(python, [str(script), "validate", str(path), *overrides], timeout_s=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise ConfigError(f"the engine's check printed no result: {done.stderr.strip()[-300:]}", "--check-with", python)
@@ -266,9 +262,15 @@ def module_exists(python: str, module: str) -> bool:
     """Whether the engine's environment (`python`) has `module` (importlib's find_spec: its parent
     packages are imported, the module is not run)."""
     code = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
+    return _in_engine_python(python, ["-c", code, module], timeout_s=300).returncode == 0
+
+
+def _in_engine_python(python: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """`python args` (the engine's environment), its output captured; one that does not run or
+    does not end in time is a ConfigError naming --check-with."""
     try:
-        return subprocess.run([python, "-c", code, module], capture_output=True, timeout=300,
-                              stdin=subprocess.DEVNULL).returncode == 0
+        return subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ConfigError(f"the engine's Python did not run: {e}", "--check-with", python) from None
 

@@ -71,6 +71,12 @@ ADAPTER_BROADCAST_ENGINES = ("areal",)
 # engines whose ZeRO optimizer keeps fp32 master weights beside bf16 parameters (DeepSpeed's, in
 # OpenRLHF), not FSDP's fp32 parameters: what their optimizer offload moves (realbench.cost.sharding)
 MASTER_IN_OPTIMIZER_ENGINES = ("openrlhf",)
+
+# the setting that names a trained model's FSDP version, carried in a scenario's engine_settings as the
+# user set it (verl's `strategy`: realbench.engines.verl.STRATEGY, which a test holds these to)
+FSDP_VERSION_KEYS = {"verl": {"actor": "actor_rollout_ref.actor.strategy", "critic": "critic.strategy"}}
+
+
 def sync_stages_one_way(scenario: Scenario, model: str) -> bool:
     """Whether a trained model's offloaded parameters (param_offload, under FSDP's full shard) cross
     the host link one way for a weight sync to another layout: verl's FSDP2 stages each shard onto
@@ -82,11 +88,6 @@ def sync_stages_one_way(scenario: Scenario, model: str) -> bool:
     if model not in keys or scenario.models[model].lora is not None:
         return False
     return scenario.engine_settings.get(keys[model]) == "fsdp2"
-
-
-# the setting that names a trained model's FSDP version, carried in a scenario's engine_settings as the
-# user set it (verl's `strategy`: realbench.engines.verl.STRATEGY, which a test holds these to)
-FSDP_VERSION_KEYS = {"verl": {"actor": "actor_rollout_ref.actor.strategy", "critic": "critic.strategy"}}
 
 
 # engines whose rollout, colocated with its trainer, sleeps at vLLM's level 1 between generations
@@ -529,7 +530,7 @@ class Estimator:
                 # a trained model's parameters in host memory between calls (verl's param_offload,
                 # realbench.cost.sharding): a call on its layout brings them in and sends them back,
                 # and so does the weight sync to another layout (FSDP1 unshards on the device), but
-                # where verl's FSDP2 stages them in one way (sync_host_crossings)
+                # where verl's FSDP2 stages them in one way (sync_stages_one_way)
                 off = self.offload_params[m][C[:, m]].astype(bool)
                 if off.any():
                     zero = self.zero[m][C[:, m]]

@@ -589,13 +589,18 @@ PASSED_THROUGH = {
                          "checkpoint's config.json and does not price an override"}
 
 
+def _unpriced_section(key: str) -> Optional[str]:
+    """What realbench does not price of the UNPRICED_SECTIONS `key` lies in, or None."""
+    return next((what for section, what in UNPRICED_SECTIONS.items() if key.startswith(section)), None)
+
+
 def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
     for section, what in PASSED_THROUGH.items():
         if section in key:
             return ConfigError(what, key, source)
-    for section, what in UNPRICED_SECTIONS.items():
-        if key.startswith(section):
-            return ConfigError(f"{what}, which realbench does not price", key, source)
+    unpriced = _unpriced_section(key)
+    if unpriced:
+        return ConfigError(f"{unpriced}, which realbench does not price", key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -711,8 +716,7 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
         # which it follows by interpolation, as verl's own examples write it)
         if resolve(engine, {k: settings[k] for k in given if k != key}, one_step_off).get(key) == settings[key]:
             continue
-        because = UNPRICED_BECAUSE.get(key) or next((what for section, what in UNPRICED_SECTIONS.items()
-                                                     if key.startswith(section)), None)
+        because = UNPRICED_BECAUSE.get(key) or _unpriced_section(key)
         why = f": {because}" if because else ""
         raise ConfigError(f"{settings[key]!r} (verl's default {defaults(engine, one_step_off).get(key)!r}) changes what "
                           f"verl runs, and realbench does not price it{why}", key, source)
