@@ -19,7 +19,7 @@ from realbench.plan import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = Path(os.environ.get("REALBENCH_AREAL_PYTHON", ROOT / ".venv-areal" / "bin" / "python"))
-CHECK = ROOT / "realbench" / "engines" / "areal_check.py"
+CHECK = ROOT / "realbench" / "engines" / "areal" / "check.py"
 
 # AReaL's examples/math/gsm8k_grpo.yaml as a user runs it (the keys that place and size the job, and
 # some that do not: names, the optimizer, the loss's settings), on a local checkpoint
@@ -545,7 +545,7 @@ def test_areals_packer_as_realbench_prices_it_by_hand_and_against_areals_own():
     are AReaL's own (areal_check.py pack: seqpack.ffd_allocate), a Megatron pipeline's divisor too."""
     import numpy as np
 
-    from realbench.engines import areal_packer
+    from realbench.engines.areal import packer as areal_packer
 
     rows = np.array([[5, 4, 3, 3, 2, 1]])
     assert [x.tolist() for x in areal_packer.pack(rows, 8, 2)] == [[3], [8]]
@@ -582,7 +582,8 @@ def test_token_budgets_make_areal_run_the_micro_batches_priced_when_responses_ru
     longer row), and the micro-batches are what the packer forms within it."""
     import numpy as np
 
-    from realbench.engines import areal_packer, priced_as
+    from realbench.engines import priced_as
+    from realbench.engines.areal import packer as areal_packer
 
     s = areal.job_of(priced_as(load_scenario("ppo-8b-16gpu-longtail"), "areal"))
     gen = s.dataflow.call("actor_gen")

@@ -16,7 +16,7 @@ from realbench.engines import openrlhf
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = Path(os.environ.get("REALBENCH_OPENRLHF_PYTHON", ROOT / ".venv-openrlhf" / "bin" / "python"))
-CHECK = ROOT / "realbench" / "engines" / "openrlhf_check.py"
+CHECK = ROOT / "realbench" / "engines" / "openrlhf" / "check.py"
 
 # the README's quick-start (examples/scripts/train_ppo_ray_hybrid_engine.sh) on a small job
 HYBRID = """\

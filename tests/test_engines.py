@@ -18,7 +18,7 @@ from realbench.plan.mesh import Mesh, Option, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 VERL_PYTHON = Path(os.environ.get("REALBENCH_VERL_PYTHON", ROOT / ".venv-verl" / "bin" / "python"))
-CHECK = ROOT / "realbench" / "engines" / "verl_check.py"
+CHECK = ROOT / "realbench" / "engines" / "verl" / "check.py"
 
 GRPO = """\
 hydra:
@@ -1816,6 +1816,9 @@ def test_bench_engines_quick_reports_a_row_per_engine_and_scenario(cli):
         assert r["reallocation_gain"] == pytest.approx(r["best_s"] / r["realbench_zero_s"])
     assert rows[0]["realbench_zero_s"] == rows[1]["realbench_zero_s"]
     assert any("z" in label.rsplit("/", 1)[1] for label in rows[0]["realbench_zero_plan"].values())
+    # the manual's table (docs/measurements/engines.md) is the stored JSON of a measured run, rows of these fields
+    stored = json.loads((ROOT / "docs" / "measurements" / "data" / "bench-engines.json").read_text())
+    assert all(set(r) == set(rows[0]) for r in stored["rows"]) and len(stored["rows"]) == 24
     # its progress, a row at a time (the CLI's bar on a terminal)
     from realbench.bench import engines as bench_engines
 
@@ -1866,7 +1869,7 @@ def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row()
     configuration is priced with the budget raised to one row, 4 rows a GPU in 2."""
     from realbench.engines import priced_as
     from realbench.engines.documents import budget_row
-    from realbench.engines.verl_packer import mean_count
+    from realbench.engines.verl.packer import mean_count
     from realbench.plan import load_scenario
 
     s = priced_as(load_scenario("ppo-8b-16gpu-longtail"), "verl")
@@ -1881,7 +1884,7 @@ def test_dynamic_batching_counts_the_rows_real_tokens_and_a_budget_holds_a_row()
 
 
 def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms(verl_check):
-    """realbench.engines.verl_packer against verl's rearrange_micro_batches (verl_check.py count, in
+    """realbench.engines.verl.packer against verl's rearrange_micro_batches (verl_check.py count, in
     verl's environment): the same count on each of 48 steps drawn from ppo-8b-16gpu-longtail's
     response lengths, 32 rows a GPU, under three budgets (one a Megatron pipeline of 2 with virtual
     stages rounds to even counts). Rows all alike: the partition is as even as rows allow, for
@@ -1891,8 +1894,8 @@ def test_dynamic_batching_forms_the_micro_batches_verls_own_function_forms(verl_
     both; rounded to a pipeline of 2, 4."""
     import numpy as np
 
-    from realbench.engines.areal_packer import StepRows
-    from realbench.engines.verl_packer import count, partition
+    from realbench.engines.areal.packer import StepRows
+    from realbench.engines.verl.packer import count, partition
     from realbench.plan import load_scenario
 
     s = load_scenario("ppo-8b-16gpu-longtail")

@@ -45,7 +45,7 @@ def test_the_wheel_holds_every_data_file_and_the_version_of_one_place(built):
                              check=True).stdout.split()
     data = {name for name in tracked if not name.endswith(".py") and (ROOT / name).is_file()}
     # the engines' version files, the published measurements, the catalogue: every one the code reads
-    assert {"realbench/engines/verl-0.9.1.json", "realbench/hardware/published.yaml",
+    assert {"realbench/engines/verl/verl-0.9.1.json", "realbench/hardware/published.yaml",
             "realbench/models/catalogue/index.yaml"} <= data
     assert data <= names, sorted(data - names)
     assert {name for name in tracked if name.endswith(".py")} <= names

@@ -48,10 +48,10 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0,
         G = scenario.cluster.gpus_per_node
         own = run_search(est, "mcmc", budget_s, seed=seed)
         zero = {}  # realbench's own best with zero offered, of each job (the scenario's: True; AReaL's)
-        for engine, module in ENGINES.items():
+        for engine, spec in ENGINES.items():
             # the job as the engine can run it (AReaL scores with its workflow's reward function, not
             # a reward model), beside realbench's own best of that same job
-            job = module.job_of(scenario) if hasattr(module, "job_of") else scenario
+            job = spec.job_of(scenario)
             est_job, own_job = (est, own) if job is scenario else (Estimator(job), None)
             if own_job is None:
                 own_job = run_search(est_job, "mcmc", budget_s, seed=seed)
@@ -59,16 +59,16 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0,
                 est_zero = Estimator(job.with_zero().with_padding_free(True))
                 zero[job is scenario] = (est_zero, run_search(est_zero, "mcmc", budget_s, seed=seed))
             est_zero, own_zero = zero[job is scenario]
-            listed = hasattr(module, "plan_table") and listed_budget_s is not None
+            listed = spec.plan_table is not None and listed_budget_s is not None
             best = engine_search(job, engine, "mcmc", listed_budget_s if listed else budget_s, seed=seed)
             as_run = Estimator(priced_as(job, engine))  # what the engine runs, priced as it runs it
             shown = example_of(scenario, engine)  # (the engine's example for the job: verl's and AReaL's for experts)
             example, default = plan_time(Estimator(as_example(job, engine)),
-                                         module.default_plan(scenario, shown["settings"])), \
-                plan_time(as_run, module.default_plan(scenario))
+                                         spec.default_plan(scenario, shown["settings"])), \
+                plan_time(as_run, spec.default_plan(scenario))
             finite = lambda t: t if math.isfinite(t) else None  # noqa: E731 (null: does not fit in memory)
             rows.append({
-                "engine": engine, "version": module.VERSION, "scenario": name, "example": shown["source"],
+                "engine": engine, "version": spec.version, "scenario": name, "example": shown["source"],
                 "method": best.method, "evaluations": best.evaluations, "plans": best.groups,
                 "example_s": finite(example), "default_s": finite(default), "best_s": best.best_time_s,
                 "best_plan": {n: o.label(G) for n, o in best.best.items()},
@@ -82,7 +82,7 @@ def run(scenarios=SCENARIOS, budget_s: float = 30.0, seed: int = 0,
                 "realbench_zero_plan": {n: o.label(G) for n, o in est_zero.options_of(own_zero.best_choice).items()},
                 # > 1: reallocation across calls beats the engine's best, both with the engines' sharding
                 "reallocation_gain": best.best_time_s / own_zero.best_time_s,
-                "not_priced": list(module.PRICING_GAPS)})
+                "not_priced": list(spec.pricing_gaps)})
             if on_progress:
                 on_progress(len(rows), len(scenarios) * len(ENGINES))
     return {"budget_s": budget_s, "seed": seed, "method": "mcmc", "rows": rows}

@@ -42,7 +42,7 @@ def run(args) -> int:
     est = Estimator(scenario)
     choice = est.choice_of(options)
     result = est.estimate(choice)
-    gaps = list(engine_module(args.engine).PRICING_GAPS)
+    gaps = list(engine_module(args.engine).pricing_gaps)
     unread = unread_settings(args.engine, args.file, args.overrides)
     if args.json:
         emit_json({"scenario": str(scenario_path), "plan": str(plan_path), **result.to_json(), "not_priced": gaps,

@@ -21,9 +21,9 @@ ENGINE_NAMES = tuple(ENGINES)
 def add_parser(sub) -> None:
     p = sub.add_parser("search", help="search an execution plan")
     p.add_argument("--scenario", required=True, help="built-in name or scenario file")
-    p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--time-budget", type=positive_float, required=True, metavar="SEC")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--method", required=True, choices=METHODS, help="the search method (Optuna's samplers: tpe, cmaes, gp, random)")
+    p.add_argument("--time-budget", type=positive_float, required=True, metavar="SEC", help="wall-clock seconds to search")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the search's random seed")
     p.add_argument("--max-evals", type=non_negative_int, default=None,
                    help="also stop after this many plan evaluations (makes seeded runs reproducible)")
     p.add_argument("--out", help="write the best plan here (.yaml or .json)")
@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
                         "compare with theirs, which realbench's own runtime does not run")
     add_staleness_arg(p)
     add_profile_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the best plan and its estimate as JSON")
     p.set_defaults(handler=run)
     p.epilog = ("With max_staleness S > 0 (asynchronous RL), a synchronous search of the same method and budget "
                 "follows, and both bests are reported.")
@@ -131,17 +131,17 @@ def _engine_search(args, scenario) -> int:
                         ("--multi-objective", args.multi_objective)):
         if given:
             raise ConfigError("is not used with --engine", flag)
-    module = engine_module(args.engine)
-    problem = module.space_problem_of_scenario(scenario)
+    spec = engine_module(args.engine)
+    problem = spec.space_problem_of_scenario(scenario)
     if problem:
         raise ConfigError(problem[1], problem[0])
     if args.plan:
         compared, compared_name = load_plan(args.plan, scenario)[2], args.plan
-        problem = module.space_problem(scenario, compared)
+        problem = spec.space_problem(scenario, compared)
         if problem:
             raise ConfigError(f"{args.engine} cannot run it: {problem[0]}: {problem[1]}", source=args.plan)
     else:
-        compared, compared_name = module.default_plan(scenario), f"{args.engine}'s default configuration"
+        compared, compared_name = spec.default_plan(scenario), f"{args.engine}'s default configuration"
     profile = profile_for(args, scenario)
     with _ProgressBar(f"{args.method} in {args.engine}", args.time_budget,
                       enabled=sys.stderr.isatty() or not args.json) as bar:

@@ -1,9 +1,12 @@
-"""The engines that run RLHF at scale, as realbench plans them: one module per engine, each with
-its space (the plans the engine can run, `space_problem`), a reader of its configuration into a
-scenario and a plan (`read_config`, `to_plan`) and a writer of a plan as its configuration
-(`to_config`). The strategies they train with (FSDP, ZeRO, Megatron's distributed optimizer) are
-priced in realbench.cost. Each module names the source file of the engine's every rule; each
-engine's own code checks what realbench writes (`make engines`, the tests)."""
+"""The engines that run RLHF at scale, as realbench plans them: one package per engine (verl,
+openrlhf, areal), each with the same parts (its version's settings, the pricing rules, a reader of
+its configuration into a scenario and a plan, a writer of a plan as its configuration, its space of
+plans, a check run by its own code) and one `Engine` (realbench.engines.interface) that the
+commands, the search and the benchmarks use, whichever engine it is: ENGINES, engine_module.
+Adding an engine is adding a package and naming it here. The strategies they train with (FSDP,
+ZeRO, Megatron's distributed optimizer) are priced in realbench.cost. Each package names the
+source file of the engine's every rule; each engine's own code checks what realbench writes
+(`make engines`, the tests)."""
 
 from __future__ import annotations
 
@@ -15,21 +18,18 @@ from realbench.engines import areal, openrlhf, verl
 from realbench.cost.calls import serving_cache_problem
 from realbench.dataflow import CallKind
 from realbench.engines.documents import packs
+from realbench.engines.interface import Engine
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario, scenario_from_document
 from realbench.schema import refuse_existing, write_document, write_text
 
-ENGINES = {"verl": verl, "openrlhf": openrlhf, "areal": areal}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (verl.ENGINE, openrlhf.ENGINE, areal.ENGINE)}
 
 
-# where an engine's configuration gives the node size (OpenRLHF's command line does not)
-# (verl's synchronous config gives it; its one-step-off entry's two pools may share a node: verl.to_plan)
-NODE_SIZE_KEYS = {"areal": "cluster.n_gpus_per_node"}
-
-
-def engine_module(name: str):
+def engine_module(name: str) -> Engine:
+    """The engine named (its `Engine`), or a ConfigError naming the known ones."""
     try:
         return ENGINES[name]
     except KeyError:
@@ -40,11 +40,11 @@ def unread_settings(engine: str, path: str, overrides: list[str]) -> list[str]:
     """The settings a configuration gives that its engine itself does not read, each said with
     what the engine reads instead (verl's `IGNORED_BY_VERL`): realbench prices what the engine
     runs, and says so where the user set something else."""
-    module = engine_module(engine)
-    if not hasattr(module, "unread"):
+    spec = engine_module(engine)
+    if spec.unread is None:
         return []
-    settings_engine, settings, given = module.read_config(path, overrides)
-    return module.unread(settings_engine, settings, given)
+    settings_engine, settings, given = spec.read_config(path, overrides)
+    return spec.unread(settings_engine, settings, given)
 
 
 def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
@@ -54,17 +54,19 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     `out`/<name>-plan.yaml (the plan the engine would run); returns their paths. Paths in the
     configuration (checkpoints, the reward function) are taken, as the engine takes them,
     relative to the folder it is launched from: this one."""
-    module = engine_module(engine)
+    spec = engine_module(engine)
     name = name or Path(path).stem
-    settings_engine, settings, given = module.read_config(path, overrides)
-    if gpus_per_node and engine in NODE_SIZE_KEYS:
-        raise ConfigError(f"{engine}'s configuration gives the node size ({NODE_SIZE_KEYS[engine]})", "--gpus-per-node")
+    settings_engine, settings, given = spec.read_config(path, overrides)
+    # (verl's synchronous config gives the node size; its one-step-off entry's two pools may share a
+    # node: its reader says which it takes; OpenRLHF's command line gives none)
+    if gpus_per_node and spec.node_size_key:
+        raise ConfigError(f"{engine}'s configuration gives the node size ({spec.node_size_key})", "--gpus-per-node")
     node_size = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
-    scenario, plan = module.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
+    scenario, plan = spec.to_plan(settings_engine, settings, given, name, device, source=str(path), **node_size)
     carried = carried_settings(engine, settings, given)
     # (AReaL: a role's section of a role the job does not run, the reference without a KL term, is
     # not written, nor carried)
-    absent = {section for section, call in getattr(module, "ROLE_SECTIONS", {}).items() if call not in plan["calls"]}
+    absent = {section for section, call in spec.role_sections.items() if call not in plan["calls"]}
     carried = {k: v for k, v in carried.items() if k.split(".", 1)[0] not in absent}
     if carried:
         scenario["engine_settings"] = carried
@@ -81,13 +83,13 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
                 try:
                     find_config(given_path)
                 except ConfigError as e:
-                    raise ConfigError(f"{given_path!r}: {e.message}", module.MODEL_PATHS[role], str(path)) from None
+                    raise ConfigError(f"{given_path!r}: {e.message}", spec.model_paths[role], str(path)) from None
         if isinstance(entry.get("adapter"), str):  # (verl's lora_adapter_path)
             given_path = entry["adapter"]
             entry["adapter"] = os.path.abspath(os.path.expanduser(given_path))
             if not Path(entry["adapter"]).is_dir():
                 raise ConfigError(f"{given_path!r} is not an adapter folder here: realbench reads the {role}'s "
-                                  "adapter_config.json and tensors from a local folder", module.ADAPTER_PATH, str(path))
+                                  "adapter_config.json and tensors from a local folder", spec.adapter_path, str(path))
         if isinstance(entry.get("function"), str):
             file, _, function = entry["function"].rpartition(":")
             entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"
@@ -98,8 +100,8 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     except ConfigError as e:
         raise ConfigError(f"the plan {engine} would run is not one realbench can price: {e.message}", e.field,
                           str(path)) from None
-    _refuse_unstartable_rollout(module, read, options["actor_gen"], str(path))
-    problem = module.read_problem(read, options) if hasattr(module, "read_problem") else None
+    _refuse_unstartable_rollout(spec, read, options["actor_gen"], str(path))
+    problem = spec.read_problem(read, options) if spec.read_problem is not None else None
     if problem is not None:
         raise ConfigError(problem[1], problem[0], str(path))
     folder = Path(out)
@@ -109,7 +111,7 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
     return write_document(scenario, targets[0], overwrite), write_document(plan, targets[1], overwrite)
 
 
-def _refuse_unstartable_rollout(module, scenario: Scenario, generation: Option, source: str) -> None:
+def _refuse_unstartable_rollout(spec: Engine, scenario: Scenario, generation: Option, source: str) -> None:
     """Refuse, naming the engine's own key, a rollout server whose share of each GPU leaves its KV
     cache no whole sequence, or no request of its max_model_len: the server would not start
     (cost.calls.serving_cache_problem). The key named is the context where a sequence fits, else
@@ -122,11 +124,11 @@ def _refuse_unstartable_rollout(module, scenario: Scenario, generation: Option, 
     fits_a_sequence = call.max_model_len is not None and serving_cache_problem(
         call.model_copy(update={"max_model_len": None}), model, scenario.cluster, generation.strategy) is None
     if fits_a_sequence:
-        contexts = getattr(module, "SERVER_CONTEXT", None)  # (AReaL's: by the rollout's backend)
-        key, value = contexts[server] if contexts else module.MAX_MODEL_LEN, call.max_model_len
+        contexts = spec.server_context  # (AReaL's: by the rollout's backend)
+        key, value = contexts[server] if contexts else spec.max_model_len, call.max_model_len
     else:
-        servers = getattr(module, "SERVER_MEMORY", None)
-        key = servers[server] if servers else getattr(module, "MEMORY_FLAG", module.MEMORY)
+        servers = spec.server_memory
+        key = servers[server] if servers else spec.memory_key
         value = call.memory_fraction
     raise ConfigError(f"{value:g}: {problem}", key, source)
 
@@ -136,7 +138,7 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
     """Write a plan as the engine's configuration and launch script (verl and AReaL: `out` and
     <out stem>-launch.sh beside it; OpenRLHF: the launch script `out`, its command line).
     `model_paths`: checkpoint folders by role, over the scenario's own."""
-    module = engine_module(engine)
+    spec = engine_module(engine)
     if scenario.engine_settings and scenario.engine != engine:
         raise ConfigError(f"they are {scenario.engine}'s settings, which {engine} does not read: remove "
                           f"engine_settings from the scenario to write {engine}'s configuration without them",
@@ -144,10 +146,10 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
     refuse_uncarried(scenario)
     paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
     paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
-    settings_engine, settings = module.to_config(scenario, options, paths)
+    settings_engine, settings = spec.to_config(scenario, options, paths)
     settings = with_carried(scenario, engine, settings_engine, settings)
     # (the node size the plan was made for: verl's one-step-off launcher names it, for reading it back)
-    files = module.config_files(Path(out), settings_engine, settings, node_size=scenario.cluster.gpus_per_node)
+    files = spec.config_files(Path(out), settings_engine, settings, node_size=scenario.cluster.gpus_per_node)
     refuse_existing([f[0] for f in files], overwrite)
     return [write_text(text, path, overwrite, mode=mode) for path, text, mode in files]
 
@@ -158,10 +160,10 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
     the log-probabilities as realbench prices them by default where it names another (`logits`),
     the old log-probabilities as the engine takes them (`old_logprobs`), rows packed as it
     packs them (`padding_free`), and its rollout's serving engine taking the scenario's share of
-    each GPU's memory, or the engine's default share (the module's MEMORY_FRACTION)."""
+    each GPU's memory, or the engine's default share (its memory_fraction)."""
     fraction = {c.memory_fraction for c in scenario.dataflow.calls if c.kind == CallKind.GENERATE}
     if None in fraction:
-        scenario = scenario.with_memory_fraction(engine_module(engine).MEMORY_FRACTION)
+        scenario = scenario.with_memory_fraction(engine_module(engine).memory_fraction)
     packed = padding_free(scenario, engine)
     # (models kept padded apart from the others: the engine's own setting, verl's; another engine has one)
     padded_apart = bool(scenario.training.padded_models) and scenario.engine != engine
@@ -176,54 +178,53 @@ def priced_as(scenario: Scenario, engine: str) -> Scenario:
 
 def example_of(scenario: Scenario, engine: str) -> dict[str, Any]:
     """The engine's example configuration for the scenario's job: {source, settings (its
-    `default_plan`'s), memory_fraction}: the module's `example_of` (verl's and AReaL's examples for a
-    mixture of experts), else its EXAMPLE."""
-    module = engine_module(engine)
-    return module.example_of(scenario) if hasattr(module, "example_of") else module.EXAMPLE
+    `default_plan`'s), memory_fraction}: its `example_of` (verl's and AReaL's examples for a
+    mixture of experts)."""
+    return engine_module(engine).example_of(scenario)
 
 
 def as_example(scenario: Scenario, engine: str) -> Scenario:
     """The scenario as the engine's example configuration runs it (example_of, whose plan is the
-    module's `default_plan` with the example's settings): priced_as, its rollout server taking the
+    engine's `default_plan` with the example's settings): priced_as, its rollout server taking the
     example's share of each GPU's memory."""
     return priced_as(scenario.with_memory_fraction(example_of(scenario, engine)["memory_fraction"]), engine)
 
 
 def padding_free(scenario: Scenario, engine: str) -> bool:
-    """documents.packs with the engine's default (the module's PADDING_FREE)."""
-    module = engine_module(engine)
-    return packs(scenario, engine, module.PADDING_FREE, getattr(module, "PADDING_SETTABLE", True))
+    """documents.packs with the engine's default (its padding_free)."""
+    spec = engine_module(engine)
+    return packs(scenario, engine, spec.padding_free, spec.padding_settable)
 
 
 def old_logprobs(scenario: Scenario, engine: str) -> str:
     """How `engine` takes the old log-probabilities of the scenario's policy: the scenario's
-    `training.old_logprobs` where the engine has that mode (the module's OLD_LOGPROBS); realbench's
+    `training.old_logprobs` where the engine has that mode (its old_logprobs); realbench's
     later_steps as the engines' forward over the whole batch, the same numbers (the first step's
     recomputed rather than its own); generation's (rollout) refused by name where the engine always
     recomputes them."""
-    module, mode = engine_module(engine), scenario.training.old_logprobs
-    if mode in module.OLD_LOGPROBS:
+    spec, mode = engine_module(engine), scenario.training.old_logprobs
+    if mode in spec.old_logprobs:
         return mode
     if mode == "later_steps":
         return "whole_batch"
-    raise ConfigError(f"{mode}: {engine} takes the old log-probabilities {module.OLD_LOGPROBS_HOW}",
+    raise ConfigError(f"{mode}: {engine} takes the old log-probabilities {spec.old_logprobs_how}",
                       "training.old_logprobs")
 
 
 # -- the user's own settings, carried from an imported configuration to the exported one -----------------
 def carried_problem(engine: str, key: str) -> Optional[str]:
     """Why `key` cannot be carried in a scenario's `engine_settings` for `engine`, or None: only
-    what the engine's module knows leaves a step's time and memory alone (its NEUTRAL: names,
+    what the engine knows leaves a step's time and memory alone (its neutral: names,
     paths, logging, the learning and sampling settings) and what realbench does not itself read
-    into the scenario (its CAPTURED: checkpoint folders, the reward function), which the writer
+    into the scenario (its captured: checkpoint folders, the reward function), which the writer
     writes from the scenario."""
-    module = engine_module(engine)
-    if key in getattr(module, "CARRIED_VALUES", {}):  # (a read setting carried at some values: the writer checks them)
+    spec = engine_module(engine)
+    if key in spec.carried_values:  # (a read setting carried at some values: the writer checks them)
         return None
-    if key in module.READ or not key.startswith(module.NEUTRAL):
+    if key in spec.read or not key.startswith(spec.neutral):
         return (f"{engine} runs differently with it: realbench reads such settings into the scenario and plan and "
                 "writes them from there (only settings that change neither time nor memory are carried)")
-    if key.startswith(module.CAPTURED):
+    if key.startswith(spec.captured):
         return "realbench reads it into the scenario's models and writes it from there"
     return None
 
@@ -244,7 +245,7 @@ def carried_settings(engine: str, settings: dict[str, Any], given: set[str]) -> 
     engine resolves them; a section given whole (AReaL's `critic.optimizer: ${actor.optimizer}`)
     is carried key by key."""
     out: dict[str, Any] = {}
-    carried_values = getattr(engine_module(engine), "CARRIED_VALUES", {})
+    carried_values = engine_module(engine).carried_values
     for key in sorted(given):
         if carried_problem(engine, key) is not None:
             continue
@@ -266,22 +267,22 @@ def with_carried(scenario: Scenario, engine: str, settings_engine: str, settings
     carried = scenario.engine_settings
     if not carried:
         return settings
-    module = engine_module(engine)
-    nested = engine == "areal"
-    flat = areal._flatten(settings) if nested else settings
-    known = module.known_keys(settings_engine)
+    spec = engine_module(engine)
+    nested = spec.flatten is not None
+    flat = spec.flatten(settings) if nested else settings
+    known = spec.known_keys(settings_engine)
     known |= {key.rsplit(".", i)[0] for key in list(known) for i in range(1, key.count(".") + 1)}  # (sections)
     out = settings if nested else dict(settings)
     for key, value in carried.items():
         field = f"engine_settings.{key}"
-        if key not in known and not key.startswith(getattr(module, "OPEN_SECTIONS", ())):
+        if key not in known and not key.startswith(spec.open_sections):
             raise ConfigError(f"not a setting of the configuration realbench writes for this plan "
-                              f"({module.__name__.rsplit('.', 1)[-1]} {settings_engine})", field)
-        if key in module.REQUIRED and flat.get(key, value) != value:
-            raise ConfigError(f"{value!r}: the plan needs {flat[key]!r} ({module.REQUIRED[key]})", field)
+                              f"({spec.name} {settings_engine})", field)
+        if key in spec.required and flat.get(key, value) != value:
+            raise ConfigError(f"{value!r}: the plan needs {flat[key]!r} ({spec.required[key]})", field)
         if nested:
             section = key.split(".", 1)[0]
-            if section in module.ROLE_SECTIONS and section not in settings:
+            if section in spec.role_sections and section not in settings:
                 raise ConfigError(f"the plan has no {section} (the scenario's models)", field)
             node = out
             *parents, leaf = key.split(".")

@@ -34,6 +34,11 @@ from realbench.models import FunctionSpec
 from realbench.schema import refuse_unknown_keys
 
 FUNCTION_KEYS = ("function", "seconds_per_sample")  # of a scenario's function entry
+# realbench's stand-ins for an engine's own scorers, which `realbench import` names in a scenario
+# (realbench.engines.verl.reward, areal.reward), by the file they were before the engines were
+# packages: a scenario written then names that file, read as the stand-in's file now
+MOVED_STAND_INS = {("realbench", "engines", "verl_reward.py"): ("engines", "verl", "reward.py"),
+                   ("realbench", "engines", "areal_reward.py"): ("engines", "areal", "reward.py")}
 
 
 def load_function(file: str, name: str) -> Callable:
@@ -71,6 +76,8 @@ def function_spec(entry: dict, base: Path, role: str, model_score: bool = False)
             raise ConfigError(f"{text!r} is not FILE.py:FUNCTION", "function")
         file, name = text.rsplit(":", 1)
         path = (base / Path(file).expanduser()).resolve()
+        if not path.is_file() and path.parts[-3:] in MOVED_STAND_INS:
+            path = Path(__file__).resolve().parents[1].joinpath(*MOVED_STAND_INS[path.parts[-3:]])
         load_function(str(path), name)
         functions.append(f"{path}:{name}")
     if not functions:

@@ -29,6 +29,7 @@ import numpy as np
 from realbench.cost import Estimator
 from realbench.cost.calls import serving_cache_problem
 from realbench.engines import engine_module, priced_as, refuse_uncarried
+from realbench.engines.interface import Engine
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Option
 from realbench.plan.scenario import Scenario
@@ -103,17 +104,17 @@ def group_bound(est: Estimator) -> float:
 def engine_search(scenario: Scenario, engine: str, method: str, time_budget: float, seed: int = 0,
                   profile=None, on_event: Optional[EventSink] = None, stop: Optional[Callable[[], bool]] = None,
                   max_evaluations: Optional[int] = None) -> EngineSearchResult:
-    module = engine_module(engine)
+    spec = engine_module(engine)
     refuse_uncarried(scenario)  # (settings that would change the run are not searched past)
     scenario = priced_as(scenario, engine)
-    if hasattr(module, "plan_table"):
-        return _listed(scenario, engine, module, method, time_budget, seed, profile, on_event, stop, max_evaluations)
+    if spec.plan_table is not None:
+        return _listed(scenario, engine, spec, method, time_budget, seed, profile, on_event, stop, max_evaluations)
     start = time.perf_counter()
     costs: dict = {}
     # the groups and their bounds (at 128 GPUs most of a 30 s search): the bar moves meanwhile
     bounding = Tracker(f"{method} in {engine}", time_budget, on_event=on_event, start=start)
     groups, estimators, bounds = [], [], []
-    for only in module.plan_groups(scenario):
+    for only in spec.plan_groups(scenario):
         groups.append(only)
         estimators.append(Estimator(scenario, profile=profile, only=only, shared_costs=costs))
         bounds.append(group_bound(estimators[-1]))
@@ -173,14 +174,14 @@ def engine_search(scenario: Scenario, engine: str, method: str, time_budget: flo
 CHUNK = 2048
 
 
-def _listed(scenario: Scenario, engine: str, module, method: str, time_budget: float, seed: int, profile,
+def _listed(scenario: Scenario, engine: str, spec: Engine, method: str, time_budget: float, seed: int, profile,
             on_event: Optional[EventSink], stop: Optional[Callable[[], bool]], max_evaluations: Optional[int]
             ) -> EngineSearchResult:
-    """Every plan the engine can run (module.plan_table), evaluated in batches in an order
+    """Every plan the engine can run (its plan_table), evaluated in batches in an order
     shuffled by `seed` until all are evaluated or the budget ends (`method` is not used: the list
     is the search)."""
     start = time.perf_counter()
-    only, table = module.plan_table(scenario)
+    only, table = spec.plan_table(scenario)
     if not table:
         raise ConfigError(f"{engine} can run no plan of this scenario on its cluster")
     est = Estimator(scenario, profile=profile, only=only)

@@ -50,7 +50,7 @@ class EngineConfig:
     def open(self) -> bool:
         """Import the configuration (writing <folder>/<name>.yaml and -plan.yaml) and hand the
         scenario and plan to the listeners."""
-        from realbench.engines import import_config, unread_settings
+        from realbench.engines import engine_module, import_config, unread_settings
         from realbench.plan import load_plan
 
         engine, path = self.engine_box.value, self.file_box.value.strip()
@@ -58,7 +58,7 @@ class EngineConfig:
             if not path:
                 raise ConfigError("give the engine's configuration file", "config")
             overrides = shlex.split(self.overrides_box.value)
-            gpus = self.gpus_box.value if engine == "openrlhf" else None
+            gpus = self.gpus_box.value if engine_module(engine).takes_node_size else None
             if gpus is not None and gpus < 1:
                 raise ConfigError(f"{gpus}: a node has at least one GPU", "GPUs/node")
             _, plan_path = import_config(engine, path, overrides, self.out_box.value.strip() or ".",

@@ -2,13 +2,13 @@
 `make engines` builds `.venv-verl` with verl 0.9.1). Standalone: imports verl, Hydra and
 OmegaConf only, never realbench.
 
-    .venv-verl/bin/python realbench/engines/verl_check.py defaults
+    .venv-verl/bin/python realbench/engines/verl/check.py defaults
         every key of verl's composed ppo_trainer config and its default value, per model_engine
-        (dp: FSDP, megatron), interpolations unresolved: realbench/engines/verl-0.9.1.json
-    .venv-verl/bin/python realbench/engines/verl_check.py fused forward|train entropy|none
+        (dp: FSDP, megatron), interpolations unresolved: realbench/engines/verl/verl-0.9.1.json
+    .venv-verl/bin/python realbench/engines/verl/check.py fused forward|train entropy|none
         the peak memory of verl's fused kernels (FSDP's use_fused_kernels, torch backend) on 2048
         tokens, in bytes a logit of one of its chunks (realbench.engines.verl.FUSED_*_BYTES)
-    .venv-verl/bin/python realbench/engines/verl_check.py validate CONFIG.yaml [overrides...]
+    .venv-verl/bin/python realbench/engines/verl/check.py validate CONFIG.yaml [overrides...]
         composes CONFIG.yaml (a Hydra primary config whose defaults list names ppo_trainer) with
         the overrides as `python -m verl.trainer.main_ppo --config-path --config-name` does, then
         runs the checks verl runs before it starts training: validate_config
@@ -18,13 +18,13 @@ OmegaConf only, never realbench.
         and with a top-level `rollout` block (the one-step-off entry point's config) what that
         entry point runs before it trains (its pools and its trainer's construction);
         prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
-    .venv-verl/bin/python realbench/engines/verl_check.py count STEPS.json
+    .venv-verl/bin/python realbench/engines/verl/check.py count STEPS.json
         verl's dynamic batching (rearrange_micro_batches) on each step's rows: the micro-batches
-        it forms and their tokens (realbench.engines.verl_packer is checked against it)
-    .venv-verl/bin/python realbench/engines/verl_check.py partitions CASES.json
+        it forms and their tokens (realbench.engines.verl.packer is checked against it)
+    .venv-verl/bin/python realbench/engines/verl/check.py partitions CASES.json
         verl's largest differencing method (karmarkar_karp) on each case [values, k]: the parts,
-        largest first (realbench.engines.verl_packer.partition is checked against it)
-    .venv-verl/bin/python realbench/engines/verl_check.py serve
+        largest first (realbench.engines.verl.packer.partition is checked against it)
+    .venv-verl/bin/python realbench/engines/verl/check.py serve
         each line read, {"argv": one command's arguments above, "cwd": the folder it runs from},
         answered with a line {"status": exit status, "result": its JSON line}, until the input
         ends: verl imported once for many checks (importing it takes longer than any one check)
@@ -37,8 +37,8 @@ import os
 import sys
 from pathlib import Path
 
-# run as a script, this file's folder comes first on the path, and its verl.py (realbench's)
-# would shadow the verl package
+# run as a script, this file's folder comes first on the path, and realbench's modules beside it
+# (settings.py, reader.py, ...) would shadow any package of their names
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 

@@ -3,7 +3,7 @@
 AReaL splits each GPU's rows of a call into micro-batches by their tokens (the attention mask's
 sum: the prompt and the response as long as it ran), never by a fixed count
 (split_padded_tensor_dict_into_mb_list, areal/utils/data.py:696-760), so how many a step runs
-depends on that step's lengths. realbench counts them on `DRAWS` steps drawn from the scenario's
+depends on that step's lengths. realbench counts them on `batches.DRAWS` steps drawn from the scenario's
 response lengths (one seed: the same numbers on every run; `StepRows`) and writes budgets from the
 same draws. The packer is first fit decreasing (`_ffd_allocate`, utils/seqpack.py:198-260):
 
@@ -29,42 +29,25 @@ tensor-parallel ones holding the same rows). So:
   (`max_tokens`, on import too: the budget realbench would write for the count read), and memory
   is planned for a micro-batch that full, the largest AReaL forms on the drawn steps.
 
-(verl forms its micro-batches otherwise, by a workload-balanced partition: realbench.engines.verl_packer,
+(verl forms its micro-batches otherwise, by a workload-balanced partition: realbench.engines.verl.packer,
 which counts on the same drawn steps.) The packer here is checked against AReaL's
-own (`areal_check.py pack`) in the tests.
+own (`check.py pack`) in the tests.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
 import numpy as np
 
-from realbench.dataflow.lengths import LengthDistribution
-
-DRAWS = 64  # steps drawn (with SEED) from the response lengths
-SEED = 0
+from realbench.engines import batches
 
 
-@dataclass(frozen=True)
-class StepRows:
-    """A call's rows as an engine's packer sees them (AReaL's here, verl's in verl_packer): a prompt
-    of `prompt_len` tokens (at its cap) and a response drawn from `lengths`, or of `gen_len` tokens
-    each without one."""
-
-    prompt_len: int
-    gen_len: int
-    lengths: Optional[LengthDistribution] = None
-
-    def tokens(self, rows: int, ranks: int) -> np.ndarray:
-        """Each row's tokens, (DRAWS, ranks, rows); (1, 1, rows) where every row is as long."""
-        if self.lengths is None:
-            return np.full((1, 1, rows), self.prompt_len + self.gen_len, dtype=np.int64)
-        u = np.random.default_rng(SEED).random((DRAWS, ranks, rows))
-        return self.prompt_len + np.searchsorted(self.lengths.cdf(), u, side="left").astype(np.int64)
+class StepRows(batches.StepRows):
+    """A call's rows as AReaL's packer sees them (realbench.engines.batches.StepRows: a prompt at
+    its cap and a response drawn from the scenario's lengths), with what the packer forms of them."""
 
     def micro_batches(self, rows: int, ranks: int, n_mbs: int, budget: Optional[int], pp: int = 1) -> float:
         """`micro_batches` of `rows` a GPU on `ranks` data-parallel ranks (no budget: None)."""

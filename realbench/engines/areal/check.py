@@ -4,11 +4,11 @@ configuration modules import: torch (ours, 2.13.0: AReaL pins an older one, whic
 does not need), transformers, omegaconf, hydra-core, lark, uvloop, colorlog, numba). Standalone:
 the standard library and the areal package only, never realbench.
 
-    .venv-areal/bin/python realbench/engines/areal_check.py defaults
+    .venv-areal/bin/python realbench/engines/areal/check.py defaults
         every setting of AReaL's PPOConfig (areal/api/cli_args.py), flat: dotted key -> default
         (interpolations unresolved, MISSING as "???"), and the sections that are None unless a
-        YAML names them (ref, critic, actor.reward_norm, ...): realbench/engines/areal-1.0.4.json
-    .venv-areal/bin/python realbench/engines/areal_check.py validate CONFIG.yaml [...] [key=value ...]
+        YAML names them (ref, critic, actor.reward_norm, ...): realbench/engines/areal/areal-1.0.4.json
+    .venv-areal/bin/python realbench/engines/areal/check.py validate CONFIG.yaml [...] [key=value ...]
         CONFIG and the overrides through AReaL's loader (Hydra compose, the merge into the
         structured PPOConfig, every __post_init__: cli_args.load_expr_config's steps without the
         name-resolve and logging side effects), then each engine's `backend` through
@@ -16,7 +16,7 @@ the standard library and the areal package only, never realbench.
         (areal/trainer/rl_trainer.py:132-194); prints a JSON line a file: {"ok": true, "allocations":
         {role: {backend, dp, tp, pp, cp, ep, etp, edp, world}}, ...} or {"ok": false, "error": "..."} (exit 1
         if any is refused); the overrides apply to every file
-    .venv-areal/bin/python realbench/engines/areal_check.py pack MAX_TOKENS_PER_MB N_MBS [DIVISOR] < LENGTHS.json
+    .venv-areal/bin/python realbench/engines/areal/check.py pack MAX_TOKENS_PER_MB N_MBS [DIVISOR] < LENGTHS.json
         each list of sequence lengths (a JSON list of lists on stdin: one GPU's rows of a step) packed
         into micro-batches by AReaL's own allocator (areal/utils/seqpack.py ffd_allocate, what
         split_padded_tensor_dict_into_mb_list calls with the mb_spec; DIVISOR its n_mbs_divisor, a
@@ -37,8 +37,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-# run as a script, this file's folder comes first on the path: realbench's areal.py would
-# shadow the areal package
+# run as a script, this file's folder comes first on the path, and realbench's modules beside it
+# (settings.py, reader.py, ...) would shadow any package of their names
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 ROLES = ("actor", "critic", "ref", "rollout")

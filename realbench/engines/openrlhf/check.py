@@ -3,17 +3,17 @@
 flash-attn need GPUs). Standalone: the standard library and the openrlhf package only, never
 realbench.
 
-    .venv-openrlhf/bin/python realbench/engines/openrlhf_check.py defaults
+    .venv-openrlhf/bin/python realbench/engines/openrlhf/check.py defaults
         every flag of `python -m openrlhf.cli.train_ppo_ray` as its argument parser declares it
         (option strings, dest, type, nargs, choices, default, store_true/false):
-        realbench/engines/openrlhf-0.11.2.json
-    .venv-openrlhf/bin/python realbench/engines/openrlhf_check.py validate SCRIPT
+        realbench/engines/openrlhf/openrlhf-0.11.2.json
+    .venv-openrlhf/bin/python realbench/engines/openrlhf/check.py validate SCRIPT
         the flags of SCRIPT (a launch script or a file of flags: what follows
         `openrlhf.cli.train_ppo_ray`), through OpenRLHF's argument parser, the checks and rewrites
         after parsing, and its `train()` up to where it would start Ray actors (its assertions on
         colocated groups and the hybrid engine's GPUs), with Ray and the GPU workers stubbed;
         prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "..."} (exit status 1)
-    .venv-openrlhf/bin/python realbench/engines/openrlhf_check.py pack MAX_TOKENS_PER_GPU < LENGTHS.json
+    .venv-openrlhf/bin/python realbench/engines/openrlhf/check.py pack MAX_TOKENS_PER_GPU < LENGTHS.json
         the micro-batches OpenRLHF's dynamic batching counts for each list of sequence lengths (a
         JSON list of lists on stdin), by its get_minimum_num_micro_batch_size
         (utils/seqlen_balancing.py, ring attention and DeepSpeed's tp 1); prints a JSON list of counts
@@ -31,8 +31,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-# run as a script, this file's folder comes first on the path, and its openrlhf.py (realbench's)
-# would shadow the openrlhf package
+# run as a script, this file's folder comes first on the path, and realbench's modules beside it
+# (settings.py, reader.py, ...) would shadow any package of their names
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 MODULE = "openrlhf.cli.train_ppo_ray"

@@ -23,7 +23,7 @@ lengths (every row at its cap without them), the mean over the steps: `mean_coun
 step's rows are all alike, the partition is as even as rows allow (ceil(rows / n) a part: the
 largest differencing method's, checked for every count up to 129 rows in the tests). The partition here is the
 same algorithm as verl's, ties broken as verl breaks them; the tests check its counts against
-verl's own function (`verl_check.py count`).
+verl's own function (`check.py count`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from realbench.engines.areal_packer import StepRows
+from realbench.engines.batches import StepRows
 
 # the steps counted, of those StepRows draws (the partition runs in Python: a search asks for many counts)
 DRAWS = 16

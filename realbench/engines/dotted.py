@@ -1,0 +1,26 @@
+"""Settings as flat dotted keys (`actor_rollout_ref.actor.ppo_epochs`), as realbench reads and
+carries them, and as the nested documents engines read (`flatten`, `nest`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def nest(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
