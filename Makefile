@@ -6,13 +6,13 @@ RB     := $(VENV)/bin/realbench
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: install engines browser demo test clean
+.PHONY: install engines browser demo test docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned: 2.13.0 is the CPU build; anything else pulls a multi-GB CUDA build
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,lab]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,lab,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -65,6 +65,11 @@ browser:
 test: $(STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(AREAL_STAMP) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# The manual, in strict mode (a broken link or reference, or any warning, fails): site/index.html.
+# The notebooks are executed once and cached under .cache/docs-notebooks/ (docs/hooks/generated.py).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 demo: $(STAMP)
 	mkdir -p $(OUT)
 	$(RB) scenarios
@@ -79,4 +84,4 @@ demo: $(STAMP)
 	@echo "report: $(OUT)/ppo-7b-report.html (open it in a browser); the workbench: $(RB) lab"
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(AREAL_VENV) $(OUT)
+	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(AREAL_VENV) $(OUT) site .cache/docs-notebooks

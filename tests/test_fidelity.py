@@ -102,13 +102,18 @@ def test_a_cross_node_data_parallel_all_reduce_uses_every_nic_of_a_node():
     assert FITTED["nic_efficiency"] > 0
 
 
-def test_the_readme_table_is_what_bench_fidelity_prints(bench):
+def test_the_manuals_table_is_what_bench_fidelity_prints(bench):
+    """docs/measurements/presets.md draws its table from `bench fidelity` at build time (the marker);
+    the table's cells are the summary's, and the page's prose quotes the same run."""
     import re
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text[text.index("## How far to trust the GPU presets"):text.index("## Running on a cluster")]
-    table = re.findall(r"^\| (train|decode|collective|host_adam) \| ([a-z-]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|$", section, re.M)
+    from manual import section as manual_section
+    from realbench.bench.tables import fidelity_summary
+
+    section = manual_section("## How far to trust the GPU presets")
+    assert "\n<!-- generated: table fidelity -->\n" in section
+    rendered = fidelity_summary(bench)
+    table = re.findall(r"^\| (train|decode|collective|host_adam) \| ([a-z-]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|$", rendered, re.M)
     expected = {(k, role): v for k, roles in bench["summary"].items() for role, v in roles.items()}
     assert {(k, role) for k, role, *_ in table} == set(expected)
     for kind, role, n, median, worst in table:
@@ -150,9 +155,8 @@ def test_an_engines_published_step_is_compared_call_by_call(bench, data, tmp_pat
     covers (the actor's update and its old-log-probability forward), its prediction the estimate
     of the row's scenario and plan (recomputed here through the API), the error their ratio; the
     calls not compared are named with a reason, and every call of the plan is one or the other.
-    The README's errors are the bench's."""
+    The manual's errors are the bench's."""
     import re
-    from pathlib import Path
 
     from realbench.cost import Estimator
     from realbench.plan.plan import plan_from_document, resolve_plan
@@ -177,7 +181,8 @@ def test_an_engines_published_step_is_compared_call_by_call(bench, data, tmp_pat
         assert c["predicted_s"] == pytest.approx(result.to_json()["calls"][call]["time_s"], rel=1e-9)
         assert c["error"] == pytest.approx(c["predicted_s"] / c["published_s"] - 1)
     assert row["median_error"] == pytest.approx(statistics.median(abs(c["error"]) for c in row["calls"]))
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    from manual import MANUAL as text
+
     said = re.search(r"Errors: generation ([-+][\d.]+)%, the reference's forward ([-+][\d.]+)%, the\s+actor's "
                      r"training with its old-log-probability forward ([-+][\d.]+)%", text)
     assert [float(x) for x in said.groups()] == \

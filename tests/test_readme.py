@@ -17,13 +17,8 @@ from realbench.plan.scenario import scenario_from_document
 from realbench.search import SearchSpace, run_search
 from realbench.search.exhaustive import space_size
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-
-
-def section(title: str) -> str:
-    start = README.index(title)
-    nxt = README.find("\n## ", start + 1)
-    return README[start:nxt if nxt > 0 else None]
+from manual import MANUAL as README  # the README and the pages of docs/ (tests/manual.py)
+from manual import section
 
 
 def subcommands():
@@ -147,3 +142,71 @@ def test_the_settings_table_has_every_training_setting_and_says_where_trl_differ
     for row in rows:  # five cells, the last saying how it compares with TRL
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 5 and cells[4], row
+
+
+# -- the front page (README.md): at most 200 lines, and each number it shows is the code's ------------
+
+FRONT = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_the_front_page_is_short_and_its_links_lead_somewhere():
+    root = Path(__file__).resolve().parent.parent
+    assert len(FRONT.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#]+)\)", FRONT)
+    assert len(links) >= 15
+    for link in links:
+        assert (root / link).exists(), link
+
+
+def test_the_pictures_plan_is_what_its_caption_says():
+    """docs/assets/plan.png is the HTML report of docs/assets/plan.yaml; the caption's numbers are
+    its estimate and the symmetric baseline's."""
+    from realbench.cost.baselines import symmetric_plan
+    from realbench.plan import load_plan
+
+    root = Path(__file__).resolve().parent.parent
+    caption = re.search(r"\*A plan of `([a-z0-9-]+)`(.*?)\*", FRONT, re.S)
+    scenario, options = load_plan(root / "docs" / "assets" / "plan.yaml")[1:]
+    assert scenario.name == caption.group(1)
+    est = Estimator(scenario)
+    result = est.estimate(est.choice_of(options))
+    said = re.search(r"in ([\d.]+) s\. Estimated ([\d.]+) s an iteration against the symmetric plan's ([\d.]+) s",
+                     caption.group(2).replace("\n", " "))
+    assert float(said.group(1)) == round(result.realloc_s, 1)
+    assert float(said.group(2)) == round(result.time_per_iter_s, 2)
+    assert float(said.group(3)) == round(est.estimate(symmetric_plan(est)).time_per_iter_s, 2)
+    assert (options["actor_gen"].strategy.tp, options["actor_train"].strategy.pp) == (4, 4)
+    assert {options["reward_inf"].mesh.label(8), options["ref_inf"].mesh.label(8)} == {"n0", "n1"}
+
+
+def test_the_catalogue_count_and_the_families_table_are_the_codes():
+    from realbench.models import catalogue
+    from realbench.models.families import families
+
+    assert f"a catalogue of {len(catalogue.names())} hub configs" in FRONT
+    table = section("## Models: priced and run", FRONT)
+    said = {}
+    for first, priced, run in re.findall(r"^\| ([a-z0-9_, ]+?)(?: \(.*?\))? \| (yes|no) \| (.*?) \|$", table, re.M):
+        for family in first.split(", "):
+            said[family] = (priced == "yes", run)
+    assert set(said) == set(families())
+    for family, f in families().items():
+        assert said[family][0], family
+        assert said[family][1].startswith("yes") == f.runs or (said[family][1].startswith("without") and f.runs), family
+
+
+def test_the_coverage_table_is_the_measured_runs_json():
+    import json
+
+    from realbench.bench.tables import coverage_table
+
+    root = Path(__file__).resolve().parent.parent
+    measured = json.loads((root / "docs" / "measurements" / "data" / "bench-coverage.json").read_text())
+    assert coverage_table(measured, refusals=0) in FRONT
+    total = sum(e["rl_jobs"] for e in measured["engines"].values())
+    assert measured["share_priced"] == pytest.approx(sum(e["priced"] for e in measured["engines"].values()) / total)
+
+
+def test_the_front_pages_command_list_is_the_parsers():
+    listed = re.search(r"`realbench ([a-z |\n]+)`: every command", FRONT).group(1)
+    assert [w for w in re.split(r"[\s|]+", listed) if w] == list(subcommands())

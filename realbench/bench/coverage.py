@@ -11,7 +11,7 @@ An example written for another release than the pinned one may set what the pinn
 not have (a key it dropped or has not yet). Given each engine's Python with its pinned release
 (`--check-with verl=.venv-verl/bin/python ...`, the environments `make engines` builds), a
 refusal of a setting the engine does not have is put to the engine's own checks (its
-realbench/engines/*_check.py validate): where the release refuses the example too, naming that
+realbench/engines/*/check.py validate): where the release refuses the example too, naming that
 setting, the example is counted as one the pinned release does not run (`stale`), apart from the
 RL jobs realbench could price.
 
@@ -65,7 +65,6 @@ with open(os.environ["REALBENCH_CAPTURE"], "a") as f:
 # confirm or not; AReaL's top-level keys are set apart: its agent examples' own config classes
 # (subclasses of PPOConfig, in their scripts) hold them, which AReaL's PPOConfig refuses as well
 UNKNOWN_SETTING = ("has no such setting", "has no such flag", "+ adds a key verl's config does not hold")
-CHECKS = {"verl": "verl_check.py", "openrlhf": "openrlhf_check.py", "areal": "areal_check.py"}
 
 
 @dataclass
@@ -192,10 +191,10 @@ def with_stand_ins(engine: str, path: Path, overrides: list[str], folder: Path) 
     from realbench.engines import engine_module
     from realbench.models import catalogue
 
-    module = engine_module(engine)
-    _, settings, given = module.read_config(str(path), overrides)
+    spec = engine_module(engine)
+    _, settings, given = spec.read_config(str(path), overrides)
     named, extra = [], []
-    for key in dict.fromkeys(module.MODEL_PATHS.values()):
+    for key in dict.fromkeys(spec.model_paths.values()):
         flat = key.lstrip("-")
         value = settings.get(flat, settings.get(key))
         if not isinstance(value, str) or not value:
@@ -228,9 +227,9 @@ def engine_refusal(engine: str, python: str, path: Path, overrides: list[str], k
     """The pinned engine's own refusal of a configuration (its check's `validate`, run with
     `python`, the engine's environment) where it names `key`'s setting, or None: it accepts the
     configuration, or refuses it for something else."""
-    import realbench.engines
+    from realbench.engines import engine_module
 
-    script = Path(realbench.engines.__file__).parent / CHECKS[engine]
+    script = engine_module(engine).check
     done = _in_engine_python(python, [str(script), "validate", str(path), *overrides], timeout_s=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -311,7 +310,9 @@ def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optiona
                 path = work / "flags.txt"
                 path.write_text(shlex.join(args))
                 overrides = []
-        overrides, example.models = with_stand_ins(engine, path, overrides, work)
+        overrides, models = with_stand_ins(engine, path, overrides, work)
+        # (a model under the script's sandboxed home, `$HOME/models/...`, as its user reads it: `~/models/...`)
+        example.models = [re.sub(rf"^{re.escape(tempfile.gettempdir())}/[^/]+/home(?=/)", "~", m) for m in models]
         example.time_per_iter_s = price(engine, path, overrides, work / "imported")
     except ConfigError as e:
         example.status, example.reason = "refused", f"{e.field + ': ' if e.field else ''}{e.message}"
@@ -335,10 +336,12 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
     """Per engine, every example under its folder (`examples`: {engine: folder}) imported and
     priced; the counts and the refusals' reasons grouped. `check_with`: {engine: its Python with
     the pinned release}, whose own checks tell stale examples apart."""
+    from realbench.engines import ENGINES
+
     check_with = dict(check_with or {})
     for engine, python in check_with.items():
-        if engine not in CHECKS:
-            raise ConfigError(f"unknown engine {engine!r} (verl, openrlhf, areal)", "--check-with")
+        if engine not in ENGINES:
+            raise ConfigError(f"unknown engine {engine!r} ({', '.join(ENGINES)})", "--check-with")
         if not Path(python).is_file():
             raise ConfigError("no such file (the engine's Python: `make engines` builds .venv-verl, "
                               ".venv-openrlhf and .venv-areal)", "--check-with", python)

@@ -19,7 +19,7 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark")
-    p.add_argument("name", choices=sorted(BENCHMARKS))
+    p.add_argument("name", choices=sorted(BENCHMARKS), help="the benchmark to run")
     p.add_argument("--quick", action="store_true", help="a smaller, faster run (for smoke tests)")
     p.add_argument("--profile", help="calibration: use this profile file instead of profiling first")
     p.add_argument("--examples", nargs="+", metavar="ENGINE=DIR",
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--check-with", nargs="+", metavar="ENGINE=PYTHON",
                    help="coverage: each engine's Python with its pinned release (verl=.venv-verl/bin/python ...), "
                         "whose own checks tell the examples it refuses too apart")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON document")
     p.set_defaults(handler=run)
 
 

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="with --out: overwrite an existing file")
     add_staleness_arg(p)
     add_profile_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON (per call: time, reallocation, memory)")
     p.set_defaults(handler=run)
 
 

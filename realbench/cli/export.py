@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a plan for a cluster (accelerate, torchrun, slurm), as an HTML report, "
                                       "or as an engine's configuration (verl, OpenRLHF, AReaL)")
     p.add_argument("--plan", required=True, help="plan file")
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--format", required=True, choices=FORMATS, help="the launch form, report or engine configuration to write")
     p.add_argument("--out", required=True, help="file to write (accelerate: the config; its launch script "
                                                 "goes beside it as <stem>-launch.sh)")
     p.add_argument("--scenario", help="scenario (default: the one the plan names)")

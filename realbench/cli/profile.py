@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure this machine (layers of the runtime's model, collectives)")
     p.add_argument("--out", help="profile file to write (JSON); without it, this machine's cached profile for "
                                  "--nproc processes is measured again (what CPU scenarios are costed with)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="measure on the CPU (gloo) or GPUs (NCCL)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"),
                    help="what the layers compute in (auto: what a run on --device uses, bf16 on cuda, fp32 on cpu)")
     p.add_argument("--scenario", help="also measure this scenario's model shapes, on its number of devices "
@@ -39,8 +39,8 @@ def add_parser(sub) -> None:
                    help="model architecture to profile (repeatable; default llama-tiny)")
     p.add_argument("--batches", type=_sizes, default=DEFAULT_BATCHES, help="batch sizes, e.g. 1,2,4,8,16")
     p.add_argument("--lengths", type=_sizes, default=DEFAULT_LENGTHS, help="sequence lengths, e.g. 4,8,16,32")
-    p.add_argument("--repeats", type=non_negative_int, default=d.repeats)
-    p.add_argument("--warmup", type=non_negative_int, default=d.warmup)
+    p.add_argument("--repeats", type=non_negative_int, default=d.repeats, help="timed repetitions of each measurement")
+    p.add_argument("--warmup", type=non_negative_int, default=d.warmup, help="untimed repetitions before them")
     p.add_argument("--passes", type=non_negative_int, default=d.passes,
                    help=f"measure the grid this many times and keep the median (default {d.passes})")
     p.add_argument("--call-passes", type=non_negative_int, default=d.call_passes,

@@ -20,11 +20,11 @@ from realbench.plan import load_plan, load_scenario, plan_from_options
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a plan on local processes")
-    p.add_argument("--scenario", required=True)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--nproc", type=non_negative_int, required=True)
-    p.add_argument("--steps", type=non_negative_int, required=True)
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--scenario", required=True, help="built-in name or scenario file")
+    p.add_argument("--plan", required=True, help="plan file")
+    p.add_argument("--nproc", type=non_negative_int, required=True, help="local processes to start (the plan's devices)")
+    p.add_argument("--steps", type=non_negative_int, required=True, help="training steps (iterations of the dataflow) to run")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the models' initialisation, the data order and sampling")
     p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
                    help="write safetensors checkpoints every N steps into --checkpoint-dir")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where checkpoints go (default: checkpoints)")
@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     add_staleness_arg(p)
     add_device_args(p, "one GPU per process")
     add_profile_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(handler=run)
 
 

@@ -11,10 +11,10 @@ from realbench.plan.scenario import scenario_from_document
 
 def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="check a scenario, plan or profile file")
-    p.add_argument("file")
+    p.add_argument("file", help="a scenario, plan or profile file")
     p.add_argument("--scenario", help="for a plan: check it against this scenario (name or file) "
                                       "instead of the one it names")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(handler=run)
 
 
