@@ -13,7 +13,7 @@ import yaml
 
 from realbench.bench import tables
 from realbench.cli import build_parser
-from realbench.cli.reference import markdown_reference
+from realbench.cli.reference import markdown_reference, subcommands
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,9 +27,7 @@ def _hook():
 
 def test_the_cli_reference_names_every_command_and_every_flag_with_its_help():
     text = markdown_reference()
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    for name, child in sub.choices.items():
+    for name, child in subcommands(build_parser()).items():
         assert f"## `realbench {name}`" in text, name
         for action in child._actions:
             for flag in action.option_strings:

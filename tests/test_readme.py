@@ -1,16 +1,17 @@
-"""The README's checkable statements, checked against the code: the command table against the
+"""The manual's checkable statements (the README and docs/, read as one by tests/manual.py), and the
+front page's numbers, checked against the code: the command table against the
 parser, the scenario list, the file examples, and the plan-space counts and optimality
 statements of the benchmark section. (Measured numbers are the benchmarks'; the claims about
 behaviour are each tested where that behaviour lives.)"""
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 from realbench.cli import build_parser
+from realbench.cli.reference import subcommands as subcommands_of
 from realbench.cost import Estimator
 from realbench.plan import BUILTIN, get_builtin, load_scenario
 from realbench.plan.scenario import scenario_from_document
@@ -18,13 +19,12 @@ from realbench.search import SearchSpace, run_search
 from realbench.search.exhaustive import space_size
 
 from manual import MANUAL as README  # the README and the pages of docs/ (tests/manual.py)
-from manual import section
+from manual import README as FRONT  # the README alone: the front page
+from manual import ROOT, section
 
 
 def subcommands():
-    parser = build_parser()
-    action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return action.choices
+    return subcommands_of(build_parser())
 
 
 def test_the_command_table_names_only_commands_and_flags_that_exist():
@@ -35,9 +35,9 @@ def test_the_command_table_names_only_commands_and_flags_that_exist():
     for name, usage in rows:
         assert name in commands, name
         parser = commands[name]
-        nested = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        nested = subcommands_of(parser)
         if nested:  # `realbench checkpoint convert ...`: the flags of that action
-            parser = nested[0].choices[usage.split()[0]]
+            parser = nested[usage.split()[0]]
         known = {s for a in parser._actions for s in a.option_strings}
         for flag in re.findall(r"--[a-z][a-z0-9-]*", usage):
             assert flag in known, (name, flag)
@@ -146,16 +146,12 @@ def test_the_settings_table_has_every_training_setting_and_says_where_trl_differ
 
 # -- the front page (README.md): at most 200 lines, and each number it shows is the code's ------------
 
-FRONT = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-
-
 def test_the_front_page_is_short_and_its_links_lead_somewhere():
-    root = Path(__file__).resolve().parent.parent
     assert len(FRONT.splitlines()) <= 200
     links = re.findall(r"\]\(([^)#]+)\)", FRONT)
     assert len(links) >= 15
     for link in links:
-        assert (root / link).exists(), link
+        assert (ROOT / link).exists(), link
 
 
 def test_the_pictures_plan_is_what_its_caption_says():
@@ -164,9 +160,8 @@ def test_the_pictures_plan_is_what_its_caption_says():
     from realbench.cost.baselines import symmetric_plan
     from realbench.plan import load_plan
 
-    root = Path(__file__).resolve().parent.parent
     caption = re.search(r"\*A plan of `([a-z0-9-]+)`(.*?)\*", FRONT, re.S)
-    scenario, options = load_plan(root / "docs" / "assets" / "plan.yaml")[1:]
+    scenario, options = load_plan(ROOT / "docs" / "assets" / "plan.yaml")[1:]
     assert scenario.name == caption.group(1)
     est = Estimator(scenario)
     result = est.estimate(est.choice_of(options))
@@ -200,8 +195,7 @@ def test_the_coverage_table_is_the_measured_runs_json():
 
     from realbench.bench.tables import coverage_table
 
-    root = Path(__file__).resolve().parent.parent
-    measured = json.loads((root / "docs" / "measurements" / "data" / "bench-coverage.json").read_text())
+    measured = json.loads((ROOT / "docs" / "measurements" / "data" / "bench-coverage.json").read_text())
     assert coverage_table(measured, refusals=0) in FRONT
     total = sum(e["rl_jobs"] for e in measured["engines"].values())
     assert measured["share_priced"] == pytest.approx(sum(e["priced"] for e in measured["engines"].values()) / total)

@@ -8,7 +8,8 @@ import argparse
 from realbench.cli import build_parser
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name ({} where it has none)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
@@ -55,7 +56,7 @@ def _section(name: str, parser: argparse.ArgumentParser, help_line: str, level: 
     options = _options(parser)
     out += options + ([""] if options else [])
     helps = _helps(parser)
-    for sub, child in _subcommands(parser).items():
+    for sub, child in subcommands(parser).items():
         out += _section(f"{name} {sub}", child, helps.get(sub, ""), level + 1)
     return out
 
@@ -65,6 +66,6 @@ def markdown_reference(parser: argparse.ArgumentParser | None = None) -> str:
     parser = parser or build_parser()
     helps = _helps(parser)
     lines: list[str] = []
-    for name, child in _subcommands(parser).items():
+    for name, child in subcommands(parser).items():
         lines += _section(f"realbench {name}", child, helps.get(name, ""), 2)
     return "\n".join(lines).rstrip() + "\n"

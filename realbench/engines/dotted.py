@@ -3,14 +3,16 @@ carries them, and as the nested documents engines read (`flatten`, `nest`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
+def flatten(node: Any, prefix: str = "", whole: Callable[[dict], bool] = lambda section: False) -> dict[str, Any]:
+    """`node`'s leaves by dotted key; a nested section for which `whole` is true stays one value
+    (AReaL's: a section holding only `_target_`)."""
+    if isinstance(node, dict) and node and not (prefix and whole(node)):
         out: dict[str, Any] = {}
         for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}.", whole))
         return out
     return {prefix[:-1]: node}
 

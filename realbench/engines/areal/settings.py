@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from realbench.engines.dotted import nest
+from realbench.engines.dotted import flatten, nest
 from realbench.errors import ConfigError
 
 VERSION = "1.0.4"
@@ -67,12 +67,8 @@ def _sections() -> list[str]:
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node and not (prefix and set(node) <= {"_target_"}):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
+    """AReaL's settings by dotted key; a section holding only `_target_` (a class to build) stays whole."""
+    return flatten(node, prefix, whole=lambda section: set(section) <= {"_target_"})
 
 
 def _interpolation(value: Any) -> bool:
