@@ -80,6 +80,20 @@ def test_a_scripts_launch_is_captured_with_its_variables_expanded_and_nothing_ru
     assert args[args.index("--actor.model_name_or_path") + 1] == "Qwen/Qwen3-8B"
 
 
+def test_a_script_gets_positional_arguments_only_where_it_reads_them_itself(tmp_path):
+    """A script that reads $1 (a usage line's GPU count) gets one; one whose only `$1` is inside a quoted
+    program (awk's first field) and that passes "$@" on as overrides gets none, so no stray override."""
+    reads = tmp_path / "reads.sh"
+    reads.write_text('GPUS=${1:-4}\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$GPUS "$@"\n')
+    awk = tmp_path / "awk.sh"
+    awk.write_text("for v in $(env | awk -F= '/^SLURM_/{print $1}'); do unset $v; done\n"
+                   'python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=8 "$@"\n')
+    _, args, _ = coverage.rl_launch("verl", coverage.captured_launches(reads))
+    assert args[0] == "trainer.n_gpus_per_node=8" and len(args) == 3  # (the recorder's 8 and a folder)
+    _, args, _ = coverage.rl_launch("verl", coverage.captured_launches(awk))
+    assert args == ["trainer.n_gpus_per_node=8"]
+
+
 def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
     assert coverage.stand_in("Qwen/Qwen3-8B-Base") == "qwen3-8b"
     assert coverage.stand_in("meta-llama/Llama-3.1-8B") == "llama-3.1-8b"

@@ -684,7 +684,8 @@ def test_a_plan_with_zero_is_estimated_not_run(cli, tmp_path):
 def test_the_search_offers_zero_only_when_asked(cli, tmp_path):
     """`offer_zero` (search --zero) adds to each option set the sharding stages the call may take
     where dp > 1: a train call's 1, 2 (pp 1) and 3 (pp 1), a forward-only call's 3, generation's
-    none; without it no option shards. The plan search --zero writes is estimated as reported (`run`
+    none; without it no option shards. With the engines' strategies a generation also takes a tp beyond
+    the model's KV heads (2 here: tp 4, each head on 2 devices, as vLLM and SGLang serve it). The plan search --zero writes is estimated as reported (`run`
     refuses a plan that shards: test_a_plan_with_zero_is_estimated_not_run); --engine has its own."""
     import yaml
 
@@ -698,13 +699,16 @@ def test_the_search_offers_zero_only_when_asked(cli, tmp_path):
     for call in plain.dataflow.calls:
         before = {(o.mesh, o.strategy) for o in plain.options[call.name]}
         after = list(sharded.options[call.name])
-        assert {(o.mesh, o.strategy) for o in after if o.strategy.zero == 0} == before
+        replicated = {(o.mesh, o.strategy) for o in after if plain.model_of(call).n_kv_heads % o.strategy.tp}
+        assert (len(replicated) > 0) == (call.kind == CallKind.GENERATE), call.name
+        assert all(s.tp == 4 for _, s in replicated)
+        assert {(o.mesh, o.strategy) for o in after if o.strategy.zero == 0} - replicated == before
         stages = {(o.strategy.zero, o.strategy.shards > 1, o.strategy.pp) for o in after}
         want = {CallKind.TRAIN: {1, 2, 3}, CallKind.INFERENCE: {3}}.get(call.kind, set())
         assert {z for z, _, _ in stages if z} == want, call.name
         assert all(many for z, many, _ in stages if z) and all(pp == 1 for z, _, pp in stages if z >= 2)
         extra = sum(1 for o in after if o.strategy.zero)
-        assert len(after) == len(before) + extra
+        assert len(after) == len(before) + extra + len(replicated)
     code, out, err = cli("search", "--scenario", "ppo-tiny-cpu", "--zero", "--method", "mcmc", "--time-budget", 60,
                          "--max-evals", 300, "--profile", "none", "--out", tmp_path / "sharded plan.yaml", "--json")
     assert code == 0, err

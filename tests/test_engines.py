@@ -994,6 +994,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
      "3 does not divide a GPU's 4 rows"),
     (("model_engine=torchtitan",), "model_engine", "realbench prices dp, megatron"),
+    # Hydra's search path beyond verl's own configs (another package's engine configs)
+    (("hydra.searchpath=[pkg://verl_mlite.config]",), "hydra.searchpath",
+     "pkg://verl_mlite.config: configs from beyond verl's own"),
     (("data.train_batch_size",), "data.train_batch_size", "an override is key=value"),
     # LoRA: on Megatron (verl's model.lora.*), leaving modules out, a rank realbench refuses
     (("model_engine=megatron", "actor_rollout_ref.model.lora_rank=8"), "actor_rollout_ref.model.lora_rank",
@@ -2450,6 +2453,68 @@ def test_expert_layouts_verl_or_realbench_cannot_run_are_refused_by_name(cli, mo
     assert_import_refused(cli, moe_job, "grpo moe megatron.yaml", overrides, key, says)
 
 
+# Megatron TransformerConfig fields a job sets through override_transformer_config (verl hands them to
+# Megatron-Bridge's provider over its own): fused kernels on and the router's numerics and losses are
+# priced as realbench prices the layer and carried; the block's own layout set again, equal, is read
+TC = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+KERNELS_AND_ROUTER = (f"{TC}.apply_rope_fusion=true", f"{TC}.moe_permute_fusion=true", f"{TC}.moe_grouped_gemm=true",
+                      f"{TC}.moe_aux_loss_coeff=0.001",
+                      f"{TC}.moe_token_dispatcher_type=alltoall", f"{TC}.sequence_parallel=true",
+                      f"{TC}.tensor_model_parallel_size=2",
+                      # (the reference's block, an interpolation of the actor's: given a field, that field alone,
+                      # as Hydra composes it)
+                      "+actor_rollout_ref.ref.megatron.override_transformer_config.apply_rope_fusion=true",
+                      # (Hydra's own settings: where it runs, and verl's own search path)
+                      "hydra.run.dir=outputs/moe", "hydra.searchpath=[pkg://verl.trainer.config]")
+
+
+def test_megatrons_fused_kernels_and_router_settings_are_priced_as_set_and_carried_to_verl(cli, moe_job, verl_check):
+    """The same plan and estimate with the fields as without; written back, the fused kernels and the
+    router's settings are in the actor's override_transformer_config (the block's tp and sequence
+    parallelism written from the plan, not again), which verl composes and validates; read again,
+    the same plan."""
+    plain, plain_plan, _ = imported(cli, moe_job, "grpo moe megatron.yaml", out="plain", name="moe")
+    first, plan, _ = imported(cli, moe_job, "grpo moe megatron.yaml", *KERNELS_AND_ROUTER, out="first", name="moe")
+    assert plan["calls"] == plain_plan["calls"]
+    assert first["time_per_iter_s"] == pytest.approx(plain["time_per_iter_s"], rel=1e-12)
+    out = moe_job / "exported" / "moe kernels.yaml"
+    out.parent.mkdir(exist_ok=True)
+    code, _, err = cli("export", "--plan", first["plan"], "--format", "verl", "--out", out, "--force")
+    assert code == 0, err
+    written = yaml.safe_load(out.read_text())["actor_rollout_ref"]["actor"]["megatron"]["override_transformer_config"]
+    assert {k: v for k, v in written.items() if not k.startswith("recompute")} == {
+        "apply_rope_fusion": True, "moe_permute_fusion": True, "moe_grouped_gemm": True,
+        "moe_aux_loss_coeff": 0.001, "moe_token_dispatcher_type": "alltoall"}
+    assert yaml.safe_load(out.read_text())["actor_rollout_ref"]["ref"]["megatron"]["override_transformer_config"] == \
+        {"apply_rope_fusion": True}
+    assert verl_check("validate", out)["ok"]
+    _, again, _ = imported(cli, moe_job, out, out="again", name="moe")
+    assert again["calls"] == plan["calls"]
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    ((f"{TC}.apply_rope_fusion=false",), "override_transformer_config.apply_rope_fusion",
+     "False: the unfused kernels are not priced"),
+    ((f"{TC}.moe_router_dtype=fp32",), "override_transformer_config.moe_router_dtype", "the router's scores in fp32"),
+    ((f"{TC}.moe_router_load_balancing_type=sinkhorn",), "override_transformer_config.moe_router_load_balancing_type",
+     "'sinkhorn': realbench prices aux_loss, seq_aux_loss, global_aux_loss, none"),
+    ((f"{TC}.moe_token_dispatcher_type=flex",), "override_transformer_config.moe_token_dispatcher_type",
+     "'flex': realbench prices alltoall"),
+    ((f"{TC}.tensor_model_parallel_size=4",), "override_transformer_config.tensor_model_parallel_size",
+     "4 overrides the engine block's tensor_model_parallel_size (2)"),
+    ((f"{TC}.num_layers_in_first_pipeline_stage=23",), "override_transformer_config.num_layers_in_first_pipeline_stage",
+     "stages of unequal layer counts"),
+    ((f"{TC}.moe_enable_deepep=true",), "override_transformer_config.moe_enable_deepep", "DeepEP's dispatch kernels"),
+    ((f"{TC}.moe_layer_freq=2",), "override_transformer_config.moe_layer_freq",
+     "a Megatron TransformerConfig field verl passes through"),
+    # a key verl has nowhere is named first, before one it passes on unpriced: a configuration of another release
+    ((f"{TC}.moe_enable_deepep=true", "actor_rollout_ref.actor.megatron.grad_offload=true"),
+     "actor_rollout_ref.actor.megatron.grad_offload", "verl 0.9.1 has no such setting"),
+])
+def test_megatron_fields_realbench_does_not_price_are_refused_by_name(cli, moe_job, overrides, key, says):
+    assert_import_refused(cli, moe_job, "grpo moe megatron.yaml", overrides, key, says)
+
+
 def test_verls_own_rollout_config_refuses_the_expert_parallel_size_realbench_refuses(moe_job, verl_check):
     """RolloutConfig.__post_init__ (verl/workers/config/rollout.py:294-297) refuses the rollout's
     expert_parallel_size 4 beside tp 2 x data_parallel_size 4, as realbench does, and accepts 8."""
@@ -2465,7 +2530,8 @@ def test_verls_search_offers_the_expert_layouts_its_engines_have(moe_job, verl_c
     data_parallel_size GPUs that fit a node or span whole ones, each expert whole. By hand, on the 16
     GPUs: Megatron tp 2 alone (dp 8) offers the experts over 1, 2, 4 or 8 GPUs split over the tp pair
     (ep x 2 dividing 16), or over 1 to 16 whole (etp 1); the rollout of tp 2 (8 replicas) over 2, 4,
-    8 or 16 GPUs (2 x a divisor of 8), none; an SGLang rollout over its tp GPUs alone. Random plans of
+    8 or 16 GPUs (2 x a divisor of 8), none; an SGLang rollout over its tp GPUs alone (tp 2, 4, or 8 beyond
+    the 4 KV heads, each head on 2 GPUs as SGLang serves it). Random plans of
     the groups with experts are written as configurations verl's own checks accept."""
     import random
 
@@ -2486,7 +2552,7 @@ def test_verls_search_offers_the_expert_layouts_its_engines_have(moe_job, verl_c
     sglang = load_scenario(str(import_config("verl", "grpo moe megatron.yaml", [
         "actor_rollout_ref.rollout.name=sglang", f"{R_DP}=1", f"{R_EP}=2"], "space-sglang", overwrite=True)[0]))
     assert {(o.strategy.tp, o.strategy.ep) for o in next(verl.plan_groups(sglang))["actor_gen"]
-            if o.strategy.ep > 1} == {(t, t) for t in (2, 4)}
+            if o.strategy.ep > 1} == {(t, t) for t in (2, 4, 8)}  # (tp 8: each of the 4 KV heads on 2 GPUs)
     rng = random.Random(0)
     for k, g in enumerate(rng.sample([g for g in groups if g["actor_train"][0].strategy.ep > 1], 3)):
         options = {name: rng.choice(opts) for name, opts in g.items()}

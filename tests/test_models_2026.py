@@ -262,3 +262,37 @@ def test_the_search_splits_the_experts_of_qwen3_30b_a3b():
     train = est.options_of(result.best_choice)["actor_train"]
     assert train.strategy.ep > 1, train
     assert result.best_time_s < result.baselines["symmetric"]
+
+
+def test_a_generations_tp_beyond_the_kv_heads_replicates_them_as_vllm_does():
+    """Qwen3-235B-A22B has 4 KV heads of 128 (kv_width 512, hidden 4096, 94 layers). Generating at tp 8,
+    as verl's example serves it, each KV head sits on 2 GPUs: a GPU's KV cache is one head's, 2 x 128 x 2
+    bytes = 512 bytes a token a layer, the same as at tp 4; its key and value projections are
+    2 x 4096 x 512 = 4,194,304 parameters a layer, held / 4 instead of / 8: 524,288 more a layer,
+    49,283,072 over the 94 (everything else halves from tp 4). Qwen3-Next-80B-A3B's 2 KV heads are in
+    its 12 full-attention layers of 48 only: 2,097,152 x 12/48 x (1/2 - 1/8) = 196,608 a layer on
+    average at tp 8. Training splits the KV heads (Megatron): tp 8 there is refused, and realbench's
+    runtime refuses the replicas by name."""
+    big = spec_from_config(catalogue.config("qwen3-235b-a22b-instruct-2507"), "qwen3-235b")
+    assert (big.kv_shards(8), big.kv_shards(4), big.kv_shards(2)) == (4, 4, 2)
+    assert big.sequence_cache_bytes(1000, 1, 8) == big.sequence_cache_bytes(1000, 1, 4) == 512_000
+    assert (big.kv_replica_params(8), big.kv_replica_params(4)) == (524_288, 0)
+    assert big.stage_params(1, 8) - big.stage_params(1, 4) / 2 == pytest.approx(49_283_072)
+    # what the weight sync's price leaves out (docs/limits.md): the replicated half of each GPU's key and
+    # value rows, 94 x 4,194,304 / 2 of 235B parameters
+    assert big.n_layers * 4_194_304 / 2 / big.n_params < 0.002
+    nxt = spec_from_config(catalogue.config("qwen3-next-80b-a3b"), "qwen3-next")
+    assert nxt.kv_replica_params(8) == pytest.approx(196_608)
+    gen = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
+    train = CallDef(name="t", model="m", kind="train", seqs=64, seq_len=1024)
+    mesh = Mesh(0, 1, 0, 8)
+    assert strategy_problem(gen, big, H100x2, mesh, Strategy(1, 8, 1)) is None
+    # offered to the engines' plans (with their sharding), not to realbench's runtime's
+    assert 8 in {o.strategy.tp for o in enumerate_options(gen, big, H100x2, zero=True)}
+    assert max(o.strategy.tp for o in enumerate_options(gen, big, H100x2, zero=False)) == 4
+    field, why = strategy_problem(train, big, H100x2, mesh, Strategy(1, 8, 1))
+    assert field == "tp" and "tp 8 does not divide the 64 attention heads and 4 KV heads" in why
+    # (a tp that neither divides the KV heads nor is a multiple of them: refused generating too)
+    odd = get_model("qwen3-8b").model_copy(update={"n_heads": 24, "n_kv_heads": 6})
+    field, why = strategy_problem(gen, odd, H100x2, Mesh(0, 1, 0, 4), Strategy(1, 4, 1))
+    assert field == "tp" and "(or, generating, a multiple of the KV heads)" in why

@@ -278,3 +278,11 @@ def test_a_qwen3_moe_checkpoint_trains_with_its_experts_split_and_comes_back_as_
                                              "actor_gen: {mesh: n0, dp: 4, tp: 1, pp: 1, ep: 4}"))
     code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 4, "--steps", 1, "--profile", "none")
     assert code == 2 and "calls.actor_gen.ep: realbench's runtime generates with every expert on every replica" in err
+    # a generation's tp beyond the KV heads (2 here) replicates them, as vLLM does: priced, not run here
+    plan.write_text(plan.read_text().replace("actor_gen: {mesh: n0, dp: 4, tp: 1, pp: 1, ep: 4}",
+                                             "actor_gen: {mesh: n0, dp: 1, tp: 4, pp: 1}"))
+    code, out, err = cli("estimate", "--scenario", scenario, "--plan", plan, "--profile", "none")
+    assert code == 0, err
+    code, out, err = cli("run", "--scenario", scenario, "--plan", plan, "--nproc", 4, "--steps", 1, "--profile", "none")
+    assert code == 2 and "calls.actor_gen.tp: tp 4 beyond the 2 KV heads" in err, err
+

@@ -60,8 +60,9 @@ def brute_force_options(call, model, c):
             per_replica = call.seqs // call.optimizer_steps // dp
             for m, ckpt, v in itertools.product(range(1, call.seqs + 1), (False, True), range(1, 5)):
                 # the search offers 1 to 4 virtual stages wherever they are valid
+                # (without the engines' strategies, tp splits the KV heads: their replicas are the serving engines')
                 if option_problem(call, model, c, Option(mesh, Strategy(dp, tp, pp, m, ckpt, v))) is None \
-                        and searched_count(m, pp, per_replica):
+                        and searched_count(m, pp, per_replica) and model.n_kv_heads % tp == 0:
                     count += 1
     return count
 

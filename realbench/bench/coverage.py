@@ -102,7 +102,9 @@ def captured_launches(script: Path, timeout_s: float = 30.0) -> list[dict]:
             prelude = ('ulimit() { :; }; set() { local a=(); for x in "$@"; do case "$x" in -*u*) x="${x//u/}";; '
                        'esac; [ "$x" = "-" ] || a+=("$x"); done; builtin set "${a[@]}"; }; ')
             # (a script that reads $1 or $2 gets them; one that passes "$@" on as overrides gets none)
-            positional = ["8", str(Path(tmp) / "out")] if re.search(r"\$\{?[12]\b", script.read_text()) else []
+            # (not a `$1` of a quoted program inside it: awk's fields)
+            text = re.sub(r"'[^']*'", "", script.read_text())
+            positional = ["8", str(Path(tmp) / "out")] if re.search(r"\$\{?[12]\b", text) else []
             subprocess.run(["bash", "-c", prelude + 'source "$0" "$@"', str(script.resolve()), *positional],
                            env=env, timeout=timeout_s,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)

@@ -189,8 +189,8 @@ def elementwise_bytes(model: ModelSpec, tp: int, scores: float = 0.0) -> float:
     A mixture of experts' SwiGLU runs on each of the token's top_k experts (and its shared ones)."""
     h, q, kvd = model.hidden, model.q_width, model.kv_width
     replicated = 2 * 2 * h * BF16 + 2 * 3 * h * BF16  # norms, residual adds: every tp rank does them
-    split = 2 * (q + kvd) * BF16 + 3 * _mlp_width(model) * BF16 + SCORE_BYTES * model.n_heads * scores
-    return replicated + split / tp
+    split = 2 * q * BF16 + 3 * _mlp_width(model) * BF16 + SCORE_BYTES * model.n_heads * scores
+    return replicated + split / tp + 2 * kvd * BF16 / model.kv_shards(tp)
 
 
 def _mlp_width(model: ModelSpec) -> float:
@@ -286,10 +286,11 @@ def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: floa
     scores (which compute the whole square); a mixture of experts' routed experts laid out over
     ep x etp devices (their matmuls and weights: `_expert_compute`)."""
     context = seq if cluster.attention == "materialized" else seq / 2
-    flops = 2 * tokens * _dense_matmul_params(model) / tp + _attention_flops(model, tokens, context) / tp
+    replica = model.kv_replica_params(tp)  # (a replicated KV head's projections, tp above the KV heads)
+    flops = 2 * tokens * (_dense_matmul_params(model) / tp + replica) + _attention_flops(model, tokens, context) / tp
     expert_s, expert_bytes = _expert_compute(cluster, model, tp, tokens, ep, etp)
     return (max(matmul_time(cluster, flops, tokens) + expert_s,
-                memory_time(cluster, _dense_layer_params(model) * BF16 / tp + expert_bytes))
+                memory_time(cluster, (_dense_layer_params(model) / tp + replica) * BF16 + expert_bytes))
             + memory_time(cluster, tokens * elementwise_bytes(model, tp, _scores_in_memory(cluster, context)))
             + cluster.device.kernel_overhead_s)
 
@@ -307,11 +308,12 @@ def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx, ep:
     """(one layer, the head) of a decode step of `rows` rows attending to `ctx` positions:
     bound by the matmuls or by reading the weights (of a mixture of experts, those its rows reach)
     and the KV cache, plus the element-wise work (numbers or numpy arrays of them)."""
-    flops = 2 * rows * _dense_matmul_params(model) / tp + _attention_flops(model, rows, ctx) / tp
+    replica = model.kv_replica_params(tp)  # (a replicated KV head's projections, tp above the KV heads)
+    flops = 2 * rows * (_dense_matmul_params(model) / tp + replica) + _attention_flops(model, rows, ctx) / tp
     kv = rows * model.sequence_cache_bytes(ctx, 1, tp)
     expert_s, expert_bytes = _expert_compute(cluster, model, tp, rows, ep, etp)
     layer = (np.maximum(matmul_time(cluster, flops, rows) + expert_s,
-                        memory_time(cluster, _dense_layer_params(model) * BF16 / tp + expert_bytes + kv))
+                        memory_time(cluster, (_dense_layer_params(model) / tp + replica) * BF16 + expert_bytes + kv))
              + memory_time(cluster, rows * elementwise_bytes(model, tp, _scores_in_memory(cluster, ctx)))
              + cluster.device.kernel_overhead_s)
     return layer, _head_forward(cluster, model, tp, rows)

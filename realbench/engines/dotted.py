@@ -18,11 +18,17 @@ def flatten(node: Any, prefix: str = "", whole: Callable[[dict], bool] = lambda 
 
 
 def nest(flat: dict[str, Any]) -> dict:
+    """The nested document of dotted keys, later keys over earlier ones as OmegaConf merges them: a
+    key under an earlier leaf replaces it with a section (verl's reference block's
+    override_transformer_config, an interpolation of the actor's, given a field: that field alone,
+    as Hydra composes it)."""
     out: dict = {}
     for key, value in flat.items():
         *parents, leaf = key.split(".")
         node = out
         for p in parents:
-            node = node.setdefault(p, {})
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
         node[leaf] = value
     return out

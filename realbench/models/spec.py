@@ -472,7 +472,7 @@ class ModelSpec(FileModel):
         dense = layer_param_prefix(self, "dense")
         routed = layer_param_prefix(self, "routed")
         lo, hi = _stage_edges(self.n_layers, pp)
-        on_dense = (dense[hi] - dense[lo]) / tp
+        on_dense = (dense[hi] - dense[lo]) / tp + (hi - lo) * self.kv_replica_params(tp)
         on_routed = (routed[hi] - routed[lo]) / (ep * (etp or tp))
         j = int(np.argmax(on_dense + on_routed))
         return float(on_dense[j]) + self.ends_params(pp) / tp, float(on_routed[j])
@@ -541,6 +541,24 @@ class ModelSpec(FileModel):
         share = sum(k == "linear_attention" for k in self.layer_types) / self.n_layers
         return share * 6.0 * la.value_heads * la.key_head_dim * la.value_head_dim
 
+    def kv_shards(self, tp: int) -> int:
+        """The distinct slices of the KV heads over tp devices: tp where it divides the KV heads; the
+        KV heads where tp is a multiple of them, each head replicated on tp / n_kv_heads devices (vLLM's
+        and SGLang's tensor parallelism beyond the KV heads: Qwen3-235B-A22B's 4 over 8 GPUs; a
+        generation's only, plan.options.strategy_problem)."""
+        return min(tp, self.n_kv_heads)
+
+    def kv_replica_params(self, tp: int) -> float:
+        """Parameters a device holds beyond its 1/tp share of a layer, on average over the layers,
+        where tp exceeds the KV heads: the key and value projections of its replicated head
+        (2 h kv_width / kv_shards against / tp, in the full- and sliding-attention layers; MLA's
+        latent has no KV heads to replicate)."""
+        if self.mla is not None or tp <= self.n_kv_heads:
+            return 0.0
+        kv = 2 * self.hidden * self.kv_width + (2 * self.kv_width if self.qkv_bias else 0)
+        share = 1 - sum(k == "linear_attention" for k in self.layer_types) / self.n_layers
+        return share * kv * (1 / self.kv_shards(tp) - 1 / tp)
+
     @property
     def kv_split_by_tp(self) -> bool:
         """Whether tensor parallelism splits the KV cache: per KV head, yes; MLA's latent, cached
@@ -571,7 +589,7 @@ class ModelSpec(FileModel):
         """Bytes a sequence of `context` tokens holds in a device's cache over `layers` layers of a
         layout of tensor parallelism tp: its keys and values (a sliding window's last ones, MLA's
         latent whole on every rank) and linear attention's state."""
-        div = tp if self.kv_split_by_tp else 1
+        div = self.kv_shards(tp) if self.kv_split_by_tp else 1
         per_layer = (self.cached_tokens(context) * self.kv_bytes_per_token_layer(bytes_per_value) / div
                      + self.state_bytes_per_layer(bytes_per_value) / tp)
         return layers * per_layer

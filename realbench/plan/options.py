@@ -3,7 +3,8 @@
 Rules (REAL.md section 4), for a call of `seqs` sequences on a model with `n_heads` heads:
   * dp * tp * pp == mesh size;
   * tp divides the devices per node (a tensor-parallel group stays inside a node) and divides
-    both the attention heads and the KV heads;
+    both the attention heads and the KV heads (a generation's tp may also be a multiple of the KV
+    heads, each replicated on tp / n_kv_heads devices, as vLLM and SGLang do);
   * 1 <= pp <= number of layers;
   * the batch splits evenly into dp x micro_batches (per optimizer step for train calls), each
     piece of whole examples (`rows_together` rows: DPO's pairs stay on one rank and in one
@@ -108,6 +109,13 @@ def max_tokens_problem(call: CallDef, s: Strategy) -> Optional[str]:
     return None
 
 
+def generation_heads_split(model: ModelSpec, tp: int) -> bool:
+    """Whether a generation of tp GPUs splits the model's heads: tp divides the attention heads, and
+    divides the KV heads or is a multiple of them (each replicated on tp / n_kv_heads GPUs, as vLLM
+    and SGLang do)."""
+    return model.n_heads % tp == 0 and (model.n_kv_heads % tp == 0 or tp % model.n_kv_heads == 0)
+
+
 def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSpec, mesh: Mesh,
                      s: Strategy) -> Optional[tuple[str, str]]:
     """(field, reason) why `s` cannot run `call` on `mesh`, or None. Fields name plan keys.
@@ -127,9 +135,13 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return None
     if cluster.gpus_per_node % s.tp:
         return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node"
-    if model.n_heads % s.tp or model.n_kv_heads % s.tp:
+    # (a generation's tp beyond the KV heads replicates each on tp / n_kv_heads devices, as vLLM and SGLang
+    # do; Megatron and realbench's runtime split them)
+    replicated = call.kind == CallKind.GENERATE and s.tp % model.n_kv_heads == 0
+    if model.n_heads % s.tp or (model.n_kv_heads % s.tp and not replicated):
+        beyond = " (or, generating, a multiple of the KV heads)" if call.kind == CallKind.GENERATE else ""
         return "tp", (f"tp {s.tp} does not divide the {model.n_heads} attention heads and "
-                      f"{model.n_kv_heads} KV heads of {model.name}")
+                      f"{model.n_kv_heads} KV heads of {model.name}{beyond}")
     if s.pp > model.n_layers:
         return "pp", f"pp {s.pp} exceeds the {model.n_layers} layers of {model.name}"
     if s.ep != 1 or s.etp:
@@ -381,6 +393,10 @@ def _strategies(call: CallDef, model: ModelSpec, cluster: ClusterSpec, size: int
     node = math.gcd(size, cluster.gpus_per_node)
     ulysses = tuple(sp for sp in divisors(node) if sp > 1) if zero and call.kind != CallKind.GENERATE else ()
     for tp in divisors(node):
+        # (KV heads replicated beyond tp = n_kv_heads: the serving engines' generation, offered with the
+        # engines' sharding; realbench's runtime splits them)
+        if isinstance(model, ModelSpec) and model.n_kv_heads % tp and not zero:
+            continue
         for pp in divisors(size // tp):
             for sp in (1, *ulysses) if (tp, pp) == (1, 1) else (1,):
                 dp = size // tp // pp // sp

@@ -332,6 +332,11 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
         problem = runtime_expert_problem(scenario, name, o)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
+        model = scenario.models[scenario.dataflow.call(name).model]
+        if isinstance(model, ModelSpec) and model.n_kv_heads % o.strategy.tp:
+            raise ConfigError(f"tp {o.strategy.tp} beyond the {model.n_kv_heads} KV heads of {model.name}: realbench's "
+                              "runtime splits the KV heads over tp; their replicas are priced for vLLM and SGLang",
+                              f"calls.{name}.tp")
         for field in ("offload_params", "offload_optimizer", "host_adam"):
             if getattr(o.strategy, field):
                 raise ConfigError("realbench's runtime keeps a model's weights and optimizer states on its devices and "

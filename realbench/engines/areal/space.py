@@ -23,7 +23,7 @@ from realbench.engines.placement import place
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import divisors, expert_layouts, sequence_parallel_problem
+from realbench.plan.options import divisors, expert_layouts, generation_heads_split, sequence_parallel_problem
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -105,8 +105,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             continue
         A, V = meshes["actor"], meshes["rollout"]
         gens = []
-        for t in (t for t in divisors(min(R, G)) if R % t == 0 and actor_model.n_heads % t == 0
-                  and actor_model.n_kv_heads % t == 0):
+        for t in (t for t in divisors(min(R, G)) if R % t == 0 and generation_heads_split(actor_model, t)):
             d = R // t
             if rows % d:
                 continue

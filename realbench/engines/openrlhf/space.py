@@ -19,7 +19,7 @@ from realbench.engines.placement import place
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors
+from realbench.plan.options import divisors, generation_heads_split
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -111,7 +111,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     # ... beside it, tp x ring GPUs of a node: (tp, ring)
     layouts = [(t, r) for t in divisors(G) if all(heads(role, t) for role in ds_roles)
                for r in divisors(G // t) if r == 1 or scenario.training.padding_free]
-    rollout_tps = [t for t in divisors(G) if heads("actor", t)]
+    rollout_tps = [t for t in divisors(G) if generation_heads_split(scenario.models["actor"], t)]
     names = list(df.call_names)
     listed = PlanTable(names)
     intern = listed.intern

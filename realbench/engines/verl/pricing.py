@@ -18,7 +18,8 @@ from realbench.engines.documents import budget_row, lora_problem, packs, serving
 from realbench.engines.verl.packer import mean_count
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB, BYPASS, CRITIC_BUDGET,
                                              CRITIC_SP_UNREAD, DTYPE_NAMES, ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR,
-                                             ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FUSED, FUSED_BACKEND, HYBRID,
+                                             ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS,
+                                             HYBRID, MIRRORED, ROUTER_SETTINGS, TRANSFORMER, TRANSFORMER_CARRIED,
                                              LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY,
                                              MIXED_PRECISION, MIXED_PRECISION_BLOCKS, MODEL_PATHS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, OPEN_SECTIONS, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
@@ -223,7 +224,51 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            f"{RM}.rollout.gpu_memory_utilization", f"{RM}.rollout.enforce_eager", f"{RM}.rollout.free_cache_engine",
            f"{RM}.rollout.dtype", f"{RM}.rollout.max_num_batched_tokens",
            f"{A}.checkpoint.", "critic.checkpoint.", "ray_kwargs.", "global_profiler.", f"{A}.profiler.",
-           "critic.profiler.", f"{R}.profiler.", "actor_rollout_ref.ref.profiler.")
+           "critic.profiler.", f"{R}.profiler.", "actor_rollout_ref.ref.profiler.",
+           # (Megatron's fused kernels and router settings, once their values are checked: refuse_unpriced)
+           *TRANSFORMER_CARRIED)
+
+
+# fields refused with their reason (the rest of TransformerConfig: PASSED_THROUGH's)
+TRANSFORMER_REFUSED = {
+    **{f: "stages of unequal layer counts: realbench divides a model's layers evenly over its pipeline's stages"
+       for f in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout")},
+    "moe_enable_deepep": "DeepEP's dispatch kernels: realbench prices the all-to-all dispatch of Megatron's alltoall "
+                         "dispatcher (moe_token_dispatcher_type alltoall)",
+    "moe_shared_expert_overlap": "the shared experts computed beside the dispatch: realbench prices them after it",
+    # (in fp32 the router's GEMM leaves the tensor cores: an H100 runs it at 67 of bf16's 989 TFLOP/s, and it
+    # is 0.46% of a Qwen3-30B-A3B token's matmuls, 1.5% of a Qwen3-Next one's: 7% to 22% of their time)
+    "moe_router_dtype": "the router's scores in fp32 or fp64, off the tensor cores: not priced (realbench prices the "
+                        "router's GEMM in bf16 with the layer's)"}
+
+
+def transformer_field(key: str) -> Optional[str]:
+    """The TransformerConfig field a Megatron engine block's override_transformer_config key sets,
+    where realbench reads it (FUSED_KERNELS, ROUTER_SETTINGS, MIRRORED), or None."""
+    if TRANSFORMER not in key:
+        return None
+    field = key.split(TRANSFORMER, 1)[1]
+    return field if field in FUSED_KERNELS or field in ROUTER_SETTINGS or field in MIRRORED else None
+
+
+def _check_transformer_field(key: str, settings: dict[str, Any], source: str) -> None:
+    """Refuse by name a read TransformerConfig field (transformer_field) set to what realbench does
+    not price: a fused kernel off, a router dtype or dispatcher it does not price, the block's
+    layout set otherwise."""
+    field, value = key.split(TRANSFORMER, 1)[1], settings[key]
+    if field in FUSED_KERNELS and value is not True:
+        raise ConfigError(f"{value!r}: the unfused kernels are not priced; realbench prices a layer at the preset's "
+                          "efficiency, fitted with the fused ones (set true, as verl's converters do)", key, source)
+    allowed = ROUTER_SETTINGS.get(field)
+    if field in ROUTER_SETTINGS and allowed is not None and value not in allowed:
+        raise ConfigError(f"{value!r}: realbench prices {', '.join(str(v) for v in allowed if v)}", key, source)
+    if field in MIRRORED:
+        block = key.split(TRANSFORMER, 1)[0]
+        if value != settings.get(f"{block}.{field}"):
+            raise ConfigError(f"{value!r} overrides the engine block's {field} ({settings.get(f'{block}.{field}')!r}), "
+                              "which realbench reads: set it there", key, source)
 
 
 def _unpriced_section(key: str) -> Optional[str]:
@@ -253,6 +298,9 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
         if one_step_off and key in V1_KEYS:
             raise ConfigError(f"{settings[key]!r}: the one-step-off entry point runs its own trainer "
                               f"({ONE_STEP_OFF}/ray_trainer.py), not the V1 trainer this setting chooses", key, source)
+        if transformer_field(key):
+            _check_transformer_field(key, settings, source)
+            continue
         if key in READ or key.startswith(NEUTRAL):
             continue
         # (a value verl would give it anyway: the reference's strategy written out as the actor's,

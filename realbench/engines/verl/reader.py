@@ -19,8 +19,9 @@ from realbench.engines.batches import StepRows, rounds
 from realbench.engines.documents import (expert_layout_problem, job_documents, model_of_path, served_context,
                                          whole_row_budget)
 from realbench.engines.dotted import flatten
-from realbench.engines.verl.pricing import (_check_mixed_precision, _divided_by, _formed, _unpriced_section,
-                                            logits_paths, refuse_unpriced, sync_buffer_problem)
+from realbench.engines.verl.pricing import (TRANSFORMER, TRANSFORMER_REFUSED, _check_mixed_precision, _divided_by,
+                                            _formed, _unpriced_section, logits_paths, refuse_unpriced,
+                                            sync_buffer_problem, transformer_field)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
                                              CRITIC_BUDGET, CRITIC_SP_UNREAD, ENGINES, ESTIMATOR, ESTIMATORS,
                                              EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, HYBRID, LORA_KEYS, LORA_MERGE,
@@ -47,13 +48,23 @@ PASSED_THROUGH = {
                          "checkpoint's config.json and does not price an override"}
 
 
-def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
+def _passed_through(key: str) -> Optional[str]:
+    """What realbench says of a key verl hands on as given (PASSED_THROUGH, TRANSFORMER_REFUSED) or
+    of an unpriced section's key, or None: a key verl does not have."""
+    field = key.split(TRANSFORMER, 1)[1] if TRANSFORMER in key else None
+    if field in TRANSFORMER_REFUSED:
+        return f"{TRANSFORMER_REFUSED[field]} (a Megatron TransformerConfig field verl passes through)"
     for section, what in PASSED_THROUGH.items():
         if section in key:
-            return ConfigError(what, key, source)
+            return what
     unpriced = _unpriced_section(key)
-    if unpriced:
-        return ConfigError(f"{unpriced}, which realbench does not price", key, source)
+    return f"{unpriced}, which realbench does not price" if unpriced else None
+
+
+def _unknown(key: str, engine: str, source: str, one_step_off: bool = False) -> ConfigError:
+    what = _passed_through(key)
+    if what:
+        return ConfigError(what, key, source)
     close = difflib.get_close_matches(key, list(defaults(engine, one_step_off)) + list(ADDED_KEYS), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"verl {VERSION} has no such setting{hint}", key, source)
@@ -90,6 +101,19 @@ def _engine_of(doc: dict, overrides: list[str], source: str) -> tuple[str, bool]
     return engine, one_step_off
 
 
+def _check_search_path(key: str, value: Any) -> None:
+    """Refuse by name a Hydra search path beyond verl's own configs (another package's configs,
+    which the config may extend: realbench reads ppo_trainer's). Hydra's other settings (its run
+    folder, its logging) change nothing verl runs."""
+    if key != "hydra.searchpath":
+        return
+    paths = value if isinstance(value, list) else [value]
+    other = [str(p) for p in paths if str(p).rstrip("/") != "pkg://verl.trainer.config"]
+    if other:
+        raise ConfigError(f"{', '.join(other)}: configs from beyond verl's own (pkg://verl.trainer.config) are not read",
+                          key, "overrides")
+
+
 def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[str, Any], set[str]]:
     """(model_engine, every setting resolved as verl resolves them, the keys given) of a verl
     config file and Hydra-style overrides (`key=value`; `+key=value` only for keys verl reads
@@ -101,6 +125,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
     overrides = list(overrides)
     engine, one_step_off = _engine_of(doc, overrides, source)
     table = defaults(engine, one_step_off)
+    added: set[str] = set()  # (keys a `+` override adds)
     settings = {k: v for k, v in doc.items() if k not in ("defaults", "hydra", "model_engine")}
     given = flatten(settings) if settings else {}  # (a config of defaults alone, the overrides giving the rest)
     for o in overrides:
@@ -110,6 +135,9 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         if key == "model_engine":
             continue
         value = load_yaml(raw) if raw else None
+        if key.lstrip("+").startswith("hydra."):  # (Hydra's own settings: its run folder, logging, search path)
+            _check_search_path(key.lstrip("+"), value)
+            continue
         if key.startswith("++"):  # (Hydra's add or override)
             key = key[2:]
         elif key.startswith("+"):
@@ -120,14 +148,19 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
                 raise ConfigError(f"+ adds a key verl's config does not hold, and it holds this one: give {key}=... "
                                   "without + (Hydra refuses to add a key that is there)", o, "overrides")
             if key not in ADDED_KEYS and key not in table and not key.startswith(OPEN_SECTIONS):
-                raise _unknown(key, engine, "overrides", one_step_off)
+                added.add(key)  # (refused below with the others verl does not hold, unless realbench reads it)
         given.update(flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
+    unknown = [k for k in given if k not in known and not k.startswith((*OPEN_SECTIONS, *MIXED_PRECISION_BLOCKS))
+               and not transformer_field(k)]
+    if unknown:
+        # (a key verl has nowhere is named before one it passes on unpriced: it tells a configuration
+        # written for another release, whatever else it sets)
+        key = min(unknown, key=lambda k: _passed_through(k) is not None)
+        raise _unknown(key, engine, "overrides" if key in added else source, one_step_off)
     for key in given:
         if key.startswith(MIXED_PRECISION_BLOCKS):
             _check_mixed_precision(key, given[key], source)
-        elif key not in known and not key.startswith(OPEN_SECTIONS):
-            raise _unknown(key, engine, source, one_step_off)
     changed = {k for k, v in given.items() if v != known.get(k)}
     return engine, resolve(engine, given, one_step_off), changed
 

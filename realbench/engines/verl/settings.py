@@ -194,6 +194,34 @@ EXPERT_KEYS = ("expert_model_parallel_size", "expert_tensor_parallel_size")
 ROLLOUT_DP, ROLLOUT_EP = f"{R}.data_parallel_size", f"{R}.expert_parallel_size"
 MEGATRON_BLOCKS = {"actor": f"{A}.megatron", "ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}
 
+# Megatron TransformerConfig fields a job sets through a Megatron engine block's
+# override_transformer_config, which verl hands to Megatron-Bridge's provider last, over its own
+# (workers/engine/megatron/transformer_impl.py:352-373). Three kinds are read (the rest refused by
+# name, PASSED_THROUGH; the recompute_* fields are verl's own keys, READ):
+# - fused kernels, the same FLOPs and bytes in fewer launches. realbench prices a layer's work at the
+#   preset's fitted efficiency, which assumes the fused kernels verl's own converters turn on for the
+#   models of 2026 (verl/models/mcore/config_converter.py: apply_rope_fusion, bias_activation_fusion,
+#   masked_softmax_fusion, moe_grouped_gemm on): accepted set on, refused set off
+FUSED_KERNELS = ("apply_rope_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion", "bias_activation_fusion",
+                 "bias_dropout_fusion", "moe_permute_fusion", "moe_grouped_gemm", "cross_entropy_loss_fusion",
+                 "persist_layer_norm")
+# - the router's losses: the load-balancing and z losses, sums over the router's probabilities
+#   (verl's provider turns the load-balancing loss off unless the job sets it); and the dispatcher
+#   realbench prices, which verl's provider sets (alltoall)
+ROUTER_SETTINGS = {"moe_aux_loss_coeff": None, "moe_z_loss_coeff": None,
+                   "moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "none"),
+                   "moe_token_dispatcher_type": ("alltoall",)}
+# - the engine block's own layout, set again: verl gives the provider these from the block
+#   (transformer_impl.py:354-362); set equal, nothing changes; set otherwise, the block is not what runs
+MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "expert_model_parallel_size", "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size",
+            "sequence_parallel")
+TRANSFORMER = ".override_transformer_config."
+# the fields of the first two kinds, carried as the user set them to the configurations realbench
+# writes (the third is written from the plan's layout, into the block)
+TRANSFORMER_CARRIED = tuple(f"{block}{TRANSFORMER}{field}" for block in MEGATRON_BLOCKS.values()
+                            for field in (*FUSED_KERNELS, *ROUTER_SETTINGS))
+
 
 @lru_cache(maxsize=1)
 def _table() -> dict:
@@ -201,8 +229,11 @@ def _table() -> dict:
 
 
 def known_keys(engine: str, one_step_off: bool = False) -> set[str]:
-    """The settings verl's config for model_engine `engine` holds (the one-step-off entry's)."""
-    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS)
+    """The settings verl's config for model_engine `engine` holds (the one-step-off entry's), and
+    under Megatron the TransformerConfig fields realbench carries (TRANSFORMER_CARRIED), which a
+    written config holds in override_transformer_config as Hydra adds them."""
+    carried = set(TRANSFORMER_CARRIED) if engine == "megatron" else set()
+    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS) | carried
 
 
 def defaults(engine: str, one_step_off: bool = False) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from realbench.engines.verl.settings import (A, ESTIMATORS, EXPERT_KEYS, FSDP_SI
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
-from realbench.plan.options import divisors, expert_layouts
+from realbench.plan.options import divisors, expert_layouts, generation_heads_split
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -181,8 +181,10 @@ def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
 # -- verl's space, for a search ----------------------------------------------------------------------
 def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
-    return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
-            and model.n_heads % t == 0 and model.n_kv_heads % t == 0]
+    # (the rollout generates: its KV heads may be replicated; a reward model's forward splits them)
+    heads = (lambda t: generation_heads_split(model, t)) if role == "actor" else \
+        (lambda t: model.n_heads % t == 0 and model.n_kv_heads % t == 0)
+    return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0) and heads(t)]
 
 
 def _rollout_expert_layouts(scenario: Scenario, role: str, dp: int, tp: int) -> list[tuple[int, int]]:
