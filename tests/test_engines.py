@@ -103,7 +103,9 @@ THINKING = "+data.apply_chat_template_kwargs.enable_thinking=false"
 # open dicts of verl's config a job adds to (Hydra's +): the reward manager's keyword arguments
 # (DAPO's overlong penalty), and FSDP's mixed precision at verl's own dtypes
 OPEN_DICTS = ("+reward.reward_kwargs.overlong_buffer_cfg.enable=true", "+reward.reward_kwargs.max_resp_len=256",
-              "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16")
+              "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+              # (the gradients reduced in bf16, as verl's Qwen3-Next examples set it: what realbench prices)
+              "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16")
 # verl's fused kernels, with the entropy settings of verl's GSPO example
 # (examples/gspo_trainer/run_qwen3_8b_fsdp.sh), which the kernels or the reference make moot
 FUSED = "actor_rollout_ref.model.use_fused_kernels=true"
@@ -676,7 +678,7 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert checked["chat_template_kwargs"] == ({"enable_thinking": False} if THINKING in overrides else {})
     opened = OPEN_DICTS[0] in overrides
     assert checked["reward_kwargs"] == ({"overlong_buffer_cfg": {"enable": True}, "max_resp_len": 256} if opened else {})
-    assert checked["mixed_precision"] == ({"param_dtype": "bfloat16"} if opened else None)
+    assert checked["mixed_precision"] == ({"param_dtype": "bfloat16", "reduce_dtype": "bf16"} if opened else None)
     # the log-probabilities: verl's fused kernels written back where read, their torch backend
     fused = FUSED in overrides
     assert (checked["use_fused_kernels"], checked["fused_backend"]) == (fused, "torch")
@@ -914,8 +916,10 @@ def test_an_estimator_priced_with_grpos_calls_goes_to_verl_and_back(cli, job, ve
     problem = verl_engine.space_problem_of_scenario(scenario_from_document(wrong))
     assert problem and problem[0] == "engine_settings.algorithm.adv_estimator" and "'gpg'" in problem[1], problem
     # FSDP's mixed precision written into a scenario by hand is checked as an import checks it
-    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype"
-    for value, problem in (("fp32", None), ("bf16", f"engine_settings.{key}")):
+    block = "actor_rollout_ref.actor.fsdp_config.mixed_precision"
+    for key, value, problem in ((f"{block}.reduce_dtype", "fp32", None), (f"{block}.reduce_dtype", "bf16", None),
+                                (f"{block}.reduce_dtype", "fp16", f"engine_settings.{block}.reduce_dtype"),
+                                (f"{block}.buffer_dtype", "bf16", f"engine_settings.{block}.buffer_dtype")):
         edited = dict(scenario, engine_settings={**scenario["engine_settings"], key: value})
         got = verl_engine.space_problem_of_scenario(scenario_from_document(edited))
         assert (got and got[0]) == problem, got
@@ -1050,8 +1054,8 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     (("actor_rollout_ref.rollout.enforce_eager=true",), "actor_rollout_ref.rollout.enforce_eager",
      "decodes without CUDA graphs"),
     # FSDP's mixed precision other than verl's own, a dtype verl does not read; verl's distillation
-    (("+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16",),
-     "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "prices FSDP's mixed precision as verl "
+    (("+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16",),
+     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype", "prices FSDP's mixed precision as verl "
                                                                         "defaults it"),
     (("+critic.fsdp.mixed_precision.cast_forward_inputs=true",), "critic.fsdp.mixed_precision.cast_forward_inputs",
      "reads param_dtype, reduce_dtype, buffer_dtype"),

@@ -283,10 +283,10 @@ def _check_mixed_precision(key: str, value: Any, source: str) -> None:
     if name not in MIXED_PRECISION:
         raise ConfigError(f"verl's FSDP engine reads {', '.join(MIXED_PRECISION)} of mixed_precision "
                           "(workers/engine/fsdp/transformer_impl.py:391-401), not this", key, source)
-    if DTYPE_NAMES.get(str(value).lower()) != MIXED_PRECISION[name]:
+    if DTYPE_NAMES.get(str(value).lower()) not in MIXED_PRECISION[name]:
         raise ConfigError(f"{value!r}: realbench prices FSDP's mixed precision as verl defaults it (bf16 parameters, "
-                          "fp32 gradient reduction and buffers, workers/engine/fsdp/transformer_impl.py:391-401)",
-                          key, source)
+                          "fp32 buffers, the gradients reduced in fp32 or bf16; workers/engine/fsdp/"
+                          "transformer_impl.py:391-401)", key, source)
 
 
 def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], source: str) -> None:

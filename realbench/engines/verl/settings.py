@@ -87,10 +87,11 @@ ROLE_BLOCK = {"actor": A, "ref": "actor_rollout_ref.ref"}
 # verl moves there: experimental/reward_loop/reward_loop.py:69-72), DAPO's overlong penalty among
 # them (workers/reward_manager/dapo.py: a function of each response's length, on the scorer's CPU).
 # FSDP's mixed precision, an open dict of each FSDP engine block (FSDPEngineConfig.mixed_precision,
-# default None), of which verl reads three dtypes and defaults each as realbench prices it
-# (workers/engine/fsdp/transformer_impl.py:391-401): given equal to those, carried; otherwise refused
-# (read_config checks them)
-MIXED_PRECISION = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+# default None), of which verl reads three dtypes (workers/engine/fsdp/transformer_impl.py:391-401,
+# its defaults first): given as realbench prices them, carried; otherwise refused (read_config checks
+# them). The gradients' reduction realbench prices in bf16 bytes (realbench.cost.sharding): a bf16
+# reduce_dtype exactly, verl's fp32 default at half its bytes (docs/limits.md)
+MIXED_PRECISION = {"param_dtype": ("bf16",), "reduce_dtype": ("fp32", "bf16"), "buffer_dtype": ("fp32",)}
 MIXED_PRECISION_BLOCKS = tuple(f"{block}.mixed_precision." for block in
                                (f"{A}.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"))
 OPEN_SECTIONS = ("data.apply_chat_template_kwargs.", "reward.reward_kwargs.", "reward_model.reward_kwargs.",
