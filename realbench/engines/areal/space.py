@@ -23,7 +23,7 @@ from realbench.engines.placement import place
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option, Strategy
-from realbench.plan.options import divisors, expert_layouts, generation_heads_split, sequence_parallel_problem
+from realbench.plan.options import divisors, expert_layouts, heads_split, sequence_parallel_problem
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -46,7 +46,7 @@ def _trainer_strategies(scenario: Scenario, size: int, calls: list[str]
     rest)."""
     c, df = scenario.cluster, scenario.dataflow
     models = [scenario.model_of(df.call(n)) for n in calls]
-    heads = lambda t: all(m.n_heads % t == 0 and m.n_kv_heads % t == 0 for m in models)  # noqa: E731
+    heads = lambda t: all(heads_split(m, t) for m in models)  # noqa: E731
     splits = lambda groups: all(sequence_parallel_problem(df.call(n), m, c, groups) is None  # noqa: E731
                                 for n, m in zip(calls, models))
     moe = next((m for m in models if m.moe is not None), None)
@@ -105,7 +105,7 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
             continue
         A, V = meshes["actor"], meshes["rollout"]
         gens = []
-        for t in (t for t in divisors(min(R, G)) if R % t == 0 and generation_heads_split(actor_model, t)):
+        for t in (t for t in divisors(min(R, G)) if R % t == 0 and heads_split(actor_model, t, generating=True)):
             d = R // t
             if rows % d:
                 continue

@@ -19,7 +19,7 @@ from realbench.engines.placement import place
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
-from realbench.plan.options import divisors, generation_heads_split
+from realbench.plan.options import divisors, heads_split
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -105,13 +105,13 @@ def plan_table(scenario: Scenario) -> tuple[dict[str, list[Option]], list[tuple[
     batch = rows // df.call("actor_train").optimizer_steps
     critic = "critic_train" in df.call_names
     fn_reward = isinstance(scenario.models["reward"], FunctionSpec)
-    heads = lambda role, t: scenario.models[role].n_heads % t == 0 and scenario.models[role].n_kv_heads % t == 0  # noqa
+    heads = lambda role, t: heads_split(scenario.models[role], t)  # noqa: E731
     ds_roles = ["actor"] + (["critic"] if critic else []) + ([] if fn_reward else ["reward"])
     # DeepSpeed's tensor parallel size, and (where the rows are packed) ring attention groups of 2, 4,
     # ... beside it, tp x ring GPUs of a node: (tp, ring)
     layouts = [(t, r) for t in divisors(G) if all(heads(role, t) for role in ds_roles)
                for r in divisors(G // t) if r == 1 or scenario.training.padding_free]
-    rollout_tps = [t for t in divisors(G) if generation_heads_split(scenario.models["actor"], t)]
+    rollout_tps = [t for t in divisors(G) if heads_split(scenario.models["actor"], t, generating=True)]
     names = list(df.call_names)
     listed = PlanTable(names)
     intern = listed.intern

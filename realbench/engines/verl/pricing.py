@@ -244,12 +244,18 @@ TRANSFORMER_REFUSED = {
                         "router's GEMM in bf16 with the layer's)"}
 
 
+def transformer_parts(key: str) -> Optional[tuple[str, str]]:
+    """(the Megatron engine block, the TransformerConfig field) of an override_transformer_config key,
+    or None for another key."""
+    block, found, field = key.partition(TRANSFORMER)
+    return (block, field) if found else None
+
+
 def transformer_field(key: str) -> Optional[str]:
     """The TransformerConfig field a Megatron engine block's override_transformer_config key sets,
     where realbench reads it (FUSED_KERNELS, ROUTER_SETTINGS, MIRRORED), or None."""
-    if TRANSFORMER not in key:
-        return None
-    field = key.split(TRANSFORMER, 1)[1]
+    parts = transformer_parts(key)
+    field = parts[1] if parts else None
     return field if field in FUSED_KERNELS or field in ROUTER_SETTINGS or field in MIRRORED else None
 
 
@@ -257,15 +263,14 @@ def _check_transformer_field(key: str, settings: dict[str, Any], source: str) ->
     """Refuse by name a read TransformerConfig field (transformer_field) set to what realbench does
     not price: a fused kernel off, a router dtype or dispatcher it does not price, the block's
     layout set otherwise."""
-    field, value = key.split(TRANSFORMER, 1)[1], settings[key]
+    (block, field), value = transformer_parts(key), settings[key]
     if field in FUSED_KERNELS and value is not True:
         raise ConfigError(f"{value!r}: the unfused kernels are not priced; realbench prices a layer at the preset's "
                           "efficiency, fitted with the fused ones (set true, as verl's converters do)", key, source)
     allowed = ROUTER_SETTINGS.get(field)
     if field in ROUTER_SETTINGS and allowed is not None and value not in allowed:
-        raise ConfigError(f"{value!r}: realbench prices {', '.join(str(v) for v in allowed if v)}", key, source)
+        raise ConfigError(f"{value!r}: realbench prices {', '.join(allowed)}", key, source)
     if field in MIRRORED:
-        block = key.split(TRANSFORMER, 1)[0]
         if value != settings.get(f"{block}.{field}"):
             raise ConfigError(f"{value!r} overrides the engine block's {field} ({settings.get(f'{block}.{field}')!r}), "
                               "which realbench reads: set it there", key, source)

@@ -19,9 +19,9 @@ from realbench.engines.batches import StepRows, rounds
 from realbench.engines.documents import (expert_layout_problem, job_documents, model_of_path, served_context,
                                          whole_row_budget)
 from realbench.engines.dotted import flatten
-from realbench.engines.verl.pricing import (TRANSFORMER, TRANSFORMER_REFUSED, _check_mixed_precision, _divided_by,
-                                            _formed, _unpriced_section, logits_paths, refuse_unpriced,
-                                            sync_buffer_problem, transformer_field)
+from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_precision, _divided_by, _formed,
+                                            _unpriced_section, logits_paths, refuse_unpriced, sync_buffer_problem,
+                                            transformer_field, transformer_parts)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
                                              CRITIC_BUDGET, CRITIC_SP_UNREAD, ENGINES, ESTIMATOR, ESTIMATORS,
                                              EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, HYBRID, LORA_KEYS, LORA_MERGE,
@@ -51,9 +51,9 @@ PASSED_THROUGH = {
 def _passed_through(key: str) -> Optional[str]:
     """What realbench says of a key verl hands on as given (PASSED_THROUGH, TRANSFORMER_REFUSED) or
     of an unpriced section's key, or None: a key verl does not have."""
-    field = key.split(TRANSFORMER, 1)[1] if TRANSFORMER in key else None
-    if field in TRANSFORMER_REFUSED:
-        return f"{TRANSFORMER_REFUSED[field]} (a Megatron TransformerConfig field verl passes through)"
+    parts = transformer_parts(key)
+    if parts and parts[1] in TRANSFORMER_REFUSED:
+        return f"{TRANSFORMER_REFUSED[parts[1]]} (a Megatron TransformerConfig field verl passes through)"
     for section, what in PASSED_THROUGH.items():
         if section in key:
             return what

@@ -22,7 +22,7 @@ from realbench.engines.verl.settings import (A, ESTIMATORS, EXPERT_KEYS, FSDP_SI
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
-from realbench.plan.options import divisors, expert_layouts, generation_heads_split
+from realbench.plan.options import divisors, expert_layouts, heads_split
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -182,9 +182,8 @@ def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
 def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
     # (the rollout generates: its KV heads may be replicated; a reward model's forward splits them)
-    heads = (lambda t: generation_heads_split(model, t)) if role == "actor" else \
-        (lambda t: model.n_heads % t == 0 and model.n_kv_heads % t == 0)
-    return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0) and heads(t)]
+    return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
+            and heads_split(model, t, generating=role == "actor")]
 
 
 def _rollout_expert_layouts(scenario: Scenario, role: str, dp: int, tp: int) -> list[tuple[int, int]]:
@@ -307,7 +306,7 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
         hybrid = (0, *(G << k for k in range((N // G).bit_length()) if (G << k) < N and N % (G << k) == 0))
         layouts.append((1, 1, 1, (3, 2), 3, tuple(divisors(math.gcd(N, c.gpus_per_node))), hybrid, (1, 0)))
     # (a LoRA actor: verl's FSDP LoRA only; its fused kernels: FSDP's only; see space_problem)
-    for tp in (t for t in divisors(c.gpus_per_node) if actor.n_heads % t == 0 and actor.n_kv_heads % t == 0
+    for tp in (t for t in divisors(c.gpus_per_node) if heads_split(actor, t)
                and actor.lora is None and not scenario.training.logits):
         for pp in (p for p in divisors(N // tp) if p <= actor.n_layers):
             for v in (1, 2, 4) if pp > 1 else (1,):
