@@ -25,7 +25,8 @@ from realbench.errors import ConfigError
 SCENARIO_SCHEMA = "realbench.scenario/1"
 PLAN_SCHEMA = "realbench.plan/1"
 PROFILE_SCHEMA = "realbench.profile/1"
-SCHEMAS = (SCENARIO_SCHEMA, PLAN_SCHEMA, PROFILE_SCHEMA)
+DEVICE_SCHEMA = "realbench.device/1"
+SCHEMAS = (SCENARIO_SCHEMA, PLAN_SCHEMA, PROFILE_SCHEMA, DEVICE_SCHEMA)
 
 M = TypeVar("M", bound=BaseModel)
 

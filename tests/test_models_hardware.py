@@ -53,6 +53,28 @@ def test_processes_share_cores_only_on_a_cpu_with_more_processes_than_cores():
     assert not shares_cores("cpu", 4, 0)  # an old profile that did not record its cores
 
 
+def test_the_h20_preset_is_its_datasheet_on_the_h100s_fabric(cli):
+    """The H20 (NVIDIA HGX H20: 148 TFLOP/s dense bf16, 96 GB of HBM3 at 4.0 TB/s, NVLink 4): the
+    H100's fitted efficiencies and links, its own peaks; a job planned on it (`--device h20`)
+    trains more slowly than on H100s by at most the peaks' ratio, and generates less slowly than it
+    trains (decoding reads weights and the cache, on a faster HBM; a large batch's matmuls
+    still find the compute cut)."""
+    import json
+
+    h100, h20 = cluster(1, 8, "h100"), cluster(1, 8, "h20")
+    assert (h20.device.flops, h20.device.mem_bw, h20.device.memory_bytes) == (148e12, 4.0e12, 96 * 1024**3)
+    assert h20.model_dump(exclude={"device"}) == h100.model_dump(exclude={"device"})
+    seconds = {}
+    for device in ("h100", "h20"):
+        code, out, err = cli("estimate", "--scenario", "grpo-qwen3-8b-8gpu", "--baseline", "symmetric",
+                             "--device", device, "--json")
+        assert code == 0, err
+        seconds[device] = json.loads(out)["calls"]
+    train = seconds["h20"]["actor_train"]["time_s"] / seconds["h100"]["actor_train"]["time_s"]
+    assert 1 < train <= 989 / 148
+    assert seconds["h20"]["actor_gen"]["time_s"] / seconds["h100"]["actor_gen"]["time_s"] < train
+
+
 def test_the_h200_preset_is_the_h100_with_its_own_memory(tmp_path, monkeypatch, cli):
     """The H200 (datasheet: the H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s, on the same
     NVLink 4 fabric): the H100's compute, efficiencies and links, its own memory and bandwidth.

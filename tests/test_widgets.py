@@ -258,7 +258,8 @@ def test_workbench_wires_the_widgets():
     from realbench.widgets import Workbench
 
     wb = Workbench("ppo-tiny-2cpu", budget_s=1)
-    assert [wb.tabs.get_title(i) for i in range(6)] == ["Dataflow", "Engine", "Cluster", "Search", "Plan", "Run"]
+    assert [wb.tabs.get_title(i) for i in range(7)] == ["Dataflow", "Engine", "Cluster", "Calibrate", "Search", "Plan",
+                                                        "Run"]
     wb.cluster.nodes_box.value, wb.cluster.gpus_box.value, wb.cluster.device_box.value = 1, 2, "cpu"
     wb.use_cluster.click()
     assert wb.search.scenario_override is wb.editor.scenario and wb.editor.scenario.cluster.n_devices == 2

@@ -77,6 +77,24 @@ def add_profile_args(p) -> None:
                    help="use a profile measured on another kind of device than the scenario's")
 
 
+def add_device_file_arg(p) -> None:
+    p.add_argument("--device", dest="device_file", metavar="NAME|FILE",
+                   help="plan on this device instead of the scenario's: a preset (see `realbench scenarios`'s "
+                        "devices) or a device file that `realbench calibrate --out` wrote; costs then come from it "
+                        "(no profile unless --profile names one)")
+
+
+def with_device_file(args, scenario):
+    """The scenario on --device's device, when given."""
+    from realbench.hardware import load_device
+
+    name = getattr(args, "device_file", None)
+    if not name:
+        return scenario
+    device, links = load_device(name)
+    return scenario.with_device(device, links)
+
+
 def add_device_args(p, cuda_help: str) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help=f"cuda: {cuda_help} over NCCL; cpu: gloo; auto (default): cuda when every "
@@ -171,7 +189,7 @@ def profile_for(args, scenario, processes: Optional[int] = None, device_type: st
     machine's cached profile for a CPU scenario planned or run on the CPU (realbench.runtime.profile_cache);
     None: the analytic model."""
     name = getattr(args, "profile", None)
-    if name == "none":
+    if name == "none" or (not name and getattr(args, "device_file", None)):
         return None
     if not name:
         from realbench.runtime.profile_cache import scenario_profile
@@ -186,13 +204,13 @@ def profile_for(args, scenario, processes: Optional[int] = None, device_type: st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from realbench.cli import (bench, checkpoint, estimate, export, importer, lab, models, profile, run, scenarios,
+    from realbench.cli import (bench, calibrate, checkpoint, estimate, export, importer, lab, models, profile, run, scenarios,
                                search, validate, worker)
 
     parser = _Parser(prog="realbench", description="Plan and run RLHF training with parameter reallocation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in (scenarios, models, validate, estimate, search, profile, run, worker, checkpoint, export, importer,
-                   bench, lab):
+                   calibrate, bench, lab):
         module.add_parser(sub)
     return parser
 

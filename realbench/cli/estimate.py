@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from realbench.cli import add_profile_args, add_staleness_arg, emit_json, log, profile_for, with_staleness
+from realbench.cli import (add_device_file_arg, add_profile_args, add_staleness_arg, emit_json, log, profile_for,
+                           with_device_file, with_staleness)
 from realbench.cost import Estimator
 from realbench.cost.baselines import BASELINES
 from realbench.errors import ConfigError
@@ -19,12 +20,13 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="with --out: overwrite an existing file")
     add_staleness_arg(p)
     add_profile_args(p)
+    add_device_file_arg(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (per call: time, reallocation, memory)")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    scenario = with_staleness(args, load_scenario(args.scenario))
+    scenario = with_device_file(args, with_staleness(args, load_scenario(args.scenario)))
     options = load_plan(args.plan, scenario)[2] if args.plan else None  # a bad file is refused before profiling
     est = Estimator(scenario, profile=profile_for(args, scenario))
     if args.plan:

@@ -6,8 +6,8 @@ import argparse
 import math
 import sys
 
-from realbench.cli import (add_profile_args, add_staleness_arg, emit_json, log, non_negative_int, positive_float,
-                           positive_int, profile_for, with_staleness)
+from realbench.cli import (add_device_file_arg, add_profile_args, add_staleness_arg, emit_json, log, non_negative_int,
+                           positive_float, positive_int, profile_for, with_device_file, with_staleness)
 from realbench.cost import Estimator
 from realbench.errors import ConfigError
 from realbench.plan import Origin, load_scenario, plan_from_options, scenario_ref
@@ -52,6 +52,7 @@ def add_parser(sub) -> None:
                         "compare with theirs, which realbench's own runtime does not run")
     add_staleness_arg(p)
     add_profile_args(p)
+    add_device_file_arg(p)
     p.add_argument("--json", action="store_true", help="print the best plan and its estimate as JSON")
     p.set_defaults(handler=run)
     p.epilog = ("With max_staleness S > 0 (asynchronous RL), a synchronous search of the same method and budget "
@@ -59,7 +60,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    scenario = with_staleness(args, load_scenario(args.scenario))
+    scenario = with_device_file(args, with_staleness(args, load_scenario(args.scenario)))
     if args.zero:
         if args.engine:
             raise ConfigError("an engine's space has its own sharding (--engine searches what the engine runs)",

@@ -88,10 +88,14 @@ class ClusterSpec(FileModel):
 # 200 Gb/s on A100 ones), and its PCIe link to the host per direction (Gen5 x16 on H100 and H200,
 # 128 GB/s both ways; Gen4 x16 on A100, 64 GB/s; taken at the datasheet's rate: no published
 # measurement here fits it). NVIDIA H100 SXM5, H200 SXM and A100 SXM4 80GB datasheets: the H200 is the
-# H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s on the same NVLink 4 fabric.
+# H100's GH100 die with 141 GB of HBM3e at 4.8 TB/s on the same NVLink 4 fabric. The H20 (NVIDIA HGX H20,
+# the Hopper part for China that verl's asynchronous-training tables ran on) keeps NVLink 4 (900 GB/s
+# both ways) and Gen5 PCIe with 96 GB of HBM3 at 4.0 TB/s, its tensor cores cut to 148 TFLOP/s dense
+# bf16; its nodes' NICs taken as the H100's (400 Gb/s a GPU).
 DATASHEETS: dict[str, dict[str, float]] = {
     "h100": {"memory_bytes": 80 * GiB, "flops": 989e12, "mem_bw": 3.35e12, "nvlink": 450e9, "nic": 50e9, "pcie": 64e9},
     "h200": {"memory_bytes": 141e9, "flops": 989e12, "mem_bw": 4.8e12, "nvlink": 450e9, "nic": 50e9, "pcie": 64e9},
+    "h20": {"memory_bytes": 96 * GiB, "flops": 148e12, "mem_bw": 4.0e12, "nvlink": 450e9, "nic": 50e9, "pcie": 64e9},
     "a100": {"memory_bytes": 80 * GiB, "flops": 312e12, "mem_bw": 2.039e12, "nvlink": 300e9, "nic": 25e9, "pcie": 32e9},
 }
 
@@ -126,9 +130,9 @@ def gpu_device(name: str, fit: dict[str, float] = FITTED) -> DeviceSpec:
                       mem_bw_efficiency=fit["mem_bw_efficiency"], kernel_overhead_s=fit["kernel_overhead_s"])
 
 
-# presets whose NVLink is another's fabric: the H200 sits on the H100's NVSwitch (NVLink 4), and
+# presets whose NVLink is another's fabric: the H200 and the H20 sit on the H100's NVSwitch (NVLink 4), and
 # the fitted NVLink rows are measured on 8 x H200 (realbench/hardware/published.yaml, bekman)
-SAME_NVLINK = {"h200": "h100"}
+SAME_NVLINK = {"h200": "h100", "h20": "h100"}
 
 
 def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> dict[str, float]:
@@ -161,6 +165,52 @@ def get_device(name: str) -> DeviceSpec:
         return DEVICES[name]
     except KeyError:
         raise ConfigError(f"unknown device {name!r} (known: {', '.join(DEVICES)})") from None
+
+
+LINK_FIELDS = ("intra_bw", "inter_bw", "intra_latency_s", "inter_latency_s", "host_bw", "host_adam_rate")
+
+
+class DeviceFile(FileModel):
+    """A device preset as a file (`realbench.device/1`): the device, its links (ClusterSpec's
+    fields), and where it came from (`realbench calibrate` writes its fit and the log's phases
+    there). `estimate --device FILE` and `search --device FILE` plan on it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: DeviceSpec
+    links: dict[str, float]
+    calibration: dict = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> "DeviceFile":
+        unknown = sorted(set(self.links) - set(LINK_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown link {unknown[0]!r} (known: {', '.join(LINK_FIELDS)})", "links")
+        bad = [k for k, v in self.links.items() if not v > 0 and not (k.endswith("latency_s") and v == 0)]
+        if bad:
+            raise ConfigError(f"{self.links[bad[0]]!r} must be above 0", f"links.{bad[0]}")
+        return self
+
+
+def load_device(name_or_path: str) -> tuple[DeviceSpec, dict[str, float]]:
+    """A preset by name, or a device file (`realbench.device/1`): the device and its links."""
+    from pathlib import Path
+
+    from realbench.schema import DEVICE_SCHEMA, read_document, validate_model
+
+    if name_or_path in DEVICES:
+        return DEVICES[name_or_path], dict(LINKS[name_or_path])
+    if Path(name_or_path).suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"unknown device {name_or_path!r}: not a preset ({', '.join(DEVICES)}) nor a .yaml/.json "
+                          "device file", "--device")
+    data = read_document(name_or_path)
+    if data.get("schema") != DEVICE_SCHEMA:
+        raise ConfigError(f"expected schema {DEVICE_SCHEMA}, got {data.get('schema')!r}", "schema", name_or_path)
+    try:
+        doc = validate_model(DeviceFile, {k: v for k, v in data.items() if k != "schema"})
+    except ConfigError as e:
+        raise e.in_file(name_or_path) from None
+    return doc.device, dict(doc.links)
 
 
 def cluster(nodes: int, gpus_per_node: int, device: str = "h100") -> ClusterSpec:

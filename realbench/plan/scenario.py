@@ -329,6 +329,14 @@ class Scenario(DerivedValues):
             flow = flow.with_lengths(name, dist)
         return self.model_copy(update={"dataflow": flow})
 
+    def with_device(self, device, links: dict) -> "Scenario":
+        """The scenario on another device (a DeviceSpec) with these links (ClusterSpec's fields):
+        `estimate --device`, `search --device`, a calibrated device file."""
+        cluster = validate_model(ClusterSpec, {**self.cluster.model_dump(), **links, "device": device.model_dump()})
+        copy = self.model_copy(update={"cluster": cluster})
+        copy.__dict__.pop("options", None)  # (option sets hold the cluster)
+        return copy
+
     def with_zero(self, offer: bool = True) -> "Scenario":
         """The scenario whose search offers data-parallel sharding (`offer_zero`)."""
         copy = self.model_copy(update={"offer_zero": offer})

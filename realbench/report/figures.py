@@ -256,3 +256,24 @@ def comparison_figure(times: Mapping[str, float], width: int = 640, height: int 
     p.add_layout(LabelSet(x="seconds", y="plan", text="text", source=src, x_offset=4, y_offset=-6,
                           text_font_size="9pt"))
     return p
+
+
+def calibration_figure(phases: Sequence[Mapping], width: int = 640, height: int = 260):
+    """Per phase of a logged step (`realbench calibrate`): the measured seconds beside the
+    estimate before and after calibration, as grouped bars."""
+    from bokeh.transform import dodge
+
+    names = [r["phase"] for r in phases]
+    src = ColumnDataSource(dict(phase=names, measured=[r["measured_s"] for r in phases],
+                                before=[r["before_s"] for r in phases], after=[r["after_s"] for r in phases]))
+    top = max([max(r["measured_s"], r["before_s"], r["after_s"]) for r in phases] or [1.0])
+    p = figure(width=width, height=height, x_range=names, y_range=Range1d(0, top * 1.15), tools=TOOLS,
+               title="measured and estimated per phase", y_axis_label="seconds")
+    for i, (key, label) in enumerate((("measured", "measured"), ("before", "estimated before"),
+                                      ("after", "estimated after"))):
+        p.vbar(x=dodge("phase", (i - 1) * 0.27, range=p.x_range), top=key, width=0.25, source=src,
+               fill_color=Category10_10[i], line_color=None, legend_label=label)
+    p.legend.location = "top_right"
+    p.legend.label_text_font_size = "8pt"
+    p.xaxis.major_label_orientation = 0.6
+    return p

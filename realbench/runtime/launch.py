@@ -208,10 +208,11 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
     way some rank ran it);
     reallocated bytes per step; per step: reward, loss and the calls' metrics ("<call>/<name>",
     averaged over the ranks that report them; token counts summed), which a seeded run
-    reproduces; its timings (seconds, "<call>/tokens_per_s" over the call's slowest rank), which
-    it does not; every generation call's response lengths (per step, in the order of the batch's
-    rows); under continuous batching, each replica's busy slots at each decode step (`slots`, per
-    step: "<call>/dp<k>": counts); and a few decoded samples."""
+    reproduces; its timings (seconds, each call's "timing_s/<call>" measured as the per-call table's,
+    "<call>/tokens_per_s" over the call's slowest rank, the processes), which it does not; every
+    generation call's response lengths (per step, in the order of the batch's rows); under
+    continuous batching, each replica's busy slots at each decode step (`slots`, per step:
+    "<call>/dp<k>": counts); and a few decoded samples."""
     steps = len(records[0])
     # the per-call table compares the first plan's measured times with its estimates: steps after
     # a plan switch (re-planning) ran another plan
@@ -240,7 +241,11 @@ def summarize(records: list[list[dict]], estimated: dict[str, float], estimated_
         metrics.append({"step": s, "reward": sum(rewards) / len(rewards) if rewards else None,
                         "loss": sum(losses_) / len(losses_) if losses_ else None, **row})
         timing = {"step": s, "seconds": max(r[s]["step_s"] for r in records),
-                  "plan_version": max(r[s].get("plan_version", 0) for r in records)}  # +1 at each plan switch
+                  "plan_version": max(r[s].get("plan_version", 0) for r in records),  # +1 at each plan switch
+                  "processes": len(records),
+                  # each call's seconds this step, as the per-call table measures them (`realbench calibrate`)
+                  **{f"timing_s/{name}": own(name, s) for name in estimated
+                     if any(name in r[s].get("call_span", {}) or name in r[s]["call_s"] for r in records)}}
         for k in [k for k in row if k.endswith("/tokens")]:  # counts add up over ranks
             seconds = slowest(k[:-len("/tokens")], s)
             if seconds:

@@ -1,6 +1,7 @@
 """The JupyterLab workbench: ipywidgets controls and bokeh plots (through jupyter_bokeh) over the
 same API the command line uses. Each widget works alone (`.widget` to display it); `Workbench`
-puts them together: DataflowEditor -> ClusterPanel -> SearchDashboard -> PlanViewer / RunMonitor."""
+puts them together: DataflowEditor -> ClusterPanel -> (CalibrationPanel) -> SearchDashboard -> PlanViewer /
+RunMonitor."""
 
 import importlib.util
 
@@ -9,6 +10,7 @@ _MISSING = [name for name in ("ipywidgets", "jupyter_bokeh") if importlib.util.f
 if _MISSING:
     raise ImportError(f"realbench's workbench needs {', '.join(_MISSING)}: pip install 'realbench[lab]'")
 
+from realbench.widgets.calibrate import CalibrationPanel
 from realbench.widgets.cluster import ClusterPanel
 from realbench.widgets.dataflow import DataflowEditor
 from realbench.widgets.plan import PlanViewer
@@ -16,4 +18,4 @@ from realbench.widgets.run import RunMonitor
 from realbench.widgets.search import SearchDashboard
 from realbench.widgets.workbench import Workbench
 
-__all__ = ["ClusterPanel", "DataflowEditor", "PlanViewer", "RunMonitor", "SearchDashboard", "Workbench"]
+__all__ = ["CalibrationPanel", "ClusterPanel", "DataflowEditor", "PlanViewer", "RunMonitor", "SearchDashboard", "Workbench"]

@@ -82,6 +82,9 @@ class SearchDashboard:
         self._send = dispatcher()
         self.scenario = None
         self.scenario_override = None  # a Scenario value (the dataflow editor's) instead of the box
+        # a device (DeviceSpec, links) to plan on instead of the scenario's, costed by its factors
+        # (`search --device FILE`: the calibration panel's)
+        self.device = None
         self.plot = BokehModel(curves_figure({}, {}))
         self.widget = w.VBox([
             w.HBox([w.VBox([self.scenario_box, self.budget_box, self.seed_box]), self.methods_box,
@@ -104,6 +107,8 @@ class SearchDashboard:
             raise ConfigError("must not be negative", "start-up trials")
         settings = SamplerSettings(int(self.startup_box.value), bool(self.multivariate_box.value))
         scenario = self.scenario_override or load_scenario(self.scenario_box.value.strip())
+        if self.device is not None:
+            scenario = scenario.with_device(*self.device)
         if self.zero_box.value:
             scenario = scenario.with_zero()
         return scenario, methods, float(budget), int(self.seed_box.value), settings
@@ -125,8 +130,8 @@ class SearchDashboard:
         def say(text):
             self.status.value = html.escape(text)
         try:
-            self._profile = resolve_profile(self.profile, scenario, note=say,
-                                            on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"))
+            self._profile = None if self.device is not None else resolve_profile(
+                self.profile, scenario, note=say, on_progress=lambda done, total: say(f"profiling this machine: {done}/{total}"))
         except Exception as e:  # shown inline, never a traceback in the notebook
             self.status.value = f"<span style='color:#c00'>profiling failed: {html.escape(str(e))}</span>"
             return False

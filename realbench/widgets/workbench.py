@@ -1,12 +1,13 @@
 """All the widgets in one dashboard: the dataflow editor feeds the cluster panel and the search,
 the search hands its best plan to the viewer and the run monitor; an engine's configuration
 (verl, OpenRLHF) opens into the editor and the viewer, and the plan shown or searched is written
-back as one."""
+back as one; a run's log calibrates the device the searches that follow plan on."""
 
 from __future__ import annotations
 
 import ipywidgets as w
 
+from realbench.widgets.calibrate import CalibrationPanel
 from realbench.widgets.cluster import ClusterPanel
 from realbench.widgets.dataflow import DataflowEditor
 from realbench.widgets.engine import EngineConfig
@@ -23,6 +24,8 @@ class Workbench:
         self.viewer = PlanViewer()
         self.monitor = RunMonitor()
         self.engine = EngineConfig()
+        self.calibration = CalibrationPanel()
+        self.calibration.listeners.append(self._device_calibrated)
         self.engine.listeners.append(self._engine_opened)
         self.editor.listeners.append(self._scenario_changed)
         self.cluster.listeners.append(self._profile_changed)
@@ -31,8 +34,9 @@ class Workbench:
                                     tooltip="put the edited scenario on this cluster")
         self.use_cluster.on_click(lambda _: self.apply_cluster())
         self.tabs = w.Tab(children=[self.editor.widget, self.engine.widget, w.VBox([self.cluster.widget, self.use_cluster]),
-                                    self.search.widget, self.viewer.widget, self.monitor.widget])
-        for i, title in enumerate(("Dataflow", "Engine", "Cluster", "Search", "Plan", "Run")):
+                                    self.calibration.widget, self.search.widget, self.viewer.widget,
+                                    self.monitor.widget])
+        for i, title in enumerate(("Dataflow", "Engine", "Cluster", "Calibrate", "Search", "Plan", "Run")):
             self.tabs.set_title(i, title)
         self.widget = self.tabs
 
@@ -45,6 +49,9 @@ class Workbench:
         runs into the viewer."""
         if self.editor._apply(scenario.to_document(), f"opened the {name}"):
             self.viewer.show(self.editor.scenario, options, name=name)
+
+    def _device_calibrated(self, device) -> None:  # (DeviceSpec, links): the searches plan on it
+        self.search.device = device
 
     def _profile_changed(self, profile) -> None:  # a loaded or measured profile costs searches and runs
         self.search.profile = profile
