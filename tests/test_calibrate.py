@@ -295,3 +295,59 @@ def test_the_files_pages_device_example_plans(cli, job, tmp_path):
     assert moved.cluster.intra_bw == doc["links"]["intra_bw"] and moved.cluster.host_bw == job["scenario"].cluster.host_bw
     est = Estimator(moved, profile=None)
     assert json.loads(out)["time_per_iter_s"] == pytest.approx(est.estimate(est.choice_of(job["options"])).time_per_iter_s)
+
+
+def test_openrlhfs_tensorboard_calibrates_through_its_grouped_timers(cli, job, tmp_path):
+    """OpenRLHF times the experience (reference, critic and reward model forwards) and the training
+    (actor and critic) as one each: the phases sum realbench's calls, and the fit still finds the
+    factors the log was made with."""
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    phases = F.engine_phases("openrlhf", job["scenario"])
+    assert {p.name: p.calls for p in phases}["experience"] == ("ref_inf", "critic_inf", "reward_inf")
+    seconds = F.priced(F.with_factors(job["scenario"], TRUE), job["options"], phases)
+    by_call = F.priced(F.with_factors(job["scenario"], TRUE), job["options"],
+                       [F.Phase(c, (), (c,)) for c in ("actor_train", "critic_train")])
+    assert seconds["training"] == pytest.approx(by_call["actor_train"] + by_call["critic_train"])
+    writer = tensorboard.SummaryWriter(str(tmp_path / "tb"))
+    for step in (1, 2, 3):
+        for p in phases:
+            writer.add_scalar(f"train/{p.timers[0]}", seconds[p.name] * (3.0 if step == 1 else 1.0), step)
+    writer.close()
+    code, out, err = cli("calibrate", "--engine", "openrlhf", tmp_path / "tb", "--scenario", SCENARIO,
+                         "--plan", job["plan"], "--json")
+    assert code == 0, err
+    factors = json.loads(out)["factors"]
+    for name in ("matmul_efficiency", "mem_bw_efficiency", "link_scale"):
+        assert factors[name]["after"] == pytest.approx(TRUE[name], rel=0.02)
+
+
+def test_realbench_runs_own_log(cli, tmp_path):
+    """metrics.jsonl as `realbench run --out` writes it (each call's timing_s/<call>, the step's
+    seconds, the processes) with lengths.jsonl beside it: the measured seconds are the medians after
+    the warm-up, the lengths the run's, and a run on other processes than the plan's is refused."""
+    scenario = load_scenario("ppo-tiny-2cpu")
+    est = Estimator(scenario, profile=None)
+    options = est.options_of(BASELINES["symmetric"](est))
+    plan_from_options(scenario, options).save(tmp_path / "plan.yaml")
+    calls = scenario.dataflow.call_names
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "seconds": 0.2 + 0.01 * s, "processes": 2,
+             **{f"timing_s/{c}": 0.01 * (i + 1) * (1 + 0.1 * s) for i, c in enumerate(calls)}} for s in range(4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "lengths.jsonl").write_text("".join(json.dumps({"step": s, "actor_gen": [3, 5, 8, 8]}) + "\n" for s in range(4)))
+    code, out, err = cli("calibrate", "--engine", "realbench", run / "metrics.jsonl", "--scenario", "ppo-tiny-2cpu",
+                         "--plan", tmp_path / "plan.yaml", "--json")
+    assert code == 0, err
+    c = json.loads(out)
+    assert c["steps_used"] == [1, 2, 3]
+    rows_by = {r["phase"]: r for r in c["phases"]}
+    assert rows_by["actor_train"]["measured_s"] == pytest.approx(0.01 * (calls.index("actor_train") + 1) * 1.2)
+    assert rows_by["step"]["measured_s"] == pytest.approx(0.22)
+    assert c["checks"] == ["GPUs: 2 (processes), as the plan",
+                           "response lengths from lengths.jsonl (actor_gen: mean 6.0 tokens)"]
+    assert c["factors"]["kernel_overhead_s"]["fitted"]  # the CPU: no datasheet
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "processes": 4}) + "\n" for r in rows))
+    code, _, err = cli("calibrate", "--engine", "realbench", run / "metrics.jsonl", "--scenario", "ppo-tiny-2cpu",
+                       "--plan", tmp_path / "plan.yaml")
+    assert code == 2 and "the log's run had 4 GPUs (processes), the plan 2" in err

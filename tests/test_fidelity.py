@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import yaml
 
 from realbench.bench import fidelity
 from realbench.cost import comm
@@ -162,8 +163,8 @@ def test_an_engines_published_step_is_compared_call_by_call(bench, data, tmp_pat
     from realbench.plan.plan import plan_from_document, resolve_plan
     from realbench.plan.scenario import scenario_from_document
 
-    (row,) = bench["engine_steps"]
-    (step,) = data.engine_steps
+    (row,) = [r for r in bench["engine_steps"] if r["source"] == "play-verl"]
+    (step,) = [r for r in data.engine_steps if r.source == "play-verl"]
     assert (row["source"], row["engine"], row["fits"]) == ("play-verl", "verl", True)
     by_call = {c["call"]: c for c in row["calls"]}
     assert by_call["actor_train"]["published_s"] == pytest.approx(33.696 + 6.505)
@@ -218,3 +219,81 @@ def test_bench_host_adam_times_one_adam_step_a_row_on_one_and_two_threads(cli):
         assert r["params_per_s_per_thread"] == pytest.approx(r["params"] / r["seconds"] / r["threads"])
     rates = sorted(r["params_per_s_per_thread"] for r in rows)
     assert result["median_params_per_s_per_thread"] == rates[len(rates) // 2]
+
+
+def test_nemo_rls_published_whole_steps_are_estimated_and_predict_each_other(bench, data, tmp_path, monkeypatch):
+    """NeMo-RL's published H100 steps (realbench/hardware/published.yaml, source nemo-rl): each row's
+    job and plan estimated through `realbench estimate`, the error the estimated over the published
+    whole step; and the prediction: a row's factor k (both device efficiencies times k) makes its
+    estimate the published step, and another row's prediction is its estimate at that k (recomputed
+    here through the API on a device with the scaled efficiencies)."""
+    from realbench.cost import Estimator
+    from realbench.plan import load_plan, load_scenario
+
+    rows = [r for r in bench["engine_steps"] if r["source"] == "nemo-rl"]
+    steps = [r for r in data.engine_steps if r.source == "nemo-rl"]
+    assert len(rows) == len(steps) == 6 and {r.group for r in steps} == {"nemo-rl v0.5 H100 BF16"}
+    for r, row in zip(rows, steps):
+        assert r["published_step_s"] == row.published_s["total_step_time"]
+        assert r["step_error"] == pytest.approx(r["predicted_step_s"] / r["published_step_s"] - 1)
+        assert r["median_error"] is None and r["calls"] == []
+    group = bench["engine_step_predictions"]["nemo-rl v0.5 H100 BF16"]
+    first = group["rows"][0]
+    assert first["fit_on"] == steps[0].label and len(first["predicted"]) == 5
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "math_verify.py").write_text("def verify(*args, **kwargs):\n    return 0.0\n")
+
+    def step_at(row, k):
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({"schema": "realbench.scenario/1", **row.scenario}))
+        (tmp_path / "plan.yaml").write_text(yaml.safe_dump({"schema": "realbench.plan/1", "scenario": "job.yaml",
+                                                            **row.plan}))
+        scenario = load_scenario("job.yaml")
+        options = load_plan("plan.yaml", scenario)[2]
+        d = scenario.cluster.device
+        device = d.model_copy(update={"matmul_efficiency": d.matmul_efficiency * k,
+                                      "mem_bw_efficiency": d.mem_bw_efficiency * k})
+        moved = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
+        est = Estimator(moved, profile=None)
+        return est.estimate(est.choice_of(options)).time_per_iter_s
+
+    k = first["k"]
+    assert step_at(steps[0], k) == pytest.approx(steps[0].published_s["total_step_time"], rel=1e-4)
+    second = first["predicted"][0]
+    assert second["row"] == steps[1].label
+    assert second["predicted_s"] == pytest.approx(step_at(steps[1], k), rel=1e-6)
+    assert second["error"] == pytest.approx(second["predicted_s"] / second["published_s"] - 1)
+    errors = [abs(p["error"]) for r in group["rows"] for p in r["predicted"]]
+    assert group["median_error"] == pytest.approx(statistics.median(errors))
+
+
+def test_the_readme_shows_the_engine_steps_bench_fidelity_computes(bench):
+    from manual import README
+
+    from realbench.bench.tables import engine_predictions_table, engine_steps_table
+
+    assert engine_steps_table(bench) in README
+    assert engine_predictions_table(bench) in README
+
+
+def test_an_engine_step_compares_something(data):
+    from realbench.bench.fidelity import EngineStep
+
+    row = data.engine_steps[1].model_dump()
+    with pytest.raises(ValueError, match="compare some calls or the whole step"):
+        EngineStep(**{**row, "step": ""})
+    with pytest.raises(ValueError, match="step: no published timer 'total'"):
+        EngineStep(**{**row, "step": "total"})
+
+
+def test_the_limits_page_says_how_far_the_published_steps_are(bench):
+    import re
+
+    from manual import MANUAL
+
+    said = re.search(r"estimates are (\d+)% to (\d+)% below the published\s+steps, and one factor fitted to a row "
+                     r"predicts the others with a median error of (\d+)%", MANUAL)
+    errors = [r["step_error"] for r in bench["engine_steps"] if r["step_error"] is not None]
+    group = bench["engine_step_predictions"]["nemo-rl v0.5 H100 BF16"]
+    assert [int(x) for x in said.groups()] == [round(-max(errors) * 100), round(-min(errors) * 100),
+                                               round(group["median_error"] * 100)]

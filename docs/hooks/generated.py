@@ -3,7 +3,7 @@
 * `<!-- generated: cli -->` becomes the command line's reference, from its argument parser
   (realbench.cli.reference);
 * `<!-- generated: table NAME -->` becomes a benchmark's table (realbench.bench.tables): `fidelity`
-  is computed at build time (`bench fidelity`, a few seconds), `engines` and `coverage` come from the
+  (and its `engine_steps` and `engine_predictions`) is computed at build time (`bench fidelity`, a few seconds), `engines` and `coverage` come from the
   JSON their measured runs wrote (docs/measurements/data/bench-NAME.json: they search for minutes, and
   coverage needs the engines' example folders);
 * the notebooks and tutorials become pages with their outputs: each is executed top to bottom in a
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -81,15 +82,24 @@ def on_files(files, config):
     return files
 
 
+# the tables of `bench fidelity`, computed at build time (once: a few seconds)
+FIDELITY_TABLES = ("fidelity", "engine_steps", "engine_predictions")
+
+
+@functools.lru_cache(maxsize=None)
+def _fidelity() -> dict:
+    from realbench.bench import fidelity
+
+    return fidelity.run()
+
+
 def table(name: str) -> str:
     from realbench.bench import tables
 
     if name not in tables.TABLES:
         raise ValueError(f"no benchmark table {name!r} (known: {', '.join(tables.TABLES)})")
-    if name == "fidelity":
-        from realbench.bench import fidelity
-
-        result = fidelity.run()
+    if name in FIDELITY_TABLES:
+        result = _fidelity()
     else:
         result = json.loads((DATA / f"bench-{name}.json").read_text())
     return tables.TABLES[name](result)

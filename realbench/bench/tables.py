@@ -74,4 +74,32 @@ def coverage_table(result: dict, refusals: int = 5) -> str:
     return _markdown(header, rows)
 
 
-TABLES = {"fidelity": fidelity_summary, "engines": engines_table, "coverage": coverage_table}
+def engine_steps_table(result: dict) -> str:
+    """`bench fidelity`'s published engine steps: per row, the whole step published and estimated (or,
+    where only calls are published, their median error), and whether the plan fits in memory."""
+    rows = []
+    for r in result["engine_steps"]:
+        job = r["label"] or r["source"]
+        if r["published_step_s"] is not None:
+            rows.append([r["source"], job, f"{r['published_step_s']:.1f}", f"{r['predicted_step_s']:.1f}",
+                         f"{r['step_error'] * 100:+.1f}%", "yes" if r["fits"] else "no"])
+        else:
+            calls = ", ".join(f"{c['call']} {c['error'] * 100:+.1f}%" for c in r["calls"])
+            rows.append([r["source"], job, "-", f"{r['predicted_step_s']:.1f}", f"calls: {calls}",
+                         "yes" if r["fits"] else "no"])
+    return _markdown(["source", "job", "published step s", "estimated s", "error", "fits"], rows)
+
+
+def engine_predictions_table(result: dict) -> str:
+    """`bench fidelity`'s predictions: per group and row fitted on, the factor k and the errors of the
+    group's other rows predicted with it."""
+    rows = []
+    for group, g in result["engine_step_predictions"].items():
+        for r in g["rows"]:
+            errors = ", ".join(f"{p['error'] * 100:+.0f}%" for p in r["predicted"])
+            rows.append([group, r["fit_on"], "-" if r["k"] is None else f"{r['k']:.3f}", errors or "-"])
+        rows.append([group, "all", "", f"median {_percent(g['median_error'])}, worst {_percent(g['worst_error'])}"])
+    return _markdown(["group", "fitted on", "k", "the other rows predicted (in the table's order)"], rows)
+
+
+TABLES = {"fidelity": fidelity_summary, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table}
