@@ -351,3 +351,45 @@ def test_realbench_runs_own_log(cli, tmp_path):
     code, _, err = cli("calibrate", "--engine", "realbench", run / "metrics.jsonl", "--scenario", "ppo-tiny-2cpu",
                        "--plan", tmp_path / "plan.yaml")
     assert code == 2 and "the log's run had 4 GPUs (processes), the plan 2" in err
+
+
+def test_bench_prediction_calibrates_on_one_plans_run_and_predicts_another(cli):
+    code, out, err = cli("bench", "prediction", "--quick", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    a, b = r["plans"]["A"], r["plans"]["B"]
+    assert set(a) == set(b) and a["actor_train"] != b["actor_train"] and "tp2" in b["actor_train"]
+    assert r["steps"] == 4 and r["calibration"]["steps_used"] == [1, 2, 3]
+    assert r["calibration"]["factors"]["kernel_overhead_s"]["fitted"]
+    for k, v in r["estimated_b_iter_s"].items():
+        assert r["errors"][k] == pytest.approx(v / r["measured_iter_s"]["B"] - 1)
+    assert r["meets_target"] == (abs(r["errors"]["calibrated"]) <= r["target"] == 0.10)
+
+
+def test_the_limits_page_quotes_the_stored_prediction_run():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    stored = json.loads((root / "docs" / "measurements" / "data" / "bench-prediction.json").read_text())
+    page = " ".join((root / "docs" / "limits.md").read_text().split())
+    said = re.search(r"the calibrated estimate of plan B is (\d+)% off its measured run, where this machine's cached "
+                     r"profile .*? is (\d+)% off", page)
+    assert [int(x) for x in said.groups()] == [round(abs(stored["errors"]["calibrated"]) * 100),
+                                               round(abs(stored["errors"]["profile"]) * 100)]
+    assert stored["steps"] == 10 and not stored["meets_target"]
+
+
+def test_what_is_not_fitted_keeps_its_preset_value(cli, job, tmp_path):
+    """A log of generation alone fits the HBM efficiency only: the calibrated device keeps every other
+    field of the preset, the links included."""
+    log = write_jsonl(tmp_path / "gen.jsonl", [{"timing_s/gen": job["timers"]["timing_s/gen"]}] * 3)
+    out = tmp_path / "dev.yaml"
+    code, text, err = cli("calibrate", "--engine", "verl", log, "--scenario", SCENARIO, "--plan", job["plan"],
+                          "--out", out, "--json")
+    assert code == 0, err
+    c = json.loads(text)
+    assert [n for n, f in c["factors"].items() if f["fitted"]] == ["mem_bw_efficiency"]
+    preset = job["scenario"].cluster
+    assert c["device"] == {**preset.device.model_dump(), "mem_bw_efficiency": c["factors"]["mem_bw_efficiency"]["after"]}
+    assert c["links"] == {k: getattr(preset, k) for k in c["links"]}

@@ -15,7 +15,7 @@ LAYERS = [
     {"plan"},
     {"cost"},
     {"engines"},
-    {"search", "report"},
+    {"search", "report", "calibrate"},
     {"runtime", "export"},
     {"bench", "cli", "widgets", "examples", "__main__", "__init__"},
 ]

@@ -47,7 +47,7 @@ import numpy as np
 from realbench.calibrate.logs import StepLog
 from realbench.dataflow import CallKind
 from realbench.errors import ConfigError
-from realbench.hardware import DATASHEETS
+from realbench.hardware import DATASHEETS, LINK_FIELDS
 
 FACTORS = ("matmul_efficiency", "mem_bw_efficiency", "link_scale", "kernel_overhead_s")
 MEANING = {"matmul_efficiency": "training MFU: matmuls at this fraction of the bf16 peak",
@@ -263,10 +263,10 @@ def _logged(engine: str, steps: list[dict], what: str) -> Optional[float]:
 def check_log(engine: str, log: StepLog, scenario, options: dict, steps: list[dict]) -> list[str]:
     """Refuse a log of another job (GPU count, batch, model), naming what differs; what was
     checked, as lines."""
-    from realbench.runtime.launch import needed_processes
+    from realbench.plan.mesh import devices_spanned
 
     checks = []
-    gpus = needed_processes(scenario, options) if engine == "realbench" else scenario.cluster.n_devices
+    gpus = devices_spanned(options, scenario.cluster.gpus_per_node) if engine == "realbench" else scenario.cluster.n_devices
     logged = _logged(engine, steps, "gpus")
     if logged is not None:
         if round(logged) != gpus:
@@ -358,11 +358,12 @@ def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1)
                           source=log.source)
     limits = limits_of(scenario)
     target = np.log([measured[p.name] for p in fitted_phases])
-    # wide bounds, so that a log asking for more than physics allows is seen (and refused below)
-    start = {**start, "kernel_overhead_s": max(start["kernel_overhead_s"], 1e-7)}
-    lo = np.log([1e-3 * start[n] for n in names])
-    hi = np.log([4.0 * (limits[n] or 1e3 * start[n]) for n in names])
-    x0 = np.clip(np.log([start[n] for n in names]), lo + 1e-9, hi - 1e-9)
+    # a fitted overhead starts off zero (the fit moves in log space); wide bounds, so that a log asking
+    # for more than physics allows is seen (and refused below)
+    first = {n: max(start[n], 1e-7) if n == "kernel_overhead_s" else start[n] for n in names}
+    lo = np.log([1e-3 * first[n] for n in names])
+    hi = np.log([4.0 * (limits[n] or 1e3 * first[n]) for n in names])
+    x0 = np.clip(np.log([first[n] for n in names]), lo + 1e-9, hi - 1e-9)
 
     def values(x) -> dict[str, float]:
         return {**start, **{n: float(v) for n, v in zip(names, np.exp(x))}}
@@ -388,8 +389,7 @@ def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1)
     c = calibrated.cluster
     return Calibration(engine, log.source, tuple(int(s["step"]) for s in steps), rows, factors, checks,
                        device=c.device.model_dump(),
-                       links={k: getattr(c, k) for k in ("intra_bw", "inter_bw", "intra_latency_s", "inter_latency_s",
-                                                         "host_bw", "host_adam_rate")})
+                       links={k: getattr(c, k) for k in LINK_FIELDS})
 
 
 def error(row: dict, key: str) -> float:

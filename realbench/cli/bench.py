@@ -14,7 +14,7 @@ BENCHMARKS = {"estimator": "realbench.bench.estimator", "search": "realbench.ben
               "peers": "realbench.bench.peers", "lengths": "realbench.bench.lengths",
               "async": "realbench.bench.asynchronous", "engines": "realbench.bench.engines",
               "rollout": "realbench.bench.rollout", "host-adam": "realbench.bench.host_adam",
-              "coverage": "realbench.bench.coverage"}
+              "coverage": "realbench.bench.coverage", "prediction": "realbench.bench.prediction"}
 
 
 def add_parser(sub) -> None:

@@ -240,3 +240,9 @@ class Option:
 
     def label(self, gpus_per_node: int) -> str:
         return f"{self.mesh.label(gpus_per_node)}/{self.strategy.label()}"
+
+
+def devices_spanned(options: dict, gpus_per_node: int) -> int:
+    """Devices 0..n-1 a plan's options span, up to its last used device (the processes a run of it
+    needs: device i is global rank i)."""
+    return max(o.mesh.start(gpus_per_node) + o.mesh.size for o in options.values())

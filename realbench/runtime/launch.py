@@ -291,7 +291,9 @@ def latest_checkpoint(checkpoint_dir: str) -> int:
 
 def needed_processes(scenario, options: dict) -> int:
     """Processes a plan needs: device i of the plan is global rank i, up to its last used device."""
-    return max(o.mesh.start(scenario.cluster.gpus_per_node) + o.mesh.size for o in options.values())
+    from realbench.plan.mesh import devices_spanned
+
+    return devices_spanned(options, scenario.cluster.gpus_per_node)
 
 
 def check_run(scenario, options: dict, nproc: int, steps: int, save_every: int, checkpoint_dir: str,
