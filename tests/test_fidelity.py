@@ -233,6 +233,7 @@ def test_nemo_rls_published_whole_steps_are_estimated_and_predict_each_other(ben
     rows = [r for r in bench["engine_steps"] if r["source"] == "nemo-rl"]
     steps = [r for r in data.engine_steps if r.source == "nemo-rl"]
     assert len(rows) == len(steps) == 6 and {r.group for r in steps} == {"nemo-rl v0.5 H100 BF16"}
+    assert all(r["fits"] for r in rows)  # (the colocated ones with the training state offloaded, as NeMo-RL does)
     for r, row in zip(rows, steps):
         assert r["published_step_s"] == row.published_s["total_step_time"]
         assert r["step_error"] == pytest.approx(r["predicted_step_s"] / r["published_step_s"] - 1)
