@@ -7,13 +7,15 @@ its train call (realbench prices the old log-probabilities' forward in it),
 the actor's weights into the generate call's layout), `timing_s/step` the whole step. The
 measured seconds of a phase are the median over the logged steps after the warm-up ones.
 
-Three factors of the device preset are fitted, each only where a logged phase depends on it:
+The factors of the device preset, each fitted only where a logged phase depends on it:
 
     matmul_efficiency    the fraction of the dense bf16 peak that large matmuls reach (training
                          MFU; the forwards of inference calls and of generation's prefill too:
                          realbench's cost model has one matmul efficiency)   <- train, inference
     mem_bw_efficiency    the fraction of the HBM bandwidth that decoding reaches  <- generation
     link_scale           a factor on the links' bandwidths (NVLink and the NIC) <- weight sync
+    link_latency_scale   a factor on the links' latencies (each collective's fixed cost: the tp
+                         and pp exchanges of a small model)  <- calls with such collectives
 
 and, on a device without a datasheet (the CPU processes of realbench's own runs, whose tiny
 models' calls are bound by per-layer overheads more than by arithmetic or memory),
@@ -22,7 +24,21 @@ models' calls are bound by per-layer overheads more than by arithmetic or memory
 
 by least squares on log(estimated / measured) over the phases other than the whole step
 (scipy's bounded trust region, in log space), each call priced by realbench.cost with the
-factors set. The whole step is the check: estimated before and after, beside the measured.
+factors set. "Depends on it": doubling the factor from the preset moves a phase's price by 5%
+or more (SENSITIVITY); a factor without a physical limit that the fit runs to a bound of its
+search is one the log cannot tell apart from the others (on CPU processes, decoding's memory
+bandwidth beside the per-layer overhead): both keep the preset's value, and say why. So a log
+of a plan without tp's collectives fits no latency, and estimates of plans with them stay at
+the preset's: calibrate from a run whose plan has the exchanges of the plans to be estimated.
+
+Then, where the log times the whole step,
+
+    step_overhead_s      the engine's own seconds a step outside its calls (moving batches
+                         between them, its controller): the median of the step's seconds beyond
+                         its logged phases, less what the priced step holds beyond the same
+                         phases (reallocations, calls the log does not time); never below zero
+
+The whole step is the check: estimated before and after, beside the measured.
 
 A factor the log drives past its physical range (an efficiency above 1; a link above the
 datasheet's peak, or above the scenario's own bandwidth where that is higher: NVLink SHARP as
@@ -49,11 +65,14 @@ from realbench.dataflow import CallKind
 from realbench.errors import ConfigError
 from realbench.hardware import DATASHEETS, LINK_FIELDS
 
-FACTORS = ("matmul_efficiency", "mem_bw_efficiency", "link_scale", "kernel_overhead_s")
+FACTORS = ("matmul_efficiency", "mem_bw_efficiency", "link_scale", "link_latency_scale", "kernel_overhead_s",
+           "step_overhead_s")
 MEANING = {"matmul_efficiency": "training MFU: matmuls at this fraction of the bf16 peak",
            "mem_bw_efficiency": "decoding at this fraction of the HBM bandwidth",
            "link_scale": "the links' bandwidths times this",
-           "kernel_overhead_s": "a fixed cost per layer of each forward and decode step"}
+           "link_latency_scale": "the links' latencies times this (each collective's fixed cost)",
+           "kernel_overhead_s": "a fixed cost per layer of each forward and decode step",
+           "step_overhead_s": "the engine's own seconds a step outside its calls"}
 # a batch measured from the log's tokens may differ from the plan's by rounding of the means only
 BATCH_TOLERANCE = 0.02
 
@@ -129,7 +148,7 @@ def factor_of(scenario, phase: Phase) -> Optional[str]:
 def factors_of(scenario) -> dict[str, float]:
     d = scenario.cluster.device
     return {"matmul_efficiency": d.matmul_efficiency, "mem_bw_efficiency": d.mem_bw_efficiency, "link_scale": 1.0,
-            "kernel_overhead_s": d.kernel_overhead_s}
+            "link_latency_scale": 1.0, "kernel_overhead_s": d.kernel_overhead_s, "step_overhead_s": d.step_overhead_s}
 
 
 def limits_of(scenario) -> dict[str, Optional[float]]:
@@ -141,7 +160,8 @@ def limits_of(scenario) -> dict[str, Optional[float]]:
         return dict.fromkeys(FACTORS)
     peak = max(sheet["nvlink"], c.intra_bw) if c.nodes == 1 else max(sheet["nic"], c.inter_bw)
     return {"matmul_efficiency": 1.0, "mem_bw_efficiency": 1.0,
-            "link_scale": peak / (c.intra_bw if c.nodes == 1 else c.inter_bw), "kernel_overhead_s": None}
+            "link_scale": peak / (c.intra_bw if c.nodes == 1 else c.inter_bw), "link_latency_scale": None,
+            "kernel_overhead_s": None, "step_overhead_s": None}
 
 
 def folded(scenario):
@@ -161,9 +181,10 @@ def with_factors(scenario, values: dict[str, float]):
     """The scenario on its device with these factors."""
     c = scenario.cluster
     device = c.device.model_copy(update={k: values[k] for k in ("matmul_efficiency", "mem_bw_efficiency",
-                                                                "kernel_overhead_s")})
-    k = values["link_scale"]
-    cluster = c.model_copy(update={"device": device, "intra_bw": c.intra_bw * k, "inter_bw": c.inter_bw * k})
+                                                                "kernel_overhead_s", "step_overhead_s")})
+    k, a = values["link_scale"], values["link_latency_scale"]
+    cluster = c.model_copy(update={"device": device, "intra_bw": c.intra_bw * k, "inter_bw": c.inter_bw * k,
+                                   "intra_latency_s": c.intra_latency_s * a, "inter_latency_s": c.inter_latency_s * a})
     return scenario.model_copy(update={"cluster": cluster})
 
 
@@ -180,6 +201,48 @@ def priced(scenario, options: dict, phases: list[Phase]) -> dict[str, float]:
         else:
             out[p.name] = sum(getattr(result.calls[c], "realloc_s" if p.part == "realloc" else "time_s") for c in p.calls)
     return out
+
+
+NOT_DEPENDED = "no logged phase depends on it: plans that do are estimated at the preset's value"
+NOT_APART = "the log does not tell it apart from the other factors: it keeps the preset's value"
+# a factor is fitted only where doubling it from the preset moves a fitted phase's price by this share or more
+SENSITIVITY = 0.05
+
+
+def _sensitivity(scenario, options: dict, phases: list[Phase], values: dict[str, float], name: str) -> float:
+    """The largest relative change of a phase's price when factor `name` doubles from `values`."""
+    at = priced(with_factors(scenario, values), options, phases)
+    doubled = priced(with_factors(scenario, {**values, name: 2 * values[name]}), options, phases)
+    return max(abs(doubled[p.name] / at[p.name] - 1) for p in phases)
+
+
+def _least_squares(scenario, options: dict, phases: list[Phase], measured: dict, start: dict, limits: dict,
+                   names: list[str]) -> tuple[dict[str, float], list[str]]:
+    """The factors `names` that fit the phases' measured seconds (least squares in log space; the
+    rest at `start`), and those of them the fit determined (below)."""
+    from scipy.optimize import least_squares
+
+    target = np.log([measured[p.name] for p in phases])
+    # a fitted overhead starts off zero (the fit moves in log space); wide bounds, so that a log asking
+    # for more than physics allows is seen (and refused by the caller)
+    first = {n: max(start[n], 1e-7) if n == "kernel_overhead_s" else start[n] for n in names}
+    lo = np.log([1e-3 * first[n] for n in names])
+    hi = np.log([4.0 * (limits[n] or 1e3 * first[n]) for n in names])
+    x0 = np.clip(np.log([first[n] for n in names]), lo + 1e-9, hi - 1e-9)
+
+    def values(x) -> dict[str, float]:
+        return {**start, **{n: float(v) for n, v in zip(names, np.exp(x))}}
+
+    def residuals(x):
+        at = priced(with_factors(scenario, values(x)), options, phases)
+        return np.log([max(at[p.name], 1e-12) for p in phases]) - target
+
+    result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, xtol=1e-10, ftol=1e-10, max_nfev=200)
+    # a factor without a physical limit that ends at a bound is one the phases cannot pin down (its
+    # effect taken over by another): the caller fits the others without it
+    free = [n for n, x, low, high in zip(names, result.x, lo, hi)
+            if limits[n] is not None or low + 1e-6 < x < high - 1e-6]
+    return values(result.x), free
 
 
 # -- the log against the plan --------------------------------------------------------------------------
@@ -330,8 +393,6 @@ def measured_lengths(engine: str, log: StepLog, scenario, steps: list[dict]):
 
 def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1) -> Calibration:
     """Fit the device factors to the log (see the module doc)."""
-    from scipy.optimize import least_squares
-
     phases = engine_phases(engine, scenario)
     timers = {t for p in phases for t in p.timers}
     steps = sorted((s for s in log.steps if timers & set(s)), key=lambda s: s["step"])
@@ -353,39 +414,43 @@ def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1)
     names = sorted({factor_of(scenario, p) for p in fitted_phases}, key=FACTORS.index)
     if scenario.cluster.device.name not in DATASHEETS and len(fitted_phases) > len(names):
         names.append("kernel_overhead_s")
+    if len(fitted_phases) > len(names):
+        names.append("link_latency_scale")
+    # a factor the phases hardly depend on is not what the log measured (a plan without tp's collectives
+    # says nothing of the links' latency): it keeps its preset value
+    why = {n: NOT_DEPENDED for n in names if _sensitivity(scenario, options, fitted_phases, start, n) < SENSITIVITY}
+    names = [n for n in names if n not in why]
     if not names:
         raise ConfigError(f"no phase realbench prices in the log (timers: {', '.join(sorted(timers))})",
                           source=log.source)
     limits = limits_of(scenario)
-    target = np.log([measured[p.name] for p in fitted_phases])
-    # a fitted overhead starts off zero (the fit moves in log space); wide bounds, so that a log asking
-    # for more than physics allows is seen (and refused below)
-    first = {n: max(start[n], 1e-7) if n == "kernel_overhead_s" else start[n] for n in names}
-    lo = np.log([1e-3 * first[n] for n in names])
-    hi = np.log([4.0 * (limits[n] or 1e3 * first[n]) for n in names])
-    x0 = np.clip(np.log([first[n] for n in names]), lo + 1e-9, hi - 1e-9)
-
-    def values(x) -> dict[str, float]:
-        return {**start, **{n: float(v) for n, v in zip(names, np.exp(x))}}
-
-    def residuals(x):
-        at = priced(with_factors(scenario, values(x)), options, fitted_phases)
-        return np.log([max(at[p.name], 1e-12) for p in fitted_phases]) - target
-
-    result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, xtol=1e-10, ftol=1e-10, max_nfev=200)
-    fit = values(result.x)
+    fit, free = _least_squares(scenario, options, fitted_phases, measured, start, limits, names)
+    if free != names and free:  # one ran to a bound of the search: the others fitted again without it
+        why.update({n: NOT_APART for n in names if n not in free})
+        names = free
+        fit, _ = _least_squares(scenario, options, fitted_phases, measured, start, limits, names)
     for n in names:
         if limits[n] is not None and fit[n] > limits[n] * (1 + 1e-6):
             drivers = [p.name for p in fitted_phases if factor_of(scenario, p) == n]
             raise ConfigError(f"the log's {', '.join(drivers)} need {n} = {fit[n]:.3g}, above its physical "
                               f"{limits[n]:.3g} ({MEANING[n]}): not a log of this plan on this device", source=log.source)
+    step = next((p for p in logged if p.part == "step"), None)
+    if step is not None:
+        # the step's seconds beyond its logged phases, measured against priced: the engine's own work
+        # (module doc); of the phases as measured, so that the phases' misfit is not counted in it
+        at = priced(with_factors(scenario, {**fit, "step_overhead_s": 0.0}), options, logged)
+        phases = [p for p in logged if p.part != "step"]
+        beyond = statistics.median(s[step.timers[0]] - sum(s.get(t, 0.0) for p in phases for t in p.timers)
+                                   for s in steps if step.timers[0] in s)
+        fit["step_overhead_s"] = max(0.0, beyond - (at[step.name] - sum(at[p.name] for p in phases)))
+        names.append("step_overhead_s")
     calibrated = folded(with_factors(scenario, fit))
     after = priced(calibrated, options, logged)
     rows = [{"phase": p.name, "timers": [t for t in p.timers if any(t in s for s in steps)],
              "measured_s": measured[p.name], "before_s": before[p.name], "after_s": after[p.name],
              "fitted": p in fitted_phases} for p in logged]
-    factors = {n: {"before": start[n], "after": fit[n], "fitted": n in names, "limit": limits[n], "meaning": MEANING[n]}
-               for n in FACTORS}
+    factors = {n: {"before": start[n], "after": fit[n], "fitted": n in names, "limit": limits[n], "meaning": MEANING[n],
+                   **({"why": why[n]} if n in why else {})} for n in FACTORS}
     c = calibrated.cluster
     return Calibration(engine, log.source, tuple(int(s["step"]) for s in steps), rows, factors, checks,
                        device=c.device.model_dump(),

@@ -78,5 +78,7 @@ def print_calibration(c) -> None:
     for name, f in c.factors.items():
         if f["fitted"]:
             console.print(f"{name}: {f['before']:.4g} -> {f['after']:.4g} ({f['meaning']})")
+        elif "why" in f:
+            console.print(f"{name}: not fitted, {f['why']}")
     for line in c.checks:
         console.print(f"checked: {line}")

@@ -733,7 +733,7 @@ class Estimator:
                 if record:
                     starts[it, :, u], stops[it, :, u] = start, end
         window = steady_window(self.staleness)
-        time = (iter_end[-1] - iter_end[-1 - window]) / window
+        time = (iter_end[-1] - iter_end[-1 - window]) / window + self.cluster.device.step_overhead_s
         return _Schedule(time, R.sum(axis=1), starts, stops)
 
     # -- the public API -------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class DeviceSpec(FileModel):
     half_efficiency_rows: float = Field(default=96.0, ge=0)
     mem_bw_efficiency: float = Field(default=0.85, gt=0, le=1)
     kernel_overhead_s: float = Field(default=6e-6, ge=0)  # fixed cost per layer per step (launches)
+    # the engine's own work in a step outside its calls (moving batches between them, its
+    # controller): none in the presets; `realbench calibrate` fits it from a log's whole step
+    step_overhead_s: float = Field(default=0.0, ge=0)
 
 
 class ClusterSpec(FileModel):

@@ -77,6 +77,7 @@ class CalibrationPanel:
         self.plot.update_from_model(calibration_figure(result.phases))
         self.table.value = phases_table(result)
         fitted = [f"{n} {f['before']:.4g} &rarr; {f['after']:.4g}" for n, f in result.factors.items() if f["fitted"]]
+        fitted += [f"{n} not fitted: {html.escape(f['why'])}" for n, f in result.factors.items() if "why" in f]
         self.status.value = (f"{html.escape(Path(log).name)}: steps {result.steps_used[0]}..{result.steps_used[-1]}; "
                              + "; ".join(fitted) + (f"; wrote {html.escape(out)}" if out else ""))
         self.apply_button.disabled = False
