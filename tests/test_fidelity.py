@@ -269,18 +269,70 @@ def test_nemo_rls_published_whole_steps_are_estimated_and_predict_each_other(ben
 
 
 def test_the_readme_shows_the_engine_steps_bench_fidelity_computes(bench):
+    import re
+
     from manual import README
 
-    from realbench.bench.tables import engine_predictions_table, engine_steps_table
+    from realbench.bench.tables import engine_fit_table, engine_predictions_table, engine_steps_table
 
     assert engine_steps_table(bench) in README
     assert engine_predictions_table(bench) in README
+    assert engine_fit_table(bench) in README
+    text = " ".join(README.split())
+    f = bench["engine_fit"]
+    said = re.search(r"the matmul efficiency times ([\d.]+) and decoding's HBM efficiency times ([\d.]+) .*? bring the "
+                     r"checked steps to a median error of ([\d.]+)%", text)
+    assert [float(x) for x in said.groups()] == [round(f["k_matmul"], 3), round(f["k_decode"], 3),
+                                                 round(f["checked_median_error"] * 100, 1)]
+    assert f"the engines' two factors leave the checked steps {f['checked_median_error'] * 100:.1f}% off" in text
+
+
+def test_the_engines_two_factors_are_fitted_to_the_published_calls_and_checked_on_whole_steps(bench, data):
+    """engine_fit: k_matmul and k_decode minimise the squared log errors of the published calls
+    (moving either by 1% either way makes the sum larger); every row that publishes a whole step is
+    checked, none of its calls fitted unless the row publishes calls; each error is estimated over
+    published, minus 1."""
+    import numpy as np
+
+    f = bench["engine_fit"]
+    fitted_rows = {r.label for r in data.engine_steps if r.compared}
+    assert {r["row"] for r in f["fitted_calls"]} == fitted_rows == {
+        "qwen2-7b-instruct PPO, 8 GPUs", "deepseek-r1-distill-qwen-1.5b GRPO, 8 GPUs"}
+    assert len(f["checked_steps"]) == sum(1 for r in data.engine_steps if r.step) == 7
+    for r in f["fitted_calls"] + f["checked_steps"]:
+        assert r["error"] == pytest.approx(r["estimated_s"] / r["published_s"] - 1)
+    assert f["checked_median_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in f["checked_steps"]))
+    jobs = fidelity._jobs(data)
+    fitted = [j for j in jobs.values() if j[0].compared]
+
+    def squares(km, kd):
+        total = 0.0
+        for job in fitted:
+            at = fidelity._priced_at(job, km, kd)
+            total += sum(np.log(at[c] / sum(job[0].published_s[t] for t in ts)) ** 2 for c, ts in job[0].compared.items())
+        return total
+
+    best = squares(f["k_matmul"], f["k_decode"])
+    for km, kd in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert squares(f["k_matmul"] * km, f["k_decode"] * kd) > best
+
+
+def test_rlinfs_prompt_length_is_what_its_throughputs_count_beyond_the_response(data):
+    """The RLinf row's 150-token prompt: the table's generation throughput (3,533.27 tokens/s/GPU over
+    260.92 s on 8 GPUs) counts 14,405 tokens a sequence of its 512, 150 beyond the mean response."""
+    row = next(r for r in data.engine_steps if r.source == "rlinf-verl")
+    flow = row.scenario["dataflow"]
+    sequences = flow["prompts"] * flow["group_size"]
+    assert sequences == 512 and row.published_s["generation time"] == 260.92
+    counted = 3533.27 * 260.92 * 8 / sequences
+    assert round(counted - 14254.84) == flow["prompt_len"] == 150
+    assert flow["gen_len"]["lengths"] == [round(14254.84)]
 
 
 def test_an_engine_step_compares_something(data):
     from realbench.bench.fidelity import EngineStep
 
-    row = data.engine_steps[1].model_dump()
+    row = next(r for r in data.engine_steps if r.source == "nemo-rl").model_dump()  # (a whole step only)
     with pytest.raises(ValueError, match="compare some calls or the whole step"):
         EngineStep(**{**row, "step": ""})
     with pytest.raises(ValueError, match="step: no published timer 'total'"):
@@ -298,3 +350,27 @@ def test_the_limits_page_says_how_far_the_published_steps_are(bench):
     group = bench["engine_step_predictions"]["nemo-rl v0.5 H100 BF16"]
     assert [int(x) for x in said.groups()] == [round(-max(errors) * 100), round(-min(errors) * 100),
                                                round(group["median_error"] * 100)]
+
+
+def test_the_h100_rl_preset_is_the_h100_with_the_engines_fitted_factors(bench, data, cli, tmp_path, monkeypatch):
+    """ENGINE_FACTORS are bench fidelity's fit (refitted here), and a published whole step planned on
+    `device: h100-rl` is estimated as the fit's check estimates it."""
+    from realbench.hardware import DEVICES, ENGINE_FACTORS, LINKS
+
+    f = bench["engine_fit"]
+    assert ENGINE_FACTORS == {"k_matmul": pytest.approx(f["k_matmul"], rel=5e-4),
+                              "k_decode": pytest.approx(f["k_decode"], rel=5e-4)}
+    h100, rl = DEVICES["h100"], DEVICES["h100-rl"]
+    assert rl == h100.model_copy(update={"matmul_efficiency": h100.matmul_efficiency * ENGINE_FACTORS["k_matmul"],
+                                         "mem_bw_efficiency": h100.mem_bw_efficiency * ENGINE_FACTORS["k_decode"]})
+    assert LINKS["h100-rl"] == LINKS["h100"]
+    row = next(r for r in data.engine_steps if r.source == "nemo-rl")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "math_verify.py").write_text("def verify(*args, **kwargs):\n    return 0.0\n")
+    scenario = {**row.scenario, "cluster": {**row.scenario["cluster"], "device": "h100-rl"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"schema": "realbench.scenario/1", **scenario}))
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump({"schema": "realbench.plan/1", "scenario": "job.yaml", **row.plan}))
+    code, out, err = cli("estimate", "--scenario", "job.yaml", "--plan", "plan.yaml", "--json")
+    assert code == 0, err
+    checked = next(s for s in f["checked_steps"] if s["row"] == row.label)
+    assert json.loads(out)["time_per_iter_s"] == pytest.approx(checked["estimated_s"], rel=1e-3)

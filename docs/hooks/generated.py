@@ -83,7 +83,7 @@ def on_files(files, config):
 
 
 # the tables of `bench fidelity`, computed at build time (once: a few seconds)
-FIDELITY_TABLES = ("fidelity", "engine_steps", "engine_predictions")
+FIDELITY_TABLES = ("fidelity", "engine_steps", "engine_predictions", "engine_fit")
 
 
 @functools.lru_cache(maxsize=None)

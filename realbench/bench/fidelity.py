@@ -454,36 +454,94 @@ def engine_steps_through_estimate(data: Published) -> list[dict]:
 SCALE_LOW = 0.02
 
 
-def engine_step_predictions(data: Published) -> dict:
-    """Prediction, not only fit: per group of published whole steps (one job's table: other GPU
-    counts, layouts, synchronous against asynchronous), each row in turn calibrates one factor k
-    (both device efficiencies times k, so that its estimated step is the published one), and the
-    other rows of the group are predicted with it; the errors, and per group their median and worst."""
+def _jobs(data: Published) -> dict[int, tuple]:
+    """Each published engine step's (row, scenario, plan's options), read from the files a user
+    would write (`_step_files`)."""
     import tempfile
 
-    from scipy.optimize import brentq
-
-    from realbench.calibrate.fit import Phase, factors_of, priced, with_factors
     from realbench.plan import load_plan, load_scenario
 
-    jobs, groups = {}, {}
+    jobs = {}
     with tempfile.TemporaryDirectory() as root:
         for i, row in enumerate(data.engine_steps):
-            if not (row.group and row.step):
-                continue
             folder = Path(root) / str(i)
             folder.mkdir()
             scenario_path, plan_path = _step_files(row, folder)
             scenario = load_scenario(str(scenario_path))
             jobs[i] = (row, scenario, load_plan(str(plan_path), scenario)[2])
+    return jobs
+
+
+def _priced_at(job: tuple, k_matmul: float, k_decode: float) -> dict[str, float]:
+    """A job's compared calls and whole step (`step`) priced with the device's matmul efficiency
+    times k_matmul and its HBM efficiency times k_decode."""
+    from realbench.calibrate.fit import Phase, factors_of, priced, with_factors
+
+    row, scenario, options = job
+    f = factors_of(scenario)
+    scaled = {**f, "matmul_efficiency": f["matmul_efficiency"] * k_matmul,
+              "mem_bw_efficiency": f["mem_bw_efficiency"] * k_decode}
+    phases = [Phase(c, (), (c,)) for c in row.compared] + [Phase("step", (), (), "step")]
+    return priced(with_factors(scenario, scaled), options, phases)
+
+
+def engine_fit(data: Published) -> dict:
+    """The RL engines' speed against the presets, as two factors: k_matmul on the matmul efficiency
+    and k_decode on the HBM efficiency, fitted (least squares on log(estimated / published)) to the
+    calls the engines publish one by one (verl's timers: play-verl's and RLinf's runs), and checked
+    on every published whole step, none of which is fitted. What the factors stand for: the engines'
+    own work beside the presets' kernels (fitted to Megatron's pre-training and TensorRT-LLM's
+    serving): eager decoding, the rollout's sampling and scheduling, Hugging Face modelling code."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    jobs = _jobs(data)
+    fitted = [i for i, (row, _, _) in jobs.items() if row.compared]
+    checked = [i for i, (row, _, _) in jobs.items() if row.step]
+
+    def published(row, call: str) -> float:
+        return sum(row.published_s[t] for t in row.compared[call])
+
+    def residuals(x):
+        k = np.exp(x)
+        out = []
+        for i in fitted:
+            at = _priced_at(jobs[i], *k)
+            out += [np.log(at[c] / published(jobs[i][0], c)) for c in jobs[i][0].compared]
+        return out
+
+    k_matmul, k_decode = np.exp(least_squares(residuals, [0.0, 0.0], xtol=1e-10, ftol=1e-10).x)
+    calls, steps = [], []
+    for i in fitted:
+        row = jobs[i][0]
+        at = _priced_at(jobs[i], k_matmul, k_decode)
+        calls += [{"row": row.label, "source": row.source, "call": c, "published_s": published(row, c),
+                   "estimated_s": at[c], "error": at[c] / published(row, c) - 1} for c in row.compared]
+    for i in checked:
+        row = jobs[i][0]
+        at = _priced_at(jobs[i], k_matmul, k_decode)["step"]
+        steps.append({"row": row.label, "source": row.source, "published_s": row.published_s[row.step],
+                      "estimated_s": at, "error": at / row.published_s[row.step] - 1})
+    errors = [abs(s["error"]) for s in steps]
+    return {"k_matmul": float(k_matmul), "k_decode": float(k_decode), "fitted_calls": calls, "checked_steps": steps,
+            "checked_median_error": statistics.median(errors), "checked_worst_error": max(errors)}
+
+
+def engine_step_predictions(data: Published) -> dict:
+    """Prediction, not only fit: per group of published whole steps (one job's table: other GPU
+    counts, layouts, synchronous against asynchronous), each row in turn calibrates one factor k
+    (both device efficiencies times k, so that its estimated step is the published one), and the
+    other rows of the group are predicted with it; the errors, and per group their median and worst."""
+    from scipy.optimize import brentq
+
+    jobs = _jobs(data)
+    groups = {}
+    for i, (row, _, _) in jobs.items():
+        if row.group and row.step:
             groups.setdefault(row.group, []).append(i)
-    step = [Phase("step", (), (), "step")]
 
     def at(i: int, k: float) -> float:
-        _, scenario, options = jobs[i]
-        f = factors_of(scenario)
-        scaled = {**f, "matmul_efficiency": f["matmul_efficiency"] * k, "mem_bw_efficiency": f["mem_bw_efficiency"] * k}
-        return priced(with_factors(scenario, scaled), options, step)["step"]
+        return _priced_at(jobs[i], k, k)["step"]
 
     out = {}
     for group, members in groups.items():
@@ -530,5 +588,6 @@ def run(path: Optional[str] = None, refit: bool = True) -> dict:
         "sc21_through_estimate": sc21_through_estimate(data),
         "engine_steps": engine_steps_through_estimate(data),
         "engine_step_predictions": engine_step_predictions(data),
+        "engine_fit": engine_fit(data),
         "engine_step_target": {"whole_step_error": ENGINE_STEP_TARGET, "median_error": ENGINE_STEP_MEDIAN_TARGET},
     }

@@ -102,4 +102,17 @@ def engine_predictions_table(result: dict) -> str:
     return _markdown(["group", "fitted on", "k", "the other rows predicted (in the table's order)"], rows)
 
 
-TABLES = {"fidelity": fidelity_summary, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table}
+def engine_fit_table(result: dict) -> str:
+    """`bench fidelity`'s engine factors: the calls they are fitted to, then the whole steps they are
+    checked on, each published and estimated with the factors."""
+    f = result["engine_fit"]
+    rows = [[r["source"], r["row"], f"fitted: {r['call']}", f"{r['published_s']:.1f}", f"{r['estimated_s']:.1f}",
+             f"{r['error'] * 100:+.1f}%"] for r in f["fitted_calls"]]
+    rows += [[r["source"], r["row"], "checked: whole step", f"{r['published_s']:.1f}", f"{r['estimated_s']:.1f}",
+              f"{r['error'] * 100:+.1f}%"] for r in f["checked_steps"]]
+    rows.append(["", f"k_matmul {f['k_matmul']:.3f}, k_decode {f['k_decode']:.3f}", "checked steps", "", "",
+                 f"median {_percent(f['checked_median_error'])}, worst {_percent(f['checked_worst_error'])}"])
+    return _markdown(["source", "job", "role", "published s", "estimated s", "error"], rows)
+
+
+TABLES = {"fidelity": fidelity_summary, "engine_fit": engine_fit_table, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table}

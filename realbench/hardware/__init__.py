@@ -147,8 +147,24 @@ def gpu_links(name: str, fit: dict[str, float] = FITTED, nic: float = 0.0) -> di
             "host_adam_rate": fit["host_adam_rate"]}
 
 
+# The RL engines' own speed against the presets: the matmul and HBM efficiencies times these, fitted by
+# `realbench bench fidelity` (realbench.bench.fidelity.engine_fit) to the calls that verl's published runs
+# time one by one and checked on every published whole step (the README's table); the test suite
+# refits them and checks these values. The `h100-rl` preset is the H100 with them.
+ENGINE_FACTORS: dict[str, float] = {"k_matmul": 0.6365, "k_decode": 0.2545}
+
+
+def engine_device(name: str, factors: dict[str, float] = ENGINE_FACTORS) -> DeviceSpec:
+    """A GPU preset as the RL engines' published runs use it (ENGINE_FACTORS): its name stays the
+    datasheet's, since the chip is the same."""
+    d = gpu_device(name)
+    return d.model_copy(update={"matmul_efficiency": d.matmul_efficiency * factors["k_matmul"],
+                                "mem_bw_efficiency": d.mem_bw_efficiency * factors["k_decode"]})
+
+
 DEVICES: dict[str, DeviceSpec] = {
     **{name: gpu_device(name) for name in DATASHEETS},
+    "h100-rl": engine_device("h100"),
     # A CPU "device" as used by the tiny scenarios: one process per core, gloo links. Local plans
     # are costed with a profile of the machine (realbench.runtime.profile_cache); these numbers are the
     # fallback with `--profile none`.
@@ -158,6 +174,7 @@ DEVICES: dict[str, DeviceSpec] = {
 
 LINKS: dict[str, dict[str, float]] = {
     **{name: gpu_links(name) for name in DATASHEETS},
+    "h100-rl": gpu_links("h100"),
     "cpu": {"intra_bw": 2e9, "inter_bw": 1e9, "intra_latency_s": 5e-5, "inter_latency_s": 1e-4,  # loopback TCP
             "host_bw": 1e10},  # (its memory: the device's own bandwidth)
 }
