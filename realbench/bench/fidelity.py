@@ -179,6 +179,10 @@ class EngineStep(_Row):
             raise ValueError("compare some calls or the whole step")
         return self
 
+    def published_call_s(self, call: str) -> float:
+        """The seconds published for a compared call: the sum of the timers it covers."""
+        return sum(self.published_s[t] for t in self.compared[call])
+
 
 class Published(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -435,7 +439,7 @@ def engine_steps_through_estimate(data: Published) -> list[dict]:
             estimate = json.loads(text.getvalue())
         calls = []
         for call, timers in row.compared.items():
-            published = sum(row.published_s[t] for t in timers)
+            published = row.published_call_s(call)
             predicted = estimate["calls"][call]["time_s"]
             calls.append({"call": call, "timers": timers, "published_s": published, "predicted_s": predicted,
                           "error": predicted / published - 1})
@@ -499,15 +503,12 @@ def engine_fit(data: Published) -> dict:
     fitted = [i for i, (row, _, _) in jobs.items() if row.compared]
     checked = [i for i, (row, _, _) in jobs.items() if row.step]
 
-    def published(row, call: str) -> float:
-        return sum(row.published_s[t] for t in row.compared[call])
-
     def residuals(x):
         k = np.exp(x)
         out = []
         for i in fitted:
             at = _priced_at(jobs[i], *k)
-            out += [np.log(at[c] / published(jobs[i][0], c)) for c in jobs[i][0].compared]
+            out += [np.log(at[c] / jobs[i][0].published_call_s(c)) for c in jobs[i][0].compared]
         return out
 
     k_matmul, k_decode = np.exp(least_squares(residuals, [0.0, 0.0], xtol=1e-10, ftol=1e-10).x)
@@ -515,8 +516,8 @@ def engine_fit(data: Published) -> dict:
     for i in fitted:
         row = jobs[i][0]
         at = _priced_at(jobs[i], k_matmul, k_decode)
-        calls += [{"row": row.label, "source": row.source, "call": c, "published_s": published(row, c),
-                   "estimated_s": at[c], "error": at[c] / published(row, c) - 1} for c in row.compared]
+        calls += [{"row": row.label, "source": row.source, "call": c, "published_s": row.published_call_s(c),
+                   "estimated_s": at[c], "error": at[c] / row.published_call_s(c) - 1} for c in row.compared]
     for i in checked:
         row = jobs[i][0]
         at = _priced_at(jobs[i], k_matmul, k_decode)["step"]

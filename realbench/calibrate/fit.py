@@ -209,9 +209,10 @@ NOT_APART = "the log does not tell it apart from the other factors: it keeps the
 SENSITIVITY = 0.05
 
 
-def _sensitivity(scenario, options: dict, phases: list[Phase], values: dict[str, float], name: str) -> float:
-    """The largest relative change of a phase's price when factor `name` doubles from `values`."""
-    at = priced(with_factors(scenario, values), options, phases)
+def _sensitivity(scenario, options: dict, phases: list[Phase], values: dict[str, float], name: str,
+                 at: dict[str, float]) -> float:
+    """The largest relative change of a phase's price when factor `name` doubles from `values`, the
+    phases priced at `values` being `at`."""
     doubled = priced(with_factors(scenario, {**values, name: 2 * values[name]}), options, phases)
     return max(abs(doubled[p.name] / at[p.name] - 1) for p in phases)
 
@@ -418,7 +419,8 @@ def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1)
         names.append("link_latency_scale")
     # a factor the phases hardly depend on is not what the log measured (a plan without tp's collectives
     # says nothing of the links' latency): it keeps its preset value
-    why = {n: NOT_DEPENDED for n in names if _sensitivity(scenario, options, fitted_phases, start, n) < SENSITIVITY}
+    why = {n: NOT_DEPENDED for n in names
+           if _sensitivity(scenario, options, fitted_phases, start, n, before) < SENSITIVITY}
     names = [n for n in names if n not in why]
     if not names:
         raise ConfigError(f"no phase realbench prices in the log (timers: {', '.join(sorted(timers))})",
@@ -439,10 +441,10 @@ def calibrate(engine: str, log: StepLog, scenario, options: dict, skip: int = 1)
         # the step's seconds beyond its logged phases, measured against priced: the engine's own work
         # (module doc); of the phases as measured, so that the phases' misfit is not counted in it
         at = priced(with_factors(scenario, {**fit, "step_overhead_s": 0.0}), options, logged)
-        phases = [p for p in logged if p.part != "step"]
-        beyond = statistics.median(s[step.timers[0]] - sum(s.get(t, 0.0) for p in phases for t in p.timers)
+        others = [p for p in logged if p.part != "step"]
+        beyond = statistics.median(s[step.timers[0]] - sum(s.get(t, 0.0) for p in others for t in p.timers)
                                    for s in steps if step.timers[0] in s)
-        fit["step_overhead_s"] = max(0.0, beyond - (at[step.name] - sum(at[p.name] for p in phases)))
+        fit["step_overhead_s"] = max(0.0, beyond - (at[step.name] - sum(at[p.name] for p in others)))
         names.append("step_overhead_s")
     calibrated = folded(with_factors(scenario, fit))
     after = priced(calibrated, options, logged)
