@@ -149,18 +149,30 @@ def test_dpo_loss_and_gradient_equal_the_single_process_ones_under_random_splits
 
 # -- groups of one, and NaNs ------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
-def test_a_group_of_one_sample_is_refused(cli, tmp_path, algorithm):
+def test_a_group_of_one_sample_takes_its_reward_as_its_advantage(cli, tmp_path, algorithm):
+    """A prompt of one sample has no others to compare with: its reward is its advantage (verl's rule:
+    mean 0, std 1), a NaN reward 0; no samples at all is refused by name."""
+    from realbench.runtime import losses
+
     doc = {"schema": "realbench.scenario/1", "name": "solo", "algorithm": algorithm,
            "cluster": {"nodes": 1, "gpus_per_node": 2, "device": "cpu"},
            "models": {"actor": "llama-tiny", "ref": "llama-tiny", "reward": {"arch": "llama-tiny", "value_head": True}},
            "dataflow": {"algorithm": algorithm, "prompts": 4, "group_size": 1, "prompt_len": 8, "gen_len": 8}}
     (tmp_path / "my job.yaml").write_text(yaml.safe_dump(doc))
     code, out, err = cli("validate", tmp_path / "my job.yaml")
-    assert code == 2 and err.count("\n") == 1, err
-    assert "dataflow.group_size" in err and "must be 2 or more" in err, err
-    doc["dataflow"]["group_size"] = 2
+    assert code == 0, err
+    doc["dataflow"]["group_size"] = 0
     (tmp_path / "my job.yaml").write_text(yaml.safe_dump(doc))
-    assert cli("validate", tmp_path / "my job.yaml")[0] == 0
+    code, out, err = cli("validate", tmp_path / "my job.yaml")
+    assert code == 2 and err.count("\n") == 1 and "dataflow.group_size" in err and "1 or more" in err, err
+    rewards = torch.tensor([0.5, float("nan"), -2.0, 1.0])
+    advantages = losses.grpo_advantages(rewards, 1) if algorithm == "grpo" else losses.rloo_advantages(rewards, 1)
+    assert advantages.tolist() == [0.5, 0.0, -2.0, 1.0]
+    if algorithm == "rloo":  # (normalized as the others: mean -1/6 and std 1.2583 of the three scored)
+        normalized = losses.rloo_advantages(rewards, 1, normalize=True)
+        mean, std = (0.5 - 2.0 + 1.0) / 3, math.sqrt(((0.5 + 1 / 6) ** 2 + (-2 + 1 / 6) ** 2 + (1 + 1 / 6) ** 2) / 2)
+        assert normalized.tolist() == pytest.approx([(0.5 - mean) / (std + 1e-4), 0.0, (-2 - mean) / (std + 1e-4),
+                                                     (1 - mean) / (std + 1e-4)], abs=1e-6)
 
 
 def _one_device(scenario, **kwargs):

@@ -101,6 +101,24 @@ def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
     assert coverage.stand_in("my-org/house-model-13b") is None
 
 
+@pytest.mark.parametrize("reason, feature", [
+    ("model_engine: model_engine 'veomni': realbench prices dp, megatron (FSDP and Megatron)", "VeOmni"),
+    ("sglang.enable_multimodal: True (AReaL's default False) changes what AReaL runs", "vision-language"),
+    ("actor_rollout_ref.model.path: 'Qwen/Qwen3-VL-8B-Instruct': no such folder or config.json file", "vision-language"),
+    ("actor_rollout_ref.model.path: 'my-org/house-13b': no such folder or config.json file", "no config here"),
+    ("distillation.teacher_models.gsm8k.key: verl's on-policy distillation", "on-policy distillation"),
+    ("econfig.domain: AReaL 1.0.4's PPOConfig has no such setting", "own config class"),
+    ("gconfig.n_samples: 1: GRPO compares a prompt's samples: 2 or more", "group of one"),
+    ("actor_rollout_ref.rollout.n: 1: realbench prices gpg with GRPO's calls, which compare a prompt's samples: 2 or "
+     "more", "group of one"),
+    ("gconfig.n_samples: 1: GRPO's group of one: AReaL centres it on itself (advantage 0)", "group of one"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 8 does not divide a GPU's 4 rows", "itself refuses"),
+    ("actor_rollout_ref.rollout.enforce_eager: True (verl's default False) changes what verl runs", "CUDA graphs"),
+    ("trainer.some_new_key: 3 (verl's default 1) changes what verl runs", "other")])
+def test_a_refusal_is_counted_by_the_feature_it_names(reason, feature):
+    assert feature in coverage.feature_of(reason)
+
+
 def test_every_example_is_priced_or_counted_apart_by_name(examples, cli, monkeypatch):
     # (folders named as a user names them, relative to where they stand)
     monkeypatch.chdir(examples)
@@ -116,6 +134,9 @@ def test_every_example_is_priced_or_counted_apart_by_name(examples, cli, monkeyp
     assert count == 1 and reason == "actor_rollout_ref.model.path", verl["refused"]
     row = {r["file"]: r for r in result["rows"]}
     assert "my-org/house-model-13b" in row["grpo_trainer/run_house.sh"]["reason"]
+    # and counted by what realbench does not price (here: a model it has no config of)
+    assert verl["refused_features"] == {coverage.NOT_PRICED[1][0]: 1}
+    assert row["grpo_trainer/run_house.sh"]["feature"] == coverage.NOT_PRICED[1][0]
     assert (openrlhf["rl_jobs"], openrlhf["priced"]) == (1, 1), openrlhf
     assert result["share_priced"] == pytest.approx(2 / 3)
     priced = [r for r in result["rows"] if r["status"] == "priced"]

@@ -229,6 +229,8 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
     lora = ("actor.use_lora=true", "actor.lora_rank=8", "actor.lora_alpha=16", "actor.target_modules=[q_proj,v_proj]")
     # the old log-probabilities: recomputed (the example's decoupled loss), or the rollout's (AReaL's default)
     rollout_logp = ("actor.use_decoupled_loss=false", "actor.recompute_logprob=false")
+    # the decoupled loss's proximal ones interpolated from them (no forward), carried
+    interpolated = ("actor.prox_logp_method=loglinear",)
     # vLLM servers (and LoRA on them), written back as vLLM
     vllm = ("rollout.backend=vllm:d4p1t1", "vllm.max_num_seqs=64", *lora)
     # FSDP's context parallelism (Ulysses groups of 2 GPUs) for the actor and, through
@@ -240,10 +242,14 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
                                     ("gsm8k grpo.yaml", "grpo", ()), ("ppo_megatron.yaml", "ppo", ()),
                                     ("gsm8k grpo.yaml", "grpo-lora", lora),
                                     ("gsm8k grpo.yaml", "grpo-rollout-logp", rollout_logp),
+                                    ("gsm8k grpo.yaml", "grpo-loglinear", interpolated),
                                     ("gsm8k grpo.yaml", "grpo-vllm", vllm),
                                     ("ppo_megatron.yaml", "ppo-ulysses", ulysses)):
         first, plan_doc, scenario_doc = imported(cli, job, config, *overrides, out="first", name=name)
-        assert scenario_doc["training"]["old_logprobs"] == ("rollout" if overrides == rollout_logp else "whole_batch")
+        assert scenario_doc["training"]["old_logprobs"] == \
+            ("rollout" if overrides in (rollout_logp, interpolated) else "whole_batch")
+        assert scenario_doc["engine_settings"].get("actor.prox_logp_method") == \
+            ("loglinear" if overrides == interpolated else None)
         if overrides == lora:  # the LoRA settings, read
             assert scenario_doc["models"]["actor"]["lora"] == {"r": 8, "lora_alpha": 16,
                                                                "target_modules": ["q_proj", "v_proj"]}
@@ -291,7 +297,9 @@ def test_exported_plans_pass_areals_own_loader_and_read_back_the_same(cli, job):
         # of asynchronous RL where the forward runs
         mode = scenario.training.old_logprobs
         assert c["logprob_forward"] is (mode == "whole_batch") and load_scenario(again["scenario"]).training.old_logprobs == mode
-        assert c["use_decoupled_loss"] is (mode == "whole_batch" and scenario.dataflow.max_staleness > 0)
+        interpolating = scenario.engine_settings.get("actor.prox_logp_method") == "loglinear"
+        assert (c["prox_logp_method"] == "loglinear") is interpolating
+        assert c["use_decoupled_loss"] is ((mode == "whole_batch" or interpolating) and scenario.dataflow.max_staleness > 0)
         # the servers' share of each GPU's memory, as AReaL's config classes hold it: the plan's (a
         # searched one), else the one read (the example's 0.8), or the default a plan of a built-in job
         # is written with; read back into the scenario and the plan
@@ -346,6 +354,8 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
 
 @pytest.mark.parametrize("overrides, key, says", [
     (["actor.backnd=fsdp:d4"], "actor.backnd", "did you mean 'actor.backend'"),
+    # GRPO's group of one: AReaL centres it on itself (advantage 0), realbench takes its reward
+    (["gconfig.n_samples=1"], "gconfig.n_samples", "AReaL centres it on itself"),
     (["actor.backend=archon:d4"], "actor.backend", "archon"),
     (["actor.backend=fsdp:d1t2c2"], "actor.backend", "without tensor parallelism (t1)"),
     # Ulysses groups the tiny model's 4 heads do not split (as AReaL's ulyssess_patch.py:165-176),
@@ -361,7 +371,6 @@ def test_without_the_data_set_areals_loader_refuses_what_the_launch_must_give(cl
     (["actor.kl_ctl=0.1", "ref.backend=fsdp:d2"], "ref.backend", "world size"),
     (["rollout.scheduling_strategy.type=colocation"], "rollout.scheduling_strategy.type", "does not price"),
     (["actor.offload=true"], "actor.offload", "does not price"),
-    (["actor.prox_logp_method=loglinear"], "actor.prox_logp_method", "interpolates the proximal log-probabilities"),
     (["actor.use_lora=true", "actor.peft_type=lokr"], "actor.peft_type", "realbench trains LoRA adapters"),
     (["critic.use_lora=true"], "critic.use_lora", "does not price"),
     (["actor.path=my-org/house-model-7b"], "actor.path", "in the local Hugging Face cache"),

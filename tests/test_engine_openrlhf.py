@@ -283,6 +283,9 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
 
 @pytest.mark.parametrize("overrides, flag, says", [
     (("vllm.num_engine_s=2",), "--vllm.num_engine_s", "did you mean '--vllm.num_engines'"),
+    # a group of one: OpenRLHF's group_norm divides by its spread (NaN), realbench takes its reward
+    (("algo.advantage.estimator=group_norm", "rollout.n_samples_per_prompt=1"), "--rollout.n_samples_per_prompt",
+     "divides by its std, or by n - 1"),
     (("vllm.gpu_memory_utilization=0.000001",), "--vllm.gpu_memory_utilization", "the engine does not start"),
     # vLLM's context (a prompt and its response) beyond the checkpoint's positions: vLLM refuses it
     (("data.max_len=32769",), "--data.max_len", "32769: beyond the checkpoint's max_position_embeddings 32768"),

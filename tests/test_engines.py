@@ -126,6 +126,11 @@ ULYSSES_EACH = ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_s
                 "critic.fsdp.ulysses_sequence_parallel_size=2")
 # FSDP's hybrid sharding: the actor's state within groups of 4 GPUs, the critic's of 2 (the reference's: all 8)
 HSDP = ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "critic.fsdp.fsdp_size=2")
+# verl's LoRA sync a layer at a time, and vLLM's CUDA graphs of the decode step alone (carried)
+LAYERED = "actor_rollout_ref.rollout.layered_summon=true"
+CUDAGRAPH = "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"
+# the decode batches vLLM captures, all of a replica's 16 decoding together (carried)
+CAPTURED = ("actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,16]", "actor_rollout_ref.rollout.max_num_seqs=16")
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 
@@ -610,6 +615,9 @@ def test_a_megatron_ppo_config_reads_into_the_plan_verl_runs(cli, job):
                                                # rollout receives them merged into the base, or alone
                                                ("grpo_qwen_fsdp.yaml", LORA + ("actor_rollout_ref.model.lora.merge=true",)),
                                                ("grpo_qwen_fsdp.yaml", LORA),
+                                               # the adapters gathered a layer at a time; vLLM's decode graphs
+                                               ("grpo_qwen_fsdp.yaml", LORA + (LAYERED, CUDAGRAPH)),
+                                               ("grpo_qwen_fsdp.yaml", CAPTURED),
                                                # the old log-probabilities: the rollout's (bypass_mode)
                                                ("grpo_qwen_fsdp.yaml", BYPASS),
                                                # rows padded (verl packs them by default)
@@ -675,6 +683,9 @@ def test_an_exported_plan_passes_verls_own_checks_and_reads_back_the_same(cli, j
     assert scenario_again["training"]["padding_free"] is packed
     assert scenario_again["rollout_server"] == checked["rollout_name"]
     assert checked["bucket_mb"] == (4096 if BUCKET in overrides else 2048)
+    assert checked["layered_summon"] is (LAYERED in overrides)
+    assert checked["cudagraph_mode"] == ("FULL_DECODE_ONLY" if CUDAGRAPH in overrides else None)
+    assert checked["capture_sizes"] == ([8, 16] if overrides == CAPTURED else None)
     assert checked["chat_template_kwargs"] == ({"enable_thinking": False} if THINKING in overrides else {})
     opened = OPEN_DICTS[0] in overrides
     assert checked["reward_kwargs"] == ({"overlong_buffer_cfg": {"enable": True}, "max_resp_len": 256} if opened else {})
@@ -885,11 +896,100 @@ def test_ulysses_lets_the_long_tailed_grpo_job_train_without_recomputation():
     assert not groups.oom and groups.time_per_iter_s < recomputing - 0.5, (groups.time_per_iter_s, recomputing)
 
 
-def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_refused(cli, job):
-    os.chdir(job)
-    code, out, err = cli("import", "verl", "ppo-rm.yaml", "critic.ulysses_sequence_parallel_size=2", "--out", "refused")
-    assert code == 2 and "critic.ulysses_sequence_parallel_size" in err and \
-        "set critic.fsdp.ulysses_sequence_parallel_size" in err, err
+def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_priced_as_verl_runs_it(cli, job):
+    """verl 0.9.1 builds the critic's engine from critic.fsdp alone: the role-level size is said on
+    import and the critic priced without sequence parallelism, the same plan and estimate as
+    without the setting; the engine's own key is the one that splits it."""
+    base, plan, _ = imported(cli, job, "ppo-rm.yaml", out="base")
+    result, same, _ = imported(cli, job, "ppo-rm.yaml", "critic.ulysses_sequence_parallel_size=2", out="ignored")
+    assert same["calls"] == plan["calls"] and result["time_per_iter_s"] == base["time_per_iter_s"]
+    assert [u.split(":")[0] for u in result["unread_by_engine"]] == ["critic.ulysses_sequence_parallel_size=2"]
+    assert "runs with critic.fsdp.ulysses_sequence_parallel_size" in result["unread_by_engine"][0]
+    _, split, _ = imported(cli, job, "ppo-rm.yaml", "critic.fsdp.ulysses_sequence_parallel_size=2", out="split")
+    assert split["calls"]["critic_train"]["sp"] == 2 and plan["calls"]["critic_train"].get("sp", 1) == 1
+
+
+def test_a_lora_actors_adapter_gather_and_vllms_decode_graphs_are_priced_as_verl_runs_them(cli, job):
+    """layered_summon gathers a LoRA actor's adapters a layer at a time; without it FSDP1 summons the
+    whole model's fp32 parameters on every GPU for the sync, beside the rollout's weights: Qwen3-8B's
+    4 x 8.19e9 bytes (30.5 GiB) do not fit the 22.1 GiB of KV cache a rollout of tp 2 at 0.4 of an
+    80 GiB GPU runs without, and are refused by name, where a layer at a time fits. vLLM's graph
+    modes that capture the decode step whole are carried, priced as without them; the others, and
+    layered_summon where it sets vLLM's sleep level beyond a LoRA actor's own, are refused by name."""
+    from realbench.models import catalogue
+
+    (job / "qwen3-8b").mkdir(exist_ok=True)
+    (job / "qwen3-8b" / "config.json").write_text(json.dumps(catalogue.config("qwen3-8b")))
+    big = ("actor_rollout_ref.model.path=qwen3-8b", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", *LORA)
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", big, "actor_rollout_ref.rollout.layered_summon",
+                          "summoning the whole model's fp32 parameters on every GPU (30.5 GiB)")
+    layered, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", *big, LAYERED, out="layered")
+    assert scenario["engine_settings"]["actor_rollout_ref.rollout.layered_summon"] is True
+    base, base_plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *LORA, out="lora")
+    graphs, same, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", *LORA, CUDAGRAPH, out="graphs")
+    assert same["calls"] == base_plan["calls"] and graphs["time_per_iter_s"] == base["time_per_iter_s"]
+    assert scenario["engine_settings"][CUDAGRAPH.lstrip("+").split("=")[0]] == "FULL_DECODE_ONLY"
+    # vLLM's captured decode batches: 128 rows over 4 replicas of tp 2 decode 32 together, above a largest
+    # captured 16 (refused by name, either key); 16 a replica (max_num_seqs 16: two rounds) are captured
+    capture = "actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,16]"
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", (capture,), "cudagraph_capture_sizes",
+                          "16 at most: a replica decodes up to 32 sequences together")
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml",
+                          ("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_capture_sizes=[8,16]",),
+                          "engine_kwargs.vllm.compilation_config.cudagraph_capture_sizes", "up to 32 sequences")
+    _, rounds, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", capture, "actor_rollout_ref.rollout.max_num_seqs=16",
+                                   out="captured")
+    assert rounds["calls"]["actor_gen"]["micro_batches"] == 2
+    assert scenario["engine_settings"][capture.split("=")[0]] == [8, 16]
+    for overrides, says in (((LAYERED,), "no LoRA"), (LORA + ("actor_rollout_ref.model.lora.merge=true", LAYERED),
+                                                      "merged into the base"),
+                            ((CUDAGRAPH.replace("FULL_DECODE_ONLY", "PIECEWISE"),), "kernel by kernel")):
+        key = "layered_summon" if LAYERED in overrides else "cudagraph_mode"
+        assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", overrides, key, says)
+
+
+def test_settings_that_change_neither_bytes_nor_flops_are_carried_and_priced_as_without_them(cli, job):
+    """FSDP1's forward_prefetch (the next all-gather issued before the layer computes: realbench prices
+    the gathers prefetched already) and use_orig_params (views of the same flat shards), a
+    forward-only reference's offload settings (verl offloads it whatever they say; it has no
+    optimizer), and rollout correction (element-wise on the driver): the same plan and estimate,
+    each carried into the scenario as given."""
+    given = ("actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+             "actor_rollout_ref.actor.fsdp_config.use_orig_params=true",
+             "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true",
+             "actor_rollout_ref.ref.fsdp_config.offload_policy=true", "actor_rollout_ref.model.use_shm=true",
+             # (rollout correction's token-level importance weights and rejection, element-wise on the driver)
+             "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1")
+    logprobs = "actor_rollout_ref.rollout.calculate_log_probs=true"  # (which realbench writes for every plan)
+    base, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", logprobs, out="base")
+    result, same, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", logprobs, *given, out="carried")
+    assert same["calls"] == plan["calls"] and result["time_per_iter_s"] == base["time_per_iter_s"]
+    assert {k: scenario["engine_settings"].get(k) for k in (g.split("=")[0] for g in given)} == \
+        {k: True if v == "true" else v for k, v in (g.split("=") for g in given)}
+    assert scenario["training"]["old_logprobs"] == "whole_batch"  # (bypass_mode, read, is not set)
+
+
+def test_a_prompt_of_one_sample_reads_from_verl_and_goes_only_where_the_engine_runs_it_alike(cli, job, tmp_path):
+    """rollout.n 1 (verl's rollout-correction and distillation examples): verl takes a group of one's
+    reward as its advantage (mean 0, std 1), as realbench does: read with group_size 1, written back to
+    verl, and refused by name for AReaL's GRPO (which centres the group on itself) and OpenRLHF's
+    (which divides by its spread)."""
+    solo = ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4")  # (32 rows: 4 a GPU)
+    result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", *solo, out="solo")
+    assert scenario["dataflow"]["group_size"] == 1 and result["time_per_iter_s"] > 0
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", tmp_path / "solo verl.yaml")
+    assert code == 0, err
+    _, again, _ = imported(cli, job, tmp_path / "solo verl.yaml", out="again")
+    assert again["calls"] == plan["calls"]
+    # (the same job as another engine's: the scenario without verl's own settings)
+    from realbench.engines import engine_module
+    from realbench.plan import load_scenario
+
+    job_alone = load_scenario(result["scenario"]).model_copy(update={"engine": None, "engine_settings": {}})
+    for engine, says in (("areal", "AReaL centres it on itself"), ("openrlhf", "divides by its std")):
+        field, why = engine_module(engine).space_problem_of_scenario(job_alone)
+        assert field == "group_size" and says in why, (field, why)
 
 
 def test_an_estimator_priced_with_grpos_calls_goes_to_verl_and_back(cli, job, verl_check):
@@ -1009,8 +1109,9 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     (("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"),
      "actor_rollout_ref.rollout.calculate_log_probs",
      "bypass_mode takes the rollout's log-probabilities"),
-    (("algorithm.rollout_correction.rollout_is=token",), "algorithm.rollout_correction.rollout_is",
-     "realbench does not price it"),
+    # (the rollout's decoding without CUDA graphs)
+    (("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=NONE",),
+     "cudagraph_mode", "kernel by kernel"),
     # a rollout server whose share of each GPU holds no whole sequence: it would not start
     (("actor_rollout_ref.rollout.gpu_memory_utilization=0.000001",), "actor_rollout_ref.rollout.gpu_memory_utilization",
      "fewer than one request of max_model_len 32768: the engine does not start"),

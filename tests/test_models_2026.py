@@ -20,11 +20,15 @@ from realbench.plan.options import enumerate_options, expert_layouts, strategy_p
 
 # Published sizes (total, active parameters): the model cards' and papers' figures, rounded as they
 # give them (Qwen3 technical report, Table 1/2; DeepSeek-V3 report: 671B/37B; Mixtral paper: 46.7B/12.9B;
-# gpt-oss model card: 20.9B/3.6B and 116.8B/5.1B active counted without the input embedding)
+# gpt-oss model card: 20.9B/3.6B and 116.8B/5.1B active counted without the input embedding; the model
+# cards of Qwen2-1.5B-Instruct and Qwen2.5-Math-1.5B: 1.54B, DeepSeek-R1-Distill-Qwen-1.5B: 1.78B, and
+# Mistral-Nemo-Instruct-2407's published checkpoint: 12.2B)
 PUBLISHED = {"qwen3-0.6b": (0.6e9, None), "qwen3-8b": (8.2e9, None), "qwen3-32b": (32.8e9, None),
              "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b-instruct-2507": (235e9, 22e9),
              "deepseek-v3": (671e9, 37e9), "mixtral-8x7b": (46.7e9, 12.9e9), "llama-3.1-70b": (70.6e9, None),
-             "llama-3.1-405b": (405.9e9, None), "qwen3-next-80b-a3b": (79.7e9, None)}
+             "llama-3.1-405b": (405.9e9, None), "qwen3-next-80b-a3b": (79.7e9, None),
+             "qwen2-1.5b": (1.54e9, None), "qwen2.5-math-1.5b": (1.54e9, None),
+             "deepseek-r1-distill-qwen-1.5b": (1.78e9, None), "mistral-nemo-12b": (12.2e9, None)}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -201,6 +201,22 @@ def test_the_coverage_table_is_the_measured_runs_json():
     assert measured["share_priced"] == pytest.approx(sum(e["priced"] for e in measured["engines"].values()) / total)
 
 
+def test_every_refused_example_is_counted_by_a_feature_the_readme_lists_as_not_priced():
+    """The README's list of refusals is the measured run's, each refusal's feature is the one its
+    key and message name (coverage.feature_of), and none is "other": every example refused is
+    refused for something the list names."""
+    import json
+
+    from realbench.bench.coverage import feature_of
+    from realbench.bench.tables import coverage_features_list
+
+    measured = json.loads((ROOT / "docs" / "measurements" / "data" / "bench-coverage.json").read_text())
+    assert coverage_features_list(measured) in FRONT
+    refused = [r for r in measured["rows"] if r["status"] == "refused"]
+    assert refused and all(r["feature"] == feature_of(r["reason"]) != "other" for r in refused)
+    assert sum(sum(e["refused_features"].values()) for e in measured["engines"].values()) == len(refused)
+
+
 def test_the_front_pages_command_list_is_the_parsers():
     listed = re.search(r"`realbench ([a-z |\n]+)`: every command", FRONT).group(1)
     assert [w for w in re.split(r"[\s|]+", listed) if w] == list(subcommands())

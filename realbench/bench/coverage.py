@@ -67,12 +67,55 @@ with open(os.environ["REALBENCH_CAPTURE"], "a") as f:
 UNKNOWN_SETTING = ("has no such setting", "has no such flag", "+ adds a key verl's config does not hold")
 
 
+# What an example is refused for, as the README's table of refusals names it: a feature realbench does
+# not price, or a setting the engine itself refuses when it runs; each refused example's by the first
+# match of its refusal ("key: message") in order. A refusal none matches is "other", which the stored
+# measurement has none of (tests/test_readme.py)
+NOT_PRICED = (
+    ("vision-language models",
+     r"enable_multimodal|freeze_visual_encoder|max_images_per_prompt|image_patch_size|'\.\*visual\.\*'|"
+     r"-VL-|GLM-4\.1V|MiniCPM-o|multi_stage_wake_up|use_fused_kernels: True with model_engine megatron"),
+    ("a model with no config here", r"model\.path: .*no such folder or config\.json|models\.actor: .*no config\.json"),
+    ("verl's VeOmni and MindSpeed engines", r"^model_engine: model_engine '(veomni|mindspeed)'"),
+    ("another package's configs (verl_mlite)", r"^hydra\.searchpath: "),
+    ("on-policy distillation", r"^distillation\."),
+    ("ReMax, the optimal-token baseline, GDPO",
+     r"^algorithm\.adv_estimator: '(remax|optimal_token_baseline|gdpo)'|calculate_sum_pi_squared|gdpo_reward_keys"),
+    ("FSDP2's offload policy on a trained model", r"fsdp_config\.offload_policy: "),
+    ("pure bf16 training (FSDP's model_dtype)", r"fsdp_config\.model_dtype: "),
+    ("Megatron's unfused kernels", r"gradient_accumulation_fusion: False"),
+    ("decoding without CUDA graphs, or beyond the captured batches",
+     r"enforce_eager: True|cudagraph_mode: '(NONE|PIECEWISE)'|cudagraph_capture_sizes: "),
+    ("a colocated rollout keeping its memory through training", r"free_cache_engine: False"),
+    ("Ascend NPUs", r"^trainer\.device: 'npu'"),
+    ("verl's prefix grouper", r"use_prefix_grouper: "),
+    ("a generative reward model's own lengths", r"^reward\.reward_model\.rollout\."),
+    ("verl's fully-async entry point", r"fully_async_main: an RL entry point"),
+    ("tensor parallelism across nodes", r"tp \d+ does not divide the \d+ devices of a node"),
+    ("an adapter folder without lora_rank", r"^actor_rollout_ref\.model\.lora_adapter_path: .* with lora_rank 0"),
+    ("responses without a token budget", r"^--rollout\.max_new_tokens: is not set"),
+    ("an AReaL example's own config class (agent workflows)", r"AReaL [\d.]+'s PPOConfig has no such setting"),
+    ("AReaL's v2 inference gateway", r"^rollout\._version: 'v2'"),
+    ("AReaL's one-string allocation_mode", r"^allocation_mode: "),
+    ("dynamic batch sizes (DAPO's filtering)", r"^dynamic_bs: "),
+    ("training on CPU workers", r"scheduling_spec's first entry gpu"),
+    ("a group of one the engine's GRPO scores otherwise", r"compares? a prompt's samples|group of one: AReaL centres"),
+    ("settings the engine itself refuses when it runs", r"does not divide a GPU's \d+ rows|tokens hold no whole row of"),
+)
+
+
+def feature_of(reason: str) -> str:
+    """What a refusal ("key: message") is for (NOT_PRICED), or "other"."""
+    return next((feature for feature, pattern in NOT_PRICED if re.search(pattern, reason)), "other")
+
+
 @dataclass
 class Example:
     engine: str
     file: str  # relative to the examples folder
     status: str = "priced"  # priced | not_rl | refused | stale (the pinned release refuses it too)
     reason: str = ""  # what refused it (a ConfigError's key and message), or what it runs instead
+    feature: str = ""  # what realbench does not price that refused it (NOT_PRICED), where refused
     models: list[str] = field(default_factory=list)
     time_per_iter_s: Optional[float] = None
 
@@ -314,16 +357,24 @@ def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optiona
                 overrides = []
         overrides, models = with_stand_ins(engine, path, overrides, work)
         # (a model under the script's sandboxed home, `$HOME/models/...`, as its user reads it: `~/models/...`)
-        example.models = [re.sub(rf"^{re.escape(tempfile.gettempdir())}/[^/]+/home(?=/)", "~", m) for m in models]
+        example.models = [as_user_reads(m) for m in models]
         example.time_per_iter_s = price(engine, path, overrides, work / "imported")
     except ConfigError as e:
-        example.status, example.reason = "refused", f"{e.field + ': ' if e.field else ''}{e.message}"
+        example.status, example.reason = "refused", as_user_reads(f"{e.field + ': ' if e.field else ''}{e.message}")
         unknown = e.field and any(words in e.message for words in UNKNOWN_SETTING)
         if unknown and check_with and path is not None and not (engine == "areal" and not _in_ppo_config(e.field)):
             theirs = engine_refusal(engine, check_with, path, overrides, e.field)
             if theirs:
                 example.status, example.reason = "stale", f"{e.field}: the pinned release refuses it too: {theirs}"
     return example
+
+
+def as_user_reads(text: str) -> str:
+    """`text` with the sandbox a script ran in as its user reads it: its home `~`, and a variable the
+    script requires (`${NAME:?...}`, given a path of its name: captured_launches) `$NAME`."""
+    sandbox = rf"{re.escape(tempfile.gettempdir())}/[^/\s']+"
+    text = re.sub(rf"{sandbox}/home(?=/)", "~", text)
+    return re.sub(rf"{sandbox}/([a-z0-9_]+)(?![\w/-])", lambda m: "$" + m.group(1).upper(), text)
 
 
 def reason_group(reason: str) -> str:
@@ -341,6 +392,7 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
     from realbench.engines import ENGINES
 
     check_with = dict(check_with or {})
+    given = dict(check_with)  # (as the user named them, for the result)
     for engine, python in check_with.items():
         if engine not in ENGINES:
             raise ConfigError(f"unknown engine {engine!r} ({', '.join(ENGINES)})", "--check-with")
@@ -372,6 +424,8 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
                 os.chdir(cwd)
         if on_progress is not None:
             on_progress(k + 1, len(files))
+    for r in rows:
+        r.feature = feature_of(r.reason) if r.status == "refused" else ""
     out = {"benchmark": "coverage", "engines": {}}
     for engine in examples:
         mine = [r for r in rows if r.engine == engine]
@@ -383,8 +437,9 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
             "examples": len(mine), "rl_jobs": len(rl), "stale": len(stale), "priced": len(priced),
             "share_priced": len(priced) / len(rl) if rl else None,
             "share_priced_of_running": len(priced) / runs if runs else None,
-            "checked_with": check_with.get(engine),
+            "checked_with": given.get(engine),
             "refused": dict(Counter(reason_group(r.reason) for r in rl if r.status == "refused").most_common()),
+            "refused_features": dict(Counter(r.feature for r in rl if r.status == "refused").most_common()),
             "stale_settings": dict(Counter(reason_group(r.reason) for r in stale).most_common()),
             "not_rl": dict(Counter(r.reason for r in mine if r.status == "not_rl").most_common())}
     total_rl = sum(e["rl_jobs"] for e in out["engines"].values())
@@ -394,6 +449,7 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
     out["share_priced_of_running"] = total / total_runs if total_runs else None
     out["rows"] = [r.__dict__ for r in rows]
     return out
+
 
 
 def table(result: dict) -> str:

@@ -74,6 +74,33 @@ def coverage_table(result: dict, refusals: int = 5) -> str:
     return _markdown(header, rows)
 
 
+def coverage_features_table(result: dict) -> str:
+    """`bench coverage`'s refusals by what they are for (coverage.NOT_PRICED: what realbench does not
+    price, or the engine itself refuses): per feature the examples each engine refuses for it, most
+    first."""
+    engines = list(result["engines"])
+    counts = {engine: e.get("refused_features", {}) for engine, e in result["engines"].items()}
+    features = sorted({f for c in counts.values() for f in c},
+                      key=lambda f: (-sum(c.get(f, 0) for c in counts.values()), f))
+    rows = [[f, *(str(counts[engine].get(f, 0)) for engine in engines), str(sum(c.get(f, 0) for c in counts.values()))]
+            for f in features]
+    return _markdown(["refused for", *(ENGINE_TITLES.get(e, e) for e in engines), "all"], rows)
+
+
+def coverage_features_list(result: dict, width: int = 104) -> str:
+    """The same counts as one paragraph (the README's): each feature with its examples over every
+    engine, most first, wrapped at `width`."""
+    import textwrap
+
+    counts: dict[str, int] = {}
+    for e in result["engines"].values():
+        for feature, n in e.get("refused_features", {}).items():
+            counts[feature] = counts.get(feature, 0) + n
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return textwrap.fill("; ".join(f"{feature}: {n}" for feature, n in items) + ".", width=width,
+                         break_on_hyphens=False)
+
+
 def engine_steps_table(result: dict) -> str:
     """`bench fidelity`'s published engine steps: per row, the whole step published and estimated (or,
     where only calls are published, their median error), and whether the plan fits in memory."""
@@ -115,4 +142,5 @@ def engine_fit_table(result: dict) -> str:
     return _markdown(["source", "job", "role", "published s", "estimated s", "error"], rows)
 
 
-TABLES = {"fidelity": fidelity_summary, "engine_fit": engine_fit_table, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table}
+TABLES = {"fidelity": fidelity_summary, "engine_fit": engine_fit_table, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table,
+          "coverage_features": coverage_features_table}

@@ -49,10 +49,11 @@ def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatch
 
 
 def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches, with_ref) -> Dataflow:
-    if not isinstance(group_size, int) or group_size < 2:
-        # a group of one has no spread (GRPO's std) and no others (RLOO's baseline): NaN advantages
-        raise ConfigError(f"{name.upper()} compares the samples of a prompt with each other: group_size must be "
-                          f"2 or more, not {group_size!r}", "group_size")
+    if not isinstance(group_size, int) or group_size < 1:
+        # (a group of one has no others to compare with: its reward is its advantage, as verl takes it;
+        # realbench.runtime.losses)
+        raise ConfigError(f"{group_size!r}: samples a prompt, 1 or more ({name.upper()} compares a prompt's samples "
+                          "with each other; a group of one takes its reward as its advantage)", "group_size")
     s, L = prompts * group_size, prompt_len + gen_len
     return Dataflow(name=name, dataset_keys=("prompts",), calls=(
         _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),

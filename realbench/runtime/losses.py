@@ -199,7 +199,11 @@ def _nanstd(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
 def grpo_advantages(score: torch.Tensor, group: int, scale: str = "group") -> torch.Tensor:
     """(score - mean of its group) / (std + 1e-4), TRL's: the std of the group (`scale` group),
     of the batch (batch) or none (none, Dr. GRPO's). A NaN score (no scorer gave a reward) is
-    left out of the means and deviations and gets advantage 0, as TRL's."""
+    left out of the means and deviations and gets advantage 0, as TRL's. A group of one (TRL asks
+    for two or more) has no others: its score is its advantage (verl's compute_grpo_outcome_advantage:
+    mean 0 and std 1 for a prompt of one sample)."""
+    if group == 1:
+        return torch.nan_to_num(score.reshape(-1).clone(), nan=0.0)
     g = score.view(-1, group)
     adv = g - g.nanmean(1, keepdim=True)
     if scale == "group":
@@ -215,7 +219,14 @@ def rloo_advantages(score: torch.Tensor, group: int, normalize: bool = False) ->
     """TRL's RLOOTrainer: score - the mean of the other scored samples of its group, (sum - r_i) /
     (n - 1) over the n samples that have a score (NaN: none); a sample without a score, or the
     only one of its group with one, gets 0. `normalize` (TRL's normalize_advantages): then
-    (A - mean) / (std + 1e-4) over the scored samples, std with Bessel's correction."""
+    (A - mean) / (std + 1e-4) over the scored samples, std with Bessel's correction. A group of one
+    has no others: its score is its advantage (verl's compute_rloo_outcome_advantage: mean 0), then
+    normalized as the others are."""
+    if group == 1:
+        adv = score.reshape(-1).clone()
+        if normalize:
+            adv = (adv - adv.nanmean()) / (_nanstd(adv) + 1e-4)
+        return torch.nan_to_num(adv, nan=0.0)
     g = score.view(-1, group)
     scored = (~g.isnan()).sum(1, keepdim=True)
     adv = (g - (g.nansum(1, keepdim=True) - g) / (scored - 1)).reshape(-1)  # 0 / 0 alone: NaN, then 0

@@ -116,4 +116,4 @@ ENGINE = Engine(
     example_of=example_of, job_of=job_of, plan_table=plan_table,
     memory_fraction=MEMORY_FRACTION, padding_free=PADDING_FREE, padding_settable=PADDING_SETTABLE,
     old_logprobs=OLD_LOGPROBS, old_logprobs_how=OLD_LOGPROBS_HOW, read=READ, neutral=NEUTRAL, captured=CAPTURED,
-    required=REQUIRED, pricing_gaps=PRICING_GAPS)
+    carried_values=CARRIED_VALUES, required=REQUIRED, pricing_gaps=PRICING_GAPS)

@@ -136,6 +136,7 @@ def validate(config: str, overrides: list[str]) -> dict:
             "n_nodes": cfg.cluster.n_nodes,
             # AReaL's own decision: whether the trainer runs a forward for the old (proximal) log-probabilities
             "logprob_forward": cfg.actor.should_compute_prox_logp(), "use_decoupled_loss": cfg.actor.use_decoupled_loss,
+            "prox_logp_method": cfg.actor.prox_logp_method,
             "lora": {"use_lora": cfg.actor.use_lora, "rank": cfg.actor.lora_rank, "alpha": cfg.actor.lora_alpha,
                      "target_modules": list(cfg.actor.target_modules), "rollout": cfg.rollout.use_lora},
             # a user's own settings, carried through realbench (engine_settings)

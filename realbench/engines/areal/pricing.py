@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from realbench.engines.areal.packer import StepRows
-from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, OLD_LOGPROBS_KEYS, SERVER_CONTEXT, SERVER_MEMORY,
-                                              defaults)
+from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, OLD_LOGPROBS_KEYS, PROX_INTERPOLATED, PROX_LOGP,
+                                              SERVER_CONTEXT, SERVER_MEMORY, defaults)
 from realbench.engines.batches import fewest_splits
 from realbench.engines.documents import lora_problem, serving_gap
 from realbench.errors import ConfigError
@@ -65,6 +65,9 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
            + tuple(f"{role}.{k}" for role in ("actor", "ref", "critic") for k in _ENGINE_NEUTRAL))
 # the NEUTRAL settings realbench reads into the scenario and writes from it (engines.carried_problem)
 CAPTURED = tuple(MODEL_PATHS.values())
+# read settings carried at these values (engines.carried_settings): the interpolated proximal
+# log-probabilities, which the writer writes back beside the rollout's (PROX_LOGP)
+CARRIED_VALUES = {PROX_LOGP: (PROX_INTERPOLATED,)}
 REQUIRED: dict[str, str] = {}  # (carried settings no plan needs otherwise)
 
 READ = {"cluster.n_nodes", "cluster.n_gpus_per_node", "actor.backend", "rollout.backend", "ref.backend",
@@ -101,6 +104,13 @@ def _micro_batches(step: StepRows, rows: int, ranks: int, n_mbs: Optional[int], 
     return fewest_splits(rows, m, pp) or rows
 
 
+# AReaL's group normalization of GRPO (reward_norm mean_level group, utils/data.py:1378-1500, Normalization)
+# centres a group of one on itself: advantage 0, where realbench (and verl) take its reward as its
+# advantage; its RLOO (mean_leave1out) takes mean 0 for a group of one, as realbench does
+GROUP_OF_ONE = ("GRPO's group of one: AReaL centres it on itself (advantage 0, utils/data.py:1422-1448), where "
+                "realbench takes its reward as its advantage: 2 or more")
+
+
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     """What of a scenario (not of a plan) AReaL cannot run: the algorithm, a reward model, passes
     over a batch, LoRA, rows padded."""
@@ -111,6 +121,12 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
                                  "its trainer runs no reward model")
     if scenario.training.num_iterations != 1:
         return "training.num_iterations", "AReaL passes over a batch once (actor.ppo_n_minibatches optimizer steps)"
+    if scenario.algorithm == "grpo" and scenario.dataflow.call("actor_gen").group_size == 1:
+        return "group_size", f"1: {GROUP_OF_ONE}"
+    if scenario.engine_settings.get(PROX_LOGP) == PROX_INTERPOLATED and scenario.training.old_logprobs != "rollout":
+        return f"engine_settings.{PROX_LOGP}", (f"{PROX_INTERPOLATED!r} with old_logprobs "
+                                                f"{scenario.training.old_logprobs}: AReaL then runs no forward for the "
+                                                "proximal log-probabilities (priced with old_logprobs rollout)")
     problem = lora_problem(scenario, "AReaL")
     given = "padding_free" in scenario.training.model_fields_set  # (a job made for AReaL packs: priced_as)
     if problem is None and scenario.engine == "areal" and given and not scenario.training.padding_free:

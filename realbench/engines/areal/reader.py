@@ -15,8 +15,8 @@ from typing import Any, Optional
 from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal.packer import StepRows
-from realbench.engines.areal.pricing import PADDING_FREE, _micro_batches, refuse_unpriced
-from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, REWARD, SERVER_CONTEXT, SERVER_MEMORY,
+from realbench.engines.areal.pricing import GROUP_OF_ONE, PADDING_FREE, _micro_batches, refuse_unpriced
+from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, PROX_INTERPOLATED, PROX_LOGP, REWARD, SERVER_CONTEXT, SERVER_MEMORY,
                                               SERVER_SLOTS, VERSION, _flatten, _interpolation, _sections, allocation,
                                               defaults, resolve, world)
 from realbench.engines.batches import ceil_at_least_one, even_share, rounds
@@ -154,8 +154,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
 
     n = int(s["gconfig.n_samples"])
     critic_alg = "ppo" if critic else ("rloo" if s.get("actor.reward_norm.mean_leave1out") else "grpo")
-    if critic_alg != "ppo" and n < 2:
-        raise ConfigError(f"{n}: {critic_alg.upper()} compares a prompt's samples: 2 or more", "gconfig.n_samples",
+    if n < 1 or (critic_alg == "grpo" and n < 2):
+        raise ConfigError(f"{n}: {GROUP_OF_ONE}" if n == 1 else f"{n}: samples a prompt, 1 or more", "gconfig.n_samples",
                           source)
     max_new, max_tokens = int(s["gconfig.max_new_tokens"]), int(s["gconfig.max_tokens"])
     if not s["train_dataset.max_length"] and max_tokens - max_new < 1:
@@ -273,10 +273,8 @@ def _memory_fraction(s: dict[str, Any], server: str, source: str) -> float:
 
 def _old_logprobs(s: dict[str, Any], source: str) -> str:
     """Where AReaL's actor takes the old (or, decoupled, proximal) log-probabilities from: a forward
-    over the whole batch (recompute_logprob, or the decoupled loss recomputing), or the rollout's."""
+    over the whole batch (recompute_logprob, or the decoupled loss recomputing), or the rollout's
+    (the decoupled loss's interpolated from them: PROX_INTERPOLATED)."""
     if not s["actor.use_decoupled_loss"]:
         return "whole_batch" if s["actor.recompute_logprob"] else "rollout"
-    if s["actor.prox_logp_method"] == "loglinear":
-        raise ConfigError("'loglinear': AReaL interpolates the proximal log-probabilities instead of a forward; "
-                          "realbench runs no such approximation (recompute)", "actor.prox_logp_method", source)
-    return "whole_batch"
+    return "rollout" if s[PROX_LOGP] == PROX_INTERPOLATED else "whole_batch"

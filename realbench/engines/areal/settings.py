@@ -37,6 +37,11 @@ SERVER_MEMORY = {"sglang": "sglang.mem_fraction_static", "vllm": "vllm.gpu_memor
 SERVER_CONTEXT = {"sglang": "sglang.context_length", "vllm": "vllm.max_model_len"}
 
 OLD_LOGPROBS_KEYS = ("actor.recompute_logprob", "actor.use_decoupled_loss", "actor.prox_logp_method")
+# the decoupled loss's proximal log-probabilities interpolated from the rollout's and the update's own
+# (prox_logp_method loglinear: ProxLogpMethod.skips_forward_pass, api/cli_args.py:1598-1609; computed
+# element-wise in the update, trainer/ppo/actor.py:695-760): no forward over the batch, priced as the
+# rollout's log-probabilities are (old_logprobs rollout), the method carried and written back
+PROX_LOGP, PROX_INTERPOLATED = "actor.prox_logp_method", "loglinear"
 
 # the sections of roles AReaL builds only where the job runs them (the reference: with a KL term)
 ROLE_SECTIONS = {"ref": "ref_inf", "critic": "critic_train"}

@@ -12,7 +12,7 @@ import yaml
 
 from realbench.engines.areal.packer import StepRows
 from realbench.engines.areal.pricing import MEMORY_FRACTION, _micro_batches, space_problem_of_scenario
-from realbench.engines.areal.settings import (ENTRY, LORA_KEYS, SERVER_CONTEXT, SERVER_MEMORY, SERVER_MODEL,
+from realbench.engines.areal.settings import (ENTRY, LORA_KEYS, PROX_INTERPOLATED, PROX_LOGP, SERVER_CONTEXT, SERVER_MEMORY, SERVER_MODEL,
                                               SERVER_SLOTS, VERSION, allocation_string, defaults)
 from realbench.engines.batches import ceil_at_least_one
 from realbench.engines.documents import refuse_offload, whole_alpha
@@ -183,9 +183,11 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
             out["actor.megatron.bridge_type"] = "megatron-bridge"
     # the proximal log-probabilities of the decoupled objective of asynchronous RL, recomputed as
     # AReaL's examples do; or the rollout's, for which AReaL's plain objective is realbench's
-    # decoupled one (proximal = behaviour: weight 1)
+    # decoupled one (proximal = behaviour: weight 1), or, carried, AReaL's interpolated proximal ones
     recompute = scenario.training.old_logprobs != "rollout"  # (later_steps: the same numbers)
-    out.update({"actor.use_decoupled_loss": bool(df.max_staleness) and recompute, "actor.recompute_logprob": recompute})
+    interpolated = scenario.engine_settings.get(PROX_LOGP) == PROX_INTERPOLATED and not recompute
+    out.update({"actor.use_decoupled_loss": bool(df.max_staleness) and (recompute or interpolated),
+                "actor.recompute_logprob": recompute})
     return out
 
 

@@ -86,11 +86,19 @@ def refuse_unpriced(settings: dict[str, Any], given: set[str], source: str) -> N
                           "and realbench does not price it", f"--{key}", source)
 
 
+# OpenRLHF's group_norm and rloo divide by a group of one's spread and by n - 1: NaN advantages
+# (trainer/ppo_utils/experience_maker.py:268-274), where realbench takes its reward as its advantage
+GROUP_OF_ONE = ("GRPO and RLOO compare a prompt's samples in OpenRLHF (a group of one divides by its std, or by n - 1: "
+                "NaN), where realbench takes a group of one's reward as its advantage: 2 or more")
+
+
 def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     """What of a scenario (not of a plan) OpenRLHF cannot run: the algorithm, a LoRA critic, the
     rollout's server, the old log-probabilities."""
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes OpenRLHF's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if scenario.algorithm != "ppo" and scenario.dataflow.call("actor_gen").group_size == 1:
+        return "group_size", f"1: {GROUP_OF_ONE}"
     if scenario.models["actor"].lora is not None and "critic" in scenario.models:
         return "models.actor.lora", ("OpenRLHF wraps the critic in the actor's adapters (--ds.lora.*, "
                                      "trainer/ray/ppo_critic.py:201-204): realbench writes its LoRA for GRPO and RLOO")

@@ -18,7 +18,7 @@ from typing import Any
 
 from realbench.engines.batches import even_share, fewest_splits, rounds
 from realbench.engines.documents import job_documents, refuse_beyond_positions
-from realbench.engines.openrlhf.pricing import _changed, refuse_unpriced
+from realbench.engines.openrlhf.pricing import GROUP_OF_ONE, _changed, refuse_unpriced
 from realbench.engines.openrlhf.settings import (ADAM_OFFLOAD, ESTIMATORS, MEMORY, MODULE, PACKING, RING, SLEEP,
                                                  VERSION, VLLM_MAX_NUM_SEQS, _table)
 from realbench.engines.placement import place
@@ -178,8 +178,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     # OpenRLHF builds a reference only for a KL coefficient above 0 (cli/train_ppo_ray.py:93-103)
     reference = s["algo.kl.init_coef"] > 0
     n = int(s["rollout.n_samples_per_prompt"])
-    if algorithm != "ppo" and n < 2:
-        raise ConfigError(f"{n}: {algorithm.upper()} compares a prompt's samples: 2 or more",
+    if (algorithm != "ppo" and n < 2) or n < 1:
+        raise ConfigError(f"{n}: {GROUP_OF_ONE}" if n == 1 else f"{n}: samples a prompt, 1 or more",
                           "--rollout.n_samples_per_prompt", source)
     engines, rollout_tp = s["vllm.num_engines"], int(s["vllm.tensor_parallel_size"])
     if not engines:

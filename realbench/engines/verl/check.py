@@ -147,6 +147,10 @@ def validate(config: str, overrides: list[str]) -> dict:
             "calculate_log_probs": rollout.calculate_log_probs,
             # the weight sync's buffer a GPU, in MB (realbench checks it fits in the KV cache the sync runs without)
             "bucket_mb": rollout.checkpoint_engine.update_weights_bucket_megabytes,
+            # how a LoRA actor's adapters are gathered for the sync, and vLLM's CUDA graph mode (carried)
+            "layered_summon": rollout.layered_summon, "capture_sizes": _container(rollout.cudagraph_capture_sizes),
+            "cudagraph_mode": (_container(rollout.engine_kwargs.get("vllm")) or {}).get("compilation_config", {})
+            .get("cudagraph_mode"),
             # the log-probabilities' path as the engines read it: the model's fused kernels (each
             # engine's engine_config.use_fused_kernels, workers/engine_workers.py:114) and their
             # backend; the actor engine config's entropy settings and torch.compile

@@ -11,20 +11,21 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from realbench.cost.calls import served_share_beyond_weights, serving_cache_problem
+from realbench.cost.calls import served_share_beyond_weights, serving_cache_problem, serving_slots
 from realbench.dataflow.core import LogitsPath
 from realbench.engines.batches import StepRows, ceil_at_least_one, fewest_splits
 from realbench.engines.documents import budget_row, lora_problem, packs, serving_gap
 from realbench.engines.verl.packer import mean_count
-from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB, BYPASS, CRITIC_BUDGET,
-                                             CRITIC_SP_UNREAD, DTYPE_NAMES, ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR,
-                                             ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS,
-                                             HYBRID, MIRRORED, ROUTER_SETTINGS, TRANSFORMER, TRANSFORMER_CARRIED,
-                                             LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY,
+from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB, BYPASS, CAPTURE_SIZES, CRITIC_BUDGET,
+                                             CRITIC_SP_UNREAD, CUDAGRAPH_MODE, DECODE_CAPTURED, DTYPE_NAMES,
+                                             ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR, ESTIMATORS, EXPERT_KEYS,
+                                             FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS, HYBRID, LAYERED_SUMMON,
+                                             LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY, MIRRORED,
                                              MIXED_PRECISION, MIXED_PRECISION_BLOCKS, MODEL_PATHS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, OPEN_SECTIONS, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
-                                             ROLE_BLOCK, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS,
-                                             SEQUENCE_PARALLEL, STRATEGY, V1_KEYS, VERSION, defaults, resolve)
+                                             ROLE_BLOCK, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, ROUTER_SETTINGS,
+                                             SAME_CALLS, SEQUENCE_PARALLEL, STRATEGY, TRANSFORMER, TRANSFORMER_CARRIED,
+                                             V1_KEYS, VERSION, defaults, resolve)
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Option
@@ -32,7 +33,7 @@ from realbench.plan.options import served_call
 from realbench.plan.scenario import Scenario
 
 # READ settings carried where their value is one of these (engines.carried_settings)
-CARRIED_VALUES = {ESTIMATOR: tuple(SAME_CALLS)}
+CARRIED_VALUES = {ESTIMATOR: tuple(SAME_CALLS), LAYERED_SUMMON: (True,), CUDAGRAPH_MODE: DECODE_CAPTURED}
 
 
 def unread(engine: str, settings: dict[str, Any], given: set[str]) -> list[str]:
@@ -56,7 +57,14 @@ _CRITIC_BUDGETS = (f"verl {VERSION}'s trainer does not read it; it packs both cr
 # workers/engine/fsdp/transformer_impl.py:182-186), its Megatron engine not at all (vocab_parallel_entropy)
 _COMPILE = ("verl {version}'s engines do not read it: the FSDP engine compiles the entropy by {block}.use_torch_compile "
             "(trainer/config/engine/fsdp.yaml:54), the Megatron engine computes it uncompiled")
+# and the critic's role-level Ulysses size: verl 0.9.1 builds the critic's engine from critic.fsdp
+# alone (FSDPCriticConfig copies nothing from the role, workers/config/critic.py), so its critic runs
+# without sequence parallelism unless the engine's own key is set
+_CRITIC_SP = (f"verl {VERSION}'s critic engine does not read it (FSDPCriticConfig copies nothing to its engine, "
+              f"verl/workers/config/critic.py): the critic runs with {SEQUENCE_PARALLEL['critic'][1]}, as realbench "
+              "prices it")
 IGNORED_BY_VERL = {"critic.ppo_max_token_len_per_gpu": _CRITIC_BUDGETS,
+                   CRITIC_SP_UNREAD: _CRITIC_SP,
                    "critic.forward_max_token_len_per_gpu": _CRITIC_BUDGETS,
                    f"{A}.use_torch_compile": _COMPILE.format(version=VERSION, block=f"{A}.fsdp_config"),
                    "actor_rollout_ref.ref.use_torch_compile": _COMPILE.format(
@@ -198,9 +206,20 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            *OPEN_SECTIONS,
            # (the entropy's: what they may change is checked where a plan is read and written, logits_paths)
            *(k for engine in ENGINE_BLOCK for role in ROLE_BLOCK for k in _entropy_keys(engine, role)),
-           # (verl's FSDP offloads a forward-only model whatever this says: FORWARD_OFFLOAD)
-           "actor_rollout_ref.ref.fsdp_config.param_offload",
+           # (verl's FSDP offloads a forward-only model whatever these say, and it has no optimizer:
+           # FORWARD_OFFLOAD; transformer_impl.py:431-435, 459-463)
+           *(f"actor_rollout_ref.ref.fsdp_config.{k}" for k in ("param_offload", "optimizer_offload", "offload_policy")),
+           # (FSDP1's constructor arguments that change neither bytes nor FLOPs, transformer_impl.py:437-448,
+           # unread by FSDP2: forward_prefetch issues the next layer's forward all-gather before the
+           # current layer computes, which helps a CPU-bound loop only; realbench prices the gathers
+           # prefetched behind compute already (realbench.cost.sharding). use_orig_params exposes the
+           # original parameters as views of the same flat shards)
+           *(f"{block}.{k}" for block in (f"{A}.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
+             for k in ("forward_prefetch", "use_orig_params")),
            "actor_rollout_ref.model.trust_remote_code", "critic.model.trust_remote_code", "data.trust_remote_code",
+           # (the checkpoint copied to /dev/shm before it is loaded, once at start-up: verl/workers/config/
+           # model.py:156-179, copy_to_local; no step reads it)
+           "actor_rollout_ref.model.use_shm", "critic.model.use_shm",
            # (how long a collective may wait before the job fails: a bound, not a cost)
            "actor_rollout_ref.nccl_timeout", "critic.nccl_timeout",
            # (where a Megatron engine loads its first weights from, and the format its checkpoints
@@ -217,6 +236,14 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            # log-probabilities computed whatever it is: workers/utils/losses.py:86-111,
            # trainer/ppo/v1/trainer_base.py:584-586)
            f"{A}.policy_loss.",
+           # (rollout correction: importance weights of the rollout's log-probabilities against the old
+           # ones, and rejection masks, computed element-wise over the response tokens on the driver
+           # beside the advantages (trainer/ppo/v1/trainer_base.py:1765-1772, rollout_corr_helper.py),
+           # from log-probabilities the calls already return (rollout.calculate_log_probs, carried);
+           # its bypass_mode is READ: it takes the old log-probabilities from the rollout instead)
+           "algorithm.rollout_correction.",
+           # (vLLM's captured decode batches: checked against every plan's slots, graph_capture_problem)
+           *CAPTURE_SIZES,
            f"{R}.enable_chunked_prefill", f"{R}.enable_prefix_caching", f"{R}.max_num_batched_tokens",
            f"{R}.dtype", f"{R}.load_format", f"{R}.calculate_log_probs", f"{R}.log_prob_micro_batch_size_per_gpu",
            f"{R}.log_prob_use_dynamic_bsz", f"{R}.log_prob_max_token_len_per_gpu",
@@ -306,6 +333,10 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
         if transformer_field(key):
             _check_transformer_field(key, settings, source)
             continue
+        if key == CUDAGRAPH_MODE and settings[key] not in DECODE_CAPTURED:
+            raise ConfigError(f"{settings[key]!r}: vLLM then launches the decode step's attention kernel by kernel, "
+                              f"where realbench prices it as a captured graph runs it ({', '.join(DECODE_CAPTURED)})",
+                              key, source)
         if key in READ or key.startswith(NEUTRAL):
             continue
         # (a value verl would give it anyway: the reference's strategy written out as the actor's,
@@ -355,7 +386,7 @@ def _divided_by(pp: int, virtual_stages: int) -> Optional[int]:
     return pp if virtual_stages > 1 else None
 
 
-READ = {BYPASS, MAX_MODEL_LEN, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k), CRITIC_SP_UNREAD,
+READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k),
         "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",
@@ -386,8 +417,16 @@ def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optio
     """(setting, why) where verl's weight sync to its colocated rollout could hold more of a GPU
     than the generation realbench prices there (BUCKET), or None: the sync's buffer (the scenario's
     carried BUCKET, or verl's default) and the largest tensor gathered (6 bytes a parameter) must
-    fit in the KV cache's part of the rollout's share of each GPU, which the sync runs without."""
+    fit in the KV cache's part of the rollout's share of each GPU, which the sync runs without; so
+    must a LoRA actor's whole model where FSDP1 summons it to gather the adapters (LAYERED_SUMMON,
+    which is read only for adapters sent alone)."""
     gen = served_call(scenario.dataflow.call("actor_gen"), options["actor_gen"].strategy)
+    layered = bool(scenario.engine_settings.get(LAYERED_SUMMON, False))
+    adapters_alone = scenario.models["actor"].lora is not None and not options["actor_gen"].strategy.merge_lora
+    if layered and not adapters_alone:
+        return LAYERED_SUMMON, ("True with the adapters merged into the base (or no LoRA): vLLM's rollout then sleeps at "
+                                "level 1, its weights kept in host memory and copied back every step, which realbench "
+                                "does not price; verl reads it for a LoRA actor's adapters sent alone")
     if scenario.dataflow.max_staleness or gen.memory_fraction is None:
         return None  # (the one-step-off entry sends over NCCL to a pool of its own)
     model, c = scenario.model_of(gen), scenario.cluster
@@ -398,14 +437,46 @@ def sync_buffer_problem(scenario: Scenario, options: dict[str, Option]) -> Optio
     bucket_mb = int(scenario.engine_settings.get(BUCKET, BUCKET_MB))
     largest = max(model.vocab * model.hidden, model.ffn * model.hidden, model.hidden * model.hidden)
     need = bucket_mb * 2 ** 20 + 6 * largest
+    gib = 2 ** 30
+    fsdp1 = scenario.engine_settings.get(STRATEGY["actor"], "fsdp") == "fsdp"
+    if adapters_alone and fsdp1 and not layered:  # (FSDP1 summons the whole model: LAYERED_SUMMON)
+        whole = 4 * (model.n_params + model.adapter_params)
+        if whole > cache:
+            return LAYERED_SUMMON, (f"False: verl gathers a LoRA actor's adapters by summoning the whole model's fp32 "
+                                    f"parameters on every GPU ({whole / gib:.1f} GiB) beside the rollout's weights, more "
+                                    f"than the KV cache it runs without ({max(cache, 0) / gib:.1f} GiB at "
+                                    f"gpu_memory_utilization {gen.memory_fraction:g}, tp {tp}): the sync would set the "
+                                    "peak, which realbench does not price (layered_summon=True gathers a layer at a time)")
     if need <= cache:
         return None
-    gib = 2 ** 30
     return BUCKET, (f"{bucket_mb} MB: verl's weight sync holds its buffer and the largest tensor gathered "
                     f"({need / gib:.1f} GiB a GPU) beside the rollout's weights, more than the KV cache it runs without "
                     f"({max(cache, 0) / gib:.1f} GiB at gpu_memory_utilization {gen.memory_fraction:g}, tp {tp}): the "
                     "sync would set the peak, which realbench does not price (a smaller buffer, or a larger memory "
                     "share)")
+
+
+def graph_capture_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """(setting, why) where a vLLM rollout's replica decodes more sequences together than the largest
+    batch its CUDA graphs capture (CAPTURE_SIZES, carried): those decode steps run without a graph,
+    which realbench does not price; else None."""
+    key = next((k for k in CAPTURE_SIZES if scenario.engine_settings.get(k)), None)
+    if key is None or scenario.rollout_server == "sglang":
+        return None
+    largest = max(int(size) for size in scenario.engine_settings[key])
+    gen, option = scenario.dataflow.call("actor_gen"), options["actor_gen"]
+    slots = serving_slots(gen, scenario.model_of(gen), scenario.cluster, option)
+    if slots <= largest:
+        return None
+    return key, (f"{largest} at most: a replica decodes up to {slots} sequences together (max_num_seqs, as its KV cache "
+                 "holds them), and vLLM runs a decode batch above the largest captured one without a CUDA graph, which "
+                 f"realbench does not price (capture {slots}, or decode fewer a replica)")
+
+
+def rollout_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
+    """What of a plan's rollout verl would run otherwise than realbench prices it: its weight sync's
+    peak (sync_buffer_problem), or decode batches its CUDA graphs do not capture."""
+    return sync_buffer_problem(scenario, options) or graph_capture_problem(scenario, options)
 
 
 def _critic_counts(scenario: Scenario, train_rows: int, inf_rows: int, dp: int, divided_by: Optional[int],

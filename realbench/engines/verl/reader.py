@@ -20,12 +20,12 @@ from realbench.engines.documents import (expert_layout_problem, job_documents, m
                                          whole_row_budget)
 from realbench.engines.dotted import flatten
 from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_precision, _divided_by, _formed,
-                                            _unpriced_section, logits_paths, refuse_unpriced, sync_buffer_problem,
+                                            _unpriced_section, logits_paths, refuse_unpriced, rollout_problem,
                                             transformer_field, transformer_parts)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
-                                             CRITIC_BUDGET, CRITIC_SP_UNREAD, ENGINES, ESTIMATOR, ESTIMATORS,
-                                             EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, HYBRID, LORA_KEYS, LORA_MERGE,
-                                             MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS,
+                                             CAPTURE_SIZES, CRITIC_BUDGET, CUDAGRAPH_MODE, ENGINES, ESTIMATOR,
+                                             ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, HYBRID, LORA_KEYS,
+                                             LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS,
                                              OFFLOAD_BLOCK, ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS,
                                              PARAM_OFFLOAD, POOL, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
                                              ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL,
@@ -152,7 +152,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         given.update(flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
     unknown = [k for k in given if k not in known and not k.startswith((*OPEN_SECTIONS, *MIXED_PRECISION_BLOCKS))
-               and not transformer_field(k)]
+               and not transformer_field(k) and k not in (CUDAGRAPH_MODE, CAPTURE_SIZES[1])]
     if unknown:
         # (a key verl has nowhere is named before one it passes on unpriced: it tells a configuration
         # written for another release, whatever else it sets)
@@ -249,14 +249,11 @@ def _sequence_parallel(s: dict, gpus: int, per_node: int, roles: dict[str, bool]
     (a (dp, sp) device mesh, workers/engine/fsdp/transformer_impl.py:242-252), which need its rows
     packed (use_remove_padding, :148-152). A role the job does not have (`roles` false) is left at
     1, and so is every role under Megatron, whose blocks have no such key (verl's Megatron config
-    refuses one as unknown)."""
+    refuses one as unknown). The critic's role-level size reaches no engine (IGNORED_BY_VERL says so
+    on import)."""
     def size(key: str) -> int:  # (a Megatron block has none of these keys)
         return 1 if s.get(key) is None else int(s[key])
 
-    if roles["critic"] and size(CRITIC_SP_UNREAD) != 1:
-        raise ConfigError(f"{s[CRITIC_SP_UNREAD]}: verl {VERSION}'s critic engine does not read it (FSDPCriticConfig "
-                          f"copies nothing to its engine, verl/workers/config/critic.py): set "
-                          f"{SEQUENCE_PARALLEL['critic'][1]}", CRITIC_SP_UNREAD, source)
     out = {}
     for role, (deprecated, engine_key) in SEQUENCE_PARALLEL.items():
         key = deprecated if deprecated and size(deprecated) > 1 else engine_key
@@ -429,10 +426,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     with_ref = bool(s["algorithm.use_kl_in_reward"] or s[f"{A}.use_kl_loss"])
     nodes, N = trainer_pool.nodes, trainer_pool.size
     prompts, n = int(s["data.train_batch_size"]), int(s[f"{R}.n"])
-    if algorithm != "ppo" and n < 2:
-        priced_as = f"realbench prices {estimator} with {algorithm.upper()}'s calls, which compare" \
-            if estimator in SAME_CALLS else f"{algorithm.upper()} compares"
-        raise ConfigError(f"{n}: {priced_as} a prompt's samples: 2 or more", f"{R}.n", source)
+    if n < 1:
+        raise ConfigError(f"{n}: samples a prompt, 1 or more", f"{R}.n", source)
+    if estimator in SAME_CALLS and n < 2:  # (verl's group of one, which realbench runs, is GRPO's and RLOO's own rule)
+        raise ConfigError(f"{n}: realbench prices {estimator} with {algorithm.upper()}'s calls, which compare a "
+                          "prompt's samples: 2 or more", f"{R}.n", source)
     mini = int(s[f"{A}.ppo_mini_batch_size"])
     if prompts % mini:
         raise ConfigError(f"{mini} does not divide data.train_batch_size {prompts}", f"{A}.ppo_mini_batch_size", source)
@@ -721,4 +719,4 @@ def _same_rank(adapter: str, rank: int, source: str) -> None:
 
 def read_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """What of a configuration read realbench cannot price as verl runs it, beyond its keys."""
-    return sync_buffer_problem(scenario, options)
+    return rollout_problem(scenario, options)

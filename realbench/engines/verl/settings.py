@@ -122,6 +122,30 @@ MAX_MODEL_LEN = f"{R}.max_model_len"
 LORA_KEYS = {"r": "actor_rollout_ref.model.lora_rank", "lora_alpha": "actor_rollout_ref.model.lora_alpha",
              "target_modules": "actor_rollout_ref.model.target_modules"}
 LORA_MERGE = "actor_rollout_ref.model.lora.merge"
+# How a LoRA actor's adapters are gathered for the sync where they go alone (lora.merge false):
+# layered_summon gathers one FSDP unit at a time (verl/utils/fsdp_utils.py:645-712), at most one
+# layer's full parameters a GPU, within the largest tensor realbench's sync already holds
+# (sync_buffer_problem); without it FSDP1 (`strategy: fsdp`) summons the whole model's full
+# parameters at once (fsdp_utils.py:742-751, in its fp32 model_dtype), FSDP2 gathers the adapters'
+# DTensors alone. Beyond the adapters, vLLM's rollout reads it for its sleep level (1: the weights
+# kept in host memory through training and copied back, vllm_rollout/vllm_rollout.py:125-129), which
+# verl sets for a LoRA actor without merged adapters anyway (engine_workers.py:788-791): read there,
+# refused elsewhere (a whole model's or merged adapters' sleep level 1 is not priced)
+LAYERED_SUMMON = "actor_rollout_ref.rollout.layered_summon"
+# vLLM's CUDA graph modes (vllm/config/compilation.py, CUDAGraphMode: a uniform decode batch's mode and
+# a mixed or prefill batch's), which verl hands to the rollout's server through engine_kwargs.vllm
+# (workers/rollout/vllm_rollout/vllm_async_server.py:307-310, FULL_AND_PIECEWISE unless set). realbench
+# prices a decode step's launches as a captured graph runs them and a prefill's as compute: the modes
+# that capture the decode step whole (FULL; FULL_DECODE_ONLY, its mixed batches eager;
+# FULL_AND_PIECEWISE) are priced alike and carried; NONE and PIECEWISE (the decode step's attention
+# launched kernel by kernel) are refused by name, as enforce_eager is
+CUDAGRAPH_MODE = "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode"
+DECODE_CAPTURED = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# the decode batches vLLM captures graphs of: the rollout's own list, which replaces the one given in
+# engine_kwargs (vllm_async_server.py:321-322). A decode batch above the largest runs without a graph;
+# realbench prices the plan where a replica's decoding slots (cost.calls.serving_slots) are all
+# captured, and refuses the list by name where they are not (pricing.graph_capture_problem). Carried
+CAPTURE_SIZES = (f"{R}.cudagraph_capture_sizes", f"{R}.engine_kwargs.vllm.compilation_config.cudagraph_capture_sizes")
 # a PEFT adapter folder the actor's adapters start from (verl/workers/engine/fsdp/transformer_impl.py:342-356:
 # PeftModel.from_pretrained, its own r, alpha and modules; read only with lora_rank > 0, :162, 598-599, which
 # also sizes vLLM's LoRA slots): realbench's checkpoint entry `adapter:`
@@ -162,7 +186,8 @@ FSDP_SIZE = {"actor": f"{A}.fsdp_config.fsdp_size", "ref": "actor_rollout_ref.re
 # deprecated role-level one replaces where above 1 (FSDPActorConfig.__post_init__,
 # workers/config/actor.py:327-329; the reference's role-level one follows the actor's unless set,
 # trainer/config/ref/dp_ref.yaml:39). The critic's role-level one reaches no engine in verl 0.9.1
-# (workers/config/critic.py: FSDPCriticConfig copies nothing): refused above 1 (CRITIC_SP_UNREAD)
+# (workers/config/critic.py: FSDPCriticConfig copies nothing): said on import, priced as verl runs it
+# (CRITIC_SP_UNREAD, pricing.IGNORED_BY_VERL)
 SEQUENCE_PARALLEL = {"actor": (f"{A}.ulysses_sequence_parallel_size",
                                f"{A}.fsdp_config.ulysses_sequence_parallel_size"),
                      "ref": ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
@@ -232,9 +257,11 @@ def _table() -> dict:
 def known_keys(engine: str, one_step_off: bool = False) -> set[str]:
     """The settings verl's config for model_engine `engine` holds (the one-step-off entry's), and
     under Megatron the TransformerConfig fields realbench carries (TRANSFORMER_CARRIED), which a
-    written config holds in override_transformer_config as Hydra adds them."""
+    written config holds in override_transformer_config as Hydra adds them; and vLLM's CUDA graph
+    mode and capture sizes, which it holds in the rollout's engine_kwargs.vllm (an open section)
+    the same way."""
     carried = set(TRANSFORMER_CARRIED) if engine == "megatron" else set()
-    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS) | carried
+    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS) | carried | {CUDAGRAPH_MODE, CAPTURE_SIZES[1]}
 
 
 def defaults(engine: str, one_step_off: bool = False) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from realbench.dataflow import CallKind
 from realbench.engines.documents import packs
 from realbench.engines.listing import served_shares, the_jobs_share
 from realbench.engines.verl.pricing import (FORWARD_OFFLOAD, PADDING_FREE, _critic_counts, _divided_by, _mean_budget,
-                                            _remove_padding, space_problem_of_scenario, sync_buffer_problem)
+                                            _remove_padding, space_problem_of_scenario, rollout_problem)
 from realbench.engines.verl.reader import _function_mesh, to_plan
 from realbench.engines.verl.settings import (A, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, FUSED, HYBRID,
                                              ONE_STEP_OFF, POOL, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
@@ -30,7 +30,7 @@ from realbench.plan.scenario import Scenario
 def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """(plan key, what verl cannot do) for the first part of a plan outside verl's space, or None."""
     c = scenario.cluster
-    problem = space_problem_of_scenario(scenario) or sync_buffer_problem(scenario, options)
+    problem = space_problem_of_scenario(scenario) or rollout_problem(scenario, options)
     if problem:
         return problem
     trainer, pool = pools(scenario, options)
@@ -282,9 +282,9 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
                 for m in divisors(rows // (size // t)) for merge in (False, True)]
 
     # (each rollout at the least share of each GPU's memory that gives it each count of slots, where
-    # its sync's buffer fits: listing.served_shares)
+    # it runs as priced, its sync's peak and its captured decode batches: listing.served_shares)
     common = {"actor_gen": [shared for o in valid("actor_gen", served("actor", rollout or W))
-                            for shared in served_shares(scenario, o, lambda o: sync_buffer_problem(
+                            for shared in served_shares(scenario, o, lambda o: rollout_problem(
                                 scenario, {"actor_gen": o}) is None)]}
     if isinstance(scenario.models["reward"], FunctionSpec):
         scorer = _function_mesh(rows, rollout or W)
