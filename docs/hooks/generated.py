@@ -100,8 +100,8 @@ def table(name: str) -> str:
         raise ValueError(f"no benchmark table {name!r} (known: {', '.join(tables.TABLES)})")
     if name in FIDELITY_TABLES:
         result = _fidelity()
-    else:  # (a benchmark's other tables from its own JSON: coverage_features from coverage's)
-        result = json.loads((DATA / f"bench-{name.split('_')[0]}.json").read_text())
+    else:
+        result = json.loads((DATA / f"bench-{tables.TABLE_SOURCES.get(name, name)}.json").read_text())
     return tables.TABLES[name](result)
 
 

@@ -5,6 +5,7 @@ field of the result, formatted."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional
 
 from realbench.engines import ENGINES
@@ -74,31 +75,26 @@ def coverage_table(result: dict, refusals: int = 5) -> str:
     return _markdown(header, rows)
 
 
-def coverage_features_table(result: dict) -> str:
+def _refusals_by_feature(result: dict) -> list[tuple[str, dict[str, int], int]]:
     """`bench coverage`'s refusals by what they are for (coverage.NOT_PRICED: what realbench does not
-    price, or the engine itself refuses): per feature the examples each engine refuses for it, most
-    first."""
-    engines = list(result["engines"])
+    price, or the engine itself refuses): (feature, the examples each engine refuses for it, all of
+    them), most first."""
     counts = {engine: e.get("refused_features", {}) for engine, e in result["engines"].items()}
-    features = sorted({f for c in counts.values() for f in c},
-                      key=lambda f: (-sum(c.get(f, 0) for c in counts.values()), f))
-    rows = [[f, *(str(counts[engine].get(f, 0)) for engine in engines), str(sum(c.get(f, 0) for c in counts.values()))]
-            for f in features]
-    return _markdown(["refused for", *(ENGINE_TITLES.get(e, e) for e in engines), "all"], rows)
+    rows = [(f, {engine: c.get(f, 0) for engine, c in counts.items()}) for f in {f for c in counts.values() for f in c}]
+    return sorted(((f, each, sum(each.values())) for f, each in rows), key=lambda row: (-row[2], row[0]))
+
+
+def coverage_features_table(result: dict) -> str:
+    """The refusals by feature (_refusals_by_feature), a column per engine and one of all."""
+    rows = [[f, *(str(n) for n in each.values()), str(total)] for f, each, total in _refusals_by_feature(result)]
+    return _markdown(["refused for", *(ENGINE_TITLES.get(e, e) for e in result["engines"]), "all"], rows)
 
 
 def coverage_features_list(result: dict, width: int = 104) -> str:
     """The same counts as one paragraph (the README's): each feature with its examples over every
     engine, most first, wrapped at `width`."""
-    import textwrap
-
-    counts: dict[str, int] = {}
-    for e in result["engines"].values():
-        for feature, n in e.get("refused_features", {}).items():
-            counts[feature] = counts.get(feature, 0) + n
-    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return textwrap.fill("; ".join(f"{feature}: {n}" for feature, n in items) + ".", width=width,
-                         break_on_hyphens=False)
+    items = "; ".join(f"{f}: {total}" for f, _, total in _refusals_by_feature(result))
+    return textwrap.fill(items + ".", width=width, break_on_hyphens=False)
 
 
 def engine_steps_table(result: dict) -> str:
@@ -144,3 +140,5 @@ def engine_fit_table(result: dict) -> str:
 
 TABLES = {"fidelity": fidelity_summary, "engine_fit": engine_fit_table, "engine_steps": engine_steps_table, "engine_predictions": engine_predictions_table, "engines": engines_table, "coverage": coverage_table,
           "coverage_features": coverage_features_table}
+# the benchmark whose stored JSON a table is made from, where its name is not the benchmark's
+TABLE_SOURCES = {"coverage_features": "coverage"}

@@ -203,7 +203,7 @@ def grpo_advantages(score: torch.Tensor, group: int, scale: str = "group") -> to
     for two or more) has no others: its score is its advantage (verl's compute_grpo_outcome_advantage:
     mean 0 and std 1 for a prompt of one sample)."""
     if group == 1:
-        return torch.nan_to_num(score.reshape(-1).clone(), nan=0.0)
+        return torch.nan_to_num(score.reshape(-1), nan=0.0)
     g = score.view(-1, group)
     adv = g - g.nanmean(1, keepdim=True)
     if scale == "group":
@@ -223,13 +223,11 @@ def rloo_advantages(score: torch.Tensor, group: int, normalize: bool = False) ->
     has no others: its score is its advantage (verl's compute_rloo_outcome_advantage: mean 0), then
     normalized as the others are."""
     if group == 1:
-        adv = score.reshape(-1).clone()
-        if normalize:
-            adv = (adv - adv.nanmean()) / (_nanstd(adv) + 1e-4)
-        return torch.nan_to_num(adv, nan=0.0)
-    g = score.view(-1, group)
-    scored = (~g.isnan()).sum(1, keepdim=True)
-    adv = (g - (g.nansum(1, keepdim=True) - g) / (scored - 1)).reshape(-1)  # 0 / 0 alone: NaN, then 0
+        adv = score.reshape(-1)
+    else:
+        g = score.view(-1, group)
+        scored = (~g.isnan()).sum(1, keepdim=True)
+        adv = (g - (g.nansum(1, keepdim=True) - g) / (scored - 1)).reshape(-1)  # 0 / 0 alone: NaN, then 0
     if normalize:
         adv = (adv - adv.nanmean()) / (_nanstd(adv) + 1e-4)
     return torch.nan_to_num(adv, nan=0.0)

@@ -16,9 +16,9 @@ from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
 from realbench.engines.areal.packer import StepRows
 from realbench.engines.areal.pricing import GROUP_OF_ONE, PADDING_FREE, _micro_batches, refuse_unpriced
-from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, PROX_INTERPOLATED, PROX_LOGP, REWARD, SERVER_CONTEXT, SERVER_MEMORY,
-                                              SERVER_SLOTS, VERSION, _flatten, _interpolation, _sections, allocation,
-                                              defaults, resolve, world)
+from realbench.engines.areal.settings import (LORA_KEYS, MODEL_PATHS, PROX_INTERPOLATED, PROX_LOGP, REWARD,
+                                              SERVER_CONTEXT, SERVER_MEMORY, SERVER_SLOTS, VERSION, _flatten,
+                                              _interpolation, _sections, allocation, defaults, resolve, world)
 from realbench.engines.batches import ceil_at_least_one, even_share, rounds
 from realbench.engines.documents import (expert_layout_problem, job_documents, model_of_path, served_context,
                                          whole_row_budget)
@@ -155,8 +155,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     n = int(s["gconfig.n_samples"])
     critic_alg = "ppo" if critic else ("rloo" if s.get("actor.reward_norm.mean_leave1out") else "grpo")
     if n < 1 or (critic_alg == "grpo" and n < 2):
-        raise ConfigError(f"{n}: {GROUP_OF_ONE}" if n == 1 else f"{n}: samples a prompt, 1 or more", "gconfig.n_samples",
-                          source)
+        raise ConfigError(f"{n}: {GROUP_OF_ONE}" if n == 1 else f"{n}: samples a prompt, 1 or more",
+                          "gconfig.n_samples", source)
     max_new, max_tokens = int(s["gconfig.max_new_tokens"]), int(s["gconfig.max_tokens"])
     if not s["train_dataset.max_length"] and max_tokens - max_new < 1:
         raise ConfigError(f"is not set and gconfig.max_tokens ({max_tokens}) leaves no room for prompts beside "

@@ -12,8 +12,9 @@ import yaml
 
 from realbench.engines.areal.packer import StepRows
 from realbench.engines.areal.pricing import MEMORY_FRACTION, _micro_batches, space_problem_of_scenario
-from realbench.engines.areal.settings import (ENTRY, LORA_KEYS, PROX_INTERPOLATED, PROX_LOGP, SERVER_CONTEXT, SERVER_MEMORY, SERVER_MODEL,
-                                              SERVER_SLOTS, VERSION, allocation_string, defaults)
+from realbench.engines.areal.settings import (ENTRY, LORA_KEYS, PROX_INTERPOLATED, PROX_LOGP, SERVER_CONTEXT,
+                                              SERVER_MEMORY, SERVER_MODEL, SERVER_SLOTS, VERSION, allocation_string,
+                                              defaults)
 from realbench.engines.batches import ceil_at_least_one
 from realbench.engines.documents import refuse_offload, whole_alpha
 from realbench.engines.dotted import nest

@@ -208,7 +208,8 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            *(k for engine in ENGINE_BLOCK for role in ROLE_BLOCK for k in _entropy_keys(engine, role)),
            # (verl's FSDP offloads a forward-only model whatever these say, and it has no optimizer:
            # FORWARD_OFFLOAD; transformer_impl.py:431-435, 459-463)
-           *(f"actor_rollout_ref.ref.fsdp_config.{k}" for k in ("param_offload", "optimizer_offload", "offload_policy")),
+           *(f"actor_rollout_ref.ref.fsdp_config.{k}"
+             for k in ("param_offload", "optimizer_offload", "offload_policy")),
            # (FSDP1's constructor arguments that change neither bytes nor FLOPs, transformer_impl.py:437-448,
            # unread by FSDP2: forward_prefetch issues the next layer's forward all-gather before the
            # current layer computes, which helps a CPU-bound loop only; realbench prices the gathers
@@ -386,7 +387,8 @@ def _divided_by(pp: int, virtual_stages: int) -> Optional[int]:
     return pp if virtual_stages > 1 else None
 
 
-READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE, *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k),
+READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE,
+        *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k),
         "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward", f"{A}.use_kl_loss", f"{A}.ppo_mini_batch_size",

@@ -23,13 +23,13 @@ from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_pr
                                             _unpriced_section, logits_paths, refuse_unpriced, rollout_problem,
                                             transformer_field, transformer_parts)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
-                                             CAPTURE_SIZES, CRITIC_BUDGET, CUDAGRAPH_MODE, ENGINES, ESTIMATOR,
-                                             ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, HYBRID, LORA_KEYS,
-                                             LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS,
-                                             OFFLOAD_BLOCK, ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS,
-                                             PARAM_OFFLOAD, POOL, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
-                                             ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL,
-                                             SERVERS, STRATEGY, VERSION, defaults, resolve)
+                                             CRITIC_BUDGET, ENGINES, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE,
+                                             FSDP_VERSIONS, HYBRID, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
+                                             MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK,
+                                             ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS, PARAM_OFFLOAD, POOL, R,
+                                             READ_ENGINE_KWARGS, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP,
+                                             ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL, SERVERS, STRATEGY,
+                                             VERSION, defaults, resolve)
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
 from realbench.plan.options import straddles_nodes
@@ -152,7 +152,7 @@ def read_config(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict[
         given.update(flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
     known = {**table, **ADDED_KEYS}
     unknown = [k for k in given if k not in known and not k.startswith((*OPEN_SECTIONS, *MIXED_PRECISION_BLOCKS))
-               and not transformer_field(k) and k not in (CUDAGRAPH_MODE, CAPTURE_SIZES[1])]
+               and not transformer_field(k) and k not in READ_ENGINE_KWARGS]
     if unknown:
         # (a key verl has nowhere is named before one it passes on unpriced: it tells a configuration
         # written for another release, whatever else it sets)

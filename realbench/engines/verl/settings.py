@@ -146,6 +146,9 @@ DECODE_CAPTURED = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # realbench prices the plan where a replica's decoding slots (cost.calls.serving_slots) are all
 # captured, and refuses the list by name where they are not (pricing.graph_capture_problem). Carried
 CAPTURE_SIZES = (f"{R}.cudagraph_capture_sizes", f"{R}.engine_kwargs.vllm.compilation_config.cudagraph_capture_sizes")
+# the serving engine's arguments realbench reads (an open section of verl's config, which its table
+# does not hold): known where a configuration is read and where one is written
+READ_ENGINE_KWARGS = (CUDAGRAPH_MODE, CAPTURE_SIZES[1])
 # a PEFT adapter folder the actor's adapters start from (verl/workers/engine/fsdp/transformer_impl.py:342-356:
 # PeftModel.from_pretrained, its own r, alpha and modules; read only with lora_rank > 0, :162, 598-599, which
 # also sizes vLLM's LoRA slots): realbench's checkpoint entry `adapter:`
@@ -261,7 +264,7 @@ def known_keys(engine: str, one_step_off: bool = False) -> set[str]:
     mode and capture sizes, which it holds in the rollout's engine_kwargs.vllm (an open section)
     the same way."""
     carried = set(TRANSFORMER_CARRIED) if engine == "megatron" else set()
-    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS) | carried | {CUDAGRAPH_MODE, CAPTURE_SIZES[1]}
+    return set(defaults(engine, one_step_off)) | set(ADDED_KEYS) | carried | set(READ_ENGINE_KWARGS)
 
 
 def defaults(engine: str, one_step_off: bool = False) -> dict[str, Any]:
