@@ -103,8 +103,13 @@ def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
 
 @pytest.mark.parametrize("reason, feature", [
     ("model_engine: model_engine 'veomni': realbench prices dp, megatron (FSDP and Megatron)", "VeOmni"),
-    ("sglang.enable_multimodal: True (AReaL's default False) changes what AReaL runs", "vision-language"),
-    ("actor_rollout_ref.model.path: 'Qwen/Qwen3-VL-8B-Instruct': no such folder or config.json file", "vision-language"),
+    ("--actor.freeze_visual_encoder: True (OpenRLHF's default False) changes what OpenRLHF runs", "vision-language"),
+    ("actor_rollout_ref.model.path: 'zai-org/GLM-4.1V-9B-Thinking': no such folder or config.json file",
+     "vision-language"),
+    ("actor_rollout_ref.rollout.multi_stage_wake_up: True (verl's default False)", "multi-stage wake-up"),
+    ("train_dataset.max_length: is not set: realbench prices prompts at their cap", "without a length cap"),
+    ("actor: 7 GPUs: realbench places a group on a power-of-two block of a node of 8 or on whole nodes",
+     "power-of-two block"),
     ("actor_rollout_ref.model.path: 'my-org/house-13b': no such folder or config.json file", "no config here"),
     ("distillation.teacher_models.gsm8k.key: verl's on-policy distillation", "on-policy distillation"),
     ("econfig.domain: AReaL 1.0.4's PPOConfig has no such setting", "own config class"),

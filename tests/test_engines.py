@@ -1124,7 +1124,7 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
     (("actor_rollout_ref.rollout.name=trtllm",), "actor_rollout_ref.rollout.name", "vllm and sglang rollouts"),
     (("actor_rollout_ref.rollout.name=???",), "actor_rollout_ref.rollout.name", "is not set: verl needs it"),
     (LORA + ("actor_rollout_ref.model.exclude_modules=o_proj",), "actor_rollout_ref.model.exclude_modules",
-     "realbench does not price it"),
+     "reads the exclusion of a vision-language model's tower only"),
     (("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv]"),
      "models.actor.lora.target_modules", "no module 'qkv'"),
     # what verl passes through to the serving engine or the model's HF config: not priced

@@ -72,9 +72,10 @@ UNKNOWN_SETTING = ("has no such setting", "has no such flag", "+ adds a key verl
 # match of its refusal ("key: message") in order. A refusal none matches is "other", which the stored
 # measurement has none of (tests/test_readme.py)
 NOT_PRICED = (
-    ("vision-language models",
-     r"enable_multimodal|freeze_visual_encoder|max_images_per_prompt|image_patch_size|'\.\*visual\.\*'|"
-     r"-VL-|GLM-4\.1V|MiniCPM-o|multi_stage_wake_up|use_fused_kernels: True with model_engine megatron"),
+    ("vision-language models beyond Qwen2.5-VL and Qwen3-VL (GLM-4.1V, MiniCPM-o, a frozen vision encoder)",
+     r"freeze_visual_encoder|max_images_per_prompt|image_patch_size|GLM-4\.1V|MiniCPM-o"),
+    ("verl's multi-stage wake-up of the rollout", r"multi_stage_wake_up: "),
+    ("Megatron's fused forward kernels", r"use_fused_kernels: True with model_engine megatron"),
     ("a model with no config here", r"model\.path: .*no such folder or config\.json|models\.actor: .*no config\.json"),
     ("verl's VeOmni and MindSpeed engines", r"^model_engine: model_engine '(veomni|mindspeed)'"),
     ("another package's configs (verl_mlite)", r"^hydra\.searchpath: "),
@@ -100,6 +101,8 @@ NOT_PRICED = (
     ("dynamic batch sizes (DAPO's filtering)", r"^dynamic_bs: "),
     ("training on CPU workers", r"scheduling_spec's first entry gpu"),
     ("a group of one the engine's GRPO scores otherwise", r"compares? a prompt's samples|group of one: AReaL centres"),
+    ("prompts without a length cap (AReaL's train_dataset.max_length)", r"^train_dataset\.max_length: is not set"),
+    ("a group of GPUs other than a power-of-two block of a node", r"places a group on a power-of-two block"),
     ("settings the engine itself refuses when it runs", r"does not divide a GPU's \d+ rows|tokens hold no whole row of"),
 )
 
@@ -256,13 +259,22 @@ def with_stand_ins(engine: str, path: Path, overrides: list[str], folder: Path) 
     return overrides + extra, named
 
 
+# The image tokens a prompt holds that a vision-language example is priced with: a stand-in, as its
+# model's config is (the examples' data sets are not read here), 256 tokens: a 448 x 448 image in
+# Qwen2.5-VL's 28-pixel merged patches, 512 x 512 in Qwen3-VL's 32-pixel ones
+IMAGE_TOKENS_STAND_IN = 256
+
+
 def price(engine: str, path: Path, overrides: list[str], out: Path) -> float:
-    """Import a configuration (realbench import) and estimate the plan its engine would run."""
+    """Import a configuration (realbench import; a vision-language model's prompts with
+    IMAGE_TOKENS_STAND_IN image tokens) and estimate the plan its engine would run."""
     from realbench.cost import Estimator
-    from realbench.engines import import_config
+    from realbench.engines import import_config, job_models
     from realbench.plan.plan import load_plan
 
-    scenario_file, plan_file = import_config(engine, str(path), overrides, str(out), name="job", overwrite=True)
+    vlm = any(getattr(m, "vision", None) for m in job_models(engine, str(path), overrides))
+    scenario_file, plan_file = import_config(engine, str(path), overrides, str(out), name="job", overwrite=True,
+                                             image_tokens=IMAGE_TOKENS_STAND_IN if vlm else None)
     plan, scenario, options = load_plan(str(plan_file))
     est = Estimator(scenario)
     return float(est.estimate(est.choice_of(options)).time_per_iter_s)

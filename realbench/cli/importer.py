@@ -3,7 +3,7 @@ configuration runs, written for estimate, the plan viewer and the report."""
 
 from __future__ import annotations
 
-from realbench.cli import emit_json, log, positive_int
+from realbench.cli import emit_json, log, non_negative_int, positive_int
 
 
 def add_parser(sub) -> None:
@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
                                                               "only each group's count; default 8); verl's one-step-off "
                                                               "entry: the node its two pools are placed on (default: "
                                                               "one node of both where each has one node)")
+    p.add_argument("--image-tokens", type=non_negative_int, metavar="N",
+                   help="a vision-language model's job: the language-model tokens a prompt's images take (the data's, "
+                        "which the configuration does not say; 0: prompts without images)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--json", action="store_true", help="print the files and the estimate as JSON")
     p.set_defaults(handler=run)
@@ -37,7 +40,7 @@ def run(args) -> int:
     from realbench.plan import load_plan
 
     scenario_path, plan_path = import_config(args.engine, args.file, args.overrides, args.out, args.device,
-                                             args.name, args.force, args.gpus_per_node)
+                                             args.name, args.force, args.gpus_per_node, args.image_tokens)
     _, scenario, options = load_plan(str(plan_path))
     est = Estimator(scenario)
     choice = est.choice_of(options)

@@ -295,6 +295,56 @@ def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: floa
             + cluster.device.kernel_overhead_s)
 
 
+def _vision_patches(model: ModelSpec) -> int:
+    """Patches of a prompt's images (0: a language model, or prompts without images)."""
+    v = model.vision
+    return v.image_tokens * v.patches_per_token if v is not None and v.image_tokens else 0
+
+
+def vision_flops(v, prompts):
+    """A vision tower's forward FLOPs over `prompts` prompts of v.image_tokens image tokens:
+    prompts (2 P M + 4 P a h_v) (`_vision_forward`)."""
+    P = v.image_tokens * v.patches_per_token
+    return prompts * (2 * P * v.matmul_params_per_patch() + 4 * P * v.attended(P) * v.hidden)
+
+
+def _vision_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, prompts):
+    """A vision tower's forward over the images of `prompts` prompts (realbench.models.VisionSpec:
+    P patches a prompt, its images taken as one, a bound on the attention where it holds several):
+        flops  = prompts (2 P M + 4 P a h_v) / tp      (M: matmul parameters a patch goes through,
+                                                         a: the patches it attends to in a block)
+    split over tp as the serving engines and Megatron split the tower, its weights read once, and
+    element-wise bytes a patch and block as a decoder layer's (two norms and two residual adds,
+    20 h_v, replicated; the MLP's activation, 6 f_v gated or 4 f_v, split). 0 without images."""
+    P = _vision_patches(model)
+    if not P:
+        return 0.0
+    v = model.vision
+    patches = prompts * P
+    flops = vision_flops(v, prompts) / tp
+    elementwise = v.depth * (20 * v.hidden + (6 if v.gated else 4) * v.ffn / tp)
+    return (np.maximum(matmul_time(cluster, flops, patches), memory_time(cluster, v.params / tp * BF16))
+            + memory_time(cluster, patches * elementwise) + v.depth * cluster.device.kernel_overhead_s)
+
+
+def _vision_activation_bytes(model: ModelSpec, tp: int, prompts: float, recompute: bool) -> float:
+    """A vision tower's activations kept for the backward over `prompts` prompts' patches, as a
+    decoder layer's (`_activation_bytes`: 10 h_v + (8 h_v + the MLP's 6 f_v gated, 4 f_v not) / tp
+    a patch and block), or with activation checkpointing each block's input (2 h_v) and one block's."""
+    P = _vision_patches(model)
+    if not P:
+        return 0.0
+    v = model.vision
+    block = prompts * P * (10 * v.hidden + (8 * v.hidden + (6 if v.gated else 4) * v.ffn) / tp)
+    return prompts * P * v.hidden * BF16 * v.depth + block if recompute else v.depth * block
+
+
+def _stage_ends(head: float, vision: float, pp: int) -> float:
+    """The output layer's and the vision tower's seconds on the busiest stage: both on one stage,
+    the larger where the vision tower sits on the first and the head on the last."""
+    return head + vision if pp == 1 else np.maximum(head, vision)
+
+
 def _head_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens, moved: float = LOGIT_BYTES):
     """The output layer on `tokens` tokens and the log-softmax over its logits, `moved` bytes a
     logit (a number or a numpy array of them)."""
@@ -577,7 +627,8 @@ def _continuous_generate(call: CallDef, model: ModelSpec, cluster: ClusterSpec, 
                                call.sync_steps, call.gen_len)
     g = plan.prefill_rows
     etp = 1 if s.ep > 1 else 0  # (generation's expert parallelism holds each expert whole)
-    prefill = layers * _layer_forward(cluster, model, tp, g * P, P, s.ep, etp) + _head_forward(cluster, model, tp, g)
+    prefill = (layers * _layer_forward(cluster, model, tp, g * P, P, s.ep, etp) + _head_forward(cluster, model, tp, g)
+               + _vision_forward(cluster, model, tp, g))
     layer_step, head = _decode_step(cluster, model, tp, plan.rows, P + plan.age, s.ep, etp)
     compute = plan.prefills * prefill + plan.steps * (layers * layer_step + head)
     tp_comm = (plan.prefills * layers * _tp_all_reduces(cluster, model, tp, g * P, 2)
@@ -624,7 +675,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
         # prefill: the prompt, pipelined like inference
         t_pre = b * call.prompt_len
         pre_stage = layers * _layer_forward(cluster, model, tp, t_pre, call.prompt_len) \
-            + _head_forward(cluster, model, tp, b)  # only the last position's logits
+            + _stage_ends(_head_forward(cluster, model, tp, b), _vision_forward(cluster, model, tp, b), pp)
+        # (only the last position's logits)
         pre_tp = layers * _tp_all_reduces(cluster, model, tp, t_pre, 2)
         pre_pp = comm.p2p(cluster, t_pre * model.hidden * BF16, p2p_cross) if pp > 1 else 0.0
         # one token's keys and values on a device (its share of a whole sequence's cache)
@@ -657,8 +709,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     u = s.sp
     tokens = b * width / u
     moved = call.logits.moved_bytes if call.logits else LOGIT_BYTES
-    fwd = layers * _layer_forward(cluster, model, tp, tokens, width, ep, etp) \
-        + _head_forward(cluster, model, tp, tokens, moved)
+    layers_s = layers * _layer_forward(cluster, model, tp, tokens, width, ep, etp)
+    head_s, vision_s = _head_forward(cluster, model, tp, tokens, moved), _vision_forward(cluster, model, tp, b / u)
+    fwd = layers_s + _stage_ends(head_s, vision_s, pp)
     # the model-parallel exchanges of one forward: tp's two all-reduces a layer (a backward as many
     # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers), the
     # expert-parallel group's (a mixture of experts' dispatch and combine, as many backward)
@@ -697,7 +750,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                    if s.zero == 3 else 0.0)
         weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        working = (2 * _activation_bytes(model, tp, peak_tokens) / 8 + _logits_held(call, model, tp, peak_tokens, False)
+        vision_block = _vision_activation_bytes(model, tp, b / u, False) / model.vision.depth if model.vision else 0.0
+        working = (2 * max(_activation_bytes(model, tp, peak_tokens), vision_block) / 8
+                   + _logits_held(call, model, tp, peak_tokens, False)
                    + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards)
                    + _ring_buffers(model, s, peak_tokens, backward=False))
         # unsharded and offloaded (a Megatron forward-only model's param_offload): the whole bf16
@@ -723,7 +778,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     # more); under LoRA the frozen base has none, so the backward costs one forward (and the
     # adapters' small share of every pass)
     lora = model.lora is not None
-    fwd_bwd = ((3 if recompute else 2) * (1 + adapter_flops_share(model)) if lora else (4 if recompute else 3)) * fwd
+    passes = (3 if recompute else 2) * (1 + adapter_flops_share(model)) if lora else (4 if recompute else 3)
+    # (under LoRA the frozen vision tower runs forward once: nothing below its output trains)
+    fwd_bwd = passes * (layers_s + _stage_ends(head_s, vision_s / passes, pp)) if lora else passes * fwd
     behaviour = behaviour_forwards(call, model)  # forwards for the old log-probabilities
     # the old-log-probability forwards, term by term (early_s where the engine runs them early)
     behaviour_compute = behaviour * slots * fwd
@@ -765,7 +822,8 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                + max(_logits_held(call, model, tp, peak_tokens, True),
                      _logits_held(call, model, tp, peak_tokens, False) if behaviour else 0.0)
                + sharding.gathered_bytes(s.zero, layer, backward=True)
-               + _ring_buffers(model, s, peak_tokens, backward=True))
+               + _ring_buffers(model, s, peak_tokens, backward=True)
+               + (0.0 if lora else in_flight * _vision_activation_bytes(model, tp, b / u, recompute)))
     # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
     master = (params * sharding.weight_bytes_per_param(s.zero, shards)
               + adapters * sharding.trained_bytes_per_param(s.zero, shards)

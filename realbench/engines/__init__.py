@@ -47,13 +47,42 @@ def unread_settings(engine: str, path: str, overrides: list[str]) -> list[str]:
     return spec.unread(settings_engine, settings, given)
 
 
+def job_models(engine: str, path: str, overrides: list[str]) -> list:
+    """The specs of the models an engine's configuration names where realbench reads them (its
+    model paths' settings; documents.model_of_path), before anything is imported."""
+    from realbench.engines.documents import model_of_path
+
+    spec = engine_module(engine)
+    _, settings, _ = spec.read_config(path, overrides)
+    paths = (settings.get(key.lstrip("-"), settings.get(key)) for key in dict.fromkeys(spec.model_paths.values()))
+    return [m for m in map(model_of_path, paths) if m is not None]
+
+
+def _give_image_tokens(models: dict, image_tokens: Optional[int], model_paths: dict, source: str) -> None:
+    """Each vision-language model's entry takes the image tokens a prompt holds (--image-tokens),
+    which an engine's configuration does not say (its data does): refused without them, and
+    refused for a job without a vision-language model."""
+    from realbench.engines.documents import model_of_path
+
+    vlms = [role for role, entry in models.items() if getattr(model_of_path(entry.get("path")), "vision", None)]
+    if vlms and image_tokens is None:
+        raise ConfigError(f"{models[vlms[0]]['path']!r} is a vision-language model: give the image tokens a prompt "
+                          "holds (--image-tokens N, the data's: its configuration does not say them)",
+                          model_paths.get(vlms[0], vlms[0]), source)
+    if image_tokens is not None and not vlms:
+        raise ConfigError(f"{image_tokens}: no model of this job is a vision-language model", "--image-tokens")
+    for role in vlms:
+        models[role]["image_tokens"] = image_tokens
+
+
 def import_config(engine: str, path: str, overrides: list[str], out: str, device: str = "h100",
-                  name: Optional[str] = None, overwrite: bool = False, gpus_per_node: Optional[int] = None
-                  ) -> tuple[Path, Path]:
+                  name: Optional[str] = None, overwrite: bool = False, gpus_per_node: Optional[int] = None,
+                  image_tokens: Optional[int] = None) -> tuple[Path, Path]:
     """Read an engine's configuration (and overrides) into `out`/<name>.yaml (the scenario) and
     `out`/<name>-plan.yaml (the plan the engine would run); returns their paths. Paths in the
     configuration (checkpoints, the reward function) are taken, as the engine takes them,
-    relative to the folder it is launched from: this one."""
+    relative to the folder it is launched from: this one. `image_tokens`: the image tokens a
+    prompt holds, for a vision-language model (the data's, which no configuration says)."""
     spec = engine_module(engine)
     name = name or Path(path).stem
     settings_engine, settings, given = spec.read_config(path, overrides)
@@ -93,6 +122,7 @@ def import_config(engine: str, path: str, overrides: list[str], out: str, device
         if isinstance(entry.get("function"), str):
             file, _, function = entry["function"].rpartition(":")
             entry["function"] = f"{os.path.abspath(os.path.expanduser(file))}:{function}"
+    _give_image_tokens(scenario["models"], image_tokens, spec.model_paths, str(path))
     # both checked as realbench reads them before either is written (a source names what is wrong)
     try:
         read = scenario_from_document(scenario)

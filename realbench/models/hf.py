@@ -121,7 +121,11 @@ def spec_from_config(cfg: dict, name: str, source: str = "", **fields) -> ModelS
         raise ConfigError("a reward or critic head needs exactly one label", "num_labels", source)
     from realbench.models.families import common_fields
 
-    reader = Config(cfg, family.defaults, source)
+    try:
+        view = family.view(cfg) if family.view else cfg
+    except ConfigError as e:
+        raise e.in_file(source) from None
+    reader = Config(view, family.defaults, source)
     spec = {**common_fields(reader, value_head), **family.read(reader)}
     try:
         return validate_model(ModelSpec, {"name": name, "family": family.model_type, **spec, **fields})

@@ -117,6 +117,36 @@ class LoraSpec(FileModel):
         return dict(LORA_MODULES[m] for m in self.target_modules)
 
 
+# A vision-language model's module names as PEFT matches them (transformers 5: the vision tower
+# under model.visual, the decoder under model.language_model; transformers 4: model.layers): what
+# an exclusion of the vision tower from LoRA must match, and what it must leave
+VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.mlp.gate_proj",
+                  "model.visual.blocks.0.mlp.linear_fc1", "model.visual.merger.mlp.0", "visual.blocks.0.attn.proj")
+DECODER_MODULES = ("model.language_model.layers.0.self_attn.q_proj", "model.language_model.layers.0.mlp.down_proj",
+                   "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.up_proj")
+
+
+def vision_exclusion_problem(exclude: Any) -> Optional[str]:
+    """Why PEFT's `exclude_modules` does not keep LoRA off exactly a vision-language model's vision
+    tower (realbench adapts the decoder's projections only), or None. A string is a pattern PEFT
+    matches whole against each module's name (re.fullmatch); a list of names is refused."""
+    import re
+
+    if not isinstance(exclude, str):
+        return f"{exclude!r}: realbench reads a pattern (a string, as '.*visual.*'), not a list of modules"
+    try:
+        pattern = re.compile(exclude)
+    except re.error as e:
+        return f"{exclude!r} is not a regular expression: {e}"
+    kept = [m for m in VISION_MODULES if not pattern.fullmatch(m)]
+    if kept:
+        return f"{exclude!r} leaves the vision tower's {kept[0]} adapted: realbench prices LoRA on the decoder only"
+    hit = [m for m in DECODER_MODULES if pattern.fullmatch(m)]
+    if hit:
+        return f"{exclude!r} keeps LoRA off the decoder's {hit[0]}, which realbench adapts"
+    return None
+
+
 class RopeScaling(FileModel):
     """A rotary embedding stretched past the positions it was trained on, in transformers' names
     (`rope_parameters` / `rope_scaling`). The runtime computes linear, llama3 (Llama 3.1+) and
@@ -243,6 +273,84 @@ class LinearAttentionSpec(FileModel):
         return self.value_heads * self.key_head_dim * self.value_head_dim + self.conv_dim * (self.conv_kernel - 1)
 
 
+class VisionSpec(FileModel):
+    """A vision-language model's vision tower (Qwen2.5-VL's, Qwen3-VL's): the image cut into
+    patches of patch_size^2 pixels over temporal_patch_size frames (an image is repeated to fill
+    them), each patch a token of a ViT of `depth` blocks (width h, MLP width f, `heads` heads:
+    attention, then a SwiGLU (`gated`) or a GELU MLP, each after a norm), and a merger that folds
+    `merge` x `merge` neighbouring patches into one token of the language model (an MLP
+    4h -> 4h -> out_hidden); Qwen3-VL's `deepstack` mergers do the same for inner blocks' outputs,
+    added to the first language-model layers' hidden states. Parameters (C channels, p patch, T
+    frames, u = merge^2, g = 3 gated, 2 not):
+
+        patch embedding   C T p^2 h (+ h with a bias)   (+ P h of learnt positions, Qwen3-VL's)
+        a block           4 h^2 + 4 h (qkv and output with biases) + g h f + (g - 1) f + h (MLP,
+                          biases) + 2 h (RMSNorms) or 4 h (LayerNorms)
+        a merger          u h u h + u h + u h out + out, and its norm over h (the last) or u h
+                          (a deepstack one): norm weights, and biases under LayerNorm
+
+    Qwen2.5-VL's blocks but `full_blocks` attend within windows of `window` pixels ((window /
+    patch)^2 patches); every other block attends over the whole image. `image_tokens` is the
+    workload's, not the checkpoint's: the language-model tokens a prompt's images take (summed
+    over them; patches: u each), set by a scenario (models.<role>.image_tokens) or an engine's
+    import (--image-tokens), None until then (planning refuses a VLM without it)."""
+
+    depth: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    ffn: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    out_hidden: int = Field(gt=0)
+    patch_size: int = Field(gt=0)
+    temporal_patch_size: int = Field(default=2, gt=0)
+    in_channels: int = Field(default=3, gt=0)
+    merge: int = Field(default=2, gt=0)  # spatial_merge_size
+    gated: bool = True  # SwiGLU (Qwen2.5-VL) or a GELU MLP (Qwen3-VL)
+    layer_norm: bool = False  # LayerNorms with biases (Qwen3-VL) or RMSNorms (Qwen2.5-VL)
+    patch_bias: bool = False
+    position_embeddings: int = Field(default=0, ge=0)  # learnt positions (Qwen3-VL's num_position_embeddings)
+    deepstack: int = Field(default=0, ge=0)  # extra mergers (len(deepstack_visual_indexes))
+    window: Optional[int] = Field(default=None, gt=0)  # window attention's width in pixels (Qwen2.5-VL)
+    full_blocks: int = Field(default=0, ge=0)  # blocks attending over the whole image where windowed
+    image_tokens: Optional[int] = Field(default=None, ge=0)
+
+    @property
+    def patches_per_token(self) -> int:
+        return self.merge * self.merge
+
+    @property
+    def block_params(self) -> int:
+        h, f, g = self.hidden, self.ffn, 3 if self.gated else 2
+        return 4 * h * h + 4 * h + g * h * f + (g - 1) * f + h + (4 if self.layer_norm else 2) * h
+
+    def merger_params(self, deepstack: bool) -> int:
+        uh = self.patches_per_token * self.hidden
+        norm = (uh if deepstack else self.hidden) * (2 if self.layer_norm else 1)
+        return norm + uh * uh + uh + uh * self.out_hidden + self.out_hidden
+
+    @property
+    def params(self) -> int:
+        h = self.hidden
+        embed = self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h + (h if self.patch_bias else 0)
+        return (embed + self.position_embeddings * h + self.depth * self.block_params
+                + self.merger_params(False) + self.deepstack * self.merger_params(True))
+
+    def matmul_params_per_patch(self) -> float:
+        """The matmul parameters a patch goes through: the embedding, every block's projections, its
+        share (1/u) of the mergers'."""
+        h, u = self.hidden, self.patches_per_token
+        merger = (1 + self.deepstack) * (u * h * u * h + u * h * self.out_hidden)
+        return (self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h
+                + self.depth * (4 * h * h + (3 if self.gated else 2) * h * self.ffn) + merger / u)
+
+    def attended(self, patches: float) -> float:
+        """Patches a patch attends to in a block, on average over the blocks, in an image of `patches`
+        patches (bidirectional: all of them; within its window in Qwen2.5-VL's windowed blocks)."""
+        if self.window is None:
+            return patches
+        windowed = min(patches, (self.window / self.patch_size) ** 2)
+        return (self.full_blocks * patches + (self.depth - self.full_blocks) * windowed) / self.depth
+
+
 class ModelSpec(FileModel):
     """Architecture of one decoder. Frozen: specs are values. Everything but the shapes of a
     LLaMA decoder is optional and off by default, so a spec written by hand before the other
@@ -295,6 +403,8 @@ class ModelSpec(FileModel):
     config_source: Optional[str] = None
     # low-rank adapters trained on the frozen weights (None: every weight trains)
     lora: Optional[LoraSpec] = None
+    # a vision-language model's vision tower, on the first pipeline stage with the embedding
+    vision: Optional[VisionSpec] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -445,7 +555,8 @@ class ModelSpec(FileModel):
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab * self.hidden
+        """The first stage's end: the token embedding, and a vision-language model's vision tower."""
+        return self.vocab * self.hidden + (self.vision.params if self.vision else 0)
 
     @property
     def head_params(self) -> int:

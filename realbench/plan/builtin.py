@@ -81,6 +81,15 @@ _SPECS = [
           {"actor": "qwen3-30b-a3b", "ref": "qwen3-30b-a3b", "reward": {"arch": "qwen3-1.7b", "value_head": True}},
           dict(prompts=64, prompt_len=512, gen_len=2048, group_size=8),
           "GRPO, Qwen3-30B-A3B (128 experts, 8 a token) actor/ref, a Qwen3-1.7B reward model, 2x8 H100"),
+    # A vision-language model: each prompt's image, 256 image tokens (a 448 x 448 image in Qwen2.5-VL's
+    # 28-pixel merged patches), encoded by the vision tower when generation prefills it and in every
+    # forward of the actor and the reference
+    _spec("grpo-qwen2.5-vl-7b-8gpu", "grpo", 1, 8, "h100",
+          {"actor": {"path": "qwen2.5-vl-7b", "image_tokens": 256}, "ref": {"path": "qwen2.5-vl-7b", "image_tokens": 256},
+           "reward": {"arch": "qwen3-1.7b", "value_head": True}},
+          dict(prompts=64, prompt_len=1024, gen_len=2048, group_size=8),
+          "GRPO, Qwen2.5-VL-7B actor/ref on prompts of an image (256 image tokens), a Qwen3-1.7B reward model, "
+          "1x8 H100"),
     _spec("ppo-qwen3-235b-a22b-1024gpu", "ppo", 128, 8, "h100",
           _ppo_models("qwen3-235b-a22b-instruct-2507", "qwen3-8b"),
           dict(prompts=1024, prompt_len=512, gen_len=1024),

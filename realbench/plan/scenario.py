@@ -295,6 +295,16 @@ class Scenario(DerivedValues):
             if isinstance(m, ModelSpec) and m.lora is not None and role not in trained:
                 raise ConfigError(f"LoRA adapters train, and no call trains {role!r} (trained: "
                                   f"{', '.join(sorted(trained)) or 'none'})", f"models.{role}.lora")
+        prompt = min((c.seq_len - c.gen_len for c in self.dataflow.calls if c.kind == CallKind.GENERATE), default=None)
+        for role, m in self.models.items():
+            vision = getattr(m, "vision", None)
+            if vision is not None and vision.image_tokens is None:
+                raise ConfigError(f"{m.name} is a vision-language model: say how many image tokens a prompt holds "
+                                  f"(the images' share of its tokens; 0: prompts without images)",
+                                  f"models.{role}.{IMAGE_TOKENS}")
+            if vision is not None and prompt is not None and vision.image_tokens > prompt:
+                raise ConfigError(f"{vision.image_tokens} image tokens do not fit a prompt of {prompt} tokens (the "
+                                  "prompt holds them)", f"models.{role}.{IMAGE_TOKENS}")
         used = set(self.dataflow.models)
         for role in self.models:
             if role not in used:
@@ -440,9 +450,9 @@ def algorithm_keys(algorithm: str) -> tuple[str, ...]:
 
 # The forms of a `models:` entry that is a mapping, by the key that marks each, and their keys.
 ENTRY_FORMS = {
-    "path": (*CHECKPOINT_KEYS, "expert_imbalance"),  # a Hugging Face checkpoint folder, config, hub id, catalogue entry
+    "path": (*CHECKPOINT_KEYS, "expert_imbalance", "image_tokens"),  # a checkpoint folder, config, hub id, catalogue entry
     "function": FUNCTION_KEYS,  # reward functions
-    "arch": ("arch", *ModelSpec.model_fields, "expert_imbalance"),  # a preset or catalogue entry changed
+    "arch": ("arch", *ModelSpec.model_fields, "expert_imbalance", "image_tokens"),  # a preset or catalogue entry changed
     "name": tuple(ModelSpec.model_fields),  # a full spec (as a scenario written out holds it)
     "functions": (*FunctionSpec.model_fields, "function"),  # functions, as a scenario written out holds them
 }
@@ -504,8 +514,8 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
         return spec
     form = _entry_form(spec)
     if form == "path":
-        return with_expert_imbalance(spec_from_checkpoint_entry(
-            {k: x for k, x in spec.items() if k != IMBALANCE}, base), spec.get(IMBALANCE))
+        return with_workload(spec_from_checkpoint_entry({k: x for k, x in spec.items() if k not in WORKLOAD}, base),
+                             spec)
     if form == "function":
         return function_spec(spec, base, role)
     if form == "arch":
@@ -513,17 +523,37 @@ def _model_entry(spec: Any, base: Path, role: str) -> Any:
             raise ConfigError("must be a model's name: a preset or a catalogue entry (realbench models lists them)",
                               "arch")
         named = named_model(spec["arch"], base)
-        rest = {k: x for k, x in spec.items() if k not in ("arch", IMBALANCE)}
+        rest = {k: x for k, x in spec.items() if k != "arch" and k not in WORKLOAD}
         # (a value head on a model whose head is tied to its embedding: a head of its own)
         base_fields = (named.with_value_head() if rest.get("value_head") is True else named).model_dump()
         if {"hidden", "n_heads"} & set(rest) and "head_dim" not in rest and named.head_dim * named.n_heads == named.hidden:
             base_fields.pop("head_dim")  # derived from the shapes given, as it was from the named ones
-        return with_expert_imbalance(validate_model(ModelSpec, {**base_fields, **rest}), spec.get(IMBALANCE))
+        return with_workload(validate_model(ModelSpec, {**base_fields, **rest}), spec)
     return validate_model(FunctionSpec if form == "functions" else ModelSpec, spec)
 
 
-# a model entry's setting of how unevenly its router spreads the job's tokens (MoESpec.imbalance)
-IMBALANCE = "expert_imbalance"
+# a model entry's settings of the job's data beside the checkpoint: how unevenly its router spreads
+# the tokens (MoESpec.imbalance), the image tokens a prompt holds (VisionSpec.image_tokens)
+IMBALANCE, IMAGE_TOKENS = "expert_imbalance", "image_tokens"
+WORKLOAD = (IMBALANCE, IMAGE_TOKENS)
+
+
+def with_workload(spec: ModelSpec, entry: dict) -> ModelSpec:
+    """`spec` with the workload settings a `models:` entry gives (WORKLOAD)."""
+    return with_image_tokens(with_expert_imbalance(spec, entry.get(IMBALANCE)), entry.get(IMAGE_TOKENS))
+
+
+def with_image_tokens(spec: ModelSpec, tokens: Any) -> ModelSpec:
+    """`spec` with the image tokens a prompt holds (None: as it is), refused where it has no vision
+    tower or the value is not a whole number of tokens."""
+    if tokens is None:
+        return spec
+    if spec.vision is None:
+        raise ConfigError(f"{spec.name} is a language model: it has no vision tower to take images", IMAGE_TOKENS)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ConfigError(f"{tokens!r}: the language-model tokens a prompt's images take, a whole number (0: prompts "
+                          "without images)", IMAGE_TOKENS)
+    return spec.model_copy(update={"vision": spec.vision.model_copy(update={"image_tokens": tokens})})
 
 
 def with_expert_imbalance(spec: ModelSpec, imbalance: Any) -> ModelSpec:

@@ -59,6 +59,12 @@ NEUTRAL = (("seed", "tokenizer_path", "cluster.fileroot", "cluster.name_resolve.
             "sglang.log_level", "sglang.disable_radix_cache",
             "vllm.model", "vllm.seed", "vllm.skip_tokenizer_init", "vllm.dtype",
             "vllm.enforce_eager", "vllm.no_enable_prefix_caching",
+            # the server taking images: a vision-language model's, priced by its image tokens (import's
+            # --image-tokens), which a language model's prompts do not have
+            "sglang.enable_multimodal",
+            # vLLM keeping the model's sliding windows (AReaL's default disables them): as realbench
+            # prices a model, its windows where its config has them
+            "vllm.disable_sliding_window",
             # the servers' side of the actor's LoRA (what the adapters need there, not a cost of their own)
             "rollout.use_lora", "sglang.enable_lora", "sglang.max_lora_rank", "vllm.enable_lora", "vllm.max_lora_rank",
             "gconfig.lora_name")

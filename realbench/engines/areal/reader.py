@@ -168,6 +168,14 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         raise ConfigError(f"{max_tokens} leaves no room for responses after prompts of train_dataset.max_length "
                           f"{prompt_len}", "gconfig.max_tokens", source)
     L = prompt_len + gen_len
+    if not s["train_dataset.max_length"]:
+        for role in strategies:
+            budget = s.get(f"{role}.mb_spec.max_tokens_per_mb")
+            if budget is not None and int(budget) < L:
+                raise ConfigError(f"is not set: realbench prices prompts at their cap, gconfig.max_tokens less "
+                                  f"max_new_tokens ({prompt_len} tokens), whose rows of {L} {role}.mb_spec."
+                                  f"max_tokens_per_mb {budget} cannot hold (AReaL's packer refuses a longer "
+                                  "sequence); set it to the data's longest prompt", "train_dataset.max_length", source)
     step = StepRows(prompt_len, gen_len, lengths)
     prompts = int(s["train_dataset.batch_size"])
     rows = prompts * n

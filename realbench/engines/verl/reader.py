@@ -24,7 +24,7 @@ from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_pr
                                             transformer_field, transformer_parts)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
                                              CRITIC_BUDGET, ENGINES, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE,
-                                             FSDP_VERSIONS, HYBRID, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
+                                             FSDP_VERSIONS, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
                                              MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS, PARAM_OFFLOAD, POOL, R,
                                              READ_ENGINE_KWARGS, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP,
@@ -628,6 +628,7 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         else:  # the folder's own settings (its adapter_config.json), which verl trains with
             _same_rank(adapter, int(s[LORA_KEYS["r"]]), source)
             models["actor"]["adapter"] = adapter
+        _lora_off_vision(s, specs("actor"), source)
         # the reference of a LoRA actor is the actor with its adapters off (ref_in_actor,
         # verl/trainer/ppo/v1/trainer_base.py:234-237): no reference model
         models.pop("ref", None)
@@ -636,6 +637,9 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
         if s[PARAM_OFFLOAD["actor"]]:
             raise ConfigError("True with lora_rank: a LoRA model's parameter offload is not priced",
                               PARAM_OFFLOAD["actor"], source)
+    elif s.get(LORA_EXCLUDE) is not None:
+        raise ConfigError(f"{s[LORA_EXCLUDE]!r} with lora_rank 0: modules kept off LoRA, without LoRA", LORA_EXCLUDE,
+                          source)
     elif s[ADAPTER_PATH] is not None:
         raise ConfigError(f"{s[ADAPTER_PATH]!r} with lora_rank 0: verl loads an adapter folder only for a LoRA actor "
                           "(verl/workers/engine/fsdp/transformer_impl.py:162, 598-599)", ADAPTER_PATH, source)
@@ -720,3 +724,21 @@ def _same_rank(adapter: str, rank: int, source: str) -> None:
 def read_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tuple[str, str]]:
     """What of a configuration read realbench cannot price as verl runs it, beyond its keys."""
     return rollout_problem(scenario, options)
+
+
+def _lora_off_vision(s: dict[str, Any], actor, source: str) -> None:
+    """A LoRA actor's exclude_modules keeps PEFT's adapters off exactly a vision-language model's
+    vision tower (realbench adapts the decoder only; target_modules alone would adapt the tower's
+    like-named projections too); refused elsewhere, and where a VLM's tower is not kept off."""
+    from realbench.models.spec import vision_exclusion_problem
+
+    exclude = s.get(LORA_EXCLUDE)
+    if getattr(actor, "vision", None) is None:
+        if exclude is not None:
+            raise ConfigError(f"{exclude!r}: modules kept off LoRA where the actor has no vision tower: realbench "
+                              "reads the exclusion of a vision-language model's tower only", LORA_EXCLUDE, source)
+        return
+    problem = ("None: PEFT then adapts the vision tower's projections too, which realbench does not price (keep "
+               "them off: exclude_modules='.*visual.*')") if exclude is None else vision_exclusion_problem(exclude)
+    if problem:
+        raise ConfigError(problem, LORA_EXCLUDE, source)

@@ -122,6 +122,10 @@ MAX_MODEL_LEN = f"{R}.max_model_len"
 LORA_KEYS = {"r": "actor_rollout_ref.model.lora_rank", "lora_alpha": "actor_rollout_ref.model.lora_alpha",
              "target_modules": "actor_rollout_ref.model.target_modules"}
 LORA_MERGE = "actor_rollout_ref.model.lora.merge"
+# the modules PEFT keeps LoRA off (a pattern): a vision-language actor's vision tower, which
+# all-linear would adapt too (realbench.models.spec.vision_exclusion_problem)
+LORA_EXCLUDE = "actor_rollout_ref.model.exclude_modules"
+VISION_EXCLUDED = ".*visual.*"
 # How a LoRA actor's adapters are gathered for the sync where they go alone (lora.merge false):
 # layered_summon gathers one FSDP unit at a time (verl/utils/fsdp_utils.py:645-712), at most one
 # layer's full parameters a GPU, within the largest tensor realbench's sync already holds

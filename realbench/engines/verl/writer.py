@@ -18,7 +18,7 @@ from realbench.engines.dotted import nest
 from realbench.engines.verl.pricing import (MEMORY_FRACTION, _critic_counts, _divided_by, _formed, _mean_budget,
                                             _remove_padding, _step_rows, logits_paths)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUILTIN_REWARD, BYPASS, ENTRY, ESTIMATORS, FSDP_SIZE,
-                                             FUSED, HYBRID, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEMORY, OFFLOAD_BLOCK,
+                                             FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, VISION_EXCLUDED, MEMORY, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF_ENTRY, ONE_STEP_OFF_SETTINGS, R, REF_MEGATRON_OFFLOAD,
                                              REMOVE_PADDING, RM, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL,
                                              SEQUENCE_PARALLEL, VERSION, known_keys, resolve)
@@ -194,7 +194,8 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
     lora = scenario.models["actor"].lora
     if lora is not None:
         out.update({LORA_KEYS["r"]: lora.r, LORA_KEYS["lora_alpha"]: whole_alpha(lora, "verl"),
-                    LORA_KEYS["target_modules"]: list(lora.target_modules), LORA_MERGE: gen.merge_lora})
+                    LORA_KEYS["target_modules"]: list(lora.target_modules), LORA_MERGE: gen.merge_lora,
+                    **({LORA_EXCLUDE: VISION_EXCLUDED} if scenario.models["actor"].vision else {})})
         if lora.path is not None:  # (its r, alpha and modules are the folder's: written the same)
             out[ADAPTER_PATH] = lora.path
     roles = [("actor", "actor_train", A, "actor_rollout_ref.model")]

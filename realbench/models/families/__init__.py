@@ -88,6 +88,8 @@ class Family:
     layer_tensors: dict = field(default_factory=dict)
     expert_prefix: str = ""
     expert_tensors: dict = field(default_factory=dict)
+    # the config as the language model's reader takes it (a VL config's text_config over its top)
+    view: Optional[Callable[[dict], dict]] = None
 
     @property
     def causal_lm(self) -> str:
@@ -249,10 +251,10 @@ def refuse_foreign_keys(cfg: Config, family: str, window: bool = False) -> None:
 
 
 def _families() -> dict[str, Family]:
-    from realbench.models.families import deepseek, gpt_oss, llama, mixtral, qwen2, qwen3, qwen3_next
+    from realbench.models.families import deepseek, gpt_oss, llama, mixtral, qwen2, qwen3, qwen3_next, qwen_vl
 
     out: dict[str, Family] = {}
-    for module in (llama, qwen2, qwen3, mixtral, deepseek, qwen3_next, gpt_oss):
+    for module in (llama, qwen2, qwen3, mixtral, deepseek, qwen3_next, gpt_oss, qwen_vl):
         for family in module.FAMILIES:
             out[family.model_type] = family
     return out
@@ -306,7 +308,8 @@ def runtime_problem(spec) -> Optional[str]:
     if spec.layer_types:
         kinds = sorted(set(spec.layer_types) - {"full_attention"})
         return f"the runtime computes full attention only, not {kinds[0]} layers"
-    for flag, what in (("o_bias", "a bias on the attention output"), ("attn_output_gate", "a gated attention output"),
+    for flag, what in (("vision", "a vision tower (vision-language models)"),
+                       ("o_bias", "a bias on the attention output"), ("attn_output_gate", "a gated attention output"),
                        ("attention_sinks", "attention sinks"), ("mla", "multi-head latent attention"),
                        ("linear_attention", "linear attention")):
         if getattr(spec, flag):

@@ -21,6 +21,12 @@ DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": 
 
 
 def read_qwen3_next(cfg: Config) -> dict:
+    return {**hybrid_attention(cfg), "moe": qwen_moe(cfg, shared=True)}
+
+
+def hybrid_attention(cfg: Config) -> dict:
+    """Qwen3-Next's and Qwen3.5's attention: linear-attention layers between gated full-attention
+    ones (layer_types, or every full_attention_interval-th layer full)."""
     cfg.refuse_true("attention_bias", "biases in the attention are not priced")
     n = cfg.int("num_hidden_layers")
     if "layer_types" in cfg.raw:
@@ -33,8 +39,7 @@ def read_qwen3_next(cfg: Config) -> dict:
                                  "value_heads": cfg.int("linear_num_value_heads"),
                                  "key_head_dim": cfg.int("linear_key_head_dim"),
                                  "value_head_dim": cfg.int("linear_value_head_dim"),
-                                 "conv_kernel": cfg.int("linear_conv_kernel_dim")},
-            "moe": qwen_moe(cfg, shared=True)}
+                                 "conv_kernel": cfg.int("linear_conv_kernel_dim")}}
 
 
 FAMILIES = (
