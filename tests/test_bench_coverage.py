@@ -140,8 +140,8 @@ def test_every_example_is_priced_or_counted_apart_by_name(examples, cli, monkeyp
     row = {r["file"]: r for r in result["rows"]}
     assert "my-org/house-model-13b" in row["grpo_trainer/run_house.sh"]["reason"]
     # and counted by what realbench does not price (here: a model it has no config of)
-    assert verl["refused_features"] == {coverage.NOT_PRICED[1][0]: 1}
-    assert row["grpo_trainer/run_house.sh"]["feature"] == coverage.NOT_PRICED[1][0]
+    assert verl["refused_features"] == {"a model with no config here": 1}
+    assert row["grpo_trainer/run_house.sh"]["feature"] == "a model with no config here"
     assert (openrlhf["rl_jobs"], openrlhf["priced"]) == (1, 1), openrlhf
     assert result["share_priced"] == pytest.approx(2 / 3)
     priced = [r for r in result["rows"] if r["status"] == "priced"]
@@ -221,3 +221,18 @@ def test_areal_yaml_files_that_are_no_rl_experiment_are_counted_apart(tmp_path):
     assert "not an AReaL experiment" in coverage.areal_kind(tmp_path / "sky.yaml")
     assert "SFT, reward-model or DPO" in coverage.areal_kind(tmp_path / "sft.yaml")
     assert coverage.areal_kind(tmp_path / "grpo.yaml") is None
+
+
+def test_a_refusal_is_stored_as_its_user_reads_it_without_this_machines_paths():
+    """A script's sandbox home and this machine's home become `~`, a required variable's path its
+    `$NAME`; the stored measurement holds neither machine's paths."""
+    import tempfile
+
+    sandbox = f"{tempfile.gettempdir()}/run1a2b"
+    assert coverage.as_user_reads(f"'{sandbox}/home/models/Qwen3-8B': no such folder") == "'~/models/Qwen3-8B': no such folder"
+    assert coverage.as_user_reads(f"'{sandbox}/lora_adapter_path' is not") == "'$LORA_ADAPTER_PATH' is not"
+    home = os.path.expanduser("~")
+    assert coverage.as_user_reads(f"not in the local cache ({home}/.cache/huggingface/hub)") == \
+        "not in the local cache (~/.cache/huggingface/hub)"
+    stored = (Path(__file__).parents[1] / "docs" / "measurements" / "data" / "bench-coverage.json").read_text()
+    assert home + "/" not in stored and tempfile.gettempdir() + "/" not in stored

@@ -907,6 +907,11 @@ def test_a_critics_role_level_ulysses_size_which_verl_ignores_is_priced_as_verl_
     assert "runs with critic.fsdp.ulysses_sequence_parallel_size" in result["unread_by_engine"][0]
     _, split, _ = imported(cli, job, "ppo-rm.yaml", "critic.fsdp.ulysses_sequence_parallel_size=2", out="split")
     assert split["calls"]["critic_train"]["sp"] == 2 and plan["calls"]["critic_train"].get("sp", 1) == 1
+    # the rollout's multi_stage_wake_up, which verl 0.9.1's RolloutConfig holds and nothing reads
+    woken, same, _ = imported(cli, job, "ppo-rm.yaml", "actor_rollout_ref.rollout.multi_stage_wake_up=true", out="woken")
+    assert same["calls"] == plan["calls"] and woken["time_per_iter_s"] == base["time_per_iter_s"]
+    assert [u.split(":")[0] for u in woken["unread_by_engine"]] == ["actor_rollout_ref.rollout.multi_stage_wake_up=True"]
+    assert "reads it nowhere" in woken["unread_by_engine"][0]
 
 
 def test_a_lora_actors_adapter_gather_and_vllms_decode_graphs_are_priced_as_verl_runs_them(cli, job):

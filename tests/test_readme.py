@@ -47,7 +47,7 @@ def test_the_command_table_names_only_commands_and_flags_that_exist():
 def test_the_scenario_list_is_the_built_in_one():
     text = README[README.index("Built-in scenarios:"):]
     text = text[:text.index("\n\n")]
-    assert set(re.findall(r"`([a-z0-9-]+)`", text)) == set(BUILTIN)
+    assert set(re.findall(r"`([a-z0-9.-]+)`", text)) == set(BUILTIN)
 
 
 def yaml_blocks():

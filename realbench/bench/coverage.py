@@ -72,7 +72,7 @@ UNKNOWN_SETTING = ("has no such setting", "has no such flag", "+ adds a key verl
 # match of its refusal ("key: message") in order. A refusal none matches is "other", which the stored
 # measurement has none of (tests/test_readme.py)
 NOT_PRICED = (
-    ("vision-language models beyond Qwen2.5-VL and Qwen3-VL (GLM-4.1V, MiniCPM-o, a frozen vision encoder)",
+    ("vision-language models beyond Qwen2.5-VL, Qwen3-VL and Qwen3.5 (GLM-4.1V, MiniCPM-o, a frozen vision encoder)",
      r"freeze_visual_encoder|max_images_per_prompt|image_patch_size|GLM-4\.1V|MiniCPM-o"),
     ("verl's multi-stage wake-up of the rollout", r"multi_stage_wake_up: "),
     ("Megatron's fused forward kernels", r"use_fused_kernels: True with model_engine megatron"),
@@ -386,6 +386,8 @@ def as_user_reads(text: str) -> str:
     script requires (`${NAME:?...}`, given a path of its name: captured_launches) `$NAME`."""
     sandbox = rf"{re.escape(tempfile.gettempdir())}/[^/\s']+"
     text = re.sub(rf"{sandbox}/home(?=/)", "~", text)
+    # (and this machine's home, where a refusal names the Hugging Face cache looked in)
+    text = re.sub(rf"{re.escape(os.path.expanduser('~'))}(?=/)", "~", text)
     return re.sub(rf"{sandbox}/([a-z0-9_]+)(?![\w/-])", lambda m: "$" + m.group(1).upper(), text)
 
 

@@ -26,6 +26,8 @@ class EngineConfig:
         self.file_box = w.Text(description="config", placeholder="my_job.yaml (verl, areal), or train_ppo.sh (openrlhf)")
         self.overrides_box = w.Text(description="overrides", placeholder="key=value ... (as on `realbench import`)")
         self.gpus_box = w.IntText(value=8, description="GPUs/node", tooltip="openrlhf: GPUs per node")
+        self.images_box = w.Text(description="image tokens", placeholder="a vision-language job's, a prompt",
+                                 tooltip="the tokens a prompt's images take (import's --image-tokens)")
         self.out_box = w.Text(value="plans", description="folder", tooltip="where the scenario and plan are written")
         self.overwrite_box = w.Checkbox(description="overwrite", value=False)
         self.open_button = w.Button(description="Open", icon="folder-open",
@@ -40,7 +42,8 @@ class EngineConfig:
         self.open_button.on_click(lambda _: self.open())
         self.export_button.on_click(lambda _: self.write())
         self.widget = w.VBox([w.HBox([self.engine_box, self.file_box]), self.overrides_box,
-                              w.HBox([self.gpus_box, self.out_box, self.overwrite_box]), self.open_button,
+                              w.HBox([self.gpus_box, self.images_box]), w.HBox([self.out_box, self.overwrite_box]),
+                              self.open_button,
                               w.HBox([self.export_box, self.export_button]), self.status])
 
     def _error(self, e: ConfigError) -> bool:
@@ -61,8 +64,12 @@ class EngineConfig:
             gpus = self.gpus_box.value if engine_module(engine).takes_node_size else None
             if gpus is not None and gpus < 1:
                 raise ConfigError(f"{gpus}: a node has at least one GPU", "GPUs/node")
+            images = self.images_box.value.strip()
+            if images and (not images.isdigit()):
+                raise ConfigError(f"{images!r}: a whole number of tokens (empty: a language model's job)", "image tokens")
             _, plan_path = import_config(engine, path, overrides, self.out_box.value.strip() or ".",
-                                         overwrite=self.overwrite_box.value, gpus_per_node=gpus)
+                                         overwrite=self.overwrite_box.value, gpus_per_node=gpus,
+                                         image_tokens=int(images) if images else None)
             _, scenario, options = load_plan(str(plan_path))
             unread = unread_settings(engine, path, overrides)
         except ConfigError as e:

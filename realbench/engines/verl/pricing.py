@@ -68,7 +68,11 @@ IGNORED_BY_VERL = {"critic.ppo_max_token_len_per_gpu": _CRITIC_BUDGETS,
                    "critic.forward_max_token_len_per_gpu": _CRITIC_BUDGETS,
                    f"{A}.use_torch_compile": _COMPILE.format(version=VERSION, block=f"{A}.fsdp_config"),
                    "actor_rollout_ref.ref.use_torch_compile": _COMPILE.format(
-                       version=VERSION, block="actor_rollout_ref.ref.fsdp_config")}
+                       version=VERSION, block="actor_rollout_ref.ref.fsdp_config"),
+                   # (RolloutConfig holds it, workers/config/rollout.py:216; nothing in verl reads it: the
+                   # rollout wakes its weights and KV cache as it would without it)
+                   f"{R}.multi_stage_wake_up": f"verl {VERSION} holds it and reads it nowhere: the rollout wakes "
+                                               "up as without it"}
 
 # -- the log-probabilities over the vocabulary (CallDef.logits) --------------------------------------
 # verl's FSDP engine computes a micro-batch's log-probabilities from the model's bf16 logits, divided

@@ -76,6 +76,14 @@ def text_view(raw: dict, forward_tie: bool) -> dict:
     return view
 
 
+def moe_text_view(raw: dict) -> dict:
+    """Qwen3.5-MoE's language model (text_view): its config has no dense MLP width (every layer's MLP
+    is experts), which the spec's dense `ffn` takes from the experts' width (read by no layer)."""
+    view = text_view(raw, forward_tie=False)
+    view.setdefault("intermediate_size", view.get("moe_intermediate_size", QWEN3_5_MOE_TEXT["moe_intermediate_size"]))
+    return view
+
+
 def read_vision(cfg: Config, defaults: dict, qwen3: bool) -> dict:
     """The vision tower of a VL config's `vision_config` (its family's defaults for keys left out)."""
     raw = cfg.raw.get("vision_config")
@@ -147,5 +155,5 @@ FAMILIES = (
     Family("qwen3_5", ("Qwen3_5ForConditionalGeneration",), QWEN3_5_TEXT, read_qwen3_5,
            view=partial(text_view, forward_tie=False)),
     Family("qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",), QWEN3_5_MOE_TEXT, read_qwen3_5_moe,
-           view=partial(text_view, forward_tie=False)),
+           view=moe_text_view),
 )
