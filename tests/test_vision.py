@@ -277,3 +277,36 @@ def test_the_workbench_opens_a_vlm_job_with_its_image_tokens(vl_job):
     e.images_box.value = "300"
     assert e.open(), e.status.value
     assert wb.editor.scenario.models["actor"].vision.image_tokens == 300
+
+
+def test_the_built_in_vlm_scenario_says_its_image_tokens():
+    from realbench.plan.builtin import get_builtin
+
+    scenario = get_builtin("grpo-qwen2.5-vl-7b-8gpu")
+    assert scenario.summary()["models"]["actor"] == "qwen2.5-vl-7b (256 image tokens a prompt)"
+    assert scenario.models["ref"].vision.image_tokens == 256 and scenario.models["reward"].vision is None
+
+
+def test_a_ulysses_group_encodes_its_micro_batchs_images_whole_on_every_device():
+    """dp 4 x sp 2 against dp 8, 8 micro-batches of 512 rows (tests/test_cost.py's Ulysses case, on
+    Qwen2.5-VL-7B): a device of a Ulysses group runs half of its 16-row micro-batch's tokens through
+    the decoder, as dp 8's device runs its 8 rows, but the vision tower over all 16 rows' images
+    (verl slices the sequence after the tower): twice dp 8's vision seconds (within the matmul
+    efficiency's gain on twice the rows), the rest alike."""
+    from realbench.cost import call_cost
+    from realbench.dataflow import CallDef
+    from realbench.hardware import cluster
+    from realbench.plan import Mesh, Option, Strategy
+
+    h100, mesh = cluster(1, 8, "h100"), Mesh(0, 1, 0, 8)
+    base = spec_from_config(catalogue.config("qwen2.5-vl-7b"), "vl")
+    ref = CallDef(name="r", model="m", kind="inference", seqs=512, seq_len=1024)
+
+    def seconds(tokens: int, strategy) -> float:
+        model = base.model_copy(update={"vision": base.vision.model_copy(update={"image_tokens": tokens})})
+        return call_cost(ref, model, h100, Option(mesh, strategy)).compute_s
+
+    flat, split = Strategy(8, 1, 1, 8, zero=3), Strategy(4, 1, 1, 8, zero=3, sp=2)
+    assert seconds(0, split) == pytest.approx(seconds(0, flat), rel=1e-12)
+    vision_flat, vision_split = seconds(256, flat) - seconds(0, flat), seconds(256, split) - seconds(0, split)
+    assert vision_flat > 0 and vision_split == pytest.approx(2 * vision_flat, rel=0.05)

@@ -710,7 +710,9 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
     tokens = b * width / u
     moved = call.logits.moved_bytes if call.logits else LOGIT_BYTES
     layers_s = layers * _layer_forward(cluster, model, tp, tokens, width, ep, etp)
-    head_s, vision_s = _head_forward(cluster, model, tp, tokens, moved), _vision_forward(cluster, model, tp, b / u)
+    # (a vision tower encodes a micro-batch's images whole on every device of a Ulysses group: verl
+    # slices the sequence after it, verl/models/transformers/monkey_patch.py:158-185)
+    head_s, vision_s = _head_forward(cluster, model, tp, tokens, moved), _vision_forward(cluster, model, tp, b)
     fwd = layers_s + _stage_ends(head_s, vision_s, pp)
     # the model-parallel exchanges of one forward: tp's two all-reduces a layer (a backward as many
     # again), the sequence-parallel group's (Ulysses' all-to-alls or ring attention's gathers), the
@@ -750,7 +752,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                    if s.zero == 3 else 0.0)
         weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        vision_block = _vision_activation_bytes(model, tp, b / u, False) / model.vision.depth if model.vision else 0.0
+        vision_block = _vision_activation_bytes(model, tp, b, False) / model.vision.depth if model.vision else 0.0
         working = (2 * max(_activation_bytes(model, tp, peak_tokens), vision_block) / 8
                    + _logits_held(call, model, tp, peak_tokens, False)
                    + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards)
@@ -823,7 +825,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                      _logits_held(call, model, tp, peak_tokens, False) if behaviour else 0.0)
                + sharding.gathered_bytes(s.zero, layer, backward=True)
                + _ring_buffers(model, s, peak_tokens, backward=True)
-               + (0.0 if lora else in_flight * _vision_activation_bytes(model, tp, b / u, recompute)))
+               + (0.0 if lora else in_flight * _vision_activation_bytes(model, tp, b, recompute)))
     # LoRA: the frozen base keeps its bf16 weights only (no gradients, no optimizer state)
     master = (params * sharding.weight_bytes_per_param(s.zero, shards)
               + adapters * sharding.trained_bytes_per_param(s.zero, shards)

@@ -403,7 +403,9 @@ class Scenario(DerivedValues):
     def summary(self) -> dict:
         return {"name": self.name, "algorithm": self.algorithm,
                 "models": {r: m.name + (" (reward function)" if isinstance(m, FunctionSpec) else
-                                        " (value head)" if m.value_head else "") for r, m in self.models.items()},
+                                        " (value head)" if m.value_head else
+                                        f" ({m.vision.image_tokens} image tokens a prompt)" if m.vision else "")
+                           for r, m in self.models.items()},
                 "gpus": self.cluster.n_devices, "nodes": self.cluster.nodes,
                 "device": self.cluster.device.name, "calls": list(self.dataflow.call_names),
                 "plan_space": self.plan_space_size,
