@@ -11,7 +11,7 @@ import os
 import pytest
 import yaml
 
-from realbench.cost.calls import _vision_activation_bytes, vision_flops
+from realbench.cost.calls import _vision_activation_bytes
 from realbench.errors import ConfigError
 from realbench.models import VisionSpec, catalogue
 from realbench.models.hf import spec_from_config
@@ -126,7 +126,7 @@ def test_vision_flops_by_hand():
     # attending to all 12: 2 x 12 x 464 + 4 x 12 x 12 x 4 = 13,440 FLOPs a prompt
     v = VisionSpec(depth=2, hidden=4, ffn=6, heads=1, out_hidden=8, patch_size=2, image_tokens=3)
     assert v.matmul_params_per_patch() == 464
-    assert vision_flops(v, prompts=1) == 13_440 and vision_flops(v, prompts=5) == 5 * 13_440
+    assert v.patches == 12 and v.forward_flops(1) == 13_440 and v.forward_flops(5) == 5 * 13_440
     # Qwen2.5-VL's windows: 112 px over 14 px patches hold 64; 4 of 32 blocks attend to the whole image
     windowed = VisionSpec(depth=32, hidden=4, ffn=6, heads=1, out_hidden=8, patch_size=14, window=112, full_blocks=4)
     assert windowed.attended(1024) == (4 * 1024 + 28 * 64) / 32

@@ -295,48 +295,43 @@ def _layer_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: floa
             + cluster.device.kernel_overhead_s)
 
 
-def _vision_patches(model: ModelSpec) -> int:
-    """Patches of a prompt's images (0: a language model, or prompts without images)."""
-    v = model.vision
-    return v.image_tokens * v.patches_per_token if v is not None and v.image_tokens else 0
-
-
-def vision_flops(v, prompts):
-    """A vision tower's forward FLOPs over `prompts` prompts of v.image_tokens image tokens:
-    prompts (2 P M + 4 P a h_v) (`_vision_forward`)."""
-    P = v.image_tokens * v.patches_per_token
-    return prompts * (2 * P * v.matmul_params_per_patch() + 4 * P * v.attended(P) * v.hidden)
-
-
 def _vision_forward(cluster: ClusterSpec, model: ModelSpec, tp: int, prompts):
     """A vision tower's forward over the images of `prompts` prompts (realbench.models.VisionSpec:
     P patches a prompt, its images taken as one, a bound on the attention where it holds several):
-        flops  = prompts (2 P M + 4 P a h_v) / tp      (M: matmul parameters a patch goes through,
-                                                         a: the patches it attends to in a block)
+        flops  = prompts (2 P M + 4 P a h_v) / tp      (VisionSpec.forward_flops: M the matmul
+                                                         parameters a patch goes through, a the
+                                                         patches it attends to in a block)
     split over tp as the serving engines and Megatron split the tower, its weights read once, and
     element-wise bytes a patch and block as a decoder layer's (two norms and two residual adds,
     20 h_v, replicated; the MLP's activation, 6 f_v gated or 4 f_v, split). 0 without images."""
-    P = _vision_patches(model)
-    if not P:
-        return 0.0
     v = model.vision
-    patches = prompts * P
-    flops = vision_flops(v, prompts) / tp
+    if v is None or not v.patches:
+        return 0.0
+    patches = prompts * v.patches
     elementwise = v.depth * (20 * v.hidden + (6 if v.gated else 4) * v.ffn / tp)
-    return (np.maximum(matmul_time(cluster, flops, patches), memory_time(cluster, v.params / tp * BF16))
+    return (np.maximum(matmul_time(cluster, v.forward_flops(prompts) / tp, patches),
+                       memory_time(cluster, v.params / tp * BF16))
             + memory_time(cluster, patches * elementwise) + v.depth * cluster.device.kernel_overhead_s)
 
 
-def _vision_activation_bytes(model: ModelSpec, tp: int, prompts: float, recompute: bool) -> float:
-    """A vision tower's activations kept for the backward over `prompts` prompts' patches, as a
-    decoder layer's (`_activation_bytes`: 10 h_v + (8 h_v + the MLP's 6 f_v gated, 4 f_v not) / tp
-    a patch and block), or with activation checkpointing each block's input (2 h_v) and one block's."""
-    P = _vision_patches(model)
-    if not P:
-        return 0.0
+def _vision_block_bytes(model: ModelSpec, tp: int, prompts: float) -> float:
+    """One block of a vision tower's activations over `prompts` prompts' patches, as a decoder
+    layer's (`_activation_bytes`): 10 h_v + (8 h_v + the MLP's 6 f_v gated, 4 f_v not) / tp a patch."""
     v = model.vision
-    block = prompts * P * (10 * v.hidden + (8 * v.hidden + (6 if v.gated else 4) * v.ffn) / tp)
-    return prompts * P * v.hidden * BF16 * v.depth + block if recompute else v.depth * block
+    if v is None:
+        return 0.0
+    return prompts * v.patches * (10 * v.hidden + (8 * v.hidden + (6 if v.gated else 4) * v.ffn) / tp)
+
+
+def _vision_activation_bytes(model: ModelSpec, tp: int, prompts: float, recompute: bool) -> float:
+    """A vision tower's activations kept for the backward over `prompts` prompts' patches: every
+    block's (`_vision_block_bytes`), or with activation checkpointing each block's input (2 h_v a
+    patch) and one block's."""
+    v = model.vision
+    if v is None:
+        return 0.0
+    block = _vision_block_bytes(model, tp, prompts)
+    return prompts * v.patches * v.hidden * BF16 * v.depth + block if recompute else v.depth * block
 
 
 def _stage_ends(head: float, vision: float, pp: int) -> float:
@@ -752,8 +747,7 @@ def call_cost(call: CallDef, model: ModelSpec | FunctionSpec, cluster: ClusterSp
                    if s.zero == 3 else 0.0)
         weights = (params + adapters) * sharding.weight_bytes_per_param(s.zero, shards, off)
         # one layer's activations at a time (no backward), plus the logits of a micro-batch
-        vision_block = _vision_activation_bytes(model, tp, b, False) / model.vision.depth if model.vision else 0.0
-        working = (2 * max(_activation_bytes(model, tp, peak_tokens), vision_block) / 8
+        working = (2 * max(_activation_bytes(model, tp, peak_tokens), _vision_block_bytes(model, tp, b)) / 8
                    + _logits_held(call, model, tp, peak_tokens, False)
                    + sharding.gathered_bytes(s.zero, layer, backward=False, offloaded=off, dp=shards)
                    + _ring_buffers(model, s, peak_tokens, backward=False))

@@ -28,8 +28,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from realbench.errors import ConfigError
 from realbench.models.spec import (LORA_DEFAULT_TARGETS, LORA_MODULES, LinearAttentionSpec, LoraSpec,  # noqa: F401
-                                   MLASpec, ModelSpec, MoESpec, RopeScaling, layer_param_prefix, stage_bounds,
-                                   stage_start, VisionSpec)
+                                   MLASpec, ModelSpec, MoESpec, RopeScaling, VisionSpec, layer_param_prefix,
+                                   stage_bounds, stage_start)
 from realbench.schema import FileModel
 
 

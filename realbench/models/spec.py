@@ -328,19 +328,33 @@ class VisionSpec(FileModel):
         return norm + uh * uh + uh + uh * self.out_hidden + self.out_hidden
 
     @property
+    def patches(self) -> int:
+        """Patches of a prompt's images (0 without images, or before image_tokens is set)."""
+        return (self.image_tokens or 0) * self.patches_per_token
+
+    @property
+    def embed_matmul_params(self) -> int:
+        """The patch embedding's weight: C T p^2 h (a patch's pixels to the tower's width)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * self.hidden
+
+    @property
     def params(self) -> int:
         h = self.hidden
-        embed = self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h + (h if self.patch_bias else 0)
-        return (embed + self.position_embeddings * h + self.depth * self.block_params
-                + self.merger_params(False) + self.deepstack * self.merger_params(True))
+        return (self.embed_matmul_params + (h if self.patch_bias else 0) + self.position_embeddings * h
+                + self.depth * self.block_params + self.merger_params(False) + self.deepstack * self.merger_params(True))
 
     def matmul_params_per_patch(self) -> float:
         """The matmul parameters a patch goes through: the embedding, every block's projections, its
         share (1/u) of the mergers'."""
         h, u = self.hidden, self.patches_per_token
         merger = (1 + self.deepstack) * (u * h * u * h + u * h * self.out_hidden)
-        return (self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h
-                + self.depth * (4 * h * h + (3 if self.gated else 2) * h * self.ffn) + merger / u)
+        return self.embed_matmul_params + self.depth * (4 * h * h + (3 if self.gated else 2) * h * self.ffn) + merger / u
+
+    def forward_flops(self, prompts):
+        """The tower's forward FLOPs over `prompts` prompts of P patches each: prompts (2 P M + 4 P a h)
+        (M: matmul_params_per_patch, a: the patches one attends to in a block, `attended`)."""
+        P = self.patches
+        return prompts * (2 * P * self.matmul_params_per_patch() + 4 * P * self.attended(P) * self.hidden)
 
     def attended(self, patches: float) -> float:
         """Patches a patch attends to in a block, on average over the blocks, in an image of `patches`

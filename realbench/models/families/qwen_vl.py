@@ -45,6 +45,7 @@ QWEN3_VL_VISION = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch
                    "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
                    "temporal_patch_size": 2, "out_hidden_size": 3584, "num_position_embeddings": 2304,
                    "deepstack_visual_indexes": [8, 16, 24]}
+QWEN3_5_VISION = {**QWEN3_VL_VISION, "deepstack_visual_indexes": []}  # (Qwen3_5VisionConfig has none)
 
 
 def text_view(raw: dict, forward_tie: bool) -> dict:
@@ -130,9 +131,6 @@ def read_qwen3_vl(cfg: Config) -> dict:
 
 def read_qwen3_vl_moe(cfg: Config) -> dict:
     return {**read_qwen3(cfg), "moe": qwen_moe(cfg, shared=False), "vision": read_vision(cfg, QWEN3_VL_VISION, True)}
-
-
-QWEN3_5_VISION = {**QWEN3_VL_VISION, "deepstack_visual_indexes": []}  # (Qwen3_5VisionConfig has none)
 
 
 def read_qwen3_5(cfg: Config) -> dict:
