@@ -111,7 +111,12 @@ def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
     ("actor: 7 GPUs: realbench places a group on a power-of-two block of a node of 8 or on whole nodes",
      "power-of-two block"),
     ("actor_rollout_ref.model.path: 'my-org/house-13b': no such folder or config.json file", "no config here"),
-    ("distillation.teacher_models.gsm8k.key: verl's on-policy distillation", "on-policy distillation"),
+    ("distillation.teacher_models.gsm8k.key: a teacher beside distillation.teacher_models.teacher_model: several "
+     "teachers", "several teachers"),
+    ("distillation.teacher_models.teacher_model.model_path: 'Qwen/Qwen3-VL-32B-Instruct': no such folder or "
+     "config.json file", "no config here"),
+    ("calls.teacher_inf.tp: the plan verl would run is not one realbench can price: tp 8 does not divide the 16 "
+     "attention heads and 2 KV heads of qwen3.5-35b-a3b", "tp beyond its KV heads"),
     ("econfig.domain: AReaL 1.0.4's PPOConfig has no such setting", "own config class"),
     ("gconfig.n_samples: 1: GRPO compares a prompt's samples: 2 or more", "group of one"),
     ("actor_rollout_ref.rollout.n: 1: realbench prices gpg with GRPO's calls, which compare a prompt's samples: 2 or "
@@ -188,9 +193,9 @@ def test_examples_the_pinned_release_refuses_too_are_counted_apart_by_its_own_ch
     # verl 0.9.1's own composition refuses tau_pos too, naming it: not a job the pinned release runs
     sapo = row["sapo/run_sapo.sh"]
     assert sapo["status"] == "stale" and "tau_pos" in sapo["reason"] and "PolicyLossConfig" in sapo["reason"], sapo
-    # a teacher verl adds to its open dict: refused by name as not priced, never "no such setting"
+    # a second teacher verl adds to its open dict: refused by name as not priced, never "no such setting"
     opd = row["distillation/run_opd.sh"]
-    assert opd["status"] == "refused" and "on-policy distillation" in opd["reason"], opd
+    assert opd["status"] == "refused" and "several teachers" in opd["reason"], opd
     assert row["sync/run_sync.sh"]["status"] == "stale" and "no such module" in row["sync/run_sync.sh"]["reason"]
     fully_async = row["async/run_fully_async.sh"]
     assert fully_async["status"] == "refused" and "an RL entry point realbench does not read" in fully_async["reason"]

@@ -38,6 +38,22 @@ def test_grpo_and_rloo_have_no_critic_and_group_samples():
         assert set(df.call_names) == {"actor_gen", "reward_inf", "ref_inf", "actor_train"}
 
 
+def test_a_teacher_scores_every_sequence_for_the_actors_loss():
+    """On-policy distillation (`with_teacher`): the teacher's forward over each of the 4 x 2 = 8
+    sequences of 3 + 5 tokens the actor generates, its log-probabilities an input of the actor's
+    update and nothing else's; the teacher is frozen (no train call, no version edge)."""
+    for name in ("grpo", "rloo"):
+        df = build_algorithm(name, prompts=4, prompt_len=3, gen_len=5, group_size=2, with_ref=False,
+                             with_teacher=True)
+        teacher = df.call("teacher_inf")
+        assert (teacher.model, teacher.kind.value, teacher.seqs, teacher.seq_len) == ("teacher", "inference", 8, 8)
+        assert (teacher.inputs, teacher.outputs) == (("seqs",), ("teacher_logprobs",))
+        assert {("actor_gen", "teacher_inf"), ("teacher_inf", "actor_train")} <= data_edges(df)
+        assert "teacher_logprobs" in df.call("actor_train").inputs
+        assert "teacher" not in df.trained_models and not any("teacher_inf" in e for e in lag1_edges(df))
+        assert "teacher_inf" not in build_algorithm(name).call_names
+
+
 def test_remax_two_generations_and_optional_ref():
     df = build_algorithm("remax")
     assert {("sample_gen", "sample_reward"), ("greedy_gen", "greedy_reward"),

@@ -1165,9 +1165,11 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
                                                                         "defaults it"),
     (("+critic.fsdp.mixed_precision.cast_forward_inputs=true",), "critic.fsdp.mixed_precision.cast_forward_inputs",
      "reads param_dtype, reduce_dtype, buffer_dtype"),
+    # (a second teacher; distillation on verl's defaults, which name no teacher's checkpoint)
     (("+distillation.teacher_models.math.key=gsm8k",), "distillation.teacher_models.math.key",
-     "on-policy distillation"),
-    (("distillation.enabled=true",), "distillation.enabled", "on-policy distillation"),
+     "several teachers, each scoring the rows of its own data sources"),
+    (("distillation.enabled=true",), "distillation.teacher_models.teacher_model.model_path",
+     "is not set: verl needs the teacher's checkpoint"),
     (("actor_rollout_ref.rollout.free_cache_engine=false",), "actor_rollout_ref.rollout.free_cache_engine",
      "keeps its share of every GPU through training"),
     # hybrid sharding groups verl's device mesh does not cover the GPUs with, or that straddle nodes
@@ -1309,6 +1311,17 @@ def test_a_reward_model_is_served_like_the_rollout(cli, job):
     assert code == 2 and err.count("\n") == 1 and "reward.reward_model.rollout.name: 'vllm'" in err, err
 
 
+def exported_and_checked(cli, verl_check, plan, out: Path) -> dict:
+    """`plan` exported as verl's configuration `out` (in a new folder) and checked by verl's own code
+    on a trainer's pool of 8 GPUs: what the check says of it."""
+    out.parent.mkdir()
+    code, _, err = cli("export", "--plan", plan, "--format", "verl", "--out", out)
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"] and checked["n_gpus"] == 8, checked
+    return checked
+
+
 POOL = ("reward.reward_model.enable_resource_pool=true", "reward.reward_model.nnodes=1",
         "reward.reward_model.n_gpus_per_node=4")
 
@@ -1334,11 +1347,7 @@ def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli
     assert peaks[8:12] == [calls["reward_inf"]["mem_bytes"]] * 4 and peaks[12:] == [0] * 4
     assert min(peaks[:8]) > 0
     out = job / "pool" / "verl" / "pooled job.yaml"
-    out.parent.mkdir()
-    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", out)
-    assert code == 0, err
-    checked = verl_check("validate", out)
-    assert checked["ok"] and checked["n_gpus"] == 8, checked
+    checked = exported_and_checked(cli, verl_check, result["plan"], out)
     assert (checked["pools"], checked["reward_pool"]) == ({"global_pool": [8], "reward_pool": [4]}, "reward_pool")
     # verl refuses a pool of no nodes, as realbench does reading it
     refused = verl_check("validate", out, "reward.reward_model.nnodes=0")
@@ -1356,6 +1365,154 @@ def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli
     assert code == 0, err
     assert verl_check("validate", job / "pool-whole" / "verl.yaml")["pools"] == {"global_pool": [8],
                                                                                 "reward_pool": [8, 8]}
+
+
+# verl's on-policy distillation, as its examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh sets
+# it (the k1 reverse-KL reward on the policy gradient, no task rewards), with a teacher of 4 GPUs (tp 2)
+# and its server's steps of 1024 tokens
+TEACHER = "distillation.teacher_models.teacher_model"
+DISTILLED = ("distillation.enabled=true", "distillation.nnodes=1", "distillation.n_gpus_per_node=4",
+             f"{TEACHER}.model_path=ckpt", f"{TEACHER}.inference.tensor_model_parallel_size=2",
+             f"{TEACHER}.inference.name=vllm", f"{TEACHER}.inference.max_num_batched_tokens=1024",
+             "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_task_rewards=false",
+             "distillation.distillation_loss.use_policy_gradient=true", "distillation.distillation_loss.topk=64")
+
+
+def test_on_policy_distillation_is_read_priced_searched_written_and_read_back(cli, job, verl_check):
+    """verl's teacher pool (distillation.nnodes x n_gpus_per_node beside the trainer's) is read as
+    the nodes after the trainer's: 4 GPUs of a second node, 2 vLLM replicas of tp 2, each prefilling
+    32 x 4 / 2 = 64 rows of 64 + 128 tokens in steps of at most 1024 tokens: ceil(64 x 192 / 1024) =
+    12 steps, priced as the fewest equal splits of 64 rows at least as many, 16. The teacher's call
+    reads every sequence and feeds the actor's loss: it starts as the sequences reach its node and training
+    waits for it; its pool holds the teacher alone. Written back, verl's own DistillationConfig
+    resolves the same teacher (2 replicas of tp 2, the pool of 4) and its trainer asks Ray for the
+    same pools; read again, the same plan and estimate. A search keeps the teacher on its pool."""
+    result, plan, scenario = imported(cli, job, "grpo_qwen_fsdp.yaml", *DISTILLED, out="distilled", name="opd")
+    assert scenario["cluster"] == {"nodes": 2, "gpus_per_node": 8, "device": "h100"}
+    assert scenario["models"]["teacher"] == {"path": str(job / "ckpt")}
+    assert scenario["dataflow"]["with_teacher"] is True
+    assert plan["calls"]["teacher_inf"] == {"mesh": "n1:0-3", "dp": 2, "tp": 2, "pp": 1, "micro_batches": 16}
+    assert {o["mesh"] for name, o in plan["calls"].items() if name != "teacher_inf"} == {"n0"}
+    # the loss's settings are the user's, carried unpriced
+    assert scenario["engine_settings"]["distillation.distillation_loss.loss_mode"] == "k1"
+    code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
+    assert code == 0, err
+    estimate = json.loads(out)
+    calls, peaks = estimate["calls"], estimate["device_peak_bytes"]
+    # (the sequences cross to the teacher's node first)
+    assert calls["actor_gen"]["end_s"] < calls["teacher_inf"]["start_s"] < calls["actor_gen"]["end_s"] + 1e-3
+    assert calls["actor_train"]["start_s"] >= calls["teacher_inf"]["end_s"] > calls["teacher_inf"]["start_s"]
+    assert peaks[8:12] == [calls["teacher_inf"]["mem_bytes"]] * 4 and peaks[12:] == [0] * 4
+    out = job / "distilled" / "verl" / "opd job.yaml"
+    checked = exported_and_checked(cli, verl_check, result["plan"], out)
+    assert (checked["pools"], checked["teacher_pool"]) == ({"global_pool": [8], "teacher_pool": [4]},
+                                                            "teacher_pool"), checked
+    teacher = checked["teachers"]["default"]
+    assert (teacher["model_path"], teacher["tp"], teacher["replicas"]) == (str(job / "ckpt"), 2, 2), teacher
+    # (a step of the teacher's server: 64 / 16 = 4 rows of 192 tokens)
+    assert (teacher["max_num_seqs"], teacher["max_num_batched_tokens"]) == (4, 768), teacher
+    # a hub id for a checkpoint is written as given, for verl to fetch (a folder here: made absolute)
+    hub = job / "distilled" / "verl" / "hub.yaml"
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", hub,
+                       "--model-path", "teacher=Qwen/Qwen3-32B")
+    assert code == 0, err
+    written = yaml.safe_load(hub.read_text())
+    assert written["distillation"]["teacher_models"]["teacher_model"]["model_path"] == "Qwen/Qwen3-32B"
+    assert written["actor_rollout_ref"]["model"]["path"] == str(job / "ckpt")
+    again, plan_again, scenario_again = imported(cli, job, out, out="distilled-again", name="opd")
+    assert plan_again["calls"] == plan["calls"] and scenario_again["cluster"] == scenario["cluster"]
+    assert again["time_per_iter_s"] == pytest.approx(result["time_per_iter_s"], rel=1e-12)
+    code, out, err = cli("search", "--scenario", result["scenario"], "--engine", "verl", "--method", "mcmc",
+                         "--time-budget", "3", "--seed", "0", "--out", job / "distilled" / "searched")
+    assert code == 0, err
+    searched = yaml.safe_load((job / "distilled" / "searched").read_text())
+    assert searched["calls"]["teacher_inf"]["mesh"].startswith("n1") and searched["calls"]["actor_train"]["mesh"] == "n0"
+
+
+def test_a_mixture_of_experts_teacher_spreads_its_experts_over_its_servers(cli, job, verl_check):
+    """A teacher of experts (Qwen3-30B-A3B, from the catalogue) served as the rollout is: replicas of
+    tp 4 x data_parallel_size 2 GPUs, its experts over expert_parallel_size 8 of them, each whole:
+    the call's dp 2 (tp groups), ep 8, etp 1; each tp group prefills 128 / 2 = 64 rows of 192
+    tokens in ceil(64 x 192 / 1024) = 12 steps, 16 as equal splits of its rows. Written back as verl's own keys, which its
+    DistillationConfig takes (one replica of 8 GPUs); read again, the same plan."""
+    moe = (f"{TEACHER}.model_path=qwen3-30b-a3b", "distillation.n_gpus_per_node=8",
+           f"{TEACHER}.inference.tensor_model_parallel_size=4", f"{TEACHER}.inference.data_parallel_size=2",
+           f"{TEACHER}.inference.expert_parallel_size=8")
+    result, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *DISTILLED[:3], *DISTILLED[5:], *moe,
+                               out="distilled-moe", name="moe")
+    assert plan["calls"]["teacher_inf"] == {"mesh": "n1", "dp": 2, "tp": 4, "pp": 1, "micro_batches": 16, "ep": 8,
+                                            "etp": 1}
+    out = job / "distilled-moe" / "verl.yaml"
+    code, _, err = cli("export", "--plan", result["plan"], "--format", "verl", "--out", out,
+                       "--model-path", "teacher=Qwen/Qwen3-30B-A3B")
+    assert code == 0, err
+    served = yaml.safe_load(out.read_text())["distillation"]["teacher_models"]["teacher_model"]["inference"]
+    assert (served["tensor_model_parallel_size"], served["data_parallel_size"], served["expert_parallel_size"]) == \
+        (4, 2, 8)
+    checked = verl_check("validate", out)
+    assert checked["ok"] and checked["teachers"]["default"]["replicas"] == 1, checked
+    _, again, _ = imported(cli, job, out, out="distilled-moe-again", name="moe")
+    assert again["calls"] == plan["calls"]
+    # verl's own rule for a server's experts, as for the rollout's
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", (*DISTILLED[:3], *DISTILLED[5:], *moe[:-1],
+                                                            f"{TEACHER}.inference.expert_parallel_size=4"),
+                          f"{TEACHER}.inference.expert_parallel_size",
+                          "4: verl asserts expert_parallel_size == tensor_model_parallel_size x data_parallel_size")
+
+
+def test_a_teacher_on_the_trainers_gpus_is_refused_by_name_on_export(cli, job):
+    """verl runs a teacher on a pool of its own: a plan that puts it on the trainer's GPUs is not
+    one verl runs, refused naming the call's mesh."""
+    os.chdir(job)
+    result, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", *DISTILLED, out="distilled-moved", name="moved")
+    plan["calls"]["teacher_inf"]["mesh"] = "n0:0-3"
+    moved = job / "distilled-moved" / "moved plan.yaml"
+    moved.write_text(yaml.safe_dump(plan))
+    code, _, err = cli("export", "--plan", moved, "--format", "verl", "--out", job / "distilled-moved" / "v.yaml")
+    assert code == 2 and err.count("\n") == 1 and "calls.teacher_inf.mesh: verl runs a distillation teacher" in err, err
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (("+distillation.teacher_models.second.model_path=ckpt",), "distillation.teacher_models.second.model_path",
+     "several teachers, each scoring the rows of its own data sources"),
+    (("distillation.nnodes=0",), "distillation.nnodes", "0: verl needs the teacher pool's nnodes above 0"),
+    ((f"{TEACHER}.inference.name=sglang",), f"{TEACHER}.inference.name",
+     "'sglang': realbench carries one serving engine a job, the rollout's ('vllm')"),
+    ((f"{TEACHER}.inference.data_parallel_size=2",), f"{TEACHER}.inference.data_parallel_size",
+     "2 without expert parallelism (expert_parallel_size 1)"),
+    ((f"{TEACHER}.inference.max_model_len=192",), f"{TEACHER}.inference.max_model_len",
+     "192: the teacher takes a prompt and its whole response and generates one token: 193 at least"),
+    (("distillation.n_gpus_per_node=16",), "distillation.n_gpus_per_node", "16 on 1 node(s)"),
+    (("+distillation.distillation_loss.use_chunked_topk=true",), "distillation.distillation_loss.use_chunked_topk",
+     "True: the top-k log-probabilities computed chunk by chunk"),
+    (("algorithm.adv_estimator=gae", "critic.enable=true", "critic.model.path=ckpt"), "distillation.enabled",
+     "True: realbench prices on-policy distillation in verl's synchronous trainer with GRPO's or RLOO's calls")])
+def test_distillation_realbench_cannot_price_is_refused_by_name(cli, job, overrides, key, says):
+    assert_import_refused(cli, job, "grpo_qwen_fsdp.yaml", (*DISTILLED, *overrides), key, says)
+
+
+def test_a_teacher_is_refused_by_realbench_s_runtime_and_the_other_engines():
+    """realbench's runtime computes no teacher: a scenario of its own with one is refused by run,
+    naming the dataflow's setting (it is still priced and searched); OpenRLHF's and AReaL's spaces
+    refuse it the same way (realbench writes verl's distillation only)."""
+    from realbench.engines.areal.pricing import space_problem_of_scenario as areal_problem
+    from realbench.engines.openrlhf.pricing import space_problem_of_scenario as openrlhf_problem
+    from realbench.errors import ConfigError
+    from realbench.plan.plan import refuse_unrunnable
+    from realbench.plan.scenario import scenario_from_document
+
+    scenario = scenario_from_document({
+        "name": "opd", "algorithm": "grpo", "cluster": {"nodes": 2, "gpus_per_node": 2, "device": "cpu"},
+        "models": {"actor": "llama-tiny", "teacher": "llama-small", "reward": {"arch": "llama-tiny", "value_head": True}},
+        "dataflow": {"algorithm": "grpo", "prompts": 4, "prompt_len": 8, "gen_len": 8, "group_size": 2,
+                     "with_ref": False, "with_teacher": True}})
+    assert [c.name for c in scenario.dataflow.calls] == ["actor_gen", "reward_inf", "teacher_inf", "actor_train"]
+    with pytest.raises(ConfigError) as e:
+        refuse_unrunnable(scenario, {})
+    assert e.value.field == "dataflow.with_teacher" and "does not compute it" in e.value.message
+    for problem, engine in ((openrlhf_problem, "OpenRLHF"), (areal_problem, "AReaL")):
+        assert problem(scenario) == ("dataflow.with_teacher", "on-policy distillation (a teacher's log-probabilities "
+                                     f"in the actor's loss): realbench reads and writes verl's, not {engine}'s")
 
 
 @pytest.mark.parametrize("config, overrides, key, says", [

@@ -38,8 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                    help="evaluate on the held-out rows every N steps")
     p.add_argument("--model-path", action="append", default=[], metavar="ROLE=DIR",
-                   help="an engine's format: the checkpoint folder of a model role (actor, critic), where the "
-                        "scenario names a preset; repeat for each")
+                   help="an engine's format: the checkpoint of a model role (actor, critic, reward, teacher): a "
+                        "folder here, or a hub id the engine fetches (Qwen/Qwen3-8B), where the scenario names a "
+                        "preset or catalogue entry; repeat for each")
     add_profile_args(p)  # the html report's times, as `estimate` computes them
     p.set_defaults(handler=run)
 

@@ -48,7 +48,15 @@ def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatch
     ))
 
 
-def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches, with_ref) -> Dataflow:
+def _teacher(with_teacher: bool, s: int, L: int) -> list[CallDef]:
+    """The teacher's call of on-policy distillation, or none: a frozen model of its own (`teacher`)
+    scores every sampled sequence, prompt and response, with its log-probabilities, which the
+    actor's loss takes (verl's distillation: a reverse-KL reward or loss against the teacher's)."""
+    return [_call("teacher_inf", "teacher", INF, ["seqs"], ["teacher_logprobs"], s, L)] if with_teacher else []
+
+
+def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches, with_ref,
+                           with_teacher=False) -> Dataflow:
     if not isinstance(group_size, int) or group_size < 1:
         # (a group of one has no others to compare with: its reward is its advantage, as verl takes it;
         # realbench.runtime.losses)
@@ -59,21 +67,26 @@ def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, 
         _call("actor_gen", "actor", GEN, ["prompts"], ["seqs", "logprobs"], s, L, gen_len, group_size=group_size),
         _call("reward_inf", "reward", INF, ["seqs"], ["rewards"], s, L),
         *_reference(with_ref, s, L),
-        _call("actor_train", "actor", TRAIN, ["seqs", "logprobs"] + (["ref_logprobs"] if with_ref else []) + ["rewards"],
-              [], s, L, optimizer_steps=minibatches),
+        *_teacher(with_teacher, s, L),
+        _call("actor_train", "actor", TRAIN, ["seqs", "logprobs"] + (["ref_logprobs"] if with_ref else []) + ["rewards"]
+              + (["teacher_logprobs"] if with_teacher else []), [], s, L, optimizer_steps=minibatches),
     ))
 
 
 def grpo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
-         minibatches: int = 4, with_ref: bool = True) -> Dataflow:
-    """`group_size` samples per prompt; advantages normalized within each group (no critic)."""
-    return _group_policy_gradient("grpo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref)
+         minibatches: int = 4, with_ref: bool = True, with_teacher: bool = False) -> Dataflow:
+    """`group_size` samples per prompt; advantages normalized within each group (no critic).
+    `with_teacher`: on-policy distillation, a teacher's log-probabilities of every sequence in the
+    actor's loss (the call `teacher_inf` of the model `teacher`)."""
+    return _group_policy_gradient("grpo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref,
+                                  with_teacher)
 
 
 def rloo(prompts: int = 64, prompt_len: int = 256, gen_len: int = 768, group_size: int = 8,
-         minibatches: int = 4, with_ref: bool = True) -> Dataflow:
+         minibatches: int = 4, with_ref: bool = True, with_teacher: bool = False) -> Dataflow:
     """Like GRPO, with the leave-one-out mean of the group as the baseline."""
-    return _group_policy_gradient("rloo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref)
+    return _group_policy_gradient("rloo", prompts, prompt_len, gen_len, group_size, minibatches, with_ref,
+                                  with_teacher)
 
 
 def remax(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, with_ref: bool = True,

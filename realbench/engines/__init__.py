@@ -163,6 +163,15 @@ def _refuse_unstartable_rollout(spec: Engine, scenario: Scenario, generation: Op
     raise ConfigError(f"{value:g}: {problem}", key, source)
 
 
+def _given_checkpoint(where: str) -> str:
+    """A checkpoint as the engines take it: a folder here, made absolute (the engine's job may run
+    elsewhere), or a hub id kept as given (`Qwen/Qwen3-8B`: the engine's loader fetches it)."""
+    from realbench.models.hf import looks_like_hub_id
+
+    local = os.path.abspath(os.path.expanduser(where))
+    return where.strip() if looks_like_hub_id(where) and not os.path.exists(local) else local
+
+
 def export_config(engine: str, scenario: Scenario, options: dict[str, Option], out: str,
                   model_paths: dict[str, str], overwrite: bool = False) -> list[Path]:
     """Write a plan as the engine's configuration and launch script (verl and AReaL: `out` and
@@ -175,7 +184,7 @@ def export_config(engine: str, scenario: Scenario, options: dict[str, Option], o
                           "engine_settings")
     refuse_uncarried(scenario)
     paths = {role: m.path for role, m in scenario.models.items() if getattr(m, "path", None)}
-    paths.update({role: os.path.abspath(os.path.expanduser(p)) for role, p in model_paths.items()})
+    paths.update({role: _given_checkpoint(p) for role, p in model_paths.items()})
     settings_engine, settings = spec.to_config(scenario, options, paths)
     settings = with_carried(scenario, engine, settings_engine, settings)
     # (the node size the plan was made for: verl's one-step-off launcher names it, for reading it back)

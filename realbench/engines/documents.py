@@ -22,7 +22,7 @@ def serving_gap(slots: str, memory: str) -> str:
 def job_documents(engine: str, name: str, description: str, origin: str, *, algorithm: str, models: dict,
                   prompts: int, prompt_len: int, gen_len: int, steps: int, group_size: int, cluster: dict,
                   epochs: int, calls: dict[str, dict[str, Any]], old_logprobs: str, rollout_server: str,
-                  padding_free: bool, max_staleness: int = 0, with_ref: bool = True,
+                  padding_free: bool, max_staleness: int = 0, with_ref: bool = True, with_teacher: bool = False,
                   padded_models: tuple[str, ...] = (), memory_fraction: Optional[float] = None,
                   max_model_len: Optional[int] = None, logits: Optional[dict[str, dict]] = None) -> tuple[dict, dict]:
     """(scenario document, plan document). `old_logprobs`: where the engine takes the policy's
@@ -52,6 +52,8 @@ context its vLLM server must hold one request of to start (None: a sequence's), 
         dataflow["group_size"] = group_size
     if not with_ref:  # no KL term: the engine loads no reference
         dataflow["with_ref"] = False
+    if with_teacher:  # on-policy distillation: a teacher's forward over every sequence
+        dataflow["with_teacher"] = True
     if max_staleness:
         dataflow["max_staleness"] = max_staleness
     if memory_fraction is not None:

@@ -314,6 +314,10 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
     if scenario.engine:
         raise ConfigError(f"the scenario is {scenario.engine}'s: realbench plans it, {scenario.engine} runs it "
                           f"(realbench export --format {scenario.engine})", "engine")
+    if "teacher_inf" in scenario.dataflow.call_names:
+        raise ConfigError("on-policy distillation (a teacher's log-probabilities in the actor's loss) is priced, "
+                          "searched and exported for verl; realbench's runtime does not compute it",
+                          "dataflow.with_teacher")
     for role, model in scenario.models.items():
         if isinstance(model, ModelSpec):
             problem = model.runtime_problem()

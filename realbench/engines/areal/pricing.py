@@ -122,6 +122,9 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     over a batch, LoRA, rows padded."""
     if scenario.algorithm not in ("ppo", "grpo", "rloo"):
         return "scenario.algorithm", f"realbench writes AReaL's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if "teacher_inf" in scenario.dataflow.call_names:
+        return "dataflow.with_teacher", ("on-policy distillation (a teacher's log-probabilities in the actor's loss): "
+                                         "realbench reads and writes verl's, not AReaL's")
     if not isinstance(scenario.models.get("reward"), FunctionSpec):
         return "models.reward", ("AReaL scores with a Python function in its rollout workflow (workflow/rlvr.py:95-108); "
                                  "its trainer runs no reward model")

@@ -97,6 +97,9 @@ def space_problem_of_scenario(scenario: Scenario) -> Optional[tuple[str, str]]:
     rollout's server, the old log-probabilities."""
     if scenario.algorithm not in ESTIMATORS.values():
         return "scenario.algorithm", f"realbench writes OpenRLHF's PPO, GRPO and RLOO, not {scenario.algorithm}"
+    if "teacher_inf" in scenario.dataflow.call_names:
+        return "dataflow.with_teacher", ("on-policy distillation (a teacher's log-probabilities in the actor's loss): "
+                                         "realbench reads and writes verl's, not OpenRLHF's")
     if scenario.algorithm != "ppo" and scenario.dataflow.call("actor_gen").group_size == 1:
         return "group_size", f"1: {GROUP_OF_ONE}"
     if scenario.models["actor"].lora is not None and "critic" in scenario.models:

@@ -129,6 +129,15 @@ def validate(config: str, overrides: list[str]) -> dict:
     if cfg.reward.reward_model.enable:  # RewardModelConfig and its serving RolloutConfig
         omega_conf_to_dataclass(cfg.reward.reward_model)
         pools = _pools(cfg)
+    teacher = None
+    if cfg.distillation.enabled:  # DistillationConfig: its teachers, their replicas, the pool they fill
+        distillation = omega_conf_to_dataclass(cfg.distillation)
+        pools = _pools(cfg)
+        teacher = {key: {"model_path": t.model_path, "tp": t.inference.tensor_model_parallel_size,
+                         "replicas": t.num_replicas, "name": t.inference.name,
+                         "max_num_seqs": t.inference.max_num_seqs,
+                         "max_num_batched_tokens": t.inference.max_num_batched_tokens}
+                   for key, t in distillation.teacher_models.items()}
     if cfg.get("rollout") is not None:  # the one-step-off entry point's config
         pools = _one_step_off(cfg)
     return {"ok": True, "n_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes, "strategy": actor.strategy,
@@ -207,6 +216,8 @@ def validate(config: str, overrides: list[str]) -> dict:
             # tp x dp where above 1)
             **_experts(actor, arr, cfg, critic, ref, omega_conf_to_dataclass),
             "rollout_dp": rollout.data_parallel_size, "rollout_ep": rollout.expert_parallel_size,
+            # on-policy distillation: each teacher as verl resolves it (its key, replicas and server)
+            "teachers": teacher,
             # with a reward model: verl's pools of GPUs ({pool: [GPUs a node]}) and the reward model's
             **(pools or {})}
 
@@ -240,8 +251,11 @@ def _pools(cfg) -> dict:
     trainer.config = cfg
     trainer._init_resource_pool_mgr()
     manager = trainer.resource_pool_manager
-    rm = next(pool for role, pool in manager.mapping.items() if getattr(role, "name", str(role)) == "RewardModel")
-    return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()}, "reward_pool": rm}
+    def pool_of(name: str):
+        return next((pool for role, pool in manager.mapping.items() if getattr(role, "name", str(role)) == name), None)
+
+    return {"pools": {name: list(spec) for name, spec in manager.resource_pool_spec.items()},
+            "reward_pool": pool_of("RewardModel"), "teacher_pool": pool_of("TeacherModel")}
 
 
 def _one_step_off(cfg) -> dict:

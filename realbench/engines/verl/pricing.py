@@ -24,7 +24,8 @@ from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB,
                                              MIRRORED, MIXED_PRECISION, MIXED_PRECISION_BLOCKS, MODEL_PATHS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, OPEN_SECTIONS, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
                                              ROLE_BLOCK, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, ROUTER_SETTINGS,
-                                             SAME_CALLS, SEQUENCE_PARALLEL, STRATEGY, TRANSFORMER, TRANSFORMER_CARRIED,
+                                             SAME_CALLS, SEQUENCE_PARALLEL, STRATEGY, TEACHER, TEACHER_SERVER,
+                                             TRANSFORMER, TRANSFORMER_CARRIED, DISTILL,
                                              V1_KEYS, VERSION, defaults, resolve)
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
@@ -153,8 +154,9 @@ def logits_paths(engine: str, s: dict[str, Any], source: str) -> dict[str, Logit
 
 
 # sections realbench prices no part of, whose keys a job may add (verl's teachers, by name, with `+`)
-UNPRICED_SECTIONS = {"distillation.": "verl's on-policy distillation (a teacher's forward over every batch, and its "
-                                      "loss)"}
+UNPRICED_SECTIONS = {f"{DISTILL}.teacher_models.": (f"a teacher beside {TEACHER}: several teachers, each scoring the "
+                                                     f"rows of its own data sources ({DISTILL}.teacher_key), whose "
+                                                     "shares of a batch realbench does not know")}
 
 PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.engines.verl.packer, its mean count "
                 "over steps drawn from the response lengths) are priced as that many equal ones, each holding a "
@@ -163,6 +165,8 @@ PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.en
                 "a reward model on its own pool scores each response as its generation ends (verl's reward "
                 "loop); realbench scores the batch after generation, beside the reference's and critic's "
                 "forwards on the trainer's GPUs: a step at most the reward call's time too long",
+                "a distillation teacher scores each sequence as its generation ends (verl's agent loop); realbench "
+                "scores the batch after generation: a step at most the teacher call's time too long",
                 serving_gap("max_num_seqs", "gpu_memory_utilization"),
                 "an actor whose parameters are offloaded (param_offload) brings them in for the weight sync, priced "
                 "in time over the host link, not in memory: the sync holds them beside the rollout's weights, with "
@@ -255,6 +259,16 @@ NEUTRAL = ("trainer.project_name", "trainer.experiment_name", "trainer.logger", 
            "reward.custom_reward_function.", "reward.reward_manager", "reward.num_workers",
            f"{RM}.rollout.gpu_memory_utilization", f"{RM}.rollout.enforce_eager", f"{RM}.rollout.free_cache_engine",
            f"{RM}.rollout.dtype", f"{RM}.rollout.max_num_batched_tokens",
+           # (on-policy distillation: the loss's settings, another function of the same log-probabilities,
+           # the teacher's top-k of them computed by its server whatever it is, but use_chunked_topk, which
+           # the reader refuses; the teacher's server as the reward model's; its num_replicas, which verl
+           # sets from the pool for a single teacher, workers/config/distillation.py:_resolve_teacher_models)
+           f"{DISTILL}.distillation_loss.", f"{DISTILL}.teacher_key", f"{TEACHER}.key", f"{TEACHER}.num_replicas",
+           *(f"{TEACHER_SERVER}.{k}" for k in ("gpu_memory_utilization", "enforce_eager", "free_cache_engine", "dtype",
+                                               "enable_chunked_prefill", "enable_prefix_caching", "load_format",
+                                               "temperature", "disable_log_stats", "skip_tokenizer_init",
+                                               "cudagraph_capture_sizes", "max_model_len", "prompt_length",
+                                               "response_length", "limit_images")),
            f"{A}.checkpoint.", "critic.checkpoint.", "ray_kwargs.", "global_profiler.", f"{A}.profiler.",
            "critic.profiler.", f"{R}.profiler.", "actor_rollout_ref.ref.profiler.",
            # (Megatron's fused kernels and router settings, once their values are checked: refuse_unpriced)
@@ -410,6 +424,9 @@ READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE,
             for k in ("param_offload", "optimizer_offload")), f"{RM}.enable", f"{RM}.model_path",
         f"{R}.name", f"{RM}.rollout.name", f"{RM}.rollout.tensor_model_parallel_size", f"{RM}.rollout.max_num_seqs",
         f"{RM}.enable_resource_pool", f"{RM}.nnodes", f"{RM}.n_gpus_per_node",
+        f"{DISTILL}.enabled", f"{DISTILL}.nnodes", f"{DISTILL}.n_gpus_per_node", f"{TEACHER}.model_path",
+        *(f"{TEACHER_SERVER}.{k}" for k in ("name", "tensor_model_parallel_size", "data_parallel_size",
+                                            "expert_parallel_size", "max_num_seqs", "max_num_batched_tokens")),
         *LORA_KEYS.values(), LORA_MERGE, LORA_EXCLUDE, ADAPTER_PATH, FUSED, FUSED_BACKEND, *FSDP_SIZE.values(),
         ROLLOUT_DP, ROLLOUT_EP} | {
         f"{block}.{k}" for block in MEGATRON_BLOCKS.values()

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from realbench.dataflow import CallKind
 from realbench.dataflow.lengths import LengthDistribution
-from realbench.engines.batches import StepRows, rounds
+from realbench.engines.batches import StepRows, fewest_splits, rounds
 from realbench.engines.documents import (expert_layout_problem, job_documents, model_of_path, served_context,
                                          whole_row_budget)
 from realbench.engines.dotted import flatten
@@ -29,7 +29,7 @@ from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_C
                                              ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS, PARAM_OFFLOAD, POOL, R,
                                              READ_ENGINE_KWARGS, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP,
                                              ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL, SERVERS, STRATEGY,
-                                             VERSION, defaults, resolve)
+                                             TEACHER, TEACHER_POOL, TEACHER_SERVER, DISTILL, VERSION, defaults, resolve)
 from realbench.errors import ConfigError
 from realbench.plan.mesh import Mesh, Option, Strategy, is_pow2
 from realbench.plan.options import straddles_nodes
@@ -329,35 +329,38 @@ def _megatron_experts(s: dict[str, Any], specs, critic: bool, with_ref: bool, tp
     return out
 
 
-def _rollout_experts(s: dict[str, Any], tp: int, pool: Mesh, server: str, model, source: str) -> dict[str, int]:
-    """The rollout's expert parallelism as the plan's generation carries it (ROLLOUT_DP,
-    ROLLOUT_EP: ep = expert_parallel_size over replicas of tp x data_parallel_size GPUs, each expert
-    whole), {} without it; refused by name where verl refuses it or realbench does not price it."""
-    D, E = (_size(s, key, source) or 1 for key in (ROLLOUT_DP, ROLLOUT_EP))
+def _rollout_experts(s: dict[str, Any], tp: int, pool: Mesh, server: str, model, source: str,
+                     block: str = R, kind: CallKind = CallKind.GENERATE) -> dict[str, int]:
+    """A serving engine's expert parallelism as the plan's call carries it (the rollout's, ROLLOUT_DP,
+    ROLLOUT_EP; or another server `block`'s, a distillation teacher's, of a call of `kind`: ep =
+    expert_parallel_size over replicas of tp x data_parallel_size GPUs, each expert whole), {}
+    without it; refused by name where verl refuses it or realbench does not price it."""
+    dp_key, ep_key = (key.replace(R, block, 1) for key in (ROLLOUT_DP, ROLLOUT_EP))
+    D, E = (_size(s, key, source) or 1 for key in (dp_key, ep_key))
     if E > 1 and E != tp * D:
         raise ConfigError(f"{E}: verl asserts expert_parallel_size == tensor_model_parallel_size x data_parallel_size "
                           f"({tp} x {D} = {tp * D}) where above 1 (verl/workers/config/rollout.py:294-297)",
-                          ROLLOUT_EP, source)
+                          ep_key, source)
     if D > 1 and E == 1:
         raise ConfigError(f"{D} without expert parallelism (expert_parallel_size 1): the serving engine then splits a "
                           f"mixture of experts' experts by tensor parallelism over tp x dp = {tp * D} GPUs, which "
-                          "realbench does not price (expert_parallel_size = tp x dp is)", ROLLOUT_DP, source)
+                          "realbench does not price (expert_parallel_size = tp x dp is)", dp_key, source)
     if D > 1 and server == "sglang":
         raise ConfigError(f"{D} with SGLang: verl hands SGLang tp_size = tp x dp and dp_size dp "
                           "(async_sglang_server.py:313-324), whose data-parallel attention is an engine argument "
                           "(enable_dp_attention) realbench does not read; realbench prices SGLang's expert "
                           "parallelism over a replica's tp GPUs (data_parallel_size 1, expert_parallel_size = tp)",
-                          ROLLOUT_DP, source)
+                          dp_key, source)
     G = pool.gpus
     if D > 1 and (pool.size % (tp * D) or (G % (tp * D) and (tp * D) % G)):
         raise ConfigError(f"{D}: a replica of tp x dp = {tp * D} GPUs fits a node or spans whole nodes of {G} "
                           "(verl/workers/rollout/replica.py:107-117) and the replicas share the GPUs evenly",
-                          ROLLOUT_DP, source)
+                          dp_key, source)
     if E == 1:
         return {}
-    problem = expert_layout_problem(model, CallKind.GENERATE, Strategy(pool.size // tp, tp, 1, ep=E, etp=1))
+    problem = expert_layout_problem(model, kind, Strategy(pool.size // tp, tp, 1, ep=E, etp=1))
     if problem:
-        raise ConfigError(f"{E}: {problem[1]}", ROLLOUT_EP, source)
+        raise ConfigError(f"{E}: {problem[1]}", ep_key, source)
     return {"ep": E, **({"etp": 1} if tp > 1 else {})}
 
 
@@ -590,6 +593,14 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     else:
         scorer = _function_mesh(rows, rollout_pool)
         calls["reward_inf"] = {"mesh": scorer.label(per_node), "dp": scorer.size, "tp": 1, "pp": 1, "micro_batches": 1}
+    teacher = _teacher_pool(s, algorithm, one_step_off, pool, nodes, per_node, server, L, source)
+    if teacher is not None:  # vLLM / SGLang replicas of the teacher on its own pool, prefilling whole rows
+        t_tp = _replica_tp(int(s[f"{TEACHER_SERVER}.tensor_model_parallel_size"]), teacher.size, per_node,
+                           f"{TEACHER_SERVER}.tensor_model_parallel_size", source)
+        calls["teacher_inf"] = {"mesh": teacher.label(per_node), "dp": teacher.size // t_tp, "tp": t_tp, "pp": 1,
+                                "micro_batches": teacher_micro_batches(rows // (teacher.size // t_tp), L, s),
+                                **_rollout_experts(s, t_tp, teacher, server, model_of_path(s[f"{TEACHER}.model_path"]),
+                                                   source, TEACHER_SERVER, CallKind.INFERENCE)}
     if critic:
         train_m = train_micro_batches("critic")
         calls["critic_train"] = {"dp": groups["critic"], "tp": tp, "pp": pp, "micro_batches": train_m,
@@ -659,6 +670,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     reward_fn = s["reward.custom_reward_function.path"]
     if reward_model and reward_fn:
         raise ConfigError("realbench plans one scorer: a reward model or a reward function", f"{RM}.enable", source)
+    if teacher is not None:
+        models["teacher"] = {"path": s[f"{TEACHER}.model_path"]}
     if reward_model:
         models["reward"] = {"path": s[f"{RM}.model_path"], "value_head": True}
     elif reward_fn:
@@ -670,10 +683,11 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     return job_documents("verl", name, f"read from the verl {VERSION} configuration {Path(source).name} "
                          f"({ENGINES[engine]})", f"verl {VERSION} configuration", algorithm=algorithm, models=models,
                          prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, steps=steps, group_size=n,
-                         cluster={"nodes": max(m.node + m.nodes for m in (trainer_pool, rollout_pool, pool) if m),
+                         cluster={"nodes": max(m.node + m.nodes for m in (trainer_pool, rollout_pool, pool, teacher)
+                                               if m),
                                   "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          max_staleness=1 if one_step_off else 0,
-                         calls=calls, with_ref=with_ref, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
+                         calls=calls, with_ref=with_ref, with_teacher=teacher is not None, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=padding_free, padded_models=padded,
                          memory_fraction=s[MEMORY], max_model_len=context if server == "vllm" else None,
                          logits={k: v.model_dump(exclude_defaults=True)
@@ -708,6 +722,59 @@ def _reward_pool(s: dict[str, Any], reward_model: bool, nodes: int, per_node: in
                           "(trainer.n_gpus_per_node): a reward pool of whole such nodes, or part of one",
                           f"{RM}.n_gpus_per_node", source)
     return Mesh(nodes, pool_nodes, 0, gpus)
+
+
+def _teacher_pool(s: dict[str, Any], algorithm: str, one_step_off: bool, reward_pool: Optional[Mesh], nodes: int,
+                  per_node: int, server: str, length: int, source: str) -> Optional[Mesh]:
+    """The teacher's own pool of GPUs under on-policy distillation (distillation.enabled: nnodes x
+    n_gpus_per_node beside the trainer's, TEACHER_POOL) as a mesh on the nodes after the trainer's,
+    as a reward pool is read (_reward_pool); None without distillation. One teacher, served by the
+    rollout's engine as replicas of tp GPUs (a second teacher's keys are not verl's composed config's:
+    refused by name as unknown, UNPRICED_SECTIONS); what else verl's distillation may be is refused
+    by name."""
+    if not s[f"{DISTILL}.enabled"]:
+        return None
+    key = f"{DISTILL}.enabled"
+    if algorithm == "ppo" or one_step_off:
+        raise ConfigError("True: realbench prices on-policy distillation in verl's synchronous trainer with GRPO's or "
+                          "RLOO's calls (no critic)", key, source)
+    if reward_pool is not None:
+        raise ConfigError("True with distillation: realbench reads one pool beside the trainer's, the teacher's "
+                          f"({TEACHER_POOL}); score on the trainer's GPUs", f"{RM}.enable_resource_pool", source)
+    if s[f"{TEACHER}.model_path"] is None:
+        raise ConfigError("is not set: verl needs the teacher's checkpoint", f"{TEACHER}.model_path", source)
+    for k in ("n_gpus_per_node", "nnodes"):  # (verl's own check, in this order)
+        if int(s[f"{DISTILL}.{k}"]) <= 0:
+            raise ConfigError(f"{s[f'{DISTILL}.{k}']}: verl needs the teacher pool's {k} above 0 ({TEACHER_POOL})",
+                              f"{DISTILL}.{k}", source)
+    pool_nodes, gpus = int(s[f"{DISTILL}.nnodes"]), int(s[f"{DISTILL}.n_gpus_per_node"])
+    if gpus > per_node or (pool_nodes > 1 and gpus != per_node):
+        raise ConfigError(f"{gpus} on {pool_nodes} node(s): realbench's nodes have the trainer's {per_node} GPUs "
+                          "(trainer.n_gpus_per_node): a teacher pool of whole such nodes, or part of one",
+                          f"{DISTILL}.n_gpus_per_node", source)
+    name = s[f"{TEACHER_SERVER}.name"]
+    if name != server:
+        raise ConfigError(f"{name!r}: realbench carries one serving engine a job, the rollout's ({server!r})",
+                          f"{TEACHER_SERVER}.name", source)
+    context = s[f"{TEACHER_SERVER}.max_model_len"]
+    if context is not None and int(context) < length + 1:  # (verl's own check, DistillationTeacherModelConfig)
+        raise ConfigError(f"{context}: the teacher takes a prompt and its whole response and generates one token: "
+                          f"{length + 1} at least (verl refuses it, workers/config/distillation.py)",
+                          f"{TEACHER_SERVER}.max_model_len", source)
+    if s.get(f"{DISTILL}.distillation_loss.use_chunked_topk"):
+        raise ConfigError("True: the top-k log-probabilities computed chunk by chunk in the actor's loss (about 6x "
+                          "its time at long context, verl's note) are not priced", 
+                          f"{DISTILL}.distillation_loss.use_chunked_topk", source)
+    return Mesh(nodes, pool_nodes, 0, gpus)
+
+
+def teacher_micro_batches(rows: int, length: int, s: dict[str, Any]) -> int:
+    """The forwards a teacher replica runs over its `rows` of `length` tokens: its server prefills at
+    most max_num_seqs rows and max_num_batched_tokens tokens a step (chunked prefill: at least one
+    row a step, as realbench splits rows whole), as the fewest equal splits of the rows."""
+    seqs = int(s[f"{TEACHER_SERVER}.max_num_seqs"])
+    tokens = int(s[f"{TEACHER_SERVER}.max_num_batched_tokens"])
+    return fewest_splits(rows, max(rounds(rows, seqs), -(-rows * length // tokens)))
 
 
 def _same_rank(adapter: str, rank: int, source: str) -> None:

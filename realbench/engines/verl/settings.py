@@ -34,7 +34,8 @@ ONE_STEP_OFF_SETTINGS = {"actor_rollout_ref.rollout.free_cache_engine": False,
 TABLE = Path(__file__).with_name(f"verl-{VERSION}.json")
 # where each model's checkpoint folder is set
 MODEL_PATHS = {"actor": "actor_rollout_ref.model.path", "ref": "actor_rollout_ref.model.path",
-               "critic": "critic.model.path", "reward": "reward.reward_model.model_path"}
+               "critic": "critic.model.path", "reward": "reward.reward_model.model_path",
+               "teacher": "distillation.teacher_models.teacher_model.model_path"}
 # algorithm.adv_estimator (verl/trainer/ppo/core_algos.py, AdvantageEstimator) <-> realbench's algorithm
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 # verl's estimators that the driver computes from the calls of GRPO's dataflow (a prompt's group of
@@ -100,7 +101,10 @@ DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "f
                "float16": "fp16"}
 
 # keys verl reads that its composed config does not hold (Hydra's `+key=value`)
-ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS}
+ADDED_KEYS = {"critic.ppo_infer_max_token_len_per_gpu": CRITIC_TOKENS,
+              # (DistillationLossConfig's fields its YAML leaves out, workers/config/distillation.py)
+              "distillation.distillation_loss.use_chunked_topk": False,
+              "distillation.distillation_loss.chunked_topk_chunk_size": 4096}
 
 BYPASS = "algorithm.rollout_correction.bypass_mode"
 SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one for the reward model too)
@@ -291,3 +295,13 @@ def resolve(engine: str, given: dict[str, Any], one_step_off: bool = False) -> d
 V1_KEYS = ("trainer.use_v1", "trainer.v1.trainer_mode")  # the trainer verl.trainer.main_ppo runs
 
 POOL = "verl/trainer/ppo/v1/trainer_base.py:822-834"
+
+# on-policy distillation (trainer/config/distillation/distillation.yaml, workers/config/distillation.py):
+# one teacher, served by vLLM or SGLang replicas of tp GPUs on a pool of its own (nnodes x
+# n_gpus_per_node beside the trainer's, trainer_base.py:837-846), scores every sequence the rollout
+# ends, prompt and response, with its log-probabilities (prompt_logprobs, its top-k), streamed beside
+# generation (experimental/agent_loop/agent_loop.py:1031-1056); the actor's loss takes them
+DISTILL = "distillation"
+TEACHER = f"{DISTILL}.teacher_models.teacher_model"
+TEACHER_SERVER = f"{TEACHER}.inference"
+TEACHER_POOL = "verl/trainer/ppo/v1/trainer_base.py:837-846"

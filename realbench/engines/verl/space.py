@@ -18,7 +18,8 @@ from realbench.engines.verl.pricing import (FORWARD_OFFLOAD, PADDING_FREE, _crit
 from realbench.engines.verl.reader import _function_mesh, to_plan
 from realbench.engines.verl.settings import (A, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE, FSDP_VERSIONS, FUSED, HYBRID,
                                              ONE_STEP_OFF, POOL, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
-                                             ROLLOUT_POOL, SEQUENCE_PARALLEL, STRATEGY, defaults, resolve)
+                                             ROLLOUT_POOL, SEQUENCE_PARALLEL, STRATEGY, TEACHER, TEACHER_POOL, DISTILL,
+                                             defaults, resolve)
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
@@ -38,7 +39,7 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
         problem = _one_step_off_problem(scenario, trainer, options["actor_gen"].mesh)
         if problem:
             return problem
-    elif pool is None and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
+    elif pool is None and "teacher_inf" not in options and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
         return "calls.actor_train.mesh", ("verl places every role on one pool of all the GPUs "
                                           "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
     if pool is not None and (trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node) or pool.gpu
@@ -47,9 +48,17 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
                                          f"(reward.reward_model.enable_resource_pool, {POOL}): realbench writes the "
                                          "trainer's whole nodes from node 0 and the reward model's after them, to the "
                                          "cluster's last node")
+    teacher = options["teacher_inf"].mesh if "teacher_inf" in options else None
+    if teacher is not None and (pool is not None or trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node)
+                                or teacher.gpu or (teacher.nodes > 1 and teacher.gpus != c.gpus_per_node)
+                                or (teacher.node, teacher.node + teacher.nodes) != (trainer.nodes, c.nodes)):
+        return "calls.teacher_inf.mesh", (f"verl runs a distillation teacher on a pool of its own ({TEACHER_POOL}): "
+                                          "realbench writes the trainer's whole nodes from node 0, every other role "
+                                          "on them, and the teacher's after them, to the cluster's last node (whole "
+                                          "nodes, or the first GPUs of one)")
     for name, o in options.items():  # (a reward function runs on verl's CPU workers: placed anywhere)
         if (o.mesh != trainer and scenario.dataflow.call(name).kind != CallKind.FUNCTION
-                and not (name == "reward_inf" and pool is not None)
+                and not (name == "reward_inf" and pool is not None) and name != "teacher_inf"
                 and not (name == "actor_gen" and scenario.dataflow.max_staleness)):
             return f"calls.{name}.mesh", ("verl places every role on one pool of all the GPUs" if pool is None else
                                           "verl places every role but a reward model on the trainer's pool") + \
@@ -186,18 +195,22 @@ def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
             and heads_split(model, t, generating=role == "actor")]
 
 
+# the serving calls whose experts a search spreads over the replicas (a reward model's are whole)
+SERVED_CALLS = {"actor": "actor_gen", "teacher": "teacher_inf"}
+
+
 def _rollout_expert_layouts(scenario: Scenario, role: str, dp: int, tp: int) -> list[tuple[int, int]]:
     """The (ep, etp) a search offers a serving call of `dp` replicas of `tp` GPUs (ROLLOUT_EP): none,
-    and for the actor's rollout of a mixture of experts its experts over replicas of tp x
+    and for the actor's rollout (or a distillation teacher's server) of a mixture of experts its experts over replicas of tp x
     data_parallel_size GPUs that fit a node or span whole ones (SGLang's over a replica's tp GPUs
     alone), each expert whole (etp 1: 0 where tp is 1, the same). realbench.plan.options checks the
     rest (expert_problem)."""
     model, G = scenario.models[role], scenario.cluster.gpus_per_node
-    if role != "actor" or getattr(model, "moe", None) is None:
+    if role not in SERVED_CALLS or getattr(model, "moe", None) is None:
         return [(1, 0)]
     sglang = (scenario.rollout_server or "vllm") == "sglang"
     return [(ep, 0 if tp == 1 else etp)
-            for ep, etp in expert_layouts(scenario.dataflow.call("actor_gen"), model, dp, 1, tp, True)
+            for ep, etp in expert_layouts(scenario.dataflow.call(SERVED_CALLS[role]), model, dp, 1, tp, True)
             if ep == 1 or ((G % ep == 0 or ep % G == 0) and not (sglang and ep != tp))]
 
 
@@ -217,6 +230,24 @@ def reward_pools(scenario: Scenario) -> list[tuple[Mesh, Optional[Mesh]]]:
     return out
 
 
+def teacher_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
+    """The (trainer's, teacher's) pools a search offers on-policy distillation, the teacher's on the
+    last nodes (TEACHER_POOL): the first 1, 2, 4, ... GPUs of the last node, or the last 2, 4, ...
+    whole nodes (up to half of them), the trainer on the nodes before. (Any whole-node pool, or part
+    of a node, is read and written; the search keeps to these.)"""
+    c = scenario.cluster
+    G = c.gpus_per_node
+    if c.nodes < 2:
+        raise ConfigError(f"{c.nodes} node: verl's distillation teacher runs on a pool of its own, on nodes after the "
+                          f"trainer's ({TEACHER_POOL}): give 2 or more", "cluster.nodes")
+    out = [(Mesh(0, c.nodes - 1, 0, G), Mesh(c.nodes - 1, 1, 0, g)) for g in divisors(G) if g & (g - 1) == 0]
+    r = 2
+    while r <= c.nodes // 2:
+        out.append((Mesh(0, c.nodes - r, 0, G), Mesh(c.nodes - r, r, 0, G)))
+        r *= 2
+    return out
+
+
 def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     """verl's plans of a scenario, by what its calls must share (the pools of GPUs, the training
     engine and its layout, the critic's token budget): per group, the options of each call, any
@@ -230,6 +261,10 @@ def plan_groups(scenario: Scenario) -> Iterator[dict[str, list[Option]]]:
     if scenario.dataflow.max_staleness:
         for trainer, rollout in one_step_off_pools(scenario):
             yield from _groups_on(scenario, trainer, None, rollout, problems=problems)
+        return
+    if "teacher_inf" in scenario.dataflow.call_names:
+        for trainer, teacher in teacher_pools(scenario):
+            yield from _groups_on(scenario, trainer, None, teacher=teacher, problems=problems)
         return
     for trainer, pool in reward_pools(scenario):
         yield from _groups_on(scenario, trainer, pool, problems=problems)
@@ -247,10 +282,12 @@ def one_step_off_pools(scenario: Scenario) -> list[tuple[Mesh, Mesh]]:
 
 
 def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optional[Mesh] = None,
-               problems: Optional[dict[tuple[str, Option], bool]] = None) -> Iterator[dict[str, list[Option]]]:
+               problems: Optional[dict[tuple[str, Option], bool]] = None,
+               teacher: Optional[Mesh] = None) -> Iterator[dict[str, list[Option]]]:
     """plan_groups with every role on the trainer's pool `W` but a reward model on `pool`, if any,
-    and generation on `rollout` (the one-step-off entry's; default `W`). `problems`: whether each
-    (call, option) checked so far is refused, kept across calls (groups repeat most options)."""
+    a distillation teacher on `teacher`, and generation on `rollout` (the one-step-off entry's;
+    default `W`). `problems`: whether each (call, option) checked so far is refused, kept across
+    calls (groups repeat most options)."""
     from realbench.plan.options import option_problem
 
     c, df = scenario.cluster, scenario.dataflow
@@ -291,6 +328,8 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
         common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
+    if teacher is not None:
+        common["teacher_inf"] = valid("teacher_inf", served("teacher", teacher))
     # tp, pp, v, train zeros, forward zero, and the sequence splits and shard groups each role takes:
     # FSDP's Ulysses groups and hybrid shard groups are the engine's settings of each role (verl sets
     # them per role: SEQUENCE_PARALLEL, FSDP_SIZE), Megatron's context-parallel ring (ring p2p) is
@@ -460,6 +499,11 @@ def default_plan(scenario: Scenario, settings: Optional[dict[str, Any]] = None) 
         given["reward.custom_reward_function.path"] = "reward.py"
     else:
         given.update({f"{RM}.enable": True, f"{RM}.rollout.name": given[f"{R}.name"]})
+    if "teacher_inf" in df.call_names:  # the teacher on the last node (verl's default n_gpus_per_node, 8)
+        trainer, teacher = next(p for p in teacher_pools(scenario) if p[1].size == c.gpus_per_node)
+        given.update({"trainer.nnodes": trainer.nodes, f"{DISTILL}.enabled": True, f"{DISTILL}.nnodes": teacher.nodes,
+                      f"{DISTILL}.n_gpus_per_node": teacher.gpus,
+                      f"{TEACHER}.model_path": getattr(scenario.models["teacher"], "path", None) or "teacher"})
     one_step_off = bool(df.max_staleness)
     if one_step_off:
         if not one_step_off_pools(scenario):

@@ -21,7 +21,8 @@ from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUILTIN_REWARD, BY
                                              FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEMORY,
                                              OFFLOAD_BLOCK, ONE_STEP_OFF_ENTRY, ONE_STEP_OFF_SETTINGS, R,
                                              REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP, ROLLOUT_EP,
-                                             ROLLOUT_POOL, SEQUENCE_PARALLEL, VERSION, VISION_EXCLUDED, known_keys,
+                                             ROLLOUT_POOL, SEQUENCE_PARALLEL, TEACHER, TEACHER_SERVER, DISTILL, VERSION,
+                                             VISION_EXCLUDED, known_keys,
                                              resolve)
 from realbench.engines.verl.space import pools, space_problem
 from realbench.errors import ConfigError
@@ -167,6 +168,23 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         if pool is not None:
             out.update({f"{RM}.enable_resource_pool": True, f"{RM}.nnodes": pool.nodes,
                         f"{RM}.n_gpus_per_node": pool.gpus})
+    if "teacher_inf" in options:  # on-policy distillation: the teacher's replicas on its own pool
+        if "teacher" not in model_paths:
+            raise ConfigError("verl loads a checkpoint folder: give the teacher's (--model-path teacher=DIR)",
+                              "models.teacher")
+        teacher = options["teacher_inf"]
+        rows = math.ceil(g.seqs / teacher.strategy.dp / teacher.strategy.micro_batches)  # (a forward's)
+        out.update({f"{DISTILL}.enabled": True, f"{DISTILL}.nnodes": teacher.mesh.nodes,
+                    f"{DISTILL}.n_gpus_per_node": teacher.mesh.gpus, f"{TEACHER}.model_path": model_paths["teacher"],
+                    f"{TEACHER_SERVER}.name": out[f"{R}.name"],
+                    f"{TEACHER_SERVER}.tensor_model_parallel_size": teacher.strategy.tp,
+                    # (its experts over replicas of tp x data_parallel_size GPUs, as the rollout's: ROLLOUT_EP)
+                    **({f"{TEACHER_SERVER}.data_parallel_size": teacher.strategy.ep // teacher.strategy.tp,
+                        f"{TEACHER_SERVER}.expert_parallel_size": teacher.strategy.ep}
+                       if teacher.strategy.ep > 1 else {}),
+                    # (its server's steps: at most this many rows and their tokens, reader.teacher_micro_batches)
+                    f"{TEACHER_SERVER}.max_num_seqs": rows,
+                    f"{TEACHER_SERVER}.max_num_batched_tokens": rows * g.seq_len})
     out[REMOVE_PADDING[0]], critic_packed = _remove_padding(scenario)
     if scenario.training.old_logprobs == "rollout":  # (else a forward over the whole batch, verl's default)
         out.update({BYPASS: True, f"{R}.calculate_log_probs": True})
