@@ -1335,6 +1335,7 @@ def test_a_reward_model_on_its_own_pool_is_read_priced_written_and_read_back(cli
     back, verl's own trainer asks Ray for the same pools; read again, the same plan and estimate."""
     result, plan, scenario = imported(cli, job, "ppo-rm.yaml", *POOL, out="pool", name="pooled")
     assert scenario["cluster"] == {"nodes": 2, "gpus_per_node": 8, "device": "h100"}
+    assert verl.pricing.POOL_GAP in result["not_priced"] and verl.pricing.TEACHER_GAP not in result["not_priced"]
     assert plan["calls"]["reward_inf"] == {"mesh": "n1:0-3", "dp": 4, "tp": 1, "pp": 1, "micro_batches": 4}
     assert {o["mesh"] for name, o in plan["calls"].items() if name != "reward_inf"} == {"n0"}
     code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
@@ -1395,6 +1396,13 @@ def test_on_policy_distillation_is_read_priced_searched_written_and_read_back(cl
     assert {o["mesh"] for name, o in plan["calls"].items() if name != "teacher_inf"} == {"n0"}
     # the loss's settings are the user's, carried unpriced
     assert scenario["engine_settings"]["distillation.distillation_loss.loss_mode"] == "k1"
+    # what is not priced, as the plan meets it: the teacher's streaming; no reward pool, no offload
+    pricing = verl.pricing
+    assert pricing.TEACHER_GAP in result["not_priced"] and pricing.SERVING_GAP in result["not_priced"]
+    assert pricing.POOL_GAP not in result["not_priced"] and pricing.OFFLOAD_SYNC_GAP not in result["not_priced"]
+    offloaded, _, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                               out="offloaded")
+    assert pricing.OFFLOAD_SYNC_GAP in offloaded["not_priced"] and pricing.TEACHER_GAP not in offloaded["not_priced"]
     code, out, err = cli("estimate", "--scenario", result["scenario"], "--plan", result["plan"], "--json")
     assert code == 0, err
     estimate = json.loads(out)

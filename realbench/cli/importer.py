@@ -45,7 +45,8 @@ def run(args) -> int:
     est = Estimator(scenario)
     choice = est.choice_of(options)
     result = est.estimate(choice)
-    gaps = list(engine_module(args.engine).pricing_gaps)
+    spec = engine_module(args.engine)
+    gaps = list(spec.gaps_of(scenario, options) if spec.gaps_of else spec.pricing_gaps)
     unread = unread_settings(args.engine, args.file, args.overrides)
     if args.json:
         emit_json({"scenario": str(scenario_path), "plan": str(plan_path), **result.to_json(), "not_priced": gaps,

@@ -68,3 +68,5 @@ class Engine:
     open_sections: tuple[str, ...] = ()  # sections whose keys are the user's own
     required: dict[str, str]  # carried settings a plan may need otherwise
     pricing_gaps: tuple[str, ...]  # what is not priced, said wherever one of its plans is read or written
+    # (scenario, options) -> those of pricing_gaps a plan meets (None: all of them, always)
+    gaps_of: Optional[Callable] = None

@@ -129,7 +129,7 @@ critic's `optimizer_offload` as its optimizer's states in host memory between up
 `offload_params` on its train call: OFFLOAD_BLOCK), the logits of FSDP's fused kernels
 (`use_fused_kernels`) a 512-token chunk at a time, as measured in verl's own kernel (`training.logits`:
 logits_paths, which also says which entropy settings verl reads to no effect). What is not priced
-is said wherever a verl plan is read or written (`PRICING_GAPS`). The actor's
+is said wherever a verl plan is read (`PRICING_GAPS`, those the plan meets: `gaps_of`). The actor's
 old log-probabilities: a forward of the actor over the whole batch, or the rollout's with
 `algorithm.rollout_correction.bypass_mode` (`training.old_logprobs` whole_batch or rollout).
 
@@ -174,4 +174,4 @@ ENGINE = Engine(
     example_of=example_of, plan_groups=plan_groups,
     memory_fraction=MEMORY_FRACTION, padding_free=PADDING_FREE, old_logprobs=OLD_LOGPROBS,
     old_logprobs_how=OLD_LOGPROBS_HOW, read=READ, neutral=NEUTRAL, captured=CAPTURED, carried_values=CARRIED_VALUES,
-    open_sections=OPEN_SECTIONS, required=REQUIRED, pricing_gaps=PRICING_GAPS)
+    open_sections=OPEN_SECTIONS, required=REQUIRED, pricing_gaps=PRICING_GAPS, gaps_of=gaps_of)

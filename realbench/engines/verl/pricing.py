@@ -171,6 +171,20 @@ PRICING_GAPS = ("with use_dynamic_bsz the micro-batches verl forms (realbench.en
                 "an actor whose parameters are offloaded (param_offload) brings them in for the weight sync, priced "
                 "in time over the host link, not in memory: the sync holds them beside the rollout's weights, with "
                 "its KV cache released")
+DYNAMIC_GAP, POOL_GAP, TEACHER_GAP, SERVING_GAP, OFFLOAD_SYNC_GAP = PRICING_GAPS
+
+
+def gaps_of(scenario: Scenario, options: dict[str, Option]) -> tuple[str, ...]:
+    """The PRICING_GAPS a plan meets: a reward model's own pool, a distillation teacher and an
+    actor's parameter offload only where the plan has them (dynamic batching is not told apart in a
+    plan: always said)."""
+    pool = (not isinstance(scenario.models.get("reward"), FunctionSpec) and "reward_inf" in options
+            and options["reward_inf"].mesh != options["actor_train"].mesh)
+    meets = {POOL_GAP: pool, TEACHER_GAP: "teacher_inf" in options,
+             OFFLOAD_SYNC_GAP: options["actor_train"].strategy.offload_params}
+    return tuple(gap for gap in PRICING_GAPS if meets.get(gap, True))
+
+
 # verl's FSDP engine keeps a forward-only model's (the reference's) parameters in host memory, in its
 # fp32 model_dtype, and brings each unit's shard in for every forward (CPUOffload(offload_params=True),
 # workers/engine/fsdp/transformer_impl.py:429-435, 258-264; FSDP2: CPUOffloadPolicy, :455-463):
