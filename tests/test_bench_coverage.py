@@ -115,8 +115,8 @@ def test_a_hub_ids_variants_stand_in_for_its_catalogue_entry():
      "teachers", "several teachers"),
     ("distillation.teacher_models.teacher_model.model_path: 'Qwen/Qwen3-VL-32B-Instruct': no such folder or "
      "config.json file", "no config here"),
-    ("calls.teacher_inf.tp: the plan verl would run is not one realbench can price: tp 8 does not divide the 16 "
-     "attention heads and 2 KV heads of qwen3.5-35b-a3b", "tp beyond its KV heads"),
+    ("calls.reward_inf.tp: the plan verl would run is not one realbench can price: tp 8 does not divide the 16 "
+     "attention heads and 2 KV heads of qwen3-8b", "reward model's tp beyond its KV heads"),
     ("econfig.domain: AReaL 1.0.4's PPOConfig has no such setting", "own config class"),
     ("gconfig.n_samples: 1: GRPO compares a prompt's samples: 2 or more", "group of one"),
     ("actor_rollout_ref.rollout.n: 1: realbench prices gpg with GRPO's calls, which compare a prompt's samples: 2 or "

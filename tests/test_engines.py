@@ -216,7 +216,9 @@ def test_an_fsdp_grpo_config_reads_into_the_plan_verl_runs(cli, job):
     assert scenario["engine"] == "verl" and scenario["cluster"] == {"nodes": 1, "gpus_per_node": 8, "device": "h100"}
     assert scenario["models"]["actor"]["path"] == str(job / "ckpt")
     assert scenario["models"]["reward"]["function"] == f"{job / 'scoring' / 'reward.py'}:compute_score"
-    assert result["time_per_iter_s"] > 0 and len(result["not_priced"]) == len(verl.PRICING_GAPS)
+    # (what is not priced, as this plan meets it: no reward pool, no teacher, no offloaded actor)
+    assert result["time_per_iter_s"] > 0 and result["not_priced"] == [verl.pricing.DYNAMIC_GAP,
+                                                                       verl.pricing.SERVING_GAP]
     # overrides as on verl's command line, resolved as verl resolves them: the reference's packing
     # follows the actor's (interpolations of ref.log_prob_use_dynamic_bsz and its token budget)
     _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.rollout.max_num_seqs=8",
@@ -1466,6 +1468,27 @@ def test_a_mixture_of_experts_teacher_spreads_its_experts_over_its_servers(cli, 
                                                             f"{TEACHER}.inference.expert_parallel_size=4"),
                           f"{TEACHER}.inference.expert_parallel_size",
                           "4: verl asserts expert_parallel_size == tensor_model_parallel_size x data_parallel_size")
+
+
+def test_a_teachers_server_replicates_its_kv_heads_as_a_rollouts_does():
+    """A teacher's server (vLLM, SGLang) splits its 8 attention heads over tp 8 and replicates its 4 KV
+    heads on 2 GPUs each, as a generation does (the call is `served`); the reference's forward, which
+    Megatron computes, must split them, and is refused at tp 8 naming tp."""
+    from realbench.plan.options import strategy_problem
+    from realbench.plan.scenario import scenario_from_document
+
+    scenario = scenario_from_document({
+        "name": "opd", "algorithm": "grpo", "cluster": {"nodes": 2, "gpus_per_node": 8, "device": "h100"},
+        "models": {"actor": "llama-tiny", "ref": "llama-small", "teacher": "llama-small",
+                   "reward": {"arch": "llama-tiny", "value_head": True}},
+        "dataflow": {"algorithm": "grpo", "prompts": 4, "prompt_len": 8, "gen_len": 8, "group_size": 2,
+                     "with_teacher": True}})
+    teacher, ref = scenario.dataflow.call("teacher_inf"), scenario.dataflow.call("ref_inf")
+    assert (scenario.models["teacher"].n_heads, scenario.models["teacher"].n_kv_heads) == (8, 4)
+    assert teacher.served and not ref.served
+    tp8 = (scenario.cluster, Mesh(1, 1, 0, 8), Strategy(1, 8, 1))
+    assert strategy_problem(teacher, scenario.models["teacher"], *tp8) is None
+    assert strategy_problem(ref, scenario.models["ref"], *tp8)[0] == "tp"
 
 
 def test_a_teacher_on_the_trainers_gpus_is_refused_by_name_on_export(cli, job):

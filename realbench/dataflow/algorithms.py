@@ -16,10 +16,10 @@ GEN, INF, TRAIN = CallKind.GENERATE, CallKind.INFERENCE, CallKind.TRAIN
 
 
 def _call(name, model, kind, inputs, outputs, seqs, seq_len, gen_len=0, optimizer_steps=1, group_size=1,
-          rows_together=1) -> CallDef:
+          rows_together=1, served=False) -> CallDef:
     return CallDef(name=name, model=model, kind=kind, inputs=tuple(inputs), outputs=tuple(outputs),
                    seqs=seqs, seq_len=seq_len, gen_len=gen_len, optimizer_steps=optimizer_steps,
-                   group_size=group_size, rows_together=rows_together)
+                   group_size=group_size, rows_together=rows_together, served=served)
 
 
 def _reference(with_ref: bool, s: int, L: int) -> list[CallDef]:
@@ -51,8 +51,10 @@ def ppo(prompts: int = 512, prompt_len: int = 256, gen_len: int = 768, minibatch
 def _teacher(with_teacher: bool, s: int, L: int) -> list[CallDef]:
     """The teacher's call of on-policy distillation, or none: a frozen model of its own (`teacher`)
     scores every sampled sequence, prompt and response, with its log-probabilities, which the
-    actor's loss takes (verl's distillation: a reverse-KL reward or loss against the teacher's)."""
-    return [_call("teacher_inf", "teacher", INF, ["seqs"], ["teacher_logprobs"], s, L)] if with_teacher else []
+    actor's loss takes (verl's distillation: a reverse-KL reward or loss against the teacher's),
+    computed by a serving engine (its prompt log-probabilities: `served`)."""
+    return [_call("teacher_inf", "teacher", INF, ["seqs"], ["teacher_logprobs"], s, L, served=True)] \
+        if with_teacher else []
 
 
 def _group_policy_gradient(name: str, prompts, prompt_len, gen_len, group_size, minibatches, with_ref,

@@ -118,6 +118,9 @@ class CallDef(FileModel):
     # inference with the model's LoRA adapters switched off: its frozen base (the reference of a
     # policy trained with LoRA, as TRL and verl compute it), which never needs new weights
     adapters: bool = True
+    # inference by a serving engine (vLLM, SGLang: a distillation teacher's prompt log-probabilities),
+    # which replicates the KV heads over tp beyond them as a generation does (plan.options.heads_split)
+    served: bool = False
 
     @property
     def sync_steps(self) -> int:
@@ -127,6 +130,9 @@ class CallDef(FileModel):
     def _check(self) -> "CallDef":
         if self.sync_every is not None and self.kind != CallKind.GENERATE:
             raise ValueError(f"sync_every is only for generate calls (this is a {self.kind.value} call)")
+        if self.served and self.kind != CallKind.INFERENCE:
+            raise ValueError(f"served is for inference calls a serving engine computes (this is a {self.kind.value} "
+                             "call)")
         if self.memory_fraction is not None and self.kind != CallKind.GENERATE:
             raise ValueError(f"memory_fraction is only for generate calls (this is a {self.kind.value} call)")
         if self.max_model_len is not None and self.memory_fraction is None:

@@ -670,7 +670,7 @@ class ModelSpec(FileModel):
         """The distinct slices of the KV heads over tp devices: tp where it divides the KV heads; the
         KV heads where tp is a multiple of them, each head replicated on tp / n_kv_heads devices (vLLM's
         and SGLang's tensor parallelism beyond the KV heads: Qwen3-235B-A22B's 4 over 8 GPUs; a
-        generation's only, plan.options.heads_split)."""
+        generation's, or a served forward's, plan.options.heads_split)."""
         return min(tp, self.n_kv_heads)
 
     def kv_replica_params(self, tp: int) -> float:

@@ -111,8 +111,9 @@ def max_tokens_problem(call: CallDef, s: Strategy) -> Optional[str]:
 
 def heads_split(model: ModelSpec, tp: int, generating: bool = False) -> bool:
     """Whether tp devices split the model's heads: tp divides the attention heads and the KV heads;
-    `generating`, the KV heads may instead divide tp (each replicated on tp / n_kv_heads devices, as
-    vLLM and SGLang do; Megatron and realbench's runtime split them)."""
+    `generating` (a generation, or a forward a serving engine computes: CallDef.served), the KV heads
+    may instead divide tp (each replicated on tp / n_kv_heads devices, as vLLM and SGLang do;
+    Megatron and realbench's runtime split them)."""
     return model.n_heads % tp == 0 and (model.n_kv_heads % tp == 0 or (generating and tp % model.n_kv_heads == 0))
 
 
@@ -135,7 +136,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return None
     if cluster.gpus_per_node % s.tp:
         return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node"
-    if not heads_split(model, s.tp, generating=call.kind == CallKind.GENERATE):
+    if not heads_split(model, s.tp, generating=call.kind == CallKind.GENERATE or call.served):
         beyond = " (or, generating, a multiple of the KV heads)" if call.kind == CallKind.GENERATE else ""
         return "tp", (f"tp {s.tp} does not divide the {model.n_heads} attention heads and "
                       f"{model.n_kv_heads} KV heads of {model.name}{beyond}")

@@ -190,9 +190,9 @@ def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
 # -- verl's space, for a search ----------------------------------------------------------------------
 def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
     c, model = scenario.cluster, scenario.models[role]
-    # (the rollout generates: its KV heads may be replicated; a reward model's forward splits them)
+    # (the rollout and a teacher's server: their KV heads may be replicated; a reward model's forward splits them)
     return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
-            and heads_split(model, t, generating=role == "actor")]
+            and heads_split(model, t, generating=role in SERVED_CALLS)]
 
 
 # the serving calls whose experts a search spreads over the replicas (a reward model's are whole)
