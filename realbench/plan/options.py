@@ -109,6 +109,13 @@ def max_tokens_problem(call: CallDef, s: Strategy) -> Optional[str]:
     return None
 
 
+def served_by_an_engine(call: CallDef) -> bool:
+    """Whether a serving engine (vLLM, SGLang) computes the call: a generation, or a forward marked
+    served (CallDef.served). Its KV heads may be replicated over tp beyond them (heads_split), and a
+    mixture of experts' experts spread over its replicas."""
+    return call.kind == CallKind.GENERATE or call.served
+
+
 def heads_split(model: ModelSpec, tp: int, generating: bool = False) -> bool:
     """Whether tp devices split the model's heads: tp divides the attention heads and the KV heads;
     `generating` (a generation, or a forward a serving engine computes: CallDef.served), the KV heads
@@ -136,7 +143,7 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         return None
     if cluster.gpus_per_node % s.tp:
         return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node"
-    if not heads_split(model, s.tp, generating=call.kind == CallKind.GENERATE or call.served):
+    if not heads_split(model, s.tp, generating=served_by_an_engine(call)):
         beyond = " (or, generating, a multiple of the KV heads)" if call.kind == CallKind.GENERATE else ""
         return "tp", (f"tp {s.tp} does not divide the {model.n_heads} attention heads and "
                       f"{model.n_kv_heads} KV heads of {model.name}{beyond}")

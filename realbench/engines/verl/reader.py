@@ -687,7 +687,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
                                                if m),
                                   "gpus_per_node": per_node, "device": device}, epochs=epochs,
                          max_staleness=1 if one_step_off else 0,
-                         calls=calls, with_ref=with_ref, with_teacher=teacher is not None, old_logprobs="rollout" if s[BYPASS] else "whole_batch",
+                         calls=calls, with_ref=with_ref, with_teacher=teacher is not None,
+                         old_logprobs="rollout" if s[BYPASS] else "whole_batch",
                          rollout_server=server, padding_free=padding_free, padded_models=padded,
                          memory_fraction=s[MEMORY], max_model_len=context if server == "vllm" else None,
                          logits={k: v.model_dump(exclude_defaults=True)
@@ -713,14 +714,24 @@ def _reward_pool(s: dict[str, Any], reward_model: bool, nodes: int, per_node: in
     if not reward_model:
         raise ConfigError(f"True without {RM}.enable: verl would hold a pool of GPUs for no reward model ({POOL})",
                           key, source)
+    return _pool_beside_trainer(s, RM, "a reward pool", "a reward pool's", POOL, nodes, per_node, source)
+
+
+def _pool_beside_trainer(s: dict[str, Any], block: str, pool: str, pools: str, where: str, nodes: int, per_node: int,
+                         source: str) -> Mesh:
+    """A pool of GPUs verl gives a role beside the trainer's (`block`.nnodes x `block`.n_gpus_per_node:
+    a reward model's, a distillation teacher's; verl's own code at `where`) as a mesh on the nodes
+    after the trainer's `nodes`. realbench's nodes all have the trainer's width: the pool is whole
+    such nodes, or part of one. `pool`, `pools`: its name in the messages ("a reward pool", "a
+    reward pool's")."""
     for k in ("n_gpus_per_node", "nnodes"):  # (verl's own check, in this order)
-        if int(s[f"{RM}.{k}"]) <= 0:
-            raise ConfigError(f"{s[f'{RM}.{k}']}: verl needs a reward pool's {k} above 0 ({POOL})", f"{RM}.{k}", source)
-    pool_nodes, gpus = int(s[f"{RM}.nnodes"]), int(s[f"{RM}.n_gpus_per_node"])
+        if int(s[f"{block}.{k}"]) <= 0:
+            raise ConfigError(f"{s[f'{block}.{k}']}: verl needs {pools} {k} above 0 ({where})", f"{block}.{k}", source)
+    pool_nodes, gpus = int(s[f"{block}.nnodes"]), int(s[f"{block}.n_gpus_per_node"])
     if gpus > per_node or (pool_nodes > 1 and gpus != per_node):
         raise ConfigError(f"{gpus} on {pool_nodes} node(s): realbench's nodes have the trainer's {per_node} GPUs "
-                          "(trainer.n_gpus_per_node): a reward pool of whole such nodes, or part of one",
-                          f"{RM}.n_gpus_per_node", source)
+                          f"(trainer.n_gpus_per_node): {pool} of whole such nodes, or part of one",
+                          f"{block}.n_gpus_per_node", source)
     return Mesh(nodes, pool_nodes, 0, gpus)
 
 
@@ -743,15 +754,8 @@ def _teacher_pool(s: dict[str, Any], algorithm: str, one_step_off: bool, reward_
                           f"({TEACHER_POOL}); score on the trainer's GPUs", f"{RM}.enable_resource_pool", source)
     if s[f"{TEACHER}.model_path"] is None:
         raise ConfigError("is not set: verl needs the teacher's checkpoint", f"{TEACHER}.model_path", source)
-    for k in ("n_gpus_per_node", "nnodes"):  # (verl's own check, in this order)
-        if int(s[f"{DISTILL}.{k}"]) <= 0:
-            raise ConfigError(f"{s[f'{DISTILL}.{k}']}: verl needs the teacher pool's {k} above 0 ({TEACHER_POOL})",
-                              f"{DISTILL}.{k}", source)
-    pool_nodes, gpus = int(s[f"{DISTILL}.nnodes"]), int(s[f"{DISTILL}.n_gpus_per_node"])
-    if gpus > per_node or (pool_nodes > 1 and gpus != per_node):
-        raise ConfigError(f"{gpus} on {pool_nodes} node(s): realbench's nodes have the trainer's {per_node} GPUs "
-                          "(trainer.n_gpus_per_node): a teacher pool of whole such nodes, or part of one",
-                          f"{DISTILL}.n_gpus_per_node", source)
+    teacher = _pool_beside_trainer(s, DISTILL, "a teacher pool", "the teacher pool's", TEACHER_POOL, nodes, per_node,
+                                   source)
     name = s[f"{TEACHER_SERVER}.name"]
     if name != server:
         raise ConfigError(f"{name!r}: realbench carries one serving engine a job, the rollout's ({server!r})",
@@ -763,9 +767,9 @@ def _teacher_pool(s: dict[str, Any], algorithm: str, one_step_off: bool, reward_
                           f"{TEACHER_SERVER}.max_model_len", source)
     if s.get(f"{DISTILL}.distillation_loss.use_chunked_topk"):
         raise ConfigError("True: the top-k log-probabilities computed chunk by chunk in the actor's loss (about 6x "
-                          "its time at long context, verl's note) are not priced", 
+                          "its time at long context, verl's note) are not priced",
                           f"{DISTILL}.distillation_loss.use_chunked_topk", source)
-    return Mesh(nodes, pool_nodes, 0, gpus)
+    return teacher
 
 
 def teacher_micro_batches(rows: int, length: int, s: dict[str, Any]) -> int:

@@ -23,7 +23,7 @@ from realbench.engines.verl.settings import (A, ESTIMATORS, EXPERT_KEYS, FSDP_SI
 from realbench.errors import ConfigError
 from realbench.models import FunctionSpec
 from realbench.plan.mesh import Mesh, Option, Strategy
-from realbench.plan.options import divisors, expert_layouts, heads_split
+from realbench.plan.options import divisors, expert_layouts, heads_split, served_by_an_engine
 from realbench.plan.plan import plan_from_document, resolve_plan
 from realbench.plan.scenario import Scenario
 
@@ -42,16 +42,14 @@ def space_problem(scenario: Scenario, options: dict[str, Option]) -> Optional[tu
     elif pool is None and "teacher_inf" not in options and trainer != Mesh(0, c.nodes, 0, c.gpus_per_node):
         return "calls.actor_train.mesh", ("verl places every role on one pool of all the GPUs "
                                           "(verl/trainer/ppo/v1/trainer_base.py:805-820)")
-    if pool is not None and (trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node) or pool.gpu
-                             or (pool.node, pool.node + pool.nodes) != (trainer.nodes, c.nodes)):
+    if pool is not None and not _after_the_trainer(trainer, pool, c.nodes, c.gpus_per_node):
         return "calls.reward_inf.mesh", ("verl runs a reward model on the trainer's pool or on its own "
                                          f"(reward.reward_model.enable_resource_pool, {POOL}): realbench writes the "
                                          "trainer's whole nodes from node 0 and the reward model's after them, to the "
                                          "cluster's last node")
     teacher = options["teacher_inf"].mesh if "teacher_inf" in options else None
-    if teacher is not None and (pool is not None or trainer != Mesh(0, trainer.nodes, 0, c.gpus_per_node)
-                                or teacher.gpu or (teacher.nodes > 1 and teacher.gpus != c.gpus_per_node)
-                                or (teacher.node, teacher.node + teacher.nodes) != (trainer.nodes, c.nodes)):
+    if teacher is not None and (pool is not None
+                                or not _after_the_trainer(trainer, teacher, c.nodes, c.gpus_per_node)):
         return "calls.teacher_inf.mesh", (f"verl runs a distillation teacher on a pool of its own ({TEACHER_POOL}): "
                                           "realbench writes the trainer's whole nodes from node 0, every other role "
                                           "on them, and the teacher's after them, to the cluster's last node (whole "
@@ -172,6 +170,14 @@ def _one_step_off_problem(scenario: Scenario, trainer: Mesh, rollout: Mesh) -> O
     return None
 
 
+def _after_the_trainer(trainer: Mesh, pool: Mesh, nodes: int, gpus_per_node: int) -> bool:
+    """Whether a pool beside the trainer's (a reward model's, a distillation teacher's) lies where
+    realbench writes verl's: the trainer on whole nodes from node 0, the pool from the first GPU of
+    the node after them to the cluster's last node (whole nodes, or part of one)."""
+    return (trainer == Mesh(0, trainer.nodes, 0, gpus_per_node) and not pool.gpu
+            and (pool.node, pool.node + pool.nodes) == (trainer.nodes, nodes))
+
+
 def pools(scenario: Scenario, options: dict[str, Option]) -> tuple[Mesh, Optional[Mesh]]:
     """(the trainer's pool, the reward model's own pool or None) of a plan: the actor's mesh, and
     the reward model's where it differs (a reward function runs on CPU workers: no pool)."""
@@ -188,29 +194,27 @@ def fsdp_version(scenario: Scenario, role: str) -> Optional[str]:
 
 
 # -- verl's space, for a search ----------------------------------------------------------------------
-def _replica_tps(scenario: Scenario, role: str, mesh: Mesh) -> list[int]:
-    c, model = scenario.cluster, scenario.models[role]
+def _replica_tps(scenario: Scenario, name: str, mesh: Mesh) -> list[int]:
+    call, c = scenario.dataflow.call(name), scenario.cluster
     # (the rollout and a teacher's server: their KV heads may be replicated; a reward model's forward splits them)
     return [t for t in divisors(mesh.size) if (c.gpus_per_node % t == 0 or t % c.gpus_per_node == 0)
-            and heads_split(model, t, generating=role in SERVED_CALLS)]
+            and heads_split(scenario.models[call.model], t, generating=served_by_an_engine(call))]
 
 
-# the serving calls whose experts a search spreads over the replicas (a reward model's are whole)
-SERVED_CALLS = {"actor": "actor_gen", "teacher": "teacher_inf"}
-
-
-def _rollout_expert_layouts(scenario: Scenario, role: str, dp: int, tp: int) -> list[tuple[int, int]]:
-    """The (ep, etp) a search offers a serving call of `dp` replicas of `tp` GPUs (ROLLOUT_EP): none,
-    and for the actor's rollout (or a distillation teacher's server) of a mixture of experts its experts over replicas of tp x
-    data_parallel_size GPUs that fit a node or span whole ones (SGLang's over a replica's tp GPUs
-    alone), each expert whole (etp 1: 0 where tp is 1, the same). realbench.plan.options checks the
-    rest (expert_problem)."""
-    model, G = scenario.models[role], scenario.cluster.gpus_per_node
-    if role not in SERVED_CALLS or getattr(model, "moe", None) is None:
+def _rollout_expert_layouts(scenario: Scenario, name: str, dp: int, tp: int) -> list[tuple[int, int]]:
+    """The (ep, etp) a search offers the serving call `name` of `dp` replicas of `tp` GPUs
+    (ROLLOUT_EP): none, and for the actor's rollout or a distillation teacher's server (served by an
+    engine: a reward model's experts stay whole) of a mixture of experts its experts over replicas
+    of tp x data_parallel_size GPUs that fit a node or span whole ones (SGLang's over a replica's tp
+    GPUs alone), each expert whole (etp 1: 0 where tp is 1, the same). realbench.plan.options checks
+    the rest (expert_problem)."""
+    call, G = scenario.dataflow.call(name), scenario.cluster.gpus_per_node
+    model = scenario.models[call.model]
+    if not served_by_an_engine(call) or getattr(model, "moe", None) is None:
         return [(1, 0)]
     sglang = (scenario.rollout_server or "vllm") == "sglang"
     return [(ep, 0 if tp == 1 else etp)
-            for ep, etp in expert_layouts(scenario.dataflow.call(SERVED_CALLS[role]), model, dp, 1, tp, True)
+            for ep, etp in expert_layouts(call, model, dp, 1, tp, True)
             if ep == 1 or ((G % ep == 0 or ep % G == 0) and not (sglang and ep != tp))]
 
 
@@ -307,29 +311,29 @@ def _groups_on(scenario: Scenario, W: Mesh, pool: Optional[Mesh], rollout: Optio
     def valid(name: str, options: list[Option]) -> list[Option]:
         return [o for o in options if not refused(name, o)]
 
-    def served(role: str, mesh: Mesh) -> list[Option]:  # replicas of tp GPUs, max_num_seqs rows decoding together
+    def served(name: str, mesh: Mesh) -> list[Option]:  # replicas of tp GPUs, max_num_seqs rows decoding together
         # (a LoRA actor's: the adapters alone or merged into the base, lora.merge; `valid` keeps
         # the merged ones for LoRA models only)
         # (a mixture of experts' rollout also over replicas of tp x data_parallel_size GPUs, its experts
         # split over them: _rollout_expert_layouts)
         size = mesh.size
         return [Option(mesh, Strategy(size // t, t, 1, m, merge_lora=merge, ep=ep, etp=etp))
-                for t in _replica_tps(scenario, role, mesh) if rows % (size // t) == 0
-                for ep, etp in _rollout_expert_layouts(scenario, role, size // t, t)
+                for t in _replica_tps(scenario, name, mesh) if rows % (size // t) == 0
+                for ep, etp in _rollout_expert_layouts(scenario, name, size // t, t)
                 for m in divisors(rows // (size // t)) for merge in (False, True)]
 
     # (each rollout at the least share of each GPU's memory that gives it each count of slots, where
     # it runs as priced, its sync's peak and its captured decode batches: listing.served_shares)
-    common = {"actor_gen": [shared for o in valid("actor_gen", served("actor", rollout or W))
+    common = {"actor_gen": [shared for o in valid("actor_gen", served("actor_gen", rollout or W))
                             for shared in served_shares(scenario, o, lambda o: rollout_problem(
                                 scenario, {"actor_gen": o}) is None)]}
     if isinstance(scenario.models["reward"], FunctionSpec):
         scorer = _function_mesh(rows, rollout or W)
         common["reward_inf"] = [Option(scorer, Strategy(scorer.size, 1, 1))]
     else:
-        common["reward_inf"] = valid("reward_inf", served("reward", pool or W))
+        common["reward_inf"] = valid("reward_inf", served("reward_inf", pool or W))
     if teacher is not None:
-        common["teacher_inf"] = valid("teacher_inf", served("teacher", teacher))
+        common["teacher_inf"] = valid("teacher_inf", served("teacher_inf", teacher))
     # tp, pp, v, train zeros, forward zero, and the sequence splits and shard groups each role takes:
     # FSDP's Ulysses groups and hybrid shard groups are the engine's settings of each role (verl sets
     # them per role: SEQUENCE_PARALLEL, FSDP_SIZE), Megatron's context-parallel ring (ring p2p) is
