@@ -408,6 +408,31 @@ def test_zero_is_refused_where_its_engines_cannot_run_it():
     assert field == "offload_optimizer" and "a train call's" in message, message
 
 
+def test_a_serving_engines_tp_spans_whole_nodes():
+    # vLLM and SGLang run tp over whole nodes (verl's Qwen2.5-72B recipe: tp 16 on nodes of 8); Megatron
+    # and realbench's runtime keep a tp group inside a node
+    from realbench.plan.options import strategy_problem
+
+    wide = Mesh(0, 2, 0, 8)
+    gen = CallDef(name="g", model="m", kind="generate", seqs=1, seq_len=129, gen_len=1)
+    assert strategy_problem(gen, M7, H100, wide, Strategy(1, 16, 1, 1)) is None
+    field, message = strategy_problem(train_call(), M7, H100, wide, Strategy(1, 16, 1, 1))
+    assert field == "tp" and "tp 16 does not divide the 8 devices of a node" in message, message
+    three = cluster(3, 8, "h100")
+    field, message = strategy_problem(gen, M7.model_copy(update={"n_heads": 48, "n_kv_heads": 8}), three,
+                                      Mesh(0, 3, 0, 8), Strategy(2, 12, 1, 1))
+    assert field == "tp" and "a serving engine's tp may span whole nodes" in message, message
+    # its all-reduces are NCCL's two-level ones (comm's module doc), by hand: the prompt's 128 tokens
+    # and the one decode step's row, two a layer, over 8 GPUs a node (NVLink 455.4 GB/s, 2.957 us a
+    # hop) and 2 nodes (36.585 GB/s a GPU's NIC, 109.1 us)
+    def all_reduce(nbytes):
+        return (2 * 7 * 2.957e-6 + 2 * 1 * 1.091e-4
+                + max(2 * 7 / 8 * nbytes / 455.4e9, 2 * 1 / 2 * (nbytes / 8) / 36.585e9))
+
+    cost = call_cost(gen, M7, H100, Option(wide, Strategy(1, 16, 1, 1)))
+    assert cost.tp_comm_s == pytest.approx(2 * 32 * (all_reduce(128 * 4096 * 2) + all_reduce(4096 * 2)), rel=1e-9)
+
+
 def test_decode_is_bandwidth_bound_at_small_batch():
     c1 = cluster(1, 1, "h100")
     gen = CallDef(name="g", model="m", kind="generate", seqs=1, seq_len=129, gen_len=1)

@@ -1313,6 +1313,33 @@ def test_a_reward_model_is_served_like_the_rollout(cli, job):
     assert code == 2 and err.count("\n") == 1 and "reward.reward_model.rollout.name: 'vllm'" in err, err
 
 
+def test_a_rollout_replica_over_whole_nodes_is_read_priced_and_written_back(cli, job, verl_check):
+    """verl's rollout replica of tp 16 on nodes of 8 (its Qwen2.5-72B scaling recipe): read as one
+    generation replica over both nodes, its all-reduces priced across them, written back as tp 16
+    and composed by verl's own code the same."""
+    from realbench.cost.calls import call_cost
+    from realbench.plan import Option, Strategy
+    from realbench.plan.plan import load_plan
+
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "trainer.nnodes=2", "actor_rollout_ref.model.path=qwen3-8b",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size=16", out="wide", name="wide")
+    gen = plan["calls"]["actor_gen"]
+    assert (gen["mesh"], gen["dp"], gen["tp"]) == ("n0-1", 1, 16), gen
+    _, scenario, options = load_plan(str(job / "wide" / "wide-plan.yaml"))
+    call, model = scenario.dataflow.call("actor_gen"), scenario.models["actor"]
+    wide = call_cost(call, model, scenario.cluster, options["actor_gen"])
+    narrow = call_cost(call, model, scenario.cluster, Option(options["actor_gen"].mesh, Strategy(2, 8, 1, 1)))
+    assert wide.tp_comm_s > narrow.tp_comm_s > 0
+    out = job / "wide-verl" / "job.yaml"
+    out.parent.mkdir()
+    code, _, err = cli("export", "--plan", str(job / "wide" / "wide-plan.yaml"), "--format", "verl", "--out", str(out),
+                       "--model-path", "actor=Qwen/Qwen3-8B", "--model-path", "ref=Qwen/Qwen3-8B")
+    assert code == 0, err
+    checked = verl_check("validate", out)
+    assert checked["ok"] and (checked["n_gpus"], checked["rollout_tp"]) == (16, 16), checked
+
+
 def exported_and_checked(cli, verl_check, plan, out: Path) -> dict:
     """`plan` exported as verl's configuration `out` (in a new folder) and checked by verl's own code
     on a trainer's pool of 8 GPUs: what the check says of it."""

@@ -21,7 +21,7 @@ from test_engine_areal import GSM8K_GRPO
 # The published checkpoints' parameter counts (their safetensors' totals: ModelScope's model_size
 # and the checkpoints' own weight statistics, catalogue/index.yaml), exact
 PUBLISHED = {"qwen2.5-vl-3b": 3_754_622_976, "qwen2.5-vl-7b": 8_292_166_656, "qwen3-vl-2b": 2_127_532_032,
-             "qwen3-vl-8b": 8_767_123_696, "qwen3-vl-30b-a3b": 31_070_754_032,
+             "qwen3-vl-8b": 8_767_123_696, "qwen3-vl-30b-a3b": 31_070_754_032, "qwen3-vl-32b": 33_357_390_064,
              # Qwen3.5's checkpoints hold a multi-token-prediction layer too (mtp.*), which transformers does
              # not build and realbench leaves out: the published totals less those (index.yaml's sources)
              "qwen3.5-0.8b": 873_438_784 - 20_452_864, "qwen3.5-2b": 2_274_069_824 - 60_828_160,

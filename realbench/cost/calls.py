@@ -364,8 +364,15 @@ def _decode_step(cluster: ClusterSpec, model: ModelSpec, tp: int, rows, ctx, ep:
     return layer, _head_forward(cluster, model, tp, rows)
 
 
+def _tp_all_reduce(cluster: ClusterSpec, tp: int, nbytes) -> float:
+    """One all-reduce over a tp group: on NVLink inside a node; a serving engine's group of whole
+    nodes (vLLM's and SGLang's multi-node tp) reduces hierarchically over the NICs too."""
+    G = cluster.gpus_per_node
+    return comm.all_reduce(cluster, tp, nbytes, spans_nodes=tp > G, per_node=min(tp, G))
+
+
 def _tp_all_reduces(cluster: ClusterSpec, model: ModelSpec, tp: int, tokens: float, count: int) -> float:
-    return count * comm.all_reduce(cluster, tp, tokens * model.hidden * BF16, spans_nodes=False)
+    return count * _tp_all_reduce(cluster, tp, tokens * model.hidden * BF16)
 
 
 def _kv_chunk_bytes(model: ModelSpec, tp: int, tokens: float) -> float:
@@ -516,7 +523,7 @@ def _decode_for_lengths(call: CallDef, model: ModelSpec, cluster: ClusterSpec, o
     compute = float((slots * (layers * layer_step + head)).sum())
     tp_comm = 0.0
     if tp > 1:
-        per_row = [comm.all_reduce(cluster, tp, x * model.hidden * BF16, spans_nodes=False) for x in (1.0, 2.0)]
+        per_row = [_tp_all_reduce(cluster, tp, x * model.hidden * BF16) for x in (1.0, 2.0)]
         # an all-reduce is latency plus bytes over bandwidth: linear in the rows, read off two points
         tp_step = 2 * layers * (per_row[0] + (live - 1.0) * (per_row[1] - per_row[0]))
         tp_comm = float((slots * tp_step).sum())

@@ -141,8 +141,9 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
         return None
-    if cluster.gpus_per_node % s.tp:
-        return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node"
+    if cluster.gpus_per_node % s.tp and not (served_by_an_engine(call) and s.tp % cluster.gpus_per_node == 0):
+        beyond = " (a serving engine's tp may span whole nodes)" if served_by_an_engine(call) else ""
+        return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node{beyond}"
     if not heads_split(model, s.tp, generating=served_by_an_engine(call)):
         beyond = " (or, generating, a multiple of the KV heads)" if call.kind == CallKind.GENERATE else ""
         return "tp", (f"tp {s.tp} does not divide the {model.n_heads} attention heads and "
