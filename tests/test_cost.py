@@ -433,6 +433,21 @@ def test_a_serving_engines_tp_spans_whole_nodes():
     assert cost.tp_comm_s == pytest.approx(2 * 32 * (all_reduce(128 * 4096 * 2) + all_reduce(4096 * 2)), rel=1e-9)
 
 
+def test_only_a_serving_engine_keeps_its_memory_through_the_step():
+    from realbench.plan.options import strategy_problem
+
+    mesh = Mesh(0, 1, 0, 8)
+    served = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512, memory_fraction=0.5)
+    plain = CallDef(name="g", model="m", kind="generate", seqs=64, seq_len=1024, gen_len=512)
+    assert strategy_problem(served, M7, H100, mesh, Strategy(8, 1, 1, 1, keeps_memory=True)) is None
+    assert strategy_problem(plain, M7, H100, mesh, Strategy(8, 1, 1, 1, memory_fraction=0.5, keeps_memory=True)) is None
+    for call, strategy in ((plain, Strategy(8, 1, 1, 1, keeps_memory=True)),
+                           (train_call(), Strategy(8, 1, 1, 1, keeps_memory=True))):
+        field, message = strategy_problem(call, M7, H100, mesh, strategy)
+        assert field == "keeps_memory" and "a serving engine's" in message, message
+    assert Strategy(8, 1, 1, 1, keeps_memory=True).label() == "dp8tp1pp1m1kept"
+
+
 def test_decode_is_bandwidth_bound_at_small_batch():
     c1 = cluster(1, 1, "h100")
     gen = CallDef(name="g", model="m", kind="generate", seqs=1, seq_len=129, gen_len=1)

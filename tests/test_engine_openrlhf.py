@@ -204,6 +204,7 @@ def test_separate_groups_are_placed_largest_first(cli, job):
 LORA = ("ds.lora.rank=8", "ds.lora.alpha=16", "ds.lora.target_modules=q_proj v_proj")
 SLEEP = ("ds.enable_sleep=true",)
 ADAM = ("ds.adam_offload=true",)
+AWAKE = ("vllm.enable_sleep=false",)
 RING = ("ds.ring_attn_size=2",)
 # ring attention beside DeepSpeed's AutoTP (its (dp, sp, tp) mesh; AutoTP trains under ZeRO 0 to 2)
 RING_TP = RING + ("ds.tensor_parallel_size=2", "ds.zero_stage=2")
@@ -217,7 +218,9 @@ RING_TP = RING + ("ds.tensor_parallel_size=2", "ds.zero_stage=2")
                                                ("train ppo hybrid.sh", ADAM),
                                                # ring attention groups of 2 GPUs for every DeepSpeed model
                                                ("train ppo hybrid.sh", RING),
-                                               ("train ppo hybrid.sh", RING_TP)])
+                                               ("train ppo hybrid.sh", RING_TP),
+                                               # the hybrid engine's vLLM awake while DeepSpeed trains
+                                               ("train ppo hybrid.sh", AWAKE)])
 def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cli, job, config, overrides):
     """(With LoRA, its settings go out under OpenRLHF's flags and come back; OpenRLHF loads its
     reference as a model of its own.)"""
@@ -245,7 +248,9 @@ def test_an_exported_plan_passes_openrlhfs_own_checks_and_reads_back_the_same(cl
                 (ring, "allgather" if ring > 1 else None, tp)
     # --ds.enable_sleep: the trained models' optimizers offloaded, as OpenRLHF parsed it
     asleep = overrides == SLEEP
-    assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config)
+    assert checked["ds_enable_sleep"] is asleep and checked["vllm_enable_sleep"] is ("hybrid" in config
+                                                                                    and overrides != AWAKE)
+    assert plan["calls"]["actor_gen"].get("keeps_memory", False) is (overrides == AWAKE)
     # --ds.adam_offload: Adam on the host, where OpenRLHF's own DeepSpeed config puts the optimizer
     host = overrides == ADAM
     assert checked["ds_adam_offload"] is host and checked["offload_optimizer_device"] == ("cpu" if host else "none")
@@ -295,7 +300,6 @@ def test_the_users_own_flags_go_from_their_script_to_the_exported_one(cli, job):
     (("ds.ring_attn_size=3",), "--ds.ring_attn_size", "3 does not divide the actor's 8 GPUs"),
     (("ds.ring_attn_size=8", "ds.tensor_parallel_size=2", "ds.zero_stage=2"),
      "--ds.ring_attn_size", "8 x --ds.tensor_parallel_size 2 = 16 does not divide the actor's 8 GPUs"),
-    (("vllm.enable_sleep=false",), "--vllm.enable_sleep", "keeps its share of every GPU"),
     (("vllm.num_engines=2",), "--vllm.num_engines", "the hybrid engine puts a vLLM worker on every actor GPU"),
     (("ds.tensor_parallel_size=2",), "--ds.zero_stage", "AutoTP trains under ZeRO 0 to 2"),
     (("train.async_enable=true",), "--vllm.enable_sleep", "asynchronous trainer keeps vLLM awake"),

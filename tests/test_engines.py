@@ -1340,6 +1340,44 @@ def test_a_rollout_replica_over_whole_nodes_is_read_priced_and_written_back(cli,
     assert checked["ok"] and (checked["n_gpus"], checked["rollout_tp"]) == (16, 16), checked
 
 
+def test_a_rollout_keeping_its_memory_is_read_priced_and_written_back(cli, job, verl_check):
+    """free_cache_engine false (verl's Qwen2.5-VL LoRA recipe): the colocated rollout's server keeps
+    its share of every GPU through the step (Strategy.keeps_memory): each device's peak is the
+    busiest other call's with the server's share beside it; the time is the same (verl resends the
+    weights either way). Written back, verl composes the same flag; read again, the same plan."""
+    from dataclasses import replace
+
+    from realbench.cost import Estimator
+    from realbench.cost.calls import call_cost
+    from realbench.plan import Option
+    from realbench.plan.plan import load_plan
+
+    _, plan, _ = imported(cli, job, "grpo_qwen_fsdp.yaml", "actor_rollout_ref.rollout.free_cache_engine=False",
+                          out="awake", name="awake")
+    assert plan["calls"]["actor_gen"]["keeps_memory"] is True
+    _, scenario, options = load_plan(str(job / "awake" / "awake-plan.yaml"))
+    released = dict(options, actor_gen=Option(options["actor_gen"].mesh,
+                                              replace(options["actor_gen"].strategy, keeps_memory=False)))
+    est = Estimator(scenario)
+    kept, freed = (est.estimate(est.choice_of(o)) for o in (options, released))
+    assert kept.time_per_iter_s == freed.time_per_iter_s
+    cost = {name: call_cost(scenario.dataflow.call(name), scenario.model_of(scenario.dataflow.call(name)),
+                            scenario.cluster, o) for name, o in options.items() if name != "reward_inf"}
+    # every call on the 8 GPUs: the actor's sharded state held throughout, generation's share (its working
+    # set and its own copy of the weights) beside the update's working set, the busiest other call
+    share = cost["actor_gen"].working_bytes + cost["actor_gen"].weights_bytes
+    others = max(cost[n].working_bytes + (cost[n].weights_bytes if n == "ref_inf" else 0) for n in ("ref_inf", "actor_train"))
+    assert kept.peak_mem_bytes == pytest.approx(cost["actor_train"].master_bytes + share + others, rel=1e-9)
+    assert freed.peak_mem_bytes < kept.peak_mem_bytes
+    out = job / "awake-verl" / "job.yaml"
+    out.parent.mkdir()
+    code, _, err = cli("export", "--plan", str(job / "awake" / "awake-plan.yaml"), "--format", "verl", "--out", str(out))
+    assert code == 0, err
+    assert verl_check("validate", out)["free_cache_engine"] is False
+    _, again, _ = imported(cli, out.parent, "job.yaml", out="back", name="back")
+    assert again["calls"]["actor_gen"] == plan["calls"]["actor_gen"]
+
+
 def exported_and_checked(cli, verl_check, plan, out: Path) -> dict:
     """`plan` exported as verl's configuration `out` (in a new folder) and checked by verl's own code
     on a trainer's pool of 8 GPUs: what the check says of it."""

@@ -252,3 +252,9 @@ def test_the_runtime_refuses_by_name_what_only_the_engines_run(field):
     with pytest.raises(ConfigError) as e:
         refuse_unrunnable(scenario, changed)
     assert e.value.field == f"calls.actor_train.{field}"
+    # a serving engine's server that keeps its memory through the step (an engine plan's generation)
+    gen = options["actor_gen"]
+    awake = {**options, "actor_gen": replace(gen, strategy=replace(gen.strategy, keeps_memory=True))}
+    with pytest.raises(ConfigError) as e:
+        refuse_unrunnable(scenario, awake)
+    assert e.value.field == "calls.actor_gen.keeps_memory"

@@ -61,19 +61,21 @@ def test_layout_ids_are_digits_that_tell_layouts_apart_past_4096_devices():
     n = 4096
     fields = np.stack([rng.integers(1, D + 1, n), rng.integers(1, D + 1, n), rng.integers(1, 9, n), rng.integers(0, 4, n),
                        *(rng.integers(0, 2, n) for _ in range(4)), rng.integers(1, D + 1, n),
-                       rng.integers(1, D + 1, n), rng.integers(1, 9, n)], axis=1)  # (ep, the devices an expert spans)
-    fields = np.vstack([fields, [1, 1, 1, 3, 0, 0, 0, 0, 6144, 1, 1], [1, 1, 1, 3, 0, 0, 0, 1, 2048, 1, 1]])
+                       rng.integers(1, D + 1, n), rng.integers(1, 9, n),  # (ep, the devices an expert spans)
+                       rng.integers(0, 2, n)], axis=1)  # (a serving engine keeping its memory)
+    fields = np.vstack([fields, [1, 1, 1, 3, 0, 0, 0, 0, 6144, 1, 1, 0], [1, 1, 1, 3, 0, 0, 0, 1, 2048, 1, 1, 0]])
     placed = est._placement(np.zeros(len(fields), dtype=np.int64), np.full(len(fields), D), fields)
     layout = placed["layout_id"]
     assert layout[-1] != layout[-2]
     # a mixture of experts' layout is an id of its own, (ep, etp) as digits of radix D + 1
     assert np.array_equal(np.stack(np.divmod(placed["expert_layout"], D + 1), axis=1), fields[:, [9, 10]])
     ids, digits = layout, []
-    for radix in (D + 1, 2, 2, 2, 2, 4):  # the shards, host Adam, optimizer and parameter offload, merged, zero
+    # a server keeping its memory, the shards, host Adam, optimizer and parameter offload, merged, zero
+    for radix in (2, D + 1, 2, 2, 2, 2, 4):
         ids, digit = np.divmod(ids, radix)
         digits.append(digit)
     tp, pp = np.divmod(ids, D + 1)
-    assert np.array_equal(np.stack([tp, pp, *digits[::-1]], axis=1), fields[:, [0, 1, 3, 4, 5, 6, 7, 8]])
+    assert np.array_equal(np.stack([tp, pp, *digits[::-1]], axis=1), fields[:, [0, 1, 3, 4, 5, 6, 7, 8, 11]])
 
 
 @pytest.mark.parametrize("name", ["small-ppo", "small-ppo-memory-bound", "dpo-tiny-cpu", "dpo-7b-8gpu"])
@@ -294,6 +296,30 @@ class TwoPlans:
         t = self.times[choices[:, 0]]
         self.seen.append(choices[:, 0].copy())
         return t, np.zeros(len(t)), np.ones(len(t), dtype=bool)
+
+
+class TightMemory(TwoPlans):
+    """Two calls of four options each whose memories add up: the start (0, 0) holds 20 of a
+    capacity of 5, every change of one call alone still too much (9 or 13), both changed 2."""
+
+    def __init__(self):
+        self.n = 2
+        self.pruned = [np.arange(4), np.arange(4)]
+        self.memory = (np.array([12.0, 11.0, 1.0, 1.0]), np.array([8.0, 8.0, 1.0, 1.0]))
+
+    def objective(self, choices):
+        mem = self.memory[0][choices[:, 0]] + self.memory[1][choices[:, 1]]
+        return 1.0 + choices.sum(axis=1) / 10, mem, mem <= 5
+
+
+def test_mcmc_finds_a_fitting_plan_two_changes_away_from_an_infeasible_start():
+    from realbench.search.events import Tracker
+    from realbench.search.mcmc import mcmc
+
+    tracker = Tracker("mcmc", 600, max_evaluations=4000)
+    mcmc(TightMemory(), np.array([0, 0]), tracker, seed=0, chains=4)
+    # the fastest plan that fits: both calls at option 2 (memory 2, time 1.4)
+    assert tracker.best_choice == (2, 2) and tracker.best_time == pytest.approx(1.4)
 
 
 def test_metropolis_acceptance_frequencies_match_exp_of_minus_beta_delta():

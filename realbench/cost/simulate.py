@@ -56,7 +56,7 @@ from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
 COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "shard", "merge_lora", "offload_params",
-           "node", "mesh_id", "layout_id", "ep", "etp", "expert_layout", "working", "weights", "master_bytes")
+           "node", "mesh_id", "layout_id", "ep", "etp", "expert_layout", "keeps_memory", "working", "weights", "master_bytes")
 COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
@@ -369,33 +369,35 @@ class Estimator:
         equal exactly when two options share a mesh (across calls), and one equal exactly when two
         options on one mesh share a layout. `strategy`: (tp, pp, micro-batches, zero, merge_lora,
         offload_params, offload_optimizer, host_adam, the devices the state is sharded over, ep, the
-        devices an expert is split over) per option, see `_strategy_fields`. A mixture of experts'
+        devices an expert is split over, keeps_memory) per option, see `_strategy_fields`. A mixture of experts'
         expert layout (ep, etp) is its own id beside the layout's, `expert_layout`, which two options
         of one layout share exactly when they split the experts alike."""
         G, D = self.cluster.gpus_per_node, self.cluster.n_devices
         mesh_id = lo * (D + 1) + size
         node = np.where(size <= G, lo // G, -1)
         # options of one layout (on one mesh: tp, pp, zero and its shard group, merged LoRA or not,
-        # offloaded or not, Adam on the host or not) hold the same weights and states between calls:
-        # they differ in time and working memory only (the search's dominance pruning,
-        # SearchSpace.pruned). Digits of radix D + 1 for the counts (each at most D), 2 and 4 for the
-        # flags and zero: 3 log2(D + 1) + 6 bits, exact in int64 up to 2^19 devices
+        # offloaded or not, Adam on the host or not, a serving engine keeping its memory or not) hold
+        # the same weights and states between calls: they differ in time and working memory only (the
+        # search's dominance pruning, SearchSpace.pruned). Digits of radix D + 1 for the counts (each
+        # at most D), 2 and 4 for the flags and zero: 3 log2(D + 1) + 7 bits, exact in int64 up to
+        # 2^18 devices
         R = D + 1
-        layout_id = (((((((strategy[:, 0] * R + strategy[:, 1]) * 4 + strategy[:, 3]) * 2 + strategy[:, 4]) * 2
-                        + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]) * R + strategy[:, 8])
+        layout_id = ((((((((strategy[:, 0] * R + strategy[:, 1]) * 4 + strategy[:, 3]) * 2 + strategy[:, 4]) * 2
+                         + strategy[:, 5]) * 2 + strategy[:, 6]) * 2 + strategy[:, 7]) * R + strategy[:, 8]) * 2
+                     + strategy[:, 11])
         return {"lo": lo, "hi": lo + size, "tp": strategy[:, 0], "pp": strategy[:, 1],
                 "micro_batches": strategy[:, 2], "zero": strategy[:, 3], "shard": strategy[:, 8],
                 "merge_lora": strategy[:, 4],
                 "offload_params": strategy[:, 5], "node": node,
                 "mesh_id": mesh_id,
                 "layout_id": layout_id, "ep": strategy[:, 9], "etp": strategy[:, 10],
-                "expert_layout": strategy[:, 9] * R + strategy[:, 10]}
+                "expert_layout": strategy[:, 9] * R + strategy[:, 10], "keeps_memory": strategy[:, 11]}
 
     @staticmethod
     def _strategy_fields(strategies) -> np.ndarray:
         return np.array([(s.tp, s.pp, s.micro_batches, s.zero, s.merge_lora, s.offload_params, s.offload_optimizer,
-                          s.host_adam, s.state_shards, s.ep, s.expert_tp) for s in strategies],
-                        dtype=np.int64).reshape(-1, 11)
+                          s.host_adam, s.state_shards, s.ep, s.expert_tp, s.keeps_memory) for s in strategies],
+                        dtype=np.int64).reshape(-1, 12)
 
     def _table(self, i: int) -> dict[str, np.ndarray]:
         """Every column of call i (built once)."""
@@ -562,6 +564,14 @@ class Estimator:
         held_hi = [self.hi[m][C[:, m]] for m in masters] + [self.hi[i][C[:, i]] for i in kept]
         held_bytes = [self.master_bytes[m][C[:, m]] for m in masters] + \
             [np.where(copy[:, i] & ~merged[i], self.weights[i][C[:, i]], 0.0) for i in kept]
+        # a serving engine that keeps its memory through the step (Strategy.keeps_memory): its share
+        # of each GPU held on its mesh as a master copy is, beside every call there
+        servers = [i for i in np.flatnonzero(chosen) if self.calls[i].kind == CallKind.GENERATE]
+        awake = {i: self.keeps_memory[i][C[:, i]].astype(bool) for i in servers}
+        held_lo += [self.lo[i][C[:, i]] for i in servers]
+        held_hi += [self.hi[i][C[:, i]] for i in servers]
+        held_bytes += [np.where(awake[i], self.working[i][C[:, i]]
+                                + np.where(copy[:, i], self.weights[i][C[:, i]], 0.0), 0.0) for i in servers]
         m_lo = np.stack(held_lo, axis=1) if held_lo else np.zeros((len(C), 0))
         m_hi = np.stack(held_hi, axis=1) if held_hi else m_lo
         m_bytes = np.stack(held_bytes, axis=1) if held_bytes else np.zeros(m_lo.shape)
@@ -577,6 +587,8 @@ class Estimator:
             if i in kept:  # held between steps (above) unless merged
                 own_copy = own_copy & merged[i]
             t = self.working[i][k] + np.where(own_copy, self.weights[i][k], 0.0)
+            if i in awake:  # (held through the step, above)
+                t = np.where(awake[i], 0.0, t)
             m = self.master_of[i]
             if m != i and chosen[m] and self.calls[m].kind == CallKind.TRAIN:  # brought in from the host
                 off = self.offload_params[m][C[:, m]].astype(bool) & ~copy[:, i]

@@ -199,6 +199,12 @@ class Strategy:
     # (ep 1: each replica holds every expert, split as tp splits it)
     ep: int = 1
     etp: int = 0
+    # generation by an engine's serving engine colocated with other calls: the server keeps its
+    # share of each GPU (its weights and KV cache) through the whole step instead of releasing it
+    # after generating (verl's rollout.free_cache_engine false, OpenRLHF's hybrid engine without
+    # --vllm.enable_sleep): the other calls on its devices run beside it. An engine's, which
+    # realbench's runtime does not run
+    keeps_memory: bool = False
 
     @property
     def size(self) -> int:
@@ -228,7 +234,8 @@ class Strategy:
                 + (f"sp{self.sp}" if self.sp > 1 else "") + ({"allgather": "ring", "p2p": "cp"}.get(self.ring, ""))
                 + (f"h{self.shard_group}" if self.shard_group else "")
                 + (f"f{self.memory_fraction:g}" if self.memory_fraction is not None else "")
-                + (f"ep{self.ep}" if self.ep > 1 else "") + (f"etp{self.etp}" if self.etp else ""))
+                + (f"ep{self.ep}" if self.ep > 1 else "") + (f"etp{self.etp}" if self.etp else "")
+                + ("kept" if self.keeps_memory else ""))
 
 
 @dataclass(frozen=True, slots=True)

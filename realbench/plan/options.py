@@ -136,7 +136,8 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
     if isinstance(model, FunctionSpec):
         if (s.tp, s.pp, s.micro_batches, s.virtual_stages, s.zero, s.merge_lora, s.offload_params,
                 s.offload_optimizer, s.host_adam, s.max_tokens, s.sp, s.ring, s.shard_group, s.memory_fraction,
-                s.ep, s.etp) != (1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0, None, 1, 0):
+                s.ep, s.etp, s.keeps_memory) != (1, 1, 1, 1, 0, False, False, False, False, None, 1, "", 0, None, 1, 0,
+                                                 False):
             return "dp", f"a reward function ({model.name}) splits its responses over dp only: tp, pp and micro_batches are 1"
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
@@ -188,6 +189,9 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         problem = max_tokens_problem(call, s)
         if problem:
             return "max_tokens", problem
+    if s.keeps_memory and (call.kind != CallKind.GENERATE or served_call(call, s).memory_fraction is None):
+        return "keeps_memory", ("a server keeping its memory through the step is a serving engine's: a generation's "
+                                "with a share of each GPU's memory (memory_fraction)")
     if s.memory_fraction is not None:
         problem = memory_fraction_problem(call, s)
         if problem:

@@ -102,6 +102,10 @@ class Placement(FileModel):
     # each routed expert split over this many devices (Megatron's expert_tensor_parallel_size);
     # absent: tp's
     etp: Optional[int] = Field(default=None, ge=1)
+    # generation by an engine's serving engine: true, the server keeps its share of each GPU through
+    # the whole step, beside the calls after it (verl's rollout.free_cache_engine false); absent:
+    # released after generating, as the engines default
+    keeps_memory: Optional[bool] = None
 
 
 class Origin(FileModel):
@@ -153,7 +157,8 @@ def plan_from_options(scenario: Scenario, options: dict[str, Option], origin: Op
                                 ring=o.strategy.ring or None, shard_group=o.strategy.shard_group or None,
                                 slots=decode_slots(call, o) if continuous else None,
                                 memory_fraction=o.strategy.memory_fraction,
-                                ep=o.strategy.ep if o.strategy.ep > 1 else None, etp=o.strategy.etp or None)
+                                ep=o.strategy.ep if o.strategy.ep > 1 else None, etp=o.strategy.etp or None,
+                                keeps_memory=True if o.strategy.keeps_memory else None)
     staleness = scenario.dataflow.max_staleness
     return Plan(scenario=scenario_ref or scenario.name, calls=calls, max_staleness=staleness or None, origin=origin)
 
@@ -187,7 +192,8 @@ def resolve_plan(plan: Plan, scenario: Scenario) -> dict[str, Option]:
                                         bool(p.offload_params), bool(p.offload_optimizer), bool(p.host_adam),
                                         p.max_tokens, p.sp or 1, _ring_of(p), p.shard_group or 0,
                                         p.memory_fraction, p.ep or 1,
-                                        0 if p.etp in (None, p.tp) else p.etp))  # (etp tp's: one strategy)
+                                        0 if p.etp in (None, p.tp) else p.etp,  # (etp tp's: one strategy)
+                                        bool(p.keeps_memory)))
         problem = option_problem(call, scenario.models[call.model], scenario.cluster, option)
         if problem:
             raise ConfigError(problem[1], f"calls.{name}.{problem[0]}")
@@ -329,6 +335,10 @@ def refuse_unrunnable(scenario: Scenario, options: dict[str, Option]) -> None:
             raise ConfigError(f"zero {o.strategy.zero}: realbench's runtime keeps every replica's weights, "
                               "gradients and optimizer states whole; ZeRO / FSDP layouts are priced for the engines "
                               "that run them (verl, OpenRLHF, AReaL)", f"calls.{name}.zero")
+        if o.strategy.keeps_memory:
+            raise ConfigError("realbench's runtime frees its rollout's KV cache after generating; a serving engine "
+                              "that keeps its memory through the step is priced for the engines that run one (verl, "
+                              "OpenRLHF)", f"calls.{name}.keeps_memory")
         if o.strategy.memory_fraction is not None:
             raise ConfigError("realbench's runtime preallocates its rollout's KV cache for its decode slots; a serving "
                               "engine's share of each GPU's memory is priced for the engines that run one (verl, "

@@ -6,7 +6,11 @@ another strategy, or the same strategy on another mesh). A chain at inverse temp
 accepts a proposal that is faster always, and a slower one with probability
     exp(-beta * (t_new - t_cur) / t_cur)
 computed in floating point (the reference code's integer division accepted every move).
-Plans that do not fit in memory are rejected. The chains form a temperature ladder (beta from
+Plans that do not fit in memory are rejected. A chain whose plan does not fit (the baselines of
+a job whose memory is tight) accepts a proposal that fits, or one that needs less memory than its
+own: a descent on the peak memory, since a fitting plan may lie two or more calls' changes away
+(generation's share of the GPU and training's micro-batches together), which single changes that
+must fit at once would never reach. The chains form a temperature ladder (beta from
 `beta_min` to `beta_max`, geometric) and neighbours swap states with the replica-exchange rule
 min(1, exp((beta_i - beta_j)(e_i - e_j))) on relative times, so hot chains explore and cold
 chains refine. All chains start from the best baseline plan. The proposals of all chains are
@@ -74,6 +78,7 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
     cur_t, cur_m, feasible = space.objective(state)
     tracker.observe(state, cur_t, cur_m, feasible)
     cur_t = np.where(feasible, cur_t, np.inf)  # an infeasible start accepts its first feasible move
+    cur_m = np.asarray(cur_m, dtype=np.float64).copy()
     step = 0
     while not tracker.should_stop():
         proposal = state.copy()
@@ -95,8 +100,11 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
         uphill = ok & (rel > 0)
         stats.uphill_proposed += uphill
         stats.uphill_accepted += uphill & accept
+        # (a chain that does not fit yet: toward less memory, above)
+        accept |= ~np.isfinite(cur_t) & ~ok & np.isfinite(t) & (mem < cur_m)
         state[accept] = proposal[accept]
-        cur_t = np.where(accept, t, cur_t)
+        cur_t = np.where(accept, np.where(ok, t, np.inf), cur_t)
+        cur_m = np.where(accept, mem, cur_m)
         step += 1
         if step % swap_every == 0 and chains > 1:
             ref = np.min(cur_t[np.isfinite(cur_t)]) if np.isfinite(cur_t).any() else 1.0

@@ -64,8 +64,9 @@ What OpenRLHF can express (source files of the openrlhf 0.11.2 wheel, `openrlhf/
 Not priced, and said so wherever an OpenRLHF plan is read or written (`PRICING_GAPS`). Refused by
 name (a flag changed from its default that realbench neither prices nor knows to leave time and
 memory alone): ring attention with another head stride, partial
-rollouts, agents and remote reward servers, LoRA on a critic, a hybrid
-engine whose vLLM keeps its memory while DeepSpeed trains (without `--vllm.enable_sleep`).
+rollouts, agents and remote reward servers, LoRA on a critic. A hybrid engine whose vLLM keeps its
+memory while DeepSpeed trains (without `--vllm.enable_sleep`) is read as `keeps_memory` on its
+generation.
 
 Read: `read_config` takes a launch script (the words after `openrlhf.cli.train_ppo_ray`, up to
 the shell's next command) or a file of flags, and overrides `flag=value`, through an argument

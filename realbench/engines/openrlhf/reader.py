@@ -250,10 +250,6 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     if hybrid and engines * rollout_tp != W_a:
         raise ConfigError(f"{engines} engines x tp {rollout_tp} != the actor's {W_a} GPUs: the hybrid engine puts a "
                           "vLLM worker on every actor GPU (cli/train_ppo_ray.py:56-64)", "--vllm.num_engines", source)
-    if hybrid and not s["vllm.enable_sleep"]:
-        raise ConfigError("is off under --train.colocate_all: vLLM keeps its share of every GPU while DeepSpeed "
-                          "trains, which realbench does not price (it prices generation's memory released after it)",
-                          "--vllm.enable_sleep", source)
     groups = [("actor", W_a)]
     if reference and not (colocated or with_ref):
         groups.append(("ref", width("ref")))
@@ -328,7 +324,10 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     calls: dict[str, dict] = {
         "actor_gen": {"mesh": meshes["vllm"], "dp": engines, "tp": rollout_tp, "pp": 1,
                       "micro_batches": rounds(even_share(rows, engines, "samples", "--vllm.num_engines", source),
-                                               VLLM_MAX_NUM_SEQS)},
+                                               VLLM_MAX_NUM_SEQS),
+                      # (the hybrid engine without --vllm.enable_sleep: vLLM keeps its share of every GPU
+                      # while DeepSpeed trains)
+                      **({"keeps_memory": True} if hybrid and not s["vllm.enable_sleep"] else {})},
         "actor_train": trained("actor")}
     if reference:
         calls["ref_inf"] = forward("ref", forward_zero)

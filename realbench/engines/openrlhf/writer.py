@@ -155,7 +155,7 @@ def _settings(scenario: Scenario, options: dict[str, Option]) -> dict[str, Any]:
         if not all_on_actor:
             raise ConfigError("under the hybrid engine a critic or reward model takes the actor's first GPUs, or both "
                               "share their own (--train.colocate_critic_reward)", "calls.critic_train.mesh")
-        out.update({"train.colocate_all": True, "vllm.enable_sleep": True,
+        out.update({"train.colocate_all": True, "vllm.enable_sleep": not gen.keeps_memory,
                     "train.colocate_critic_reward": bool(own)})
     elif staleness and all_on_actor and any(beside_actor(m) for m in (C, RM)):
         # asynchronous under colocate_all: the DeepSpeed models on the actor's GPUs, vLLM apart

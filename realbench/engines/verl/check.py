@@ -150,7 +150,7 @@ def validate(config: str, overrides: list[str]) -> dict:
             # the old log-probabilities: the rollout's (bypass, which needs them returned) or a forward's
             "bypass_mode": bool(cfg.algorithm.rollout_correction.bypass_mode), "rollout_name": rollout.name,
             # the share of each GPU's memory the rollout's server takes (realbench's memory_fraction)
-            "memory_fraction": rollout.gpu_memory_utilization,
+            "memory_fraction": rollout.gpu_memory_utilization, "free_cache_engine": rollout.free_cache_engine,
             # the context a request to it may take (realbench's max_model_len, vLLM's)
             "max_model_len": rollout.max_model_len,
             "calculate_log_probs": rollout.calculate_log_probs,

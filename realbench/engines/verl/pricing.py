@@ -18,7 +18,7 @@ from realbench.engines.documents import budget_row, lora_problem, packs, serving
 from realbench.engines.verl.packer import mean_count
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB, BYPASS, CAPTURE_SIZES, CRITIC_BUDGET,
                                              CRITIC_SP_UNREAD, CUDAGRAPH_MODE, DECODE_CAPTURED, DTYPE_NAMES,
-                                             ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR, ESTIMATORS, EXPERT_KEYS,
+                                             ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FREE_CACHE,
                                              FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS, HYBRID, LAYERED_SUMMON,
                                              LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY,
                                              MIRRORED, MIXED_PRECISION, MIXED_PRECISION_BLOCKS, MODEL_PATHS, OFFLOAD_BLOCK,
@@ -386,10 +386,7 @@ def refuse_unpriced(engine: str, settings: dict[str, Any], given: set[str], sour
 UNPRICED_BECAUSE = {
     f"{R}.enforce_eager": ("the rollout's server then decodes without CUDA graphs, launching every kernel of every "
                            "step (workers/rollout/vllm_rollout/vllm_async_server.py:339), where realbench prices a "
-                           "decode step's launches as CUDA graphs run them"),
-    f"{R}.free_cache_engine": ("the rollout's server then keeps its share of every GPU through training (its sleep "
-                               "and wake-up skipped, vllm_async_server.py:853-862), where realbench prices a "
-                               "colocated rollout's memory released while the trainer runs")}
+                           "decode step's launches as CUDA graphs run them")}
 
 
 def _formed(step: StepRows, rows: int, ranks: int, budget: int, divided_by: Optional[int] = None,
@@ -419,7 +416,7 @@ def _divided_by(pp: int, virtual_stages: int) -> Optional[int]:
     return pp if virtual_stages > 1 else None
 
 
-READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE,
+READ = {BYPASS, MAX_MODEL_LEN, LAYERED_SUMMON, CUDAGRAPH_MODE, FREE_CACHE,
         *(k for keys in SEQUENCE_PARALLEL.values() for k in keys if k),
         "trainer.nnodes", "trainer.n_gpus_per_node", *V1_KEYS, HYBRID, *ROLLOUT_POOL,
         "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "algorithm.adv_estimator",

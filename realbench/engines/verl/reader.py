@@ -25,7 +25,7 @@ from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_pr
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
                                              CRITIC_BUDGET, ENGINES, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE,
                                              FSDP_VERSIONS, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
-                                             MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK,
+                                             MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK, FREE_CACHE,
                                              ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS, PARAM_OFFLOAD, POOL, R,
                                              READ_ENGINE_KWARGS, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP,
                                              ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL, SERVERS, STRATEGY,
@@ -571,7 +571,8 @@ def to_plan(engine: str, s: dict[str, Any], given: set[str], name: str, device: 
     calls = {
         "actor_gen": {"mesh": rollout_pool.label(per_node), "dp": replicas, "tp": rollout_tp, "pp": 1,
                       "micro_batches": rounds(rows // replicas, int(s[f"{R}.max_num_seqs"])),
-                      **_rollout_experts(s, rollout_tp, rollout_pool, server, specs("actor"), source)},
+                      **_rollout_experts(s, rollout_tp, rollout_pool, server, specs("actor"), source),
+                      **({"keeps_memory": True} if not one_step_off and not s[FREE_CACHE] else {})},
         "actor_train": {"dp": groups["actor"], "tp": tp, "pp": pp, "micro_batches": train_micro_batches("actor"),
                         "activation_checkpointing": _checkpointing(engine, s, "actor"), "virtual_stages": v,
                         "zero": zeros["actor"], **offloads("actor"), **sequence_parallel("actor"),

@@ -113,6 +113,11 @@ SERVERS = ("vllm", "sglang")  # the rollouts realbench writes (rollout.name; one
 # sglang_rollout/async_sglang_server.py:317): the generation call's memory_fraction, verl's default
 # where a scenario gives none
 MEMORY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+# whether the colocated rollout's server releases its share of each GPU after generating (True, verl's
+# default: its sleep and wake-up, workers/rollout/vllm_rollout/vllm_async_server.py:853-862) or keeps it
+# through the step (False: realbench's Strategy.keeps_memory); the one-step-off entry's rollout, on GPUs
+# of its own, keeps it (ONE_STEP_OFF_SETTINGS), which changes nothing there
+FREE_CACHE = "actor_rollout_ref.rollout.free_cache_engine"
 
 # the context a request to the rollout's server may take; unset, the actor checkpoint's
 # max_position_embeddings (workers/rollout/vllm_rollout/vllm_async_server.py:1102-1111,

@@ -18,7 +18,7 @@ from realbench.engines.dotted import nest
 from realbench.engines.verl.pricing import (MEMORY_FRACTION, _critic_counts, _divided_by, _formed, _mean_budget,
                                             _remove_padding, _step_rows, logits_paths)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUILTIN_REWARD, BYPASS, ENTRY, ESTIMATORS, FSDP_SIZE,
-                                             FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEMORY,
+                                             FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEMORY, FREE_CACHE,
                                              OFFLOAD_BLOCK, ONE_STEP_OFF_ENTRY, ONE_STEP_OFF_SETTINGS, R,
                                              REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP, ROLLOUT_EP,
                                              ROLLOUT_POOL, SEQUENCE_PARALLEL, TEACHER, TEACHER_SERVER, DISTILL, VERSION,
@@ -132,6 +132,7 @@ def to_config(scenario: Scenario, options: dict[str, Option], model_paths: dict[
         **({ROLLOUT_DP: gen.ep // gen.tp, ROLLOUT_EP: gen.ep} if gen.ep > 1 else {}),
         f"{R}.max_num_seqs": math.ceil(g.seqs / gen.dp / gen.micro_batches),
         MEMORY: served_call(g, gen).memory_fraction or MEMORY_FRACTION,
+        **({FREE_CACHE: False} if gen.keeps_memory else {}),
         # (the least verl runs the plan with: a sequence, where the checkpoint's positions could ask
         # more of the KV cache than the plan was priced with)
         MAX_MODEL_LEN: g.max_model_len or g.seq_len,
