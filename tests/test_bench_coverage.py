@@ -228,6 +228,34 @@ def test_areal_yaml_files_that_are_no_rl_experiment_are_counted_apart(tmp_path):
     assert coverage.areal_kind(tmp_path / "grpo.yaml") is None
 
 
+def test_an_areal_example_without_a_prompt_cap_is_priced_with_the_stand_in(tmp_path):
+    """AReaL keeps every prompt where train_dataset.max_length is unset; realbench would price them at
+    gconfig.max_tokens less max_new_tokens, rows no micro-batch of the example holds. The bench gives
+    such an example the stand-in cap (1,024 tokens, as AReaL's math examples set), and only such a one."""
+    from test_engine_areal import GSM8K_GRPO
+
+    root = tmp_path / "examples"
+    (root / "math").mkdir(parents=True)
+    capped = root / "math" / "grpo capped.yaml"
+    example = GSM8K_GRPO.replace("path: ckpt", "path: Qwen/Qwen3-0.6B")  # (a hub id: its catalogue stand-in)
+    capped.write_text(example)
+    uncapped = root / "math" / "boba grpo.yaml"
+    uncapped.write_text(example.replace("  max_length: 1024\n", "", 1)
+                        .replace("max_tokens: 2048", "max_tokens: 32768", 1).replace("max_tokens_per_mb: 10240", "max_tokens_per_mb: 4096"))
+    assert coverage.prompt_cap_stand_in(capped) == []
+    assert coverage.prompt_cap_stand_in(uncapped) == ["train_dataset.max_length=1024"]
+    work = tmp_path / "work"
+    work.mkdir()
+    assert coverage.examine("areal", uncapped, root, work).status == "priced"
+    from realbench.engines import import_config
+    from realbench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:  # as a user's import without the cap reads it
+        import_config("areal", str(uncapped), ["train_dataset.path=data", "actor.path=qwen3-0.6b"],
+                      str(tmp_path / "out"), name="job")
+    assert e.value.field == "train_dataset.max_length" and "set it to the data's longest prompt" in e.value.message
+
+
 def test_a_refusal_is_stored_as_its_user_reads_it_without_this_machines_paths():
     """A script's sandbox home and this machine's home become `~`, a required variable's path its
     `$NAME`; the stored measurement holds neither machine's paths."""

@@ -265,6 +265,18 @@ def with_stand_ins(engine: str, path: Path, overrides: list[str], folder: Path) 
 # model's config is (the examples' data sets are not read here), 256 tokens: a 448 x 448 image in
 # Qwen2.5-VL's 28-pixel merged patches, 512 x 512 in Qwen3-VL's 32-pixel ones
 IMAGE_TOKENS_STAND_IN = 256
+# The prompt cap an AReaL example that sets none (train_dataset.max_length: AReaL then keeps every
+# prompt, and realbench would price prompts at gconfig.max_tokens less max_new_tokens) is priced with:
+# a stand-in, as the data sets are not read here, 1,024 tokens, the cap AReaL's own math examples set
+PROMPT_CAP_STAND_IN = 1024
+
+
+def prompt_cap_stand_in(file: Path) -> list[str]:
+    """The override that gives an AReaL example without a prompt cap PROMPT_CAP_STAND_IN, or none."""
+    from realbench.schema import read_document
+
+    data = read_document(file, schema=False).get("train_dataset") or {}
+    return [] if data.get("max_length") is not None else [f"train_dataset.max_length={PROMPT_CAP_STAND_IN}"]
 
 
 def price(engine: str, path: Path, overrides: list[str], out: Path) -> float:
@@ -350,7 +362,7 @@ def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optiona
             if what:
                 example.status, example.reason = "not_rl", what
                 return example
-            path, overrides = file, ["train_dataset.path=data"]
+            path, overrides = file, ["train_dataset.path=data", *prompt_cap_stand_in(file)]
         else:
             module, args, others = rl_launch(engine, captured_launches(file))
             if module is None:
