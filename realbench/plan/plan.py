@@ -19,7 +19,9 @@
       #   attention over the sp devices instead (OpenRLHF's), with ring: p2p, beside tp and pp under
       #   zero 0 or 1, Megatron's context parallelism (verl's and AReaL's; priced, not run here)
       # on a generation by an engine's serving engine: memory_fraction: 0.7 (the share of each GPU's
-      #   memory the server takes, over the scenario's dataflow.memory_fraction; priced, not run here)
+      #   memory the server takes, over the scenario's dataflow.memory_fraction; priced, not run here),
+      #   keeps_memory: true (the server holds that share through the whole step, beside the calls on
+      #   its GPUs: verl's free_cache_engine false; priced, not run here)
       # on inference and train calls under zero 2 or 3: shard_group: 8 (the state sharded within
       #   groups of 8 devices, replicated across them: FSDP's hybrid sharding, verl's fsdp_size;
       #   priced, not run here)
