@@ -154,6 +154,27 @@ def test_every_example_is_priced_or_counted_apart_by_name(examples, cli, monkeyp
         "Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"}
 
 
+def test_what_a_script_writes_stays_out_of_the_users_clone(cli, tmp_path, monkeypatch):
+    """verl's scripts make a logs folder and tee the run into it, write a helper script where they
+    run, or remove a folder: run by the bench from a mirror of the repository with those commands
+    stubbed, they leave the user's clone as it was (a file of the user's of the same name unchanged),
+    and realbench writes its own configs elsewhere too."""
+    repository = tmp_path / "verl"
+    (repository / "examples" / "grpo_trainer").mkdir(parents=True)
+    (repository / "get_model.py").write_text("# the user's own\n")
+    launch = VERL_GRPO.split("python3 -m", 1)
+    (repository / "examples" / "grpo_trainer" / "run_logged.sh").write_text(
+        launch[0] + "mkdir -p logs\nrm -rf checkpoints\ncat > get_model.py <<EOF\nprint('downloading')\nEOF\n"
+        "python3 -m" + launch[1].rstrip().removesuffix('"$@"') + '"$@" 2>&1 | tee logs/run.log\n')
+    (repository / "checkpoints").mkdir()
+    before = {p: p.read_bytes() if p.is_file() else None for p in repository.rglob("*")}
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("bench", "coverage", "--examples", "verl=verl/examples", "--json")
+    assert code == 0, err
+    assert json.loads(out)["engines"]["verl"]["priced"] == 1
+    assert {p: p.read_bytes() if p.is_file() else None for p in repository.rglob("*")} == before
+
+
 def test_a_folder_that_is_not_there_is_one_line_and_status_2(cli, tmp_path):
     code, _, err = cli("bench", "coverage", "--examples", f"verl={tmp_path / 'absent'}")
     assert code == 2 and err.count("\n") == 1 and "no such folder" in err

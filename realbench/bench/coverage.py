@@ -50,7 +50,12 @@ RECORDED = ("python", "python3", "torchrun", "accelerate", "deepspeed")
 STUBS = {"nvidia-smi": "for i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)\"; done",
          "npu-smi": "exit 1", "ray": 'while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done; shift; exec "$@"',
          "hf": "exit 0", "huggingface-cli": "exit 0", "wandb": "exit 0", "pip": "exit 0", "pip3": "exit 0",
-         "git": "exit 0", "wget": "exit 0", "sleep": "exit 0", "hostname": "echo node0"}
+         "git": "exit 0", "wget": "exit 0", "sleep": "exit 0", "hostname": "echo node0",
+         # (nothing the script would write reaches a file: its logs pass through, its folders, copies
+         # and package installs are not made; what bash itself redirects lands in the sandbox it runs in,
+         # `sandboxed`)
+         "tee": "exec cat", "mkdir": "exit 0", "touch": "exit 0", "rm": "exit 0", "cp": "exit 0", "mv": "exit 0",
+         "ln": "exit 0", "chmod": "exit 0", "sudo": "exit 0", "apt": "exit 0", "apt-get": "exit 0", "curl": "exit 0"}
 RECORDER = r'''#!/usr/bin/env python3
 import json, os, sys
 args = sys.argv[1:]
@@ -163,6 +168,22 @@ def captured_launches(script: Path, timeout_s: float = 30.0) -> list[dict]:
         return [json.loads(line) for line in capture.read_text().splitlines() if line.strip()]
 
 
+def sandboxed(repository: Path, mirror: Path) -> Path:
+    """`mirror`, a folder holding the repository's folders (linked) and copies of its files: a script
+    run there reads the repository's files by the paths it gives them, and a file it writes where it
+    runs (a log, a helper script, one of the repository's own files) lands in the mirror. (A link to
+    a file would lead the write back to the user's.)"""
+    import shutil
+
+    mirror.mkdir()
+    for entry in repository.iterdir():
+        if entry.is_dir():
+            (mirror / entry.name).symlink_to(entry, target_is_directory=True)
+        elif entry.is_file():
+            shutil.copyfile(entry, mirror / entry.name)
+    return mirror
+
+
 def _host_python() -> str:
     import sys
 
@@ -192,10 +213,11 @@ def rl_launch(engine: str, launches: list[dict]) -> tuple[Optional[str], list[st
     return None, [], others
 
 
-def verl_job(args: list[str], folder: Path) -> tuple[Path, list[str]]:
+def verl_job(args: list[str], folder: Path, work: Path) -> tuple[Path, list[str]]:
     """(a Hydra primary config, the overrides) of verl's main_ppo arguments: --config-name names
     ppo_trainer, ppo_megatron_trainer or the one-step-off entry's config (a config of the example's
-    own folder is read as it is), the rest are overrides."""
+    own `folder` is read as it is; realbench's own primary is written in `work`, not beside the
+    example), the rest are overrides."""
     name, path, overrides = "ppo_trainer", None, []
     it = iter(args)
     for a in it:
@@ -213,7 +235,7 @@ def verl_job(args: list[str], folder: Path) -> tuple[Path, list[str]]:
     own = (folder / path / f"{name}.yaml") if path else None
     if own is not None and own.is_file():
         return own, overrides
-    primary = folder / f".realbench-{name}.yaml"
+    primary = work / f".realbench-{name}.yaml"
     # (the searchpath: verl's own composition finds ppo_trainer there, as main_ppo's config path does)
     primary.write_text(f"hydra:\n  searchpath: [pkg://verl.trainer.config]\ndefaults:\n  - {name}\n  - _self_\n")
     return primary, overrides
@@ -376,7 +398,7 @@ def examine(engine: str, file: Path, root: Path, work: Path, check_with: Optiona
                     example.status, example.reason = "stale", f"{module}: the pinned release has no such module"
                 return example
             if engine == "verl":
-                path, overrides = verl_job(args, file.parent)
+                path, overrides = verl_job(args, file.parent, work)
             else:
                 path = work / "flags.txt"
                 path.write_text(shlex.join(args))
@@ -445,8 +467,9 @@ def run(examples: Optional[dict[str, str]] = None, check_with: Optional[dict[str
             cwd = os.getcwd()
             try:
                 # (run, and its paths taken, from the repository, the folder above examples/, as the
-                # engines' docs launch them: bash examples/grpo_trainer/run_qwen3-8b.sh)
-                os.chdir(root.parent)
+                # engines' docs launch them: bash examples/grpo_trainer/run_qwen3-8b.sh; from a mirror
+                # of it, so that what a script writes where it runs stays out of the user's clone)
+                os.chdir(sandboxed(root.parent, Path(work) / "repository"))
                 rows.append(examine(engine, f, root, Path(work), check_with.get(engine)))
             finally:
                 os.chdir(cwd)
