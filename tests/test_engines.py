@@ -341,7 +341,8 @@ def test_the_search_offers_only_rollout_layouts_whose_sync_buffer_fits_worked_by
     refused; at tp 4, 3,369,207,808 B of weights leave 5,220,726,784 B: it fits. The search offers
     tp 4 and 8 at that share, tp 1 and 2 from the least share it offers above it (0.3: 25,769,803,776
     B, the cache of tp 2 19,031,388,160 B), never below: tp 1's weights (13,476,831,232 B) outgrow
-    0.1, and its server would not start."""
+    0.1, and its server would not start. tp 16, a replica over both nodes (a serving engine's tp may
+    span whole nodes), fits at 0.1 as tp 8 does."""
     from realbench.cost.calls import serving_cache_problem
     from realbench.engines import priced_as
     from realbench.plan.builtin import BUILTIN
@@ -360,7 +361,7 @@ def test_the_search_offers_only_rollout_layouts_whose_sync_buffer_fits_worked_by
     for g in verl.plan_groups(scenario):
         for o in g["actor_gen"]:
             least[o.strategy.tp] = min(least.get(o.strategy.tp, 1.0), o.strategy.memory_fraction)
-    assert least == {1: 0.3, 2: 0.3, 4: 0.1, 8: 0.1}
+    assert least == {1: 0.3, 2: 0.3, 4: 0.1, 8: 0.1, 16: 0.1}
     gen = scenario.dataflow.call("actor_gen")
     assert serving_cache_problem(gen, scenario.model_of(gen), scenario.cluster, Strategy(16, 1, 1)) is not None
 
@@ -1172,8 +1173,6 @@ def test_a_lora_actor_starting_from_an_adapter_folder_goes_to_verl_and_back(cli,
      "several teachers, each scoring the rows of its own data sources"),
     (("distillation.enabled=true",), "distillation.teacher_models.teacher_model.model_path",
      "is not set: verl needs the teacher's checkpoint"),
-    (("actor_rollout_ref.rollout.free_cache_engine=false",), "actor_rollout_ref.rollout.free_cache_engine",
-     "keeps its share of every GPU through training"),
     # hybrid sharding groups verl's device mesh does not cover the GPUs with, or that straddle nodes
     (("actor_rollout_ref.actor.fsdp_config.fsdp_size=3",), "actor_rollout_ref.actor.fsdp_config.fsdp_size",
      "3 does not divide the trainer's 8 GPUs"),
@@ -2893,8 +2892,8 @@ def test_verls_search_offers_the_expert_layouts_its_engines_have(moe_job, verl_c
     data_parallel_size GPUs that fit a node or span whole ones, each expert whole. By hand, on the 16
     GPUs: Megatron tp 2 alone (dp 8) offers the experts over 1, 2, 4 or 8 GPUs split over the tp pair
     (ep x 2 dividing 16), or over 1 to 16 whole (etp 1); the rollout of tp 2 (8 replicas) over 2, 4,
-    8 or 16 GPUs (2 x a divisor of 8), none; an SGLang rollout over its tp GPUs alone (tp 2, 4, or 8 beyond
-    the 4 KV heads, each head on 2 GPUs as SGLang serves it). Random plans of
+    8 or 16 GPUs (2 x a divisor of 8), none; an SGLang rollout over its tp GPUs alone (tp 2, 4, 8 beyond
+    the 4 KV heads, each head on 2 GPUs as SGLang serves it, or 16 over both nodes). Random plans of
     the groups with experts are written as configurations verl's own checks accept."""
     import random
 
@@ -2915,7 +2914,8 @@ def test_verls_search_offers_the_expert_layouts_its_engines_have(moe_job, verl_c
     sglang = load_scenario(str(import_config("verl", "grpo moe megatron.yaml", [
         "actor_rollout_ref.rollout.name=sglang", f"{R_DP}=1", f"{R_EP}=2"], "space-sglang", overwrite=True)[0]))
     assert {(o.strategy.tp, o.strategy.ep) for o in next(verl.plan_groups(sglang))["actor_gen"]
-            if o.strategy.ep > 1} == {(t, t) for t in (2, 4, 8)}  # (tp 8: each of the 4 KV heads on 2 GPUs)
+            if o.strategy.ep > 1} == {(t, t) for t in (2, 4, 8, 16)}  # (tp 8: each of the 4 KV heads on 2 GPUs;
+    # tp 16: a replica over both nodes, as SGLang serves one across nodes)
     rng = random.Random(0)
     for k, g in enumerate(rng.sample([g for g in groups if g["actor_train"][0].strategy.ep > 1], 3)):
         options = {name: rng.choice(opts) for name, opts in g.items()}
