@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -173,8 +174,6 @@ def sandboxed(repository: Path, mirror: Path) -> Path:
     run there reads the repository's files by the paths it gives them, and a file it writes where it
     runs (a log, a helper script, one of the repository's own files) lands in the mirror. (A link to
     a file would lead the write back to the user's.)"""
-    import shutil
-
     mirror.mkdir()
     for entry in repository.iterdir():
         if entry.is_dir():

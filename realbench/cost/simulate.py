@@ -56,7 +56,8 @@ from realbench.plan.options import OptionSet
 from realbench.plan.scenario import Scenario
 
 COLUMNS = ("dur", "alone", "early", "lo", "hi", "tp", "pp", "micro_batches", "zero", "shard", "merge_lora", "offload_params",
-           "node", "mesh_id", "layout_id", "ep", "etp", "expert_layout", "keeps_memory", "working", "weights", "master_bytes")
+           "node", "mesh_id", "layout_id", "ep", "etp", "expert_layout", "keeps_memory", "working", "weights",
+           "master_bytes")
 COST_COLUMNS = ("dur", "alone", "early", "working", "weights", "master_bytes")  # per option (the others: per placement)
 
 # engines whose trainer sends generation the whole weights from its first GPU (OpenRLHF to its vLLM
@@ -565,9 +566,11 @@ class Estimator:
         held_bytes = [self.master_bytes[m][C[:, m]] for m in masters] + \
             [np.where(copy[:, i] & ~merged[i], self.weights[i][C[:, i]], 0.0) for i in kept]
         # a serving engine that keeps its memory through the step (Strategy.keeps_memory): its share
-        # of each GPU held on its mesh as a master copy is, beside every call there
-        servers = [i for i in np.flatnonzero(chosen) if self.calls[i].kind == CallKind.GENERATE]
-        awake = {i: self.keeps_memory[i][C[:, i]].astype(bool) for i in servers}
+        # of each GPU held on its mesh as a master copy is, beside every call there (only generations
+        # some plan of the batch keeps awake: a search, which offers none, adds no column)
+        awake = {i: flags for i in np.flatnonzero(chosen) if self.calls[i].kind == CallKind.GENERATE
+                 if (flags := self.keeps_memory[i][C[:, i]].astype(bool)).any()}
+        servers = list(awake)
         held_lo += [self.lo[i][C[:, i]] for i in servers]
         held_hi += [self.hi[i][C[:, i]] for i in servers]
         held_bytes += [np.where(awake[i], self.working[i][C[:, i]]

@@ -142,10 +142,11 @@ def strategy_problem(call: CallDef, model: ModelSpec | FunctionSpec, cluster: Cl
         if call.seqs % s.dp:
             return "dp", f"the batch of {call.seqs} responses does not split into dp = {s.dp}"
         return None
-    if cluster.gpus_per_node % s.tp and not (served_by_an_engine(call) and s.tp % cluster.gpus_per_node == 0):
-        beyond = " (a serving engine's tp may span whole nodes)" if served_by_an_engine(call) else ""
+    served = served_by_an_engine(call)
+    if cluster.gpus_per_node % s.tp and not (served and s.tp % cluster.gpus_per_node == 0):
+        beyond = " (a serving engine's tp may span whole nodes)" if served else ""
         return "tp", f"tp {s.tp} does not divide the {cluster.gpus_per_node} devices of a node{beyond}"
-    if not heads_split(model, s.tp, generating=served_by_an_engine(call)):
+    if not heads_split(model, s.tp, generating=served):
         beyond = " (or, generating, a multiple of the KV heads)" if call.kind == CallKind.GENERATE else ""
         return "tp", (f"tp {s.tp} does not divide the {model.n_heads} attention heads and "
                       f"{model.n_kv_heads} KV heads of {model.name}{beyond}")

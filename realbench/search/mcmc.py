@@ -119,5 +119,6 @@ def mcmc(space: SearchSpace, start: np.ndarray, tracker: Tracker, seed: int = 0,
                 if swap:
                     state[[a, b]] = state[[b, a]]
                     cur_t[[a, b]] = cur_t[[b, a]]
+                    cur_m[[a, b]] = cur_m[[b, a]]
                     energy[[a, b]] = energy[[b, a]]
     return stats

@@ -18,9 +18,10 @@ from realbench.engines.documents import budget_row, lora_problem, packs, serving
 from realbench.engines.verl.packer import mean_count
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUCKET, BUCKET_MB, BYPASS, CAPTURE_SIZES, CRITIC_BUDGET,
                                              CRITIC_SP_UNREAD, CUDAGRAPH_MODE, DECODE_CAPTURED, DTYPE_NAMES,
-                                             ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FREE_CACHE,
-                                             FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS, HYBRID, LAYERED_SUMMON,
-                                             LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEGATRON_BLOCKS, MEMORY,
+                                             ENGINE_BLOCK, ENTROPY_SETTINGS, ESTIMATOR, ESTIMATORS, EXPERT_KEYS,
+                                             FREE_CACHE, FSDP_SIZE, FUSED, FUSED_BACKEND, FUSED_KERNELS, HYBRID,
+                                             LAYERED_SUMMON, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
+                                             MEGATRON_BLOCKS, MEMORY,
                                              MIRRORED, MIXED_PRECISION, MIXED_PRECISION_BLOCKS, MODEL_PATHS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, OPEN_SECTIONS, R, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM,
                                              ROLE_BLOCK, ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_POOL, ROUTER_SETTINGS,

@@ -25,7 +25,7 @@ from realbench.engines.verl.pricing import (TRANSFORMER_REFUSED, _check_mixed_pr
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, ADDED_KEYS, BASE_CONFIGS, BUILTIN_REWARD, BYPASS,
                                              CRITIC_BUDGET, ENGINES, ESTIMATOR, ESTIMATORS, EXPERT_KEYS, FSDP_SIZE,
                                              FSDP_VERSIONS, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN,
-                                             MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK, FREE_CACHE,
+                                             FREE_CACHE, MEGATRON_BLOCKS, MEMORY, MIXED_PRECISION_BLOCKS, OFFLOAD_BLOCK,
                                              ONE_STEP_OFF, ONE_STEP_OFF_CONFIGS, OPEN_SECTIONS, PARAM_OFFLOAD, POOL, R,
                                              READ_ENGINE_KWARGS, REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP,
                                              ROLLOUT_EP, ROLLOUT_POOL, SAME_CALLS, SEQUENCE_PARALLEL, SERVERS, STRATEGY,

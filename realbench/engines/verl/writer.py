@@ -18,8 +18,9 @@ from realbench.engines.dotted import nest
 from realbench.engines.verl.pricing import (MEMORY_FRACTION, _critic_counts, _divided_by, _formed, _mean_budget,
                                             _remove_padding, _step_rows, logits_paths)
 from realbench.engines.verl.settings import (A, ADAPTER_PATH, BUILTIN_REWARD, BYPASS, ENTRY, ESTIMATORS, FSDP_SIZE,
-                                             FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE, MAX_MODEL_LEN, MEMORY, FREE_CACHE,
-                                             OFFLOAD_BLOCK, ONE_STEP_OFF_ENTRY, ONE_STEP_OFF_SETTINGS, R,
+                                             FREE_CACHE, FUSED, HYBRID, LORA_EXCLUDE, LORA_KEYS, LORA_MERGE,
+                                             MAX_MODEL_LEN, MEMORY, OFFLOAD_BLOCK, ONE_STEP_OFF_ENTRY,
+                                             ONE_STEP_OFF_SETTINGS, R,
                                              REF_MEGATRON_OFFLOAD, REMOVE_PADDING, RM, ROLLOUT_DP, ROLLOUT_EP,
                                              ROLLOUT_POOL, SEQUENCE_PARALLEL, TEACHER, TEACHER_SERVER, DISTILL, VERSION,
                                              VISION_EXCLUDED, known_keys,
